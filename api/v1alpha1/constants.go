@@ -1,0 +1,150 @@
+package v1alpha1
+
+// Annotations, all under the prefix inplace.cluster.x-k8s.io/.
+const (
+	// AnnotationPrefix is the prefix of every annotation and label capi-inplace owns.
+	AnnotationPrefix = "inplace.cluster.x-k8s.io/"
+
+	// UpdaterAnnotation on a Cluster names the updater configuration for its in-place
+	// upgrades, as <Kind>/<name> in the Cluster's namespace, for example
+	// HarvesterUpgrader/default. It takes precedence over what a request carries and over
+	// the manager's --default-updater.
+	UpdaterAnnotation = AnnotationPrefix + "updater"
+
+	// UpgradeToAnnotation, set by the user on a Cluster, control plane, MachineDeployment
+	// or Machine, asks for an in-place upgrade to that version.
+	UpgradeToAnnotation = AnnotationPrefix + "in-place-upgrade-to"
+
+	// UpgradeStatusAnnotation, set by capi-inplace, says how the asked upgrade stands:
+	// in-progress, done or failed.
+	UpgradeStatusAnnotation = AnnotationPrefix + "in-place-upgrade-status"
+
+	// UpgradeReleaseAnnotation, set by capi-inplace, is the version an object's machines
+	// reached in place. Every upgraded Machine carries it.
+	UpgradeReleaseAnnotation = AnnotationPrefix + "in-place-upgrade-release"
+
+	// UpgradeMessageAnnotation, set by capi-inplace, says why an asked upgrade failed or
+	// was refused.
+	UpgradeMessageAnnotation = AnnotationPrefix + "in-place-upgrade-message"
+
+	// UpgradeTaskAnnotation, set by capi-inplace on a Cluster, control plane,
+	// MachineDeployment or Machine, names the UpgradeTask that carries out its asked upgrade.
+	UpgradeTaskAnnotation = AnnotationPrefix + "upgrade-task"
+
+	// MachineDeploymentConcurrencyAnnotation on a Cluster says how the cascade upgrades its
+	// MachineDeployments: one-at-a-time (the default) or all-at-once.
+	MachineDeploymentConcurrencyAnnotation = AnnotationPrefix + "machine-deployment-concurrency"
+)
+
+// Values of UpgradeStatusAnnotation.
+const (
+	// UpgradeStatusInProgress: the asked upgrade is running.
+	UpgradeStatusInProgress = "in-progress"
+	// UpgradeStatusDone: the asked upgrade finished; UpgradeReleaseAnnotation has the version.
+	UpgradeStatusDone = "done"
+	// UpgradeStatusFailed: the asked upgrade failed or was refused; UpgradeMessageAnnotation
+	// says why.
+	UpgradeStatusFailed = "failed"
+)
+
+// Values of MachineDeploymentConcurrencyAnnotation.
+const (
+	// MachineDeploymentsOneAtATime upgrades the MachineDeployments of a Cluster one after another.
+	MachineDeploymentsOneAtATime = "one-at-a-time"
+	// MachineDeploymentsAllAtOnce upgrades the MachineDeployments of a Cluster together.
+	MachineDeploymentsAllAtOnce = "all-at-once"
+)
+
+// Labels.
+const (
+	// UpgradeTaskLabel on a Machine claims it for the named UpgradeTask; on a NodeUpdate it
+	// names the UpgradeTask it belongs to. A claim is a label, never an ownerReference, so
+	// that garbage collection can never reach a Machine.
+	UpgradeTaskLabel = AnnotationPrefix + "upgrade-task"
+
+	// ClusterNameLabel on UpgradeTasks and NodeUpdates names their Cluster, for selection.
+	ClusterNameLabel = "cluster.x-k8s.io/cluster-name"
+
+	// NodeUpdaterCRDLabel on a CustomResourceDefinition declares that its kind is an
+	// updater configuration served by a controller outside the manager, which follows
+	// the NodeUpdate contract at the given version.
+	NodeUpdaterCRDLabel = AnnotationPrefix + "node-updater"
+
+	// NodeUpdaterContractVersion is the version of the NodeUpdate contract this API serves.
+	NodeUpdaterContractVersion = "v1alpha1"
+)
+
+// Finalizers.
+const (
+	// UpgradeTaskFinalizer keeps an UpgradeTask until its claims on Machines are released.
+	UpgradeTaskFinalizer = AnnotationPrefix + "upgradetask"
+
+	// NodeUpdateFinalizer keeps a NodeUpdate until its updater has cleaned up on the node.
+	NodeUpdateFinalizer = AnnotationPrefix + "nodeupdate"
+)
+
+// Condition types of an UpgradeTask.
+const (
+	// ReadyCondition is True when the task completed: every machine reached the version.
+	// On a NodeUpdate, True when the node succeeded.
+	ReadyCondition = "Ready"
+
+	// ProgressingCondition is True while nodes are being upgraded or wait to be.
+	ProgressingCondition = "Progressing"
+
+	// DegradedCondition is True when a node failed; the message is the node's error.
+	DegradedCondition = "Degraded"
+
+	// PausedCondition is True while the task starts no new node: spec.paused, a closed
+	// maintenance window, a soak delay, or a preflight check holding every candidate back.
+	PausedCondition = "Paused"
+)
+
+// Condition types of a NodeUpdate.
+const (
+	// UpdaterAvailableCondition is True when the updater named by spec.updaterRef is run
+	// by the manager or by an external controller, and its configuration object exists.
+	UpdaterAvailableCondition = "UpdaterAvailable"
+)
+
+// InPlaceUpgradeUpToDateCondition is capi-inplace's own condition on a CAPI Machine: False
+// while the machine waits for or undergoes an in-place upgrade (reasons Waiting,
+// InProgress, Failed), True with reason Done once it reached the version. CAPI's own
+// UpToDate condition stays CAPI's. A MachineHealthCheck can remediate on reason Failed.
+const InPlaceUpgradeUpToDateCondition = "InPlaceUpgradeUpToDate"
+
+// Condition reasons.
+const (
+	// WaitingReason: queued, or held back by a preflight check (named in the message).
+	WaitingReason = "Waiting"
+	// InProgressReason: being upgraded.
+	InProgressReason = "InProgress"
+	// FailedReason: the upgrade failed; the message is the node's own error.
+	FailedReason = "Failed"
+	// AbortedReason: the upgrade was aborted.
+	AbortedReason = "Aborted"
+	// DoneReason: the upgrade finished well.
+	DoneReason = "Done"
+	// CompletedReason: every machine of a task reached the version.
+	CompletedReason = "Completed"
+	// PreflightHoldReason: a preflight check holds every candidate node back.
+	PreflightHoldReason = "PreflightHold"
+	// PausedByUserReason: spec.paused is true.
+	PausedByUserReason = "PausedByUser"
+	// OutsideWindowReason: the maintenance window is closed.
+	OutsideWindowReason = "OutsideWindow"
+	// SoakingReason: the postNodeDelay after the previous node has not passed yet.
+	SoakingReason = "Soaking"
+	// DryRunReason: a dry run, nothing is started.
+	DryRunReason = "DryRun"
+	// UpdaterNotFoundReason: no updater runs for spec.updaterRef's kind, or its object is missing.
+	UpdaterNotFoundReason = "UpdaterNotFound"
+	// UpdaterFoundReason: the updater runs and its configuration object exists.
+	UpdaterFoundReason = "UpdaterFound"
+	// TimedOutReason: the NodeUpdate took longer than its timeout.
+	TimedOutReason = "TimedOut"
+	// StepFailedReason: a step of the NodeUpdate failed.
+	StepFailedReason = "StepFailed"
+	// AsExpectedReason: nothing to report.
+	AsExpectedReason = "AsExpected"
+)

@@ -1,0 +1,215 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeUpdatePhase is where a NodeUpdate stands.
+// +kubebuilder:validation:Enum=Pending;InProgress;Succeeded;Failed;Aborted
+type NodeUpdatePhase string
+
+const (
+	// NodeUpdatePhasePending: created, the updater has not started yet.
+	NodeUpdatePhasePending NodeUpdatePhase = "Pending"
+	// NodeUpdatePhaseInProgress: the updater is working on the node.
+	NodeUpdatePhaseInProgress NodeUpdatePhase = "InProgress"
+	// NodeUpdatePhaseSucceeded: the node is at the target version.
+	NodeUpdatePhaseSucceeded NodeUpdatePhase = "Succeeded"
+	// NodeUpdatePhaseFailed: the updater gave up; failureReason and failureMessage say why.
+	NodeUpdatePhaseFailed NodeUpdatePhase = "Failed"
+	// NodeUpdatePhaseAborted: stopped on request at a safe point; what the updater
+	// created for this node is cleaned up.
+	NodeUpdatePhaseAborted NodeUpdatePhase = "Aborted"
+)
+
+// IsFinal reports whether the NodeUpdate has ended and will not change any more.
+func (p NodeUpdatePhase) IsFinal() bool {
+	return p == NodeUpdatePhaseSucceeded || p == NodeUpdatePhaseFailed || p == NodeUpdatePhaseAborted
+}
+
+// StepState is where one step of a NodeUpdate stands.
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed;Skipped;Aborted
+type StepState string
+
+const (
+	// StepStatePending: not started.
+	StepStatePending StepState = "Pending"
+	// StepStateRunning: started, not finished.
+	StepStateRunning StepState = "Running"
+	// StepStateSucceeded: finished well.
+	StepStateSucceeded StepState = "Succeeded"
+	// StepStateFailed: finished badly; the NodeUpdate fails with it.
+	StepStateFailed StepState = "Failed"
+	// StepStateSkipped: not needed for this node; the message says why.
+	StepStateSkipped StepState = "Skipped"
+	// StepStateAborted: stopped by an abort.
+	StepStateAborted StepState = "Aborted"
+)
+
+// NodeUpdateStep is one step of a node's upgrade, in the order the updater runs them.
+type NodeUpdateStep struct {
+	// name is the step's name, for example Repository, KubernetesUpgrade, OSUpgrade.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+
+	// state is where the step stands.
+	// +required
+	State StepState `json:"state"`
+
+	// startTime is when the step started.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// completionTime is when the step ended.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+
+	// message says what the step is doing or why it ended as it did.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10240
+	Message string `json:"message,omitempty"`
+}
+
+// NodeUpdateSpec is the upgrade of one node: which, to what, by which updater.
+type NodeUpdateSpec struct {
+	// clusterName is the name of the CAPI Cluster, in this namespace, the node belongs to.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="clusterName is immutable"
+	ClusterName string `json:"clusterName"`
+
+	// machineName is the name of the CAPI Machine whose node is upgraded.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="machineName is immutable"
+	MachineName string `json:"machineName"`
+
+	// nodeName is the name of the Node in the workload cluster.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
+	NodeName string `json:"nodeName"`
+
+	// version is the Kubernetes version the node is upgraded to, as semver, for example
+	// v1.33.3 or v1.33.3+rke2r1.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^v?(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)(-[0-9A-Za-z-]+([.][0-9A-Za-z-]+)*)?([+][0-9A-Za-z-]+([.][0-9A-Za-z-]+)*)?$')",message="version must be a semantic version such as v1.33.3 or v1.33.3+rke2r1"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="version is immutable; create a new NodeUpdate for another version"
+	Version string `json:"version"`
+
+	// desiredMachine carries the desired bootstrap and infrastructure objects when the
+	// upgrade was asked with them.
+	// +optional
+	DesiredMachine *DesiredMachine `json:"desiredMachine,omitempty"`
+
+	// updaterRef names the updater configuration that performs the work, for example
+	// HarvesterUpgrader/default.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="updaterRef is immutable"
+	UpdaterRef UpdaterReference `json:"updaterRef"`
+
+	// phase is what is asked: Ongoing carries the update on, Abort stops it at the next
+	// safe point and cleans up. An aborted NodeUpdate cannot be resumed.
+	// +optional
+	// +kubebuilder:default=Ongoing
+	Phase TaskAction `json:"phase,omitempty"`
+}
+
+// NodeUpdateStatus tells the story of the node's upgrade.
+type NodeUpdateStatus struct {
+	// phase is where the NodeUpdate stands.
+	// +optional
+	Phase NodeUpdatePhase `json:"phase,omitempty"`
+
+	// observedGeneration is the spec generation the status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// currentStep is the name of the step running now, or the step that failed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	CurrentStep string `json:"currentStep,omitempty"`
+
+	// steps are the updater's steps for this node, in order.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Steps []NodeUpdateStep `json:"steps,omitempty"`
+
+	// attempts is how many times the current step has been tried.
+	// +optional
+	Attempts int32 `json:"attempts,omitempty"`
+
+	// startTime is when the updater started on the node.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// completionTime is when the NodeUpdate ended.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+
+	// failureReason is a short, machine-readable reason of the failure, for example
+	// StepFailed or TimedOut.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	FailureReason string `json:"failureReason,omitempty"`
+
+	// failureMessage is the node's own error, for a person to read.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10240
+	FailureMessage string `json:"failureMessage,omitempty"`
+
+	// conditions are Ready, Progressing and UpdaterAvailable.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeUpdate is the in-place upgrade of one node, carried out by the updater its
+// updaterRef names. It is created by an UpgradeTask, which owns it.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=nu,categories=cluster-api;capi-inplace
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.clusterName`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Step",type=string,JSONPath=`.status.currentStep`
+// +kubebuilder:printcolumn:name="Attempts",type=integer,JSONPath=`.status.attempts`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.failureReason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NodeUpdate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the upgrade asked for this node.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="!has(oldSelf.phase) || oldSelf.phase != 'Abort' || self.phase == 'Abort'",message="an aborted NodeUpdate cannot be resumed; create a new one"
+	Spec NodeUpdateSpec `json:"spec"`
+
+	// status is the story of the node's upgrade.
+	// +optional
+	Status NodeUpdateStatus `json:"status,omitempty"`
+}
+
+// NodeUpdateList is a list of NodeUpdates.
+// +kubebuilder:object:root=true
+type NodeUpdateList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeUpdate `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NodeUpdate{}, &NodeUpdateList{})
+}

@@ -1,0 +1,166 @@
+// Command capi-inplace is the manager of capi-inplace, a Cluster API runtime extension
+// that upgrades the machines of a cluster in place. It runs the runtime hook servers,
+// the controllers that orchestrate upgrades and the updaters that do the work on nodes.
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"os"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/extension"
+)
+
+// options are the manager's flags (DESIGN.md section 8).
+type options struct {
+	webhookPort             int
+	externalHookPort        int
+	webhookCertDir          string
+	metricsBindAddress      string
+	metricsSecure           bool
+	healthProbeBindAddress  string
+	leaderElect             bool
+	leaderElectionNamespace string
+	concurrency             int
+	defaultUpdater          string
+}
+
+func (o *options) bind(fs *flag.FlagSet) {
+	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "port of the HTTPS server of Cluster API's in-place update hooks (registered by an ExtensionConfig)")
+	fs.IntVar(&o.externalHookPort, "external-hook-port", 9444, "port of the HTTPS server of capi-inplace's ExternalUpgradeRequest hook")
+	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key, the serving certificate of both hook servers")
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8443", "address the Prometheus metrics endpoint binds to; 0 disables it")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS, to callers authenticated and authorized by the API server")
+	fs.StringVar(&o.healthProbeBindAddress, "health-probe-bind-address", ":9440", "address the /healthz and /readyz probes bind to")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader so that only one replica orchestrates upgrades at a time")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease; defaults to the manager's own namespace in a cluster")
+	fs.IntVar(&o.concurrency, "concurrency", 10, "how many objects of each kind are reconciled at once")
+	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
+}
+
+func newScheme() (*runtime.Scheme, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme,
+		clusterv1.AddToScheme,
+		controlplanev1.AddToScheme,
+		bootstrapv1.AddToScheme,
+		inplacev1.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
+	}
+	return scheme, nil
+}
+
+func main() {
+	var opts options
+	opts.bind(flag.CommandLine)
+	logConfig := textlogger.NewConfig()
+	flag.Var(logConfig.Verbosity(), "v", "log verbosity: 0 logs every decision, 4 and above add detail")
+	flag.Parse()
+
+	logger := textlogger.NewLogger(logConfig)
+	ctrl.SetLogger(logger)
+	klog.SetLoggerWithOptions(logger, klog.ContextualLogger(true))
+
+	if err := run(opts); err != nil {
+		logger.Error(err, "manager stopped")
+		os.Exit(1)
+	}
+}
+
+func run(opts options) error {
+	log := ctrl.Log.WithName("setup")
+
+	if opts.defaultUpdater != "" {
+		if _, err := inplacev1.ParseUpdaterReference(opts.defaultUpdater); err != nil {
+			return fmt.Errorf("--default-updater: %w", err)
+		}
+	}
+	if opts.concurrency < 1 {
+		return fmt.Errorf("--concurrency must be at least 1, got %d", opts.concurrency)
+	}
+
+	scheme, err := newScheme()
+	if err != nil {
+		return fmt.Errorf("build scheme: %w", err)
+	}
+	restConfig, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+
+	tlsOpts := []func(*tls.Config){
+		func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 },
+	}
+	metricsOpts := metricsserver.Options{
+		BindAddress:   opts.metricsBindAddress,
+		SecureServing: opts.metricsSecure,
+		TLSOpts:       tlsOpts,
+	}
+	if opts.metricsSecure {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsOpts,
+		HealthProbeBindAddress:  opts.healthProbeBindAddress,
+		LeaderElection:          opts.leaderElect,
+		LeaderElectionID:        "capi-inplace-manager.inplace.cluster.x-k8s.io",
+		LeaderElectionNamespace: opts.leaderElectionNamespace,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+
+	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
+		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
+	}, extension.Unimplemented{})
+	if err != nil {
+		return err
+	}
+	externalHooks, err := extension.NewExternalHookServer(extension.ServerOptions{
+		Port: opts.externalHookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
+	}, extension.Unimplemented{})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(capiHooks); err != nil {
+		return fmt.Errorf("add Cluster API hook server: %w", err)
+	}
+	if err := mgr.Add(externalHooks); err != nil {
+		return fmt.Errorf("add external hook server: %w", err)
+	}
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("capi-hook-server", capiHooks.StartedChecker()); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("external-hook-server", externalHooks.StartedChecker()); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+
+	log.Info("starting manager", "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
+		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

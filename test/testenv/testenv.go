@@ -1,0 +1,199 @@
+// Package testenv starts a real kube-apiserver and etcd (built from their Go modules by
+// `make test-binaries` into bin/k8s) through controller-runtime's envtest, with every
+// CustomResourceDefinition capi-inplace works with installed: its own, Cluster API's
+// (core, kubeadm control plane, kubeadm bootstrap), System Upgrade Controller's Plan and
+// Longhorn's v1beta2 kinds. Nothing an API server does is mocked.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+)
+
+// Environment is a running test API server with the project's CRDs installed.
+type Environment struct {
+	env *envtest.Environment
+
+	// Config reaches the API server as a member of system:masters.
+	Config *rest.Config
+	// Client is a client of Config with Scheme.
+	Client client.Client
+	// Scheme knows every kind whose CRD is installed, and the built-in kinds.
+	Scheme *runtime.Scheme
+	// RepoRoot is the root of the capi-inplace checkout.
+	RepoRoot string
+}
+
+// NewScheme returns a scheme with the built-in kinds and every kind whose CRD the test
+// environment installs.
+func NewScheme() (*runtime.Scheme, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme,
+		apiextensionsv1.AddToScheme,
+		clusterv1.AddToScheme,
+		controlplanev1.AddToScheme,
+		bootstrapv1.AddToScheme,
+		inplacev1.AddToScheme,
+		sucv1.AddToScheme,
+		longhornv1.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
+	}
+	return scheme, nil
+}
+
+// Start starts etcd and kube-apiserver and installs the CRDs. The binaries come from
+// KUBEBUILDER_ASSETS when set, else from bin/k8s of the checkout.
+func Start() (*Environment, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join(root, "bin", "k8s")
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
+			return nil, fmt.Errorf("test control plane binary %s not found in %s: run `make test-binaries` (it builds them from their Go modules)", bin, assets)
+		}
+	}
+	crdDirs, err := CRDDirectories(root)
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := NewScheme()
+	if err != nil {
+		return nil, fmt.Errorf("build test scheme: %w", err)
+	}
+
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDInstallOptions: envtest.CRDInstallOptions{
+			Paths:              crdDirs,
+			ErrorIfPathMissing: true,
+			Scheme:             scheme,
+		},
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start test control plane from %s: %w", assets, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		_ = env.Stop()
+		return nil, fmt.Errorf("create test client: %w", err)
+	}
+	return &Environment{env: env, Config: cfg, Client: c, Scheme: scheme, RepoRoot: root}, nil
+}
+
+// Stop stops the API server and etcd.
+func (e *Environment) Stop() error {
+	return e.env.Stop()
+}
+
+// CRDs returns the CustomResourceDefinitions that were installed.
+func (e *Environment) CRDs() []*apiextensionsv1.CustomResourceDefinition {
+	return e.env.CRDs
+}
+
+// WriteKubeconfig writes a kubeconfig of an administrator of the test API server to
+// path, for a process (the manager, kubectl) to use.
+func (e *Environment) WriteKubeconfig(path string) error {
+	user, err := e.env.AddUser(envtest.User{Name: "capi-inplace-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("add test API server user: %w", err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		return fmt.Errorf("render kubeconfig: %w", err)
+	}
+	return os.WriteFile(path, data, 0o600)
+}
+
+// CRDDirectories lists the directories of every CRD the test API server installs.
+func CRDDirectories(root string) ([]string, error) {
+	capiDir, err := moduleDir(root, "sigs.k8s.io/cluster-api")
+	if err != nil {
+		return nil, err
+	}
+	return []string{
+		filepath.Join(root, "config", "crd", "bases"),
+		filepath.Join(root, "test", "crds", "suc"),
+		filepath.Join(root, "test", "crds", "longhorn"),
+		filepath.Join(capiDir, "core", "config", "crd", "bases"),
+		filepath.Join(capiDir, "controlplane", "kubeadm", "config", "crd", "bases"),
+		filepath.Join(capiDir, "bootstrap", "kubeadm", "config", "crd", "bases"),
+	}, nil
+}
+
+// moduleDir returns the module cache directory of a dependency of the project,
+// downloading it through the module proxy if it is not there yet.
+func moduleDir(root, module string) (string, error) {
+	if out, err := goCommand(root, "mod", "download", module); err != nil {
+		return "", fmt.Errorf("download module %s: %w: %s", module, err, out)
+	}
+	out, err := goCommand(root, "list", "-mod=readonly", "-m", "-f", "{{.Dir}}", module)
+	if err != nil {
+		return "", fmt.Errorf("locate module %s: %w: %s", module, err, out)
+	}
+	if out == "" {
+		return "", fmt.Errorf("module %s has no directory in the module cache after download", module)
+	}
+	return out, nil
+}
+
+func goCommand(dir string, args ...string) (string, error) {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(context.Background(), "go", args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return strings.TrimSpace(out.String()), err
+}
+
+// RepoRoot finds the root of the capi-inplace checkout from the working directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.HasPrefix(data, []byte("module github.com/capi-inplace/capi-inplace\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the capi-inplace checkout: no go.mod of module github.com/capi-inplace/capi-inplace above the working directory")
+		}
+		dir = parent
+	}
+}
