@@ -1,0 +1,102 @@
+// Package nodeupdater owns the generic lifecycle of a NodeUpdate: it dispatches each
+// NodeUpdate to the Updater registered for its updaterRef kind and owns everything that
+// is not specific to one updater (phases, steps, timeouts, retries, abort, conditions,
+// events, metrics). Updaters, such as the Harvester adapter, implement Updater.
+package nodeupdater
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+)
+
+// Updater performs the node-level work of NodeUpdates whose updaterRef names its kind.
+type Updater interface {
+	// Reconcile advances one NodeUpdate by as much as it can without blocking, recording
+	// its steps in nu.Status.Steps. It is idempotent: it is called again after a restart
+	// with the status as last persisted. An error wrapped by Permanent fails the
+	// NodeUpdate at once; any other error is retried with backoff.
+	Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (Result, error)
+
+	// Abort stops the work on the node at a safe point and removes what the updater
+	// created for it. It is called until it reports done.
+	Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (done bool, err error)
+
+	// Preflight runs the updater's own checks of whether a node may be started now.
+	Preflight(ctx context.Context, target PreflightTarget) []CheckResult
+}
+
+// Result is what one Reconcile call of an Updater achieved.
+type Result struct {
+	// Done is true when the node reached the target; the NodeUpdate then succeeds.
+	Done bool
+	// RequeueAfter is when to call Reconcile again while not done; zero means the
+	// reconciler's default poll interval.
+	RequeueAfter time.Duration
+}
+
+// PreflightTarget is the node an UpgradeTask considers starting.
+type PreflightTarget struct {
+	// Namespace is the namespace of the Cluster, its Machines and the updater configuration.
+	Namespace string
+	// ClusterName is the name of the CAPI Cluster.
+	ClusterName string
+	// MachineName is the name of the CAPI Machine.
+	MachineName string
+	// NodeName is the name of the Machine's Node in the workload cluster.
+	NodeName string
+	// Version is the target version.
+	Version string
+	// UpdaterRef names the updater configuration.
+	UpdaterRef inplacev1.UpdaterReference
+	// ControlPlane is true for a control plane machine.
+	ControlPlane bool
+}
+
+// CheckResult is the outcome of one named preflight check for one node.
+type CheckResult struct {
+	// Name names the check, for example LonghornVolumesHealthy.
+	Name string
+	// Passed is true when the check does not hold the node back.
+	Passed bool
+	// Message says, when the check did not pass, what holds the node back.
+	Message string
+}
+
+// PermanentError is an error that retrying cannot mend: a bad configuration, an
+// ineligible version. It fails the NodeUpdate at once with Reason.
+type PermanentError struct {
+	// Reason is a short CamelCase reason, for example IneligibleVersion.
+	Reason string
+	// Err is the underlying error, shown to the operator.
+	Err error
+}
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as permanent with the given reason.
+func Permanent(reason string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Reason: reason, Err: err}
+}
+
+// Permanentf builds a permanent error from a format.
+func Permanentf(reason, format string, args ...any) error {
+	return &PermanentError{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// AsPermanent returns the PermanentError in err's chain, if any.
+func AsPermanent(err error) (*PermanentError, bool) {
+	var perm *PermanentError
+	if errors.As(err, &perm) {
+		return perm, true
+	}
+	return nil, false
+}
