@@ -81,7 +81,9 @@ func main() {
 	klog.SetLoggerWithOptions(logger, klog.ContextualLogger(true))
 
 	if err := run(opts); err != nil {
-		logger.Error(err, "manager stopped")
+		// Said plainly on standard error: most of these are flag or configuration
+		// mistakes an operator reads in `kubectl logs` or a terminal.
+		fmt.Fprintf(os.Stderr, "capi-inplace: %v\n", err)
 		os.Exit(1)
 	}
 }

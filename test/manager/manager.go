@@ -1,0 +1,173 @@
+// Package manager builds the capi-inplace manager binary and runs it as a separate
+// process against a test API server, the way it runs in a cluster: flags, serving
+// certificates, probes. Its output goes to a log file the tests can read.
+package manager
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Build compiles the manager from the checkout at root into dir and returns its path.
+func Build(ctx context.Context, root, dir string) (string, error) {
+	out := filepath.Join(dir, "capi-inplace")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build manager: %w: %s", err, b)
+	}
+	return out, nil
+}
+
+// Options say how to run the manager.
+type Options struct {
+	// Binary is the manager binary (see Build).
+	Binary string
+	// Kubeconfig reaches the management cluster.
+	Kubeconfig string
+	// CertDir holds the serving certificate (see NewServingCerts).
+	CertDir string
+	// LogFile receives the manager's standard output and error.
+	LogFile string
+	// ExtraArgs are appended to the flags (for example --default-updater=...).
+	ExtraArgs []string
+	// LeaderElect turns on leader election (in namespace default).
+	LeaderElect bool
+}
+
+// Process is a running manager.
+type Process struct {
+	cmd  *exec.Cmd
+	done chan error
+	log  *os.File
+
+	// WebhookPort serves Cluster API's hooks.
+	WebhookPort int
+	// ExternalHookPort serves capi-inplace's own hooks.
+	ExternalHookPort int
+	// HealthPort serves /healthz and /readyz.
+	HealthPort int
+	// MetricsPort serves /metrics over plain HTTP.
+	MetricsPort int
+}
+
+// Start runs the manager on free loopback ports and returns once the process started;
+// use WaitReady to wait for its probes.
+func Start(opts Options) (*Process, error) {
+	ports, err := freePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{WebhookPort: ports[0], ExternalHookPort: ports[1], HealthPort: ports[2], MetricsPort: ports[3], done: make(chan error, 1)}
+	args := []string{
+		"--kubeconfig=" + opts.Kubeconfig,
+		"--webhook-port=" + strconv.Itoa(p.WebhookPort),
+		"--external-hook-port=" + strconv.Itoa(p.ExternalHookPort),
+		"--webhook-cert-dir=" + opts.CertDir,
+		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(p.HealthPort),
+		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(p.MetricsPort),
+		"--metrics-secure=false",
+		"--leader-elect=" + strconv.FormatBool(opts.LeaderElect),
+		"--leader-election-namespace=default",
+	}
+	args = append(args, opts.ExtraArgs...)
+	log, err := os.OpenFile(opts.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	p.log = log
+	p.cmd = exec.Command(opts.Binary, args...)
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	if err := p.cmd.Start(); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("start manager: %w", err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	return p, nil
+}
+
+// WaitReady waits until /readyz answers 200, or the process exits, or the timeout passes.
+func (p *Process) WaitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", p.HealthPort)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return fmt.Errorf("manager exited before it was ready: %v", err)
+		default:
+		}
+		resp, err := http.Get(url) //nolint:gosec,noctx // loopback test probe
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("manager not ready after %s", timeout)
+}
+
+// Stop asks the manager to stop (SIGTERM) and waits for it.
+func (p *Process) Stop() error {
+	return p.signalAndWait(syscall.SIGTERM)
+}
+
+// Kill stops the manager at once (SIGKILL), as a crash would.
+func (p *Process) Kill() error {
+	return p.signalAndWait(syscall.SIGKILL)
+}
+
+func (p *Process) signalAndWait(sig syscall.Signal) error {
+	defer func() { _ = p.log.Close() }()
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if sig == syscall.SIGTERM {
+			return err
+		}
+		return nil
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		return fmt.Errorf("manager did not stop within 30s of %s", sig)
+	}
+}
+
+// TLSConfig returns a client TLS configuration that trusts only caPEM.
+func TLSConfig(caPEM []byte) (*tls.Config, error) {
+	pool, err := certPool(caPEM)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	listeners := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
