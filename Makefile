@@ -10,8 +10,18 @@ GO   ?= go
 # Go module proxy into bin/, under a name that carries its version, so a bump reinstalls.
 CONTROLLER_GEN_VERSION := v0.21.0
 GOLANGCI_LINT_VERSION  := v2.6.0
+KUSTOMIZE_VERSION      := v5.7.0
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 GOLANGCI_LINT  := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+KUSTOMIZE      := $(BIN)/kustomize-$(KUSTOMIZE_VERSION)
+export KUSTOMIZE
+
+# The manager binary and image. The Dockerfile runs `make build`, so the image holds
+# exactly the binary a developer builds.
+VERSION   ?= dev
+IMAGE_REPO ?= ghcr.io/capi-inplace/capi-inplace
+IMAGE_TAG  ?= $(VERSION)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
 
 # The test control plane: kube-apiserver and etcd built from their Go modules
 # (hack/tools/*), never downloaded as release binaries.
@@ -34,14 +44,34 @@ help: ## Show the targets.
 
 ##@ Build
 .PHONY: build
-build: ## Build the manager binary into bin/capi-inplace.
-	$(GO) build -o $(BIN)/capi-inplace .
+build: ## Build the manager binary (static) into bin/capi-inplace.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/capi-inplace .
+
+.PHONY: docker-build
+docker-build: ## Build the container image (needs a container engine; none runs on the CI machines).
+	docker build --build-arg VERSION=$(VERSION) --build-arg GOPROXY="$$($(GO) env GOPROXY)" -t $(IMAGE_REPO):$(IMAGE_TAG) .
+
+.PHONY: release-manifests
+release-manifests: $(KUSTOMIZE) ## Write clusterctl's out/runtime-extension-components.yaml and out/metadata.yaml.
+	@mkdir -p out
+	$(KUSTOMIZE) build config/default \
+		| sed -e 's|image: $(IMAGE_REPO):dev|image: $${CAPI_INPLACE_IMAGE:=$(IMAGE_REPO):$(IMAGE_TAG)}|' \
+		> out/runtime-extension-components.yaml
+	cp metadata.yaml out/metadata.yaml
+	@echo "Wrote out/runtime-extension-components.yaml and out/metadata.yaml"
+
+CERT_DIR ?= $(ROOT)/.tilt/certs
 
 .PHONY: run
-run: build ## Run the manager against the cluster of $KUBECONFIG (serving certs in $CERT_DIR).
+run: build ## Run the manager against the cluster of $KUBECONFIG (serving certs in $CERT_DIR, made if missing).
+	@[ -f "$(CERT_DIR)/tls.crt" ] || $(GO) run ./hack/servingcerts --dir "$(CERT_DIR)"
 	$(BIN)/capi-inplace --kubeconfig="$${KUBECONFIG:-$$HOME/.kube/config}" --leader-elect=false \
-		--webhook-cert-dir="$${CERT_DIR:-/tmp/k8s-webhook-server/serving-certs}" \
+		--webhook-cert-dir="$(CERT_DIR)" \
 		--metrics-bind-address=:8080 --metrics-secure=false $(ARGS)
+
+.PHONY: tilt-certs
+tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_DIR (.tilt/certs) if none is there.
+	@[ -f "$(CERT_DIR)/tls.crt" ] || $(GO) run ./hack/servingcerts --dir "$(CERT_DIR)"
 
 ##@ Generate
 .PHONY: generate
@@ -78,7 +108,7 @@ $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 	mv $@.tmp $@
 
 .PHONY: test
-test: test-binaries ## Run every test on the real test control plane.
+test: test-binaries $(KUSTOMIZE) ## Run every test on the real test control plane.
 	$(GO) test ./... -timeout $(TEST_TIMEOUT) -count=1
 
 ##@ Checks
@@ -101,6 +131,11 @@ $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)/.tmp-controller-gen
 	GOBIN=$(BIN)/.tmp-controller-gen $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN)/.tmp-controller-gen/controller-gen $@ && rm -rf $(BIN)/.tmp-controller-gen
+
+$(KUSTOMIZE):
+	@mkdir -p $(BIN)/.tmp-kustomize
+	GOBIN=$(BIN)/.tmp-kustomize $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	mv $(BIN)/.tmp-kustomize/kustomize $@ && rm -rf $(BIN)/.tmp-kustomize
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)/.tmp-golangci-lint

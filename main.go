@@ -26,6 +26,14 @@ import (
 	"github.com/capi-inplace/capi-inplace/extension"
 )
 
+// The secure metrics endpoint asks the API server who a caller is and whether it may read
+// /metrics.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// version is stamped by `make build` (-X main.version=...).
+var version = "dev"
+
 // options are the manager's flags (DESIGN.md section 8).
 type options struct {
 	webhookPort             int
@@ -162,7 +170,7 @@ func run(opts options) error {
 		return fmt.Errorf("add readiness check: %w", err)
 	}
 
-	log.Info("starting manager", "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
+	log.Info("starting manager", "version", version, "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
 		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

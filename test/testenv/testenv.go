@@ -8,6 +8,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -67,9 +68,25 @@ func NewScheme() (*runtime.Scheme, error) {
 	return scheme, nil
 }
 
+// CertManagerModule is the cert-manager release whose CRDs (shipped in its Go module
+// under deploy/crds) a test environment installs when asked to, to check manifests that
+// use cert-manager's Issuer and Certificate.
+const CertManagerModule = "github.com/cert-manager/cert-manager@v1.19.1"
+
+// Options tune a test environment.
+type Options struct {
+	// CertManagerCRDs also installs cert-manager's CRDs.
+	CertManagerCRDs bool
+}
+
 // Start starts etcd and kube-apiserver and installs the CRDs. The binaries come from
 // KUBEBUILDER_ASSETS when set, else from bin/k8s of the checkout.
 func Start() (*Environment, error) {
+	return StartWithOptions(Options{})
+}
+
+// StartWithOptions is Start with options.
+func StartWithOptions(opts Options) (*Environment, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -86,6 +103,13 @@ func Start() (*Environment, error) {
 	crdDirs, err := CRDDirectories(root)
 	if err != nil {
 		return nil, err
+	}
+	if opts.CertManagerCRDs {
+		dir, err := downloadedModuleDir(CertManagerModule)
+		if err != nil {
+			return nil, err
+		}
+		crdDirs = append(crdDirs, filepath.Join(dir, "deploy", "crds"))
 	}
 	scheme, err := NewScheme()
 	if err != nil {
@@ -157,12 +181,12 @@ func CRDDirectories(root string) ([]string, error) {
 // moduleDir returns the module cache directory of a dependency of the project,
 // downloading it through the module proxy if it is not there yet.
 func moduleDir(root, module string) (string, error) {
-	if out, err := goCommand(root, "mod", "download", module); err != nil {
-		return "", fmt.Errorf("download module %s: %w: %s", module, err, out)
+	if _, err := goCommand(root, "mod", "download", module); err != nil {
+		return "", fmt.Errorf("download module %s: %w", module, err)
 	}
 	out, err := goCommand(root, "list", "-mod=readonly", "-m", "-f", "{{.Dir}}", module)
 	if err != nil {
-		return "", fmt.Errorf("locate module %s: %w: %s", module, err, out)
+		return "", fmt.Errorf("locate module %s: %w", module, err)
 	}
 	if out == "" {
 		return "", fmt.Errorf("module %s has no directory in the module cache after download", module)
@@ -170,13 +194,32 @@ func moduleDir(root, module string) (string, error) {
 	return out, nil
 }
 
+// downloadedModuleDir downloads a module at a given version through the module proxy,
+// outside of the project's module so that go.mod and go.sum stay as they are, and returns
+// its directory in the module cache.
+func downloadedModuleDir(moduleAtVersion string) (string, error) {
+	out, err := goCommand(os.TempDir(), "mod", "download", "-json", moduleAtVersion)
+	if err != nil {
+		return "", fmt.Errorf("download module %s: %w", moduleAtVersion, err)
+	}
+	var info struct{ Dir, Error string }
+	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Dir == "" {
+		return "", fmt.Errorf("download module %s: no directory in %q (%v, %s)", moduleAtVersion, out, err, info.Error)
+	}
+	return info.Dir, nil
+}
+
+// goCommand runs the go command in dir and returns its standard output; a failure's
+// error carries its standard error.
 func goCommand(dir string, args ...string) (string, error) {
-	var out bytes.Buffer
+	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(context.Background(), "go", args...)
 	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	return strings.TrimSpace(out.String()), err
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(stdout.String()), nil
 }
 
 // RepoRoot finds the root of the capi-inplace checkout from the working directory.

@@ -1,0 +1,232 @@
+package install
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+const providerLabel = "cluster.x-k8s.io/provider"
+
+// kustomizeBuild renders a kustomize folder of the checkout with the kustomize the
+// Makefile installs.
+func kustomizeBuild(folder string) []*unstructured.Unstructured {
+	GinkgoHelper()
+	bin := os.Getenv("KUSTOMIZE")
+	if bin == "" {
+		bin = filepath.Join(env.RepoRoot, "bin", "kustomize-v5.7.0")
+	}
+	_, err := os.Stat(bin)
+	Expect(err).NotTo(HaveOccurred(), "kustomize not found at %s: run the tests with `make test`, which installs it", bin)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "build", filepath.Join(env.RepoRoot, folder))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	Expect(cmd.Run()).To(Succeed(), "kustomize build %s: %s", folder, stderr.String())
+	return decodeObjects(stdout.Bytes())
+}
+
+func decodeObjects(data []byte) []*unstructured.Unstructured {
+	GinkgoHelper()
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		err := dec.Decode(&u.Object)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		Expect(err).NotTo(HaveOccurred())
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+func findObject(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	GinkgoHelper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	Fail("no " + kind + " " + name + " in the rendered manifests")
+	return nil
+}
+
+func convert[T any](u *unstructured.Unstructured, into *T) *T {
+	GinkgoHelper()
+	Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into)).To(Succeed())
+	return into
+}
+
+var _ = Describe("config/default", Ordered, func() {
+	var objs []*unstructured.Unstructured
+
+	BeforeAll(func() {
+		objs = kustomizeBuild("config/default")
+	})
+
+	It("renders the manager, its RBAC, both hook Services, the serving certificate and the ExtensionConfig", func() {
+		var kinds []string
+		for _, o := range objs {
+			kinds = append(kinds, o.GetKind()+"/"+o.GetName())
+		}
+		Expect(kinds).To(ContainElements(
+			"Namespace/capi-inplace-system",
+			"CustomResourceDefinition/upgradetasks.inplace.cluster.x-k8s.io",
+			"CustomResourceDefinition/nodeupdates.inplace.cluster.x-k8s.io",
+			"ServiceAccount/capi-inplace-manager",
+			"ClusterRole/capi-inplace-manager-role",
+			"ClusterRoleBinding/capi-inplace-manager-rolebinding",
+			"Role/capi-inplace-leader-election-role",
+			"Deployment/capi-inplace-controller-manager",
+			"Service/capi-inplace-webhook-service",
+			"Service/capi-inplace-external-hook-service",
+			"Issuer/capi-inplace-selfsigned-issuer",
+			"Certificate/capi-inplace-serving-cert",
+			"ExtensionConfig/capi-inplace",
+		))
+	})
+
+	It("labels every object for clusterctl", func() {
+		for _, o := range objs {
+			Expect(o.GetLabels()).To(HaveKeyWithValue(providerLabel, "runtime-extension-capi-inplace"), "%s %s", o.GetKind(), o.GetName())
+		}
+	})
+
+	It("puts every namespaced object into the one target namespace", func() {
+		clusterScoped := map[string]bool{"Namespace": true, "CustomResourceDefinition": true, "ClusterRole": true, "ClusterRoleBinding": true, "ExtensionConfig": true}
+		for _, o := range objs {
+			if clusterScoped[o.GetKind()] {
+				Expect(o.GetNamespace()).To(BeEmpty(), "%s %s is cluster-scoped", o.GetKind(), o.GetName())
+				continue
+			}
+			Expect(o.GetNamespace()).To(Equal("capi-inplace-system"), "%s %s", o.GetKind(), o.GetName())
+		}
+	})
+
+	It("is accepted by a real API server (server-side dry run, strict field validation)", func() {
+		strict := client.WithFieldValidation(env.Client, metav1.FieldValidationStrict)
+		ns := findObject(objs, "Namespace", "capi-inplace-system")
+		Expect(env.Client.Create(ctx, ns.DeepCopy())).To(Succeed(), "the namespace is created for real so namespaced objects can be dry-run into it")
+		for _, o := range objs {
+			if o.GetKind() == "Namespace" {
+				continue
+			}
+			err := strict.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()),
+				client.DryRunAll, client.FieldOwner("capi-inplace-install-test"), client.ForceOwnership)
+			Expect(err).NotTo(HaveOccurred(), "%s %s", o.GetKind(), o.GetName())
+		}
+	})
+
+	It("runs the manager non-root, read-only, without capabilities, with limits and probes", func() {
+		dep := convert(findObject(objs, "Deployment", "capi-inplace-controller-manager"), &appsv1.Deployment{})
+		pod := dep.Spec.Template.Spec
+		Expect(pod.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()))
+		Expect(pod.SecurityContext.SeccompProfile.Type).To(Equal(corev1.SeccompProfileTypeRuntimeDefault))
+		Expect(pod.ServiceAccountName).To(Equal("capi-inplace-manager"))
+		Expect(pod.Containers).To(HaveLen(1))
+		c := pod.Containers[0]
+		Expect(c.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))
+		Expect(c.SecurityContext.AllowPrivilegeEscalation).To(HaveValue(BeFalse()))
+		Expect(c.SecurityContext.Capabilities.Drop).To(ConsistOf(corev1.Capability("ALL")))
+		Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceMemory))
+		Expect(c.Resources.Limits).To(HaveKey(corev1.ResourceMemory))
+		Expect(c.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
+		Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
+		Expect(c.Args).To(ContainElements("--leader-elect", "--webhook-port=9443", "--external-hook-port=9444"))
+		Expect(pod.Volumes).To(ContainElement(HaveField("VolumeSource.Secret.SecretName", "capi-inplace-webhook-service-cert")))
+	})
+
+	It("serves the certificate cert-manager writes, and points the ExtensionConfig at the hook Service with that CA", func() {
+		cert := findObject(objs, "Certificate", "capi-inplace-serving-cert")
+		secretName, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
+		Expect(secretName).To(Equal("capi-inplace-webhook-service-cert"))
+		dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+		svc := findObject(objs, "Service", "capi-inplace-webhook-service")
+		ext := findObject(objs, "Service", "capi-inplace-external-hook-service")
+		Expect(dnsNames).To(ContainElements(svc.GetName()+"."+svc.GetNamespace()+".svc", ext.GetName()+"."+ext.GetNamespace()+".svc"))
+		issuer, _, _ := unstructured.NestedString(cert.Object, "spec", "issuerRef", "name")
+		findObject(objs, "Issuer", issuer)
+
+		ec := findObject(objs, "ExtensionConfig", "capi-inplace")
+		Expect(ec.GetAnnotations()).To(HaveKeyWithValue("runtime.cluster.x-k8s.io/inject-ca-from-secret", "capi-inplace-system/"+secretName))
+		svcName, _, _ := unstructured.NestedString(ec.Object, "spec", "clientConfig", "service", "name")
+		svcNamespace, _, _ := unstructured.NestedString(ec.Object, "spec", "clientConfig", "service", "namespace")
+		Expect(svcName + "/" + svcNamespace).To(Equal(svc.GetName() + "/" + svc.GetNamespace()))
+		Expect(svc.Object["spec"]).To(HaveKeyWithValue("ports", ContainElement(HaveKeyWithValue("targetPort", "capi-hooks"))))
+	})
+
+	It("grants no wildcard verb, resource or API group", func() {
+		for _, o := range objs {
+			var rules []rbacv1.PolicyRule
+			switch o.GetKind() {
+			case "ClusterRole":
+				rules = convert(o, &rbacv1.ClusterRole{}).Rules
+			case "Role":
+				rules = convert(o, &rbacv1.Role{}).Rules
+			default:
+				continue
+			}
+			for _, r := range rules {
+				for _, field := range [][]string{r.Verbs, r.Resources, r.APIGroups} {
+					Expect(field).NotTo(ContainElement("*"), "%s %s rule %+v", o.GetKind(), o.GetName(), r)
+				}
+			}
+		}
+	})
+})
+
+var _ = Describe("clusterctl", func() {
+	It("gets a components file whose image is a variable clusterctl substitutes, and the metadata", func() {
+		cmd := exec.Command("make", "-s", "release-manifests")
+		cmd.Dir = env.RepoRoot
+		out, err := cmd.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		components, err := os.ReadFile(filepath.Join(env.RepoRoot, "out", "runtime-extension-components.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(components)).To(ContainSubstring("image: ${CAPI_INPLACE_IMAGE:=ghcr.io/capi-inplace/capi-inplace:"))
+		Expect(strings.Count(string(components), "kind: Namespace\n")).To(Equal(1), "clusterctl takes the one Namespace as the target namespace")
+
+		meta := decodeObjects(must(os.ReadFile(filepath.Join(env.RepoRoot, "out", "metadata.yaml"))))
+		Expect(meta).To(HaveLen(1))
+		Expect(meta[0].GetAPIVersion()).To(Equal("clusterctl.cluster.x-k8s.io/v1alpha3"))
+		Expect(meta[0].GetKind()).To(Equal("Metadata"))
+		series, _, _ := unstructured.NestedSlice(meta[0].Object, "releaseSeries")
+		Expect(series).NotTo(BeEmpty())
+		Expect(series[0]).To(HaveKeyWithValue("contract", "v1beta2"))
+	})
+})
+
+func must[T any](v T, err error) T {
+	GinkgoHelper()
+	Expect(err).NotTo(HaveOccurred())
+	return v
+}
+
+func unstructuredSlice(obj map[string]any, fields ...string) ([]map[string]any, bool, error) {
+	raw, found, err := unstructured.NestedSlice(obj, fields...)
+	out := make([]map[string]any, 0, len(raw))
+	for _, r := range raw {
+		if m, ok := r.(map[string]any); ok {
+			out = append(out, m)
+		}
+	}
+	return out, found, err
+}
