@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Kubelet plays the kubelets of a workload cluster's nodes: it creates Nodes, reports
+// them Ready or NotReady and at which version, and records every transition.
+type Kubelet struct {
+	// Client reaches the workload cluster.
+	Client client.Client
+	// Record receives the Ready / NotReady transitions.
+	Record *Record
+}
+
+// CreateNode registers a Ready node at the given kubelet version (e.g. v1.32.5+rke2r1).
+func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels map[string]string) (*corev1.Node, error) {
+	all := map[string]string{corev1.LabelHostname: name}
+	for key, v := range labels {
+		all[key] = v
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: all}}
+	if err := k.Client.Create(ctx, node); err != nil {
+		return nil, fmt.Errorf("create node %s: %w", name, err)
+	}
+	node.Status = corev1.NodeStatus{
+		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: "Harvester simulated"},
+		Conditions: []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
+	}
+	if err := k.Client.Status().Update(ctx, node); err != nil {
+		return nil, fmt.Errorf("report node %s ready: %w", name, err)
+	}
+	return node, nil
+}
+
+// SetReady reports the node Ready or NotReady.
+func (k *Kubelet) SetReady(ctx context.Context, name string, ready bool, reason string) error {
+	message := "kubelet is posting ready status"
+	if !ready {
+		message = "kubelet stopped posting node status: " + reason
+	}
+	if err := k.updateStatus(ctx, name, func(st *corev1.NodeStatus) {
+		setNodeCondition(st, readyCondition(ready, reason, message))
+	}); err != nil {
+		return err
+	}
+	k.Record.nodeDown(name, !ready, time.Now())
+	return nil
+}
+
+// SetVersion reports a new kubelet version (after an upgrade) and, if osImage is not
+// empty, a new operating system image.
+func (k *Kubelet) SetVersion(ctx context.Context, name, version, osImage string) error {
+	return k.updateStatus(ctx, name, func(st *corev1.NodeStatus) {
+		st.NodeInfo.KubeletVersion = version
+		if osImage != "" {
+			st.NodeInfo.OSImage = osImage
+		}
+	})
+}
+
+// SetUnschedulable cordons or uncordons the node.
+func (k *Kubelet) SetUnschedulable(ctx context.Context, name string, unschedulable bool) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node := &corev1.Node{}
+		if err := k.Client.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+			return err
+		}
+		if node.Spec.Unschedulable == unschedulable {
+			return nil
+		}
+		node.Spec.Unschedulable = unschedulable
+		return k.Client.Update(ctx, node)
+	})
+}
+
+func (k *Kubelet) updateStatus(ctx context.Context, name string, mutate func(*corev1.NodeStatus)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node := &corev1.Node{}
+		if err := k.Client.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+			return fmt.Errorf("get node %s: %w", name, err)
+		}
+		mutate(&node.Status)
+		return k.Client.Status().Update(ctx, node)
+	})
+}
+
+func readyCondition(ready bool, reason, message string) corev1.NodeCondition {
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	now := metav1.Now()
+	return corev1.NodeCondition{
+		Type: corev1.NodeReady, Status: status, Reason: reason, Message: message,
+		LastHeartbeatTime: now, LastTransitionTime: now,
+	}
+}
+
+func setNodeCondition(st *corev1.NodeStatus, c corev1.NodeCondition) {
+	for i := range st.Conditions {
+		if st.Conditions[i].Type == c.Type {
+			if st.Conditions[i].Status == c.Status {
+				c.LastTransitionTime = st.Conditions[i].LastTransitionTime
+			}
+			st.Conditions[i] = c
+			return
+		}
+	}
+	st.Conditions = append(st.Conditions, c)
+}
+
+// NodeReady reports whether a node's Ready condition is True.
+func NodeReady(node *corev1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

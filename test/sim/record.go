@@ -1,0 +1,146 @@
+// Package sim holds the simulators that play, on a real API server, the parts no API
+// server has: the kubelet of each node (Ready, NotReady around a restart or reboot, its
+// version) and System Upgrade Controller (Plans run as Jobs on the selected nodes). Each
+// simulator records what it did, so tests assert safety (how many nodes were down at
+// once, which node ran which plan, whether anything ran twice), not only completion, and
+// can be told to fail a given node.
+package sim
+
+import (
+	"sort"
+	"sync"
+	"time"
+)
+
+// PlanRun is one run of a SUC Plan on one node.
+type PlanRun struct {
+	Plan    string
+	Node    string
+	Hash    string
+	Version string
+	Start   time.Time
+	End     time.Time
+	// Failed is true when the run's Job failed; Message is its reason.
+	Failed  bool
+	Message string
+}
+
+// Record is what the simulators observed and did, safe for concurrent use.
+type Record struct {
+	mu      sync.Mutex
+	runs    []PlanRun
+	down    map[string]bool
+	maxDown int
+	downLog []DownEvent
+}
+
+// DownEvent is a node going NotReady (Down true) or coming back Ready.
+type DownEvent struct {
+	Node string
+	Down bool
+	At   time.Time
+}
+
+// NewRecord returns an empty record.
+func NewRecord() *Record {
+	return &Record{down: map[string]bool{}}
+}
+
+func (r *Record) startRun(run PlanRun) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs = append(r.runs, run)
+	return len(r.runs) - 1
+}
+
+func (r *Record) endRun(i int, end time.Time, failed bool, message string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[i].End, r.runs[i].Failed, r.runs[i].Message = end, failed, message
+}
+
+func (r *Record) nodeDown(node string, down bool, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down[node] == down {
+		return
+	}
+	r.down[node] = down
+	r.downLog = append(r.downLog, DownEvent{Node: node, Down: down, At: at})
+	n := 0
+	for _, d := range r.down {
+		if d {
+			n++
+		}
+	}
+	if n > r.maxDown {
+		r.maxDown = n
+	}
+}
+
+// Runs returns every plan run so far, in start order.
+func (r *Record) Runs() []PlanRun {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := append([]PlanRun(nil), r.runs...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Start.Before(out[j].Start) })
+	return out
+}
+
+// RunsOf returns how many times each node ran the named plan.
+func (r *Record) RunsOf(plan string) map[string]int {
+	out := map[string]int{}
+	for _, run := range r.Runs() {
+		if run.Plan == plan {
+			out[run.Node]++
+		}
+	}
+	return out
+}
+
+// MaxDown is the largest number of nodes that were NotReady at the same time.
+func (r *Record) MaxDown() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxDown
+}
+
+// DownLog returns the NotReady / Ready transitions in order.
+func (r *Record) DownLog() []DownEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]DownEvent(nil), r.downLog...)
+}
+
+// MaxConcurrentRuns is the largest number of plan runs (of any plan) that overlapped.
+func (r *Record) MaxConcurrentRuns() int {
+	runs := r.Runs()
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, run := range runs {
+		end := run.End
+		if end.IsZero() {
+			end = time.Now().Add(time.Hour)
+		}
+		edges = append(edges, edge{run.Start, 1}, edge{end, -1})
+	}
+	// Ends sort before starts at the same instant: a run that ends as another starts
+	// did not overlap it.
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].at.Equal(edges[j].at) {
+			return edges[i].delta < edges[j].delta
+		}
+		return edges[i].at.Before(edges[j].at)
+	})
+	cur, maxSeen := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		if cur > maxSeen {
+			maxSeen = cur
+		}
+	}
+	return maxSeen
+}
