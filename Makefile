@@ -23,13 +23,15 @@ IMAGE_REPO ?= ghcr.io/capi-inplace/capi-inplace
 IMAGE_TAG  ?= $(VERSION)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-# The test control plane: kube-apiserver and etcd built from their Go modules
+# The test control plane: kube-apiserver, etcd and kubectl built from their Go modules
 # (hack/tools/*), never downloaded as release binaries.
 KUBE_VERSION := v1.36.3
 KUBE_MINOR   := 36
 TEST_BIN_DIR := $(BIN)/k8s
 KUBE_APISERVER := $(TEST_BIN_DIR)/kube-apiserver
 ETCD           := $(TEST_BIN_DIR)/etcd
+KUBECTL        := $(TEST_BIN_DIR)/kubectl
+KUBE_LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR)
 export KUBEBUILDER_ASSETS := $(TEST_BIN_DIR)
 
 SUC_APIS_PKG      := github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1
@@ -91,14 +93,18 @@ test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan and Longhorn CRDs the test
 
 ##@ Test
 .PHONY: test-binaries
-test-binaries: $(KUBE_APISERVER) $(ETCD) ## Build the test control plane (kube-apiserver, etcd) once into bin/k8s.
+test-binaries: $(KUBE_APISERVER) $(ETCD) $(KUBECTL) ## Build the test control plane (kube-apiserver, etcd, kubectl) once into bin/k8s.
 
-$(KUBE_APISERVER): hack/tools/kube-apiserver/go.mod hack/tools/kube-apiserver/go.sum
+$(KUBE_APISERVER): hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
 	@echo "Building kube-apiserver $(KUBE_VERSION) from k8s.io/kubernetes (once; about 4 to 8 minutes on 2 cores)..."
 	@mkdir -p $(TEST_BIN_DIR)
-	cd hack/tools/kube-apiserver && $(GO) build -o $@.tmp \
-		-ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR)" \
-		k8s.io/kubernetes/cmd/kube-apiserver
+	cd hack/tools/kubernetes && $(GO) build -o $@.tmp -ldflags "$(KUBE_LDFLAGS)" k8s.io/kubernetes/cmd/kube-apiserver
+	mv $@.tmp $@
+
+$(KUBECTL): hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
+	@echo "Building kubectl $(KUBE_VERSION) from k8s.io/kubernetes (once; about 2 minutes)..."
+	@mkdir -p $(TEST_BIN_DIR)
+	cd hack/tools/kubernetes && $(GO) build -o $@.tmp -ldflags "$(KUBE_LDFLAGS)" k8s.io/kubernetes/cmd/kubectl
 	mv $@.tmp $@
 
 $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
