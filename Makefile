@@ -78,11 +78,11 @@ tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_
 ##@ Generate
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
-	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONTROLLER_GEN) object paths=./api/... paths=./harvesteradapter/api/...
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, and the test CRDs.
-	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) crd paths=./api/... paths=./harvesteradapter/api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./... output:rbac:artifacts:config=config/rbac
 
 .PHONY: test-crds

@@ -1,0 +1,266 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Release says where the Harvester release to install comes from: an ISO that the
+// upgrade repository downloads and serves, or a repository that already serves it.
+// +kubebuilder:validation:XValidation:rule="has(self.isoURL) != has(self.repositoryURL)",message="set exactly one of release.isoURL (with release.isoChecksum) or release.repositoryURL"
+// +kubebuilder:validation:XValidation:rule="!has(self.isoURL) || has(self.isoChecksum)",message="release.isoChecksum is required with release.isoURL: the repository refuses an ISO it cannot verify"
+type Release struct {
+	// version is the Harvester version of the release, for example v1.6.0. The release
+	// metadata served by the repository must say the same.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^v[0-9]+[.][0-9]+[.][0-9]+(-[0-9A-Za-z.-]+)?$')",message="release.version must be a Harvester version such as v1.6.0 or v1.7.0-rc1"
+	Version string `json:"version"`
+
+	// isoURL is the http(s) URL of the Harvester ISO. The repository's leader pod
+	// downloads it once per cluster and version.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://[^ ]+$')",message="release.isoURL must be an http:// or https:// URL"
+	ISOURL string `json:"isoURL,omitempty"`
+
+	// isoChecksum is the SHA-512 of the ISO, as 128 hexadecimal digits (Harvester
+	// publishes it beside each ISO).
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9a-fA-F]{128}$')",message="release.isoChecksum must be a SHA-512 checksum: 128 hexadecimal digits"
+	ISOChecksum string `json:"isoChecksum,omitempty"`
+
+	// repositoryURL is the base URL of an existing upgrade repository (air-gapped or
+	// external) that serves harvester-release.yaml and the release's files, reachable
+	// from the nodes. No repository is deployed when it is set.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://[^ ]+$')",message="release.repositoryURL must be an http:// or https:// URL"
+	RepositoryURL string `json:"repositoryURL,omitempty"`
+}
+
+// Images are the container images the Harvester updater runs.
+type Images struct {
+	// rke2Upgrade is the rancher/rke2-upgrade image repository; the tag is the target
+	// Kubernetes version with '+' replaced by '-'.
+	// +optional
+	// +kubebuilder:default="rancher/rke2-upgrade"
+	// +kubebuilder:validation:MaxLength=512
+	RKE2Upgrade string `json:"rke2Upgrade,omitempty"`
+
+	// osUpgrade is the image whose upgrade container installs the operating system from
+	// the repository and reboots the node.
+	// +optional
+	// +kubebuilder:default="rancher/harvester-upgrade"
+	// +kubebuilder:validation:MaxLength=512
+	OSUpgrade string `json:"osUpgrade,omitempty"`
+
+	// repository is the image of the repository's downloader (leader) and loop-mounter.
+	// +optional
+	// +kubebuilder:default="rancher/harvester-upgrade"
+	// +kubebuilder:validation:MaxLength=512
+	Repository string `json:"repository,omitempty"`
+
+	// nginx serves the mounted ISO.
+	// +optional
+	// +kubebuilder:default="rancher/mirrored-library-nginx:1.27-alpine"
+	// +kubebuilder:validation:MaxLength=512
+	Nginx string `json:"nginx,omitempty"`
+}
+
+// SystemUpgradeController says where System Upgrade Controller runs on the workload cluster.
+type SystemUpgradeController struct {
+	// namespace is where SUC watches Plans.
+	// +optional
+	// +kubebuilder:default="cattle-system"
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
+
+	// serviceAccountName is the service account the Plans' Jobs run as.
+	// +optional
+	// +kubebuilder:default="system-upgrade-controller"
+	// +kubebuilder:validation:MaxLength=253
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+}
+
+// Drain says how a node is drained before its Kubernetes upgrade.
+type Drain struct {
+	// enabled drains the node; when false the node is only cordoned.
+	// +optional
+	// +kubebuilder:default=true
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// force deletes pods that no controller manages.
+	// +optional
+	Force bool `json:"force,omitempty"`
+
+	// timeout bounds the drain, in seconds or as a duration such as 15m.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	Timeout *intstr.IntOrString `json:"timeout,omitempty"`
+
+	// gracePeriodSeconds overrides the pods' termination grace period.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	GracePeriodSeconds *int32 `json:"gracePeriodSeconds,omitempty"`
+
+	// ignoreDaemonSets leaves DaemonSet pods running.
+	// +optional
+	// +kubebuilder:default=true
+	IgnoreDaemonSets *bool `json:"ignoreDaemonSets,omitempty"`
+
+	// deleteEmptyDirData deletes pods with emptyDir volumes (their data is lost).
+	// +optional
+	// +kubebuilder:default=true
+	DeleteEmptyDirData *bool `json:"deleteEmptyDirData,omitempty"`
+}
+
+// LonghornV2Swap says what to do with Longhorn's v2 data engine on a node.
+// +kubebuilder:validation:Enum=Auto;Skip
+type LonghornV2Swap string
+
+const (
+	// LonghornV2SwapAuto swaps the v2 data engine live when the workload cluster serves
+	// Longhorn's live-upgrade API, and holds a node that holds v2 volumes otherwise.
+	LonghornV2SwapAuto LonghornV2Swap = "Auto"
+	// LonghornV2SwapSkip never swaps: the node is upgraded even if it holds v2 volumes,
+	// whose I/O is then interrupted while the node restarts.
+	LonghornV2SwapSkip LonghornV2Swap = "Skip"
+)
+
+// Timeouts bound each step of a node's upgrade. A step that takes longer fails the node.
+type Timeouts struct {
+	// repository bounds the wait for the upgrade repository (download, checksum, serve).
+	// +optional
+	// +kubebuilder:default="1h"
+	Repository *metav1.Duration `json:"repository,omitempty"`
+	// imagePreload bounds the image preload of one node.
+	// +optional
+	// +kubebuilder:default="30m"
+	ImagePreload *metav1.Duration `json:"imagePreload,omitempty"`
+	// kubernetesUpgrade bounds the RKE2 upgrade of one node, drain included.
+	// +optional
+	// +kubebuilder:default="1h"
+	KubernetesUpgrade *metav1.Duration `json:"kubernetesUpgrade,omitempty"`
+	// osUpgrade bounds the OS upgrade of one node, reboot included.
+	// +optional
+	// +kubebuilder:default="45m"
+	OSUpgrade *metav1.Duration `json:"osUpgrade,omitempty"`
+	// dataEngineUpgrade bounds the Longhorn v2 data engine swap of one node.
+	// +optional
+	// +kubebuilder:default="30m"
+	DataEngineUpgrade *metav1.Duration `json:"dataEngineUpgrade,omitempty"`
+	// node bounds the whole upgrade of one node.
+	// +optional
+	// +kubebuilder:default="4h"
+	Node *metav1.Duration `json:"node,omitempty"`
+}
+
+// RepositoryStorage is the volume the repository keeps the ISO on.
+type RepositoryStorage struct {
+	// storageClassName is a storage class that provides ReadWriteMany volumes (on
+	// Harvester, a Longhorn class).
+	// +optional
+	// +kubebuilder:default="longhorn"
+	// +kubebuilder:validation:MaxLength=253
+	StorageClassName string `json:"storageClassName,omitempty"`
+	// size is the volume's size; it must hold the ISO.
+	// +optional
+	// +kubebuilder:default="30Gi"
+	// +kubebuilder:validation:MaxLength=32
+	Size string `json:"size,omitempty"`
+}
+
+// HarvesterUpgraderSpec configures how the nodes of a Harvester cluster are upgraded in place.
+type HarvesterUpgraderSpec struct {
+	// release is the Harvester release to install.
+	// +required
+	Release Release `json:"release"`
+
+	// images are the container images the updater runs.
+	// +optional
+	Images Images `json:"images,omitempty"`
+
+	// systemUpgradeController says where SUC runs on the workload cluster.
+	// +optional
+	SystemUpgradeController SystemUpgradeController `json:"systemUpgradeController,omitempty"`
+
+	// drain says how each node is drained before its Kubernetes upgrade.
+	// +optional
+	Drain Drain `json:"drain,omitempty"`
+
+	// preloadImages pulls the release's images on a node from the repository before it
+	// is drained, to shorten the time it is down.
+	// +optional
+	// +kubebuilder:default=true
+	PreloadImages *bool `json:"preloadImages,omitempty"`
+
+	// upgradeOS installs the release's operating system on each node and reboots it.
+	// +optional
+	// +kubebuilder:default=true
+	UpgradeOS *bool `json:"upgradeOS,omitempty"`
+
+	// longhornV2Swap says what to do with nodes that run Longhorn's v2 data engine.
+	// +optional
+	// +kubebuilder:default=Auto
+	LonghornV2Swap LonghornV2Swap `json:"longhornV2Swap,omitempty"`
+
+	// repositoryStorage is the volume of the deployed repository.
+	// +optional
+	RepositoryStorage RepositoryStorage `json:"repositoryStorage,omitempty"`
+
+	// timeouts bound each step.
+	// +optional
+	Timeouts Timeouts `json:"timeouts,omitempty"`
+}
+
+// HarvesterUpgraderStatus shows what the configuration resolved to.
+type HarvesterUpgraderStatus struct {
+	// observedGeneration is the spec generation last looked at.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions report whether the configuration is usable.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// HarvesterUpgrader configures capi-inplace's Harvester updater: which release to install
+// and how to upgrade each node (image preload, RKE2, OS, Longhorn v2 data engine).
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=hvu,categories=cluster-api;capi-inplace
+// +kubebuilder:printcolumn:name="Release",type=string,JSONPath=`.spec.release.version`
+// +kubebuilder:printcolumn:name="OS",type=boolean,JSONPath=`.spec.upgradeOS`
+// +kubebuilder:printcolumn:name="Preload",type=boolean,JSONPath=`.spec.preloadImages`
+// +kubebuilder:printcolumn:name="V2 Swap",type=string,JSONPath=`.spec.longhornV2Swap`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type HarvesterUpgrader struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the configuration.
+	// +required
+	Spec HarvesterUpgraderSpec `json:"spec"`
+
+	// status shows what the configuration resolved to.
+	// +optional
+	Status HarvesterUpgraderStatus `json:"status,omitempty"`
+}
+
+// HarvesterUpgraderList is a list of HarvesterUpgraders.
+// +kubebuilder:object:root=true
+type HarvesterUpgraderList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []HarvesterUpgrader `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&HarvesterUpgrader{}, &HarvesterUpgraderList{})
+}

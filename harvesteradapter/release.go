@@ -1,0 +1,113 @@
+// Package harvesteradapter is capi-inplace's Harvester updater: it upgrades one node of a
+// Harvester / RKE2 cluster in place with System Upgrade Controller Plans, a pod-based
+// upgrade repository and Longhorn's v2 data engine swap, configured by a
+// HarvesterUpgrader.
+package harvesteradapter
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/version"
+	"sigs.k8s.io/yaml"
+)
+
+// maxReleaseMetadataBytes bounds what is read of harvester-release.yaml; the real file is
+// a few hundred bytes.
+const maxReleaseMetadataBytes = 64 << 10
+
+// ReleaseMetadata is harvester-release.yaml, as an upgrade repository serves it at its root.
+type ReleaseMetadata struct {
+	// Harvester is the release's Harvester version, for example v1.6.0.
+	Harvester string `json:"harvester"`
+	// HarvesterChart is the version of the Harvester chart.
+	HarvesterChart string `json:"harvesterChart,omitempty"`
+	// OS is the operating system's name and version, for example "Harvester v1.6.0".
+	OS string `json:"os,omitempty"`
+	// Kubernetes is the RKE2 version the release ships, for example v1.33.3+rke2r1.
+	Kubernetes string `json:"kubernetes"`
+	// Rancher is the embedded Rancher's version.
+	Rancher string `json:"rancher,omitempty"`
+	// MonitoringChart is the monitoring chart's version.
+	MonitoringChart string `json:"monitoringChart,omitempty"`
+	// MinUpgradableVersion is the oldest Harvester version the release installs over.
+	MinUpgradableVersion string `json:"minUpgradableVersion"`
+}
+
+// ParseReleaseMetadata reads harvester-release.yaml. Unknown fields are allowed (newer
+// releases add some); the three fields eligibility depends on are required and must be
+// versions.
+func ParseReleaseMetadata(data []byte) (*ReleaseMetadata, error) {
+	if len(data) > maxReleaseMetadataBytes {
+		return nil, fmt.Errorf("harvester-release.yaml is %d bytes, more than the %d a release metadata file can be", len(data), maxReleaseMetadataBytes)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("harvester-release.yaml is empty")
+	}
+	m := &ReleaseMetadata{}
+	if err := yaml.Unmarshal(data, m); err != nil {
+		return nil, fmt.Errorf("harvester-release.yaml is not valid YAML: %w", err)
+	}
+	for _, f := range []struct{ name, value string }{
+		{"harvester", m.Harvester}, {"kubernetes", m.Kubernetes}, {"minUpgradableVersion", m.MinUpgradableVersion},
+	} {
+		if f.value == "" {
+			return nil, fmt.Errorf("harvester-release.yaml has no %s field", f.name)
+		}
+		if _, err := version.ParseSemantic(f.value); err != nil {
+			return nil, fmt.Errorf("harvester-release.yaml: %s %q is not a version: %w", f.name, f.value, err)
+		}
+	}
+	return m, nil
+}
+
+// CheckEligible says whether the release may be installed: it is the release the
+// HarvesterUpgrader asks for, it ships the Kubernetes version the upgrade targets, and
+// the node's current Harvester version is at least the release's minUpgradableVersion
+// and not newer than the release. The error says which versions disagree and what to do.
+func (m *ReleaseMetadata) CheckEligible(wantRelease, targetKubernetes, currentHarvester string) error {
+	if !sameVersion(m.Harvester, wantRelease) {
+		return fmt.Errorf("the repository serves Harvester %s, but the HarvesterUpgrader asks for %s: point release.isoURL or release.repositoryURL at the %s release", m.Harvester, wantRelease, wantRelease)
+	}
+	if !sameVersion(m.Kubernetes, targetKubernetes) {
+		return fmt.Errorf("Harvester %s ships Kubernetes %s, but the upgrade targets %s: upgrade to %s, or use the Harvester release that ships %s", m.Harvester, m.Kubernetes, targetKubernetes, m.Kubernetes, targetKubernetes)
+	}
+	current, err := version.ParseSemantic(currentHarvester)
+	if err != nil {
+		return fmt.Errorf("the node's current Harvester version %q is not a version: %w", currentHarvester, err)
+	}
+	minimum := version.MustParseSemantic(m.MinUpgradableVersion)
+	release := version.MustParseSemantic(m.Harvester)
+	if current.LessThan(minimum) {
+		return fmt.Errorf("the node runs Harvester %s, but Harvester %s installs only over %s or newer: upgrade to %s first", currentHarvester, m.Harvester, m.MinUpgradableVersion, m.MinUpgradableVersion)
+	}
+	if release.LessThan(current) {
+		return fmt.Errorf("the node runs Harvester %s, newer than the release %s: a downgrade is not possible", currentHarvester, m.Harvester)
+	}
+	return nil
+}
+
+// HarvesterVersionFromOSImage reads the Harvester version from a node's OS image as the
+// kubelet reports it, for example "Harvester v1.5.1" gives v1.5.1.
+func HarvesterVersionFromOSImage(osImage string) (string, error) {
+	fields := strings.Fields(osImage)
+	if len(fields) != 2 || fields[0] != "Harvester" {
+		return "", fmt.Errorf("the node's OS image %q is not a Harvester OS image (\"Harvester vX.Y.Z\")", osImage)
+	}
+	if _, err := version.ParseSemantic(fields[1]); err != nil {
+		return "", fmt.Errorf("the node's OS image %q carries no Harvester version: %w", osImage, err)
+	}
+	return fields[1], nil
+}
+
+// sameVersion compares two versions semantically, build metadata included (v1.33.3+rke2r1
+// and 1.33.3+rke2r1 are the same; v1.33.3+rke2r1 and v1.33.3+rke2r2 are not).
+func sameVersion(a, b string) bool {
+	va, errA := version.ParseSemantic(a)
+	vb, errB := version.ParseSemantic(b)
+	if errA != nil || errB != nil {
+		return false
+	}
+	return va.String() == vb.String()
+}
