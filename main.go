@@ -18,12 +18,22 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/extension"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/dataengine"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
+	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
 // The secure metrics endpoint asks the API server who a caller is and whether it may read
@@ -69,6 +79,11 @@ func newScheme() (*runtime.Scheme, error) {
 		controlplanev1.AddToScheme,
 		bootstrapv1.AddToScheme,
 		inplacev1.AddToScheme,
+		harvesterv1.AddToScheme,
+		// The kinds the updaters read and write on workload clusters.
+		sucv1.AddToScheme,
+		longhornv1.AddToScheme,
+		dataengine.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err
@@ -139,6 +154,24 @@ func run(opts options) error {
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
+	}
+
+	// The updaters the manager runs, by configuration kind, and the NodeUpdate lifecycle
+	// that drives them.
+	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme()}
+	registry := nodeupdater.NewRegistry()
+	updaters := []nodeupdater.Registration{
+		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads}).Registration(),
+		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.HTTPReleaseReader{}}).Registration(),
+	}
+	for _, reg := range updaters {
+		if err := registry.Register(reg); err != nil {
+			return err
+		}
+	}
+	controllerOpts := controller.Options{MaxConcurrentReconciles: opts.concurrency}
+	if err := (&nodeupdater.Reconciler{Registry: registry}).SetupWithManager(mgr, controllerOpts); err != nil {
+		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
 
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{

@@ -148,3 +148,45 @@ const (
 	// AsExpectedReason: nothing to report.
 	AsExpectedReason = "AsExpected"
 )
+
+// Condition reasons of a NodeUpdate, added with the generic NodeUpdate reconciler.
+const (
+	// RetriesExhaustedReason: a step kept failing with retryable errors until the bound
+	// of attempts was reached.
+	RetriesExhaustedReason = "RetriesExhausted"
+	// RetryingReason: the current step failed with a retryable error and is tried again
+	// at status.nextRetryTime.
+	RetryingReason = "Retrying"
+	// AbortingReason: the updater is stopping at a safe point and cleaning up.
+	AbortingReason = "Aborting"
+	// ExternalUpdaterReason: spec.updaterRef names a kind served by a controller outside
+	// the manager (its CRD carries NodeUpdaterCRDLabel), which drives the steps and the result.
+	ExternalUpdaterReason = "ExternalUpdater"
+	// UpdaterErrorReason: the manager could not tell whether the updater is available,
+	// for example because reading its configuration object failed.
+	UpdaterErrorReason = "UpdaterError"
+)
+
+// Annotations of the UpgradeTask controller and request admission.
+const (
+	// RequestHashAnnotation on an UpgradeTask is a digest of the request that created it
+	// (target, version, machines, updater, options). The same request finds the same task;
+	// a different request for the same target aborts it and creates a new one.
+	RequestHashAnnotation = AnnotationPrefix + "request-hash"
+)
+
+// Event reasons of the UpgradeTask controller, besides the condition reasons above.
+const (
+	// NodeStartedReason: a NodeUpdate was created for a machine.
+	NodeStartedReason = "NodeStarted"
+	// NodeUpgradedReason: a machine's NodeUpdate succeeded.
+	NodeUpgradedReason = "NodeUpgraded"
+	// NodeFailedReason: a machine's NodeUpdate failed.
+	NodeFailedReason = "NodeFailed"
+	// NodeHeldReason: a preflight check holds a machine back; the message names it.
+	NodeHeldReason = "NodeHeld"
+	// MachineClaimedReason: a machine was claimed for the task.
+	MachineClaimedReason = "MachineClaimed"
+	// SupersededReason: a newer request for the same target aborted this task.
+	SupersededReason = "Superseded"
+)

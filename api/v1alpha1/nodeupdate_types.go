@@ -144,9 +144,33 @@ type NodeUpdateStatus struct {
 	// +kubebuilder:validation:MaxItems=64
 	Steps []NodeUpdateStep `json:"steps,omitempty"`
 
-	// attempts is how many times the current step has been tried.
+	// attempts is how many times the current step has been tried: 1 on its first try,
+	// one more after each retryable error. It starts again at 1 when the updater moves on
+	// to another step. When it would exceed the manager's bound, the NodeUpdate fails
+	// with reason RetriesExhausted.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
 	Attempts int32 `json:"attempts,omitempty"`
+
+	// lastError is the text of the last retryable error of the current step; it is kept
+	// until the step moves on, so a person sees what is being retried.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10240
+	LastError string `json:"lastError,omitempty"`
+
+	// lastAttemptTime is when the current step was last tried after a retryable error.
+	// +optional
+	LastAttemptTime *metav1.MicroTime `json:"lastAttemptTime,omitempty"`
+
+	// nextRetryTime is when the current step is tried again after a retryable error. The
+	// updater is not called before then, also not after a restart of the manager.
+	// +optional
+	NextRetryTime *metav1.MicroTime `json:"nextRetryTime,omitempty"`
+
+	// abortStartTime is when the manager started to abort the NodeUpdate, on request
+	// (spec.phase Abort), on timeout, or on deletion.
+	// +optional
+	AbortStartTime *metav1.MicroTime `json:"abortStartTime,omitempty"`
 
 	// startTime is when the updater started on the node.
 	// +optional
@@ -157,7 +181,9 @@ type NodeUpdateStatus struct {
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 
 	// failureReason is a short, machine-readable reason of the failure, for example
-	// StepFailed or TimedOut.
+	// StepFailed, TimedOut, RetriesExhausted, or a reason of the updater's own such as
+	// BackoffLimitExceeded. While phase is still InProgress, a failureReason means the
+	// NodeUpdate is failing and the updater is cleaning up.
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	FailureReason string `json:"failureReason,omitempty"`
@@ -186,7 +212,8 @@ type NodeUpdateStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Step",type=string,JSONPath=`.status.currentStep`
 // +kubebuilder:printcolumn:name="Attempts",type=integer,JSONPath=`.status.attempts`,priority=1
-// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.failureReason`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.failureReason`
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.failureMessage`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeUpdate struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -259,6 +259,31 @@ type MachineUpgradeStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=10240
 	Message string `json:"message,omitempty"`
+
+	// preflight are the results of the preflight checks the last time the machine was
+	// considered for a start: every check in a dry run, the failing check otherwise.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	Preflight []PreflightCheckStatus `json:"preflight,omitempty"`
+}
+
+// PreflightCheckStatus is the outcome of one named preflight check for one machine.
+type PreflightCheckStatus struct {
+	// name names the check, for example NodeReady, Availability or
+	// UpdaterChecks/LonghornVolumesHealthy.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// passed is true when the check does not hold the machine back.
+	// +required
+	Passed bool `json:"passed"`
+
+	// message says what holds the machine back, when the check did not pass.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Message string `json:"message,omitempty"`
 }
 
 // UpgradeTaskStatus shows at a glance how the upgrade is going.

@@ -6,6 +6,7 @@
 //
 // +kubebuilder:object:generate=true
 // +groupName=longhorn.io
+// +versionName=v1beta2
 package dataengine
 
 import (

@@ -18,6 +18,8 @@ type Kubelet struct {
 	Client client.Client
 	// Record receives the Ready / NotReady transitions.
 	Record *Record
+	// OSImage is the OS image new nodes report. Default "Harvester v1.5.0".
+	OSImage string
 }
 
 // CreateNode registers a Ready node at the given kubelet version (e.g. v1.32.5+rke2r1).
@@ -30,8 +32,12 @@ func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels m
 	if err := k.Client.Create(ctx, node); err != nil {
 		return nil, fmt.Errorf("create node %s: %w", name, err)
 	}
+	osImage := k.OSImage
+	if osImage == "" {
+		osImage = "Harvester v1.5.0"
+	}
 	node.Status = corev1.NodeStatus{
-		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: "Harvester simulated"},
+		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage},
 		Conditions: []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
 	}
 	if err := k.Client.Status().Update(ctx, node); err != nil {
@@ -55,11 +61,13 @@ func (k *Kubelet) SetReady(ctx context.Context, name string, ready bool, reason 
 	return nil
 }
 
-// SetVersion reports a new kubelet version (after an upgrade) and, if osImage is not
-// empty, a new operating system image.
+// SetVersion reports a new kubelet version (after an upgrade) and a new operating system
+// image; an empty value leaves that one as it is.
 func (k *Kubelet) SetVersion(ctx context.Context, name, version, osImage string) error {
 	return k.updateStatus(ctx, name, func(st *corev1.NodeStatus) {
-		st.NodeInfo.KubeletVersion = version
+		if version != "" {
+			st.NodeInfo.KubeletVersion = version
+		}
 		if osImage != "" {
 			st.NodeInfo.OSImage = osImage
 		}

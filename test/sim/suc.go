@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -55,6 +56,9 @@ type SUC struct {
 	// succeeded on it, or "" for a Plan that does not change it. Default:
 	// DefaultKubeletVersion.
 	KubeletVersion func(*sucv1.Plan) string
+	// OSImage returns the OS image a node reports after the Plan succeeded on it (and
+	// rebooted it), or "" for a Plan that does not change it. Default: DefaultOSImage.
+	OSImage func(*sucv1.Plan) string
 
 	mu    sync.Mutex
 	fails map[string]string
@@ -70,6 +74,19 @@ func DefaultKubeletVersion(plan *sucv1.Plan) string {
 	repo, _, _ := strings.Cut(plan.Spec.Upgrade.Image, ":")
 	if strings.HasSuffix(repo, "rke2-upgrade") {
 		return plan.Spec.Version
+	}
+	return ""
+}
+
+// DefaultOSImage is "Harvester <version>" for a Plan that runs the harvester-upgrade
+// image's post-drain phase (which installs the OS and reboots), else "".
+func DefaultOSImage(plan *sucv1.Plan) string {
+	if plan.Spec.Upgrade == nil {
+		return ""
+	}
+	repo, _, _ := strings.Cut(plan.Spec.Upgrade.Image, ":")
+	if strings.HasSuffix(repo, "harvester-upgrade") && slices.Contains(plan.Spec.Upgrade.Args, "post-drain") {
+		return "Harvester " + plan.Spec.Version
 	}
 	return ""
 }
@@ -269,8 +286,9 @@ func (s *SUC) finishRun(ctx context.Context, plan *sucv1.Plan, job *batchv1.Job,
 	message, fail := s.failure(plan.Name, node)
 	if takesNodeDown(plan) {
 		if !fail {
-			if v := s.kubeletVersion(plan); v != "" {
-				if err := s.Kubelet.SetVersion(ctx, node, v, ""); err != nil {
+			v, osImage := s.kubeletVersion(plan), s.osImage(plan)
+			if v != "" || osImage != "" {
+				if err := s.Kubelet.SetVersion(ctx, node, v, osImage); err != nil {
 					return err
 				}
 			}
@@ -311,6 +329,13 @@ func (s *SUC) kubeletVersion(plan *sucv1.Plan) string {
 		return s.KubeletVersion(plan)
 	}
 	return DefaultKubeletVersion(plan)
+}
+
+func (s *SUC) osImage(plan *sucv1.Plan) string {
+	if s.OSImage != nil {
+		return s.OSImage(plan)
+	}
+	return DefaultOSImage(plan)
 }
 
 func (s *SUC) labelNode(ctx context.Context, node, plan, hash string) error {

@@ -31,6 +31,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/dataengine"
 )
 
 // Environment is a running test API server with the project's CRDs installed.
@@ -60,6 +62,8 @@ func NewScheme() (*runtime.Scheme, error) {
 		inplacev1.AddToScheme,
 		sucv1.AddToScheme,
 		longhornv1.AddToScheme,
+		harvesterv1.AddToScheme,
+		dataengine.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err
@@ -151,15 +155,26 @@ func (e *Environment) CRDs() []*apiextensionsv1.CustomResourceDefinition {
 // WriteKubeconfig writes a kubeconfig of an administrator of the test API server to
 // path, for a process (the manager, kubectl) to use.
 func (e *Environment) WriteKubeconfig(path string) error {
+	data, err := e.Kubeconfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
+}
+
+// Kubeconfig returns a kubeconfig of an administrator of the test API server, for
+// example as the value of a Cluster's <cluster>-kubeconfig Secret when the test API
+// server plays the workload cluster too.
+func (e *Environment) Kubeconfig() ([]byte, error) {
 	user, err := e.env.AddUser(envtest.User{Name: "capi-inplace-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
-		return fmt.Errorf("add test API server user: %w", err)
+		return nil, fmt.Errorf("add test API server user: %w", err)
 	}
 	data, err := user.KubeConfig()
 	if err != nil {
-		return fmt.Errorf("render kubeconfig: %w", err)
+		return nil, fmt.Errorf("render kubeconfig: %w", err)
 	}
-	return os.WriteFile(path, data, 0o600)
+	return data, nil
 }
 
 // CRDDirectories lists the directories of every CRD the test API server installs.

@@ -1,0 +1,84 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// Names of the Harvester updater's own preflight checks besides Longhorn's.
+const (
+	CheckHarvesterUpgraderFound = "HarvesterUpgraderFound"
+	CheckSUCInstalled           = "SystemUpgradeControllerInstalled"
+)
+
+// Preflight runs the Harvester updater's checks for a node: its configuration exists, SUC
+// is installed (its Plan kind served, its service account present), and Longhorn lets
+// the node go (see longhornChecks). A check that cannot be evaluated fails with the
+// reason, so a node is never started on a guess.
+func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
+	fail := func(name, format string, args ...any) []nodeupdater.CheckResult {
+		return []nodeupdater.CheckResult{{Name: name, Message: fmt.Sprintf(format, args...)}}
+	}
+	cfg := &harvesterv1.HarvesterUpgrader{}
+	if err := u.Client.Get(ctx, client.ObjectKey{Namespace: target.Namespace, Name: target.UpdaterRef.Name}, cfg); err != nil {
+		return fail(CheckHarvesterUpgraderFound, "HarvesterUpgrader %s/%s: %v", target.Namespace, target.UpdaterRef.Name, err)
+	}
+	results := []nodeupdater.CheckResult{{Name: CheckHarvesterUpgraderFound, Passed: true}}
+
+	wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
+	if err != nil {
+		return append(results, nodeupdater.CheckResult{Name: CheckSUCInstalled, Message: fmt.Sprintf("cannot reach the workload cluster %s: %v", target.ClusterName, err)})
+	}
+	results = append(results, sucInstalled(ctx, wc, cfg.Spec.SystemUpgradeController))
+
+	served, err := kindServed(wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
+	if err != nil {
+		return append(results, nodeupdater.CheckResult{Name: CheckLonghornVolumesHealthy, Message: err.Error()})
+	}
+	if !served {
+		return results // not a Longhorn cluster: nothing to protect
+	}
+	state, err := readLonghorn(ctx, wc)
+	if err != nil {
+		return append(results, nodeupdater.CheckResult{Name: CheckLonghornVolumesHealthy, Message: err.Error()})
+	}
+	swap, err := chooseDataEngineSwap(wc)
+	if err != nil {
+		return append(results, nodeupdater.CheckResult{Name: CheckLonghornV2SwapAvailable, Message: err.Error()})
+	}
+	return append(results, state.longhornChecks(target.NodeName, swap != nil, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
+}
+
+func sucInstalled(ctx context.Context, wc client.Client, suc harvesterv1.SystemUpgradeController) nodeupdater.CheckResult {
+	r := nodeupdater.CheckResult{Name: CheckSUCInstalled}
+	served, err := kindServed(wc, schema.GroupKind{Group: sucv1.SchemeGroupVersion.Group, Kind: "Plan"}, sucv1.SchemeGroupVersion.Version)
+	switch {
+	case err != nil:
+		r.Message = err.Error()
+		return r
+	case !served:
+		r.Message = "System Upgrade Controller is not installed on the workload cluster (it serves no upgrade.cattle.io Plan); install it first"
+		return r
+	}
+	sa := &corev1.ServiceAccount{}
+	if err := wc.Get(ctx, client.ObjectKey{Namespace: suc.Namespace, Name: suc.ServiceAccountName}, sa); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Message = fmt.Sprintf("System Upgrade Controller's service account %s/%s does not exist; check systemUpgradeController in the HarvesterUpgrader", suc.Namespace, suc.ServiceAccountName)
+		} else {
+			r.Message = fmt.Sprintf("read service account %s/%s: %v", suc.Namespace, suc.ServiceAccountName, err)
+		}
+		return r
+	}
+	r.Passed = true
+	return r
+}

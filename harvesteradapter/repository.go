@@ -1,0 +1,201 @@
+package harvesteradapter
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// RepositoryNamespace is where the upgrade repository runs on the workload cluster.
+const RepositoryNamespace = "harvester-system"
+
+// Labels of the repository's objects.
+const (
+	// LabelRepository names the repository (one per release) an object belongs to.
+	LabelRepository = "harvester.inplace.cluster.x-k8s.io/repository"
+	// repositoryPort is the port nginx serves the release on.
+	repositoryPort = 80
+	// releaseMetadataPath is where the repository serves the release metadata.
+	releaseMetadataPath = "/harvester-release.yaml"
+	// downloaderContainer is the init container of the leader that downloads the ISO
+	// and checks its checksum.
+	downloaderContainer = "download"
+)
+
+// repositoryName is the name of the repository of a release: one per workload cluster
+// and release, shared by every node.
+func repositoryName(release string) string {
+	name := "capi-inplace-repo-" + strings.NewReplacer(".", "-", "+", "-").Replace(strings.ToLower(release))
+	if len(name) > 52 {
+		sum := sha256.Sum256([]byte(release))
+		name = name[:41] + "-" + hex.EncodeToString(sum[:])[:10]
+	}
+	return strings.TrimRight(name, "-")
+}
+
+// repositoryServiceURL is the in-cluster URL nodes reach the repository at.
+func repositoryServiceURL(release string) string {
+	return fmt.Sprintf("http://%s.%s.svc", repositoryName(release), RepositoryNamespace)
+}
+
+// repositoryObjects are the PVC, Deployment and Service of the pod-based upgrade
+// repository of the Harvester upgrade enhancement: the pods share a ReadWriteMany
+// volume; the leader (first pod to take the lock file) downloads the ISO and checks its
+// SHA-512 while the others wait for the ready flag; a privileged sidecar loop-mounts the
+// ISO with bidirectional mount propagation; nginx serves the mounted tree; the pods are
+// ready once /harvester-release.yaml is served, and spread across nodes.
+func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVolumeClaim, *appsv1.Deployment, *corev1.Service, error) {
+	spec := cfg.Spec
+	name := repositoryName(spec.Release.Version)
+	labels := map[string]string{LabelRepository: name, "app.kubernetes.io/name": "capi-inplace-upgrade-repository"}
+	size, err := resource.ParseQuantity(spec.RepositoryStorage.Size)
+	if err != nil {
+		return nil, nil, nil, nodeupdater.Permanentf("InvalidRepositoryStorage", "HarvesterUpgrader %s: repositoryStorage.size %q is not a quantity: %v", cfg.Name, spec.RepositoryStorage.Size, err)
+	}
+
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RepositoryNamespace, Labels: labels},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			StorageClassName: ptr.To(spec.RepositoryStorage.StorageClassName),
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+		},
+	}
+
+	env := []corev1.EnvVar{
+		{Name: "ISO_URL", Value: spec.Release.ISOURL},
+		{Name: "ISO_CHECKSUM_SHA512", Value: spec.Release.ISOChecksum},
+		{Name: "HARVESTER_RELEASE", Value: spec.Release.Version},
+		{Name: "REPOSITORY_DIR", Value: "/repository"},
+	}
+	bidirectional := corev1.MountPropagationBidirectional
+	hostToContainer := corev1.MountPropagationHostToContainer
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RepositoryNamespace, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](3),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+						PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+							Weight: 100,
+							PodAffinityTerm: corev1.PodAffinityTerm{
+								LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+								TopologyKey:   corev1.LabelHostname,
+							},
+						}},
+					}},
+					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					InitContainers: []corev1.Container{{
+						Name: downloaderContainer, Image: spec.Images.Repository,
+						Command: []string{"upgrade-repository", "download"}, Env: env,
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+						VolumeMounts:             []corev1.VolumeMount{{Name: "repository", MountPath: "/repository"}},
+					}},
+					Containers: []corev1.Container{
+						{
+							Name: "mount", Image: spec.Images.Repository,
+							Command: []string{"upgrade-repository", "mount"}, Env: env,
+							SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+							VolumeMounts: []corev1.VolumeMount{
+								{Name: "repository", MountPath: "/repository"},
+								{Name: "iso-mount", MountPath: "/iso", MountPropagation: &bidirectional},
+							},
+						},
+						{
+							Name: "nginx", Image: spec.Images.Nginx,
+							Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: repositoryPort}},
+							ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+								HTTPGet: &corev1.HTTPGetAction{Path: releaseMetadataPath, Port: intstr.FromString("http")},
+							}, PeriodSeconds: 5},
+							VolumeMounts: []corev1.VolumeMount{{Name: "iso-mount", MountPath: "/usr/share/nginx/html", ReadOnly: true, MountPropagation: &hostToContainer}},
+						},
+					},
+					Volumes: []corev1.Volume{
+						{Name: "repository", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}},
+						{Name: "iso-mount", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+					},
+				},
+			},
+		},
+	}
+
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RepositoryNamespace, Labels: labels},
+		Spec: corev1.ServiceSpec{
+			Selector: labels,
+			Ports:    []corev1.ServicePort{{Name: "http", Port: repositoryPort, TargetPort: intstr.FromString("http")}},
+		},
+	}
+	return pvc, dep, svc, nil
+}
+
+// ensureRepository creates the repository's objects that do not exist yet and reports
+// whether it serves the release. A downloader that failed (a wrong checksum, an ISO URL
+// that does not answer) is a permanent error with its own message.
+func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.HarvesterUpgrader) (ready bool, message string, err error) {
+	pvc, dep, svc, err := repositoryObjects(cfg)
+	if err != nil {
+		return false, "", err
+	}
+	for _, obj := range []client.Object{pvc, dep, svc} {
+		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, "", fmt.Errorf("create upgrade repository %T %s: %w", obj, obj.GetName(), err)
+		}
+	}
+	if msg, failed, err := downloaderFailure(ctx, c, dep); err != nil || failed {
+		if err != nil {
+			return false, "", err
+		}
+		return false, "", nodeupdater.Permanentf("RepositoryDownloadFailed", "the upgrade repository %s could not provide Harvester %s: %s", dep.Name, cfg.Spec.Release.Version, msg)
+	}
+	current := &appsv1.Deployment{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(dep), current); err != nil {
+		return false, "", fmt.Errorf("get upgrade repository %s: %w", dep.Name, err)
+	}
+	if current.Status.AvailableReplicas < 1 {
+		return false, fmt.Sprintf("waiting for the upgrade repository %s/%s to download Harvester %s and serve it", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
+	}
+	return true, fmt.Sprintf("the upgrade repository %s/%s serves Harvester %s", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
+}
+
+// downloaderFailure looks for a repository pod whose downloader exited with an error.
+func downloaderFailure(ctx context.Context, c client.Client, dep *appsv1.Deployment) (string, bool, error) {
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.InNamespace(dep.Namespace), client.MatchingLabels(dep.Spec.Selector.MatchLabels)); err != nil {
+		return "", false, fmt.Errorf("list upgrade repository pods: %w", err)
+	}
+	for _, pod := range pods.Items {
+		for _, st := range pod.Status.InitContainerStatuses {
+			t := st.State.Terminated
+			if st.Name != downloaderContainer || t == nil || t.ExitCode == 0 {
+				if st.LastTerminationState.Terminated == nil || st.LastTerminationState.Terminated.ExitCode == 0 || st.Name != downloaderContainer {
+					continue
+				}
+				t = st.LastTerminationState.Terminated
+			}
+			msg := strings.TrimSpace(t.Message)
+			if msg == "" {
+				msg = fmt.Sprintf("the downloader exited with code %d (%s)", t.ExitCode, t.Reason)
+			}
+			return fmt.Sprintf("pod %s: %s", pod.Name, msg), true, nil
+		}
+	}
+	return "", false, nil
+}

@@ -1,0 +1,505 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// The steps of one node's upgrade, in the order they run; each shows in
+// NodeUpdate.status.steps.
+const (
+	StepRepository         = "Repository"
+	StepImagePreload       = "ImagePreload"
+	StepKubernetesUpgrade  = "KubernetesUpgrade"
+	StepOSUpgrade          = "OSUpgrade"
+	StepLonghornDataEngine = "LonghornDataEngine"
+	StepFinish             = "Finish"
+)
+
+// WorkloadClients hands out clients of workload clusters (see package workloadcluster).
+type WorkloadClients interface {
+	Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
+}
+
+// ReleaseReader reads harvester-release.yaml from a repository's base URL.
+type ReleaseReader interface {
+	ReadRelease(ctx context.Context, repositoryURL string) ([]byte, error)
+}
+
+// HTTPReleaseReader reads release metadata over HTTP(S), for repositories the manager
+// reaches (release.repositoryURL, or the in-cluster repository of a self-managed cluster).
+type HTTPReleaseReader struct {
+	// Client is the HTTP client; nil means one with a 30 second timeout.
+	Client *http.Client
+}
+
+// ReadRelease fetches <repositoryURL>/harvester-release.yaml.
+func (r HTTPReleaseReader) ReadRelease(ctx context.Context, repositoryURL string) ([]byte, error) {
+	hc := r.Client
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	url := strings.TrimRight(repositoryURL, "/") + releaseMetadataPath
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", url, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read %s: HTTP %d", url, resp.StatusCode)
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, maxReleaseMetadataBytes+1))
+}
+
+// +kubebuilder:rbac:groups=harvester.inplace.cluster.x-k8s.io,resources=harvesterupgraders,verbs=get;list;watch
+
+// Updater is the Harvester updater: it upgrades one node per NodeUpdate through the
+// steps above, on the workload cluster, as configured by the HarvesterUpgrader the
+// NodeUpdate's updaterRef names.
+type Updater struct {
+	// Client reads HarvesterUpgraders on the management cluster.
+	Client client.Client
+	// Workloads gives clients of the workload clusters.
+	Workloads WorkloadClients
+	// Releases reads release metadata from repositories.
+	Releases ReleaseReader
+	// RepositoryURL, when set, maps the in-cluster URL of a deployed repository to a URL
+	// the manager reaches; nil uses the in-cluster URL as it is.
+	RepositoryURL func(inClusterURL string) string
+	// PollInterval is how often a running step is looked at again. Default 5s.
+	PollInterval time.Duration
+}
+
+var _ nodeupdater.Updater = &Updater{}
+
+// GroupKind is the configuration kind the Harvester updater serves.
+var GroupKind = schema.GroupKind{Group: harvesterv1.GroupVersion.Group, Kind: "HarvesterUpgrader"}
+
+// Registration is the Harvester updater's entry for the nodeupdater registry.
+func (u *Updater) Registration() nodeupdater.Registration {
+	return nodeupdater.Registration{GroupKind: GroupKind, NewConfig: func() client.Object { return &harvesterv1.HarvesterUpgrader{} }, Updater: u}
+}
+
+// nodeRun is what one reconcile of one NodeUpdate works with.
+type nodeRun struct {
+	nu    *inplacev1.NodeUpdate
+	cfg   *harvesterv1.HarvesterUpgrader
+	wc    client.Client
+	repo  string
+	plans map[planKind]*sucv1.Plan
+}
+
+// step is one named step of the pipeline. skip says, when it is not needed for this
+// node, why; run advances it and says whether it is done and what it is doing.
+type step struct {
+	name    string
+	timeout func(harvesterv1.Timeouts) time.Duration
+	skip    func(u *Updater, ctx context.Context, r *nodeRun) (string, error)
+	run     func(u *Updater, ctx context.Context, r *nodeRun) (bool, string, error)
+}
+
+// pipeline is the order of a node's steps. Adding a step is adding one entry.
+var pipeline = []step{
+	{name: StepRepository, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Repository, time.Hour) }, run: (*Updater).runRepository},
+	{name: StepImagePreload, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.ImagePreload, 30*time.Minute) }, skip: (*Updater).skipPreload, run: (*Updater).runPreload},
+	{name: StepKubernetesUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.KubernetesUpgrade, time.Hour) }, run: (*Updater).runKubernetes},
+	{name: StepOSUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.OSUpgrade, 45*time.Minute) }, skip: (*Updater).skipOS, run: (*Updater).runOS},
+	{name: StepLonghornDataEngine, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, 30*time.Minute) }, skip: (*Updater).skipDataEngine, run: (*Updater).runDataEngine},
+	{name: StepFinish, timeout: func(harvesterv1.Timeouts) time.Duration { return 10 * time.Minute }, run: (*Updater).runFinish},
+}
+
+func stepNames() []string {
+	names := make([]string, 0, len(pipeline))
+	for _, s := range pipeline {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// Reconcile advances the node through its steps as far as it can now.
+func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
+	r, err := u.prepare(ctx, nu)
+	if err != nil {
+		return nodeupdater.Result{}, err
+	}
+	nodeupdater.DeclareSteps(nu, stepNames()...)
+	for _, s := range pipeline {
+		if nodeupdater.StepDone(nu, s.name) {
+			continue
+		}
+		if s.skip != nil {
+			why, err := s.skip(u, ctx, r)
+			if err != nil {
+				return nodeupdater.Result{}, fmt.Errorf("step %s: %w", s.name, err)
+			}
+			if why != "" {
+				nodeupdater.SkipStep(nu, s.name, why)
+				continue
+			}
+		}
+		done, message, err := s.run(u, ctx, r)
+		if err != nil {
+			if _, permanent := nodeupdater.AsPermanent(err); permanent {
+				nodeupdater.FailStep(nu, s.name, err.Error())
+			}
+			return nodeupdater.Result{}, fmt.Errorf("step %s: %w", s.name, err)
+		}
+		if done {
+			nodeupdater.CompleteStep(nu, s.name, message)
+			continue
+		}
+		nodeupdater.StartStep(nu, s.name, message)
+		if st := nodeupdater.Step(nu, s.name); st.StartTime != nil {
+			if limit := s.timeout(r.cfg.Spec.Timeouts); time.Since(st.StartTime.Time) > limit {
+				err := nodeupdater.Permanentf("StepTimedOut", "step %s did not finish within %s: %s", s.name, limit, message)
+				nodeupdater.FailStep(nu, s.name, err.Error())
+				return nodeupdater.Result{}, err
+			}
+		}
+		return nodeupdater.Result{RequeueAfter: u.poll()}, nil
+	}
+	return nodeupdater.Result{Done: true}, nil
+}
+
+// NodeTimeout bounds the whole upgrade of a node by the HarvesterUpgrader's timeouts.node.
+func (u *Updater) NodeTimeout(ctx context.Context, nu *inplacev1.NodeUpdate) (time.Duration, error) {
+	cfg, err := u.config(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
+	if err != nil {
+		return 0, err
+	}
+	return dur(cfg.Spec.Timeouts.Node, 4*time.Hour), nil
+}
+
+func (u *Updater) poll() time.Duration {
+	if u.PollInterval > 0 {
+		return u.PollInterval
+	}
+	return 5 * time.Second
+}
+
+func dur(d *metav1.Duration, def time.Duration) time.Duration {
+	if d != nil && d.Duration > 0 {
+		return d.Duration
+	}
+	return def
+}
+
+func (u *Updater) config(ctx context.Context, namespace, name string) (*harvesterv1.HarvesterUpgrader, error) {
+	cfg := &harvesterv1.HarvesterUpgrader{}
+	if err := u.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cfg); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nodeupdater.Permanentf("UpdaterConfigNotFound", "HarvesterUpgrader %s/%s does not exist: create it, or point updaterRef at an existing one", namespace, name)
+		}
+		return nil, fmt.Errorf("get HarvesterUpgrader %s/%s: %w", namespace, name, err)
+	}
+	return cfg, nil
+}
+
+func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate) (*nodeRun, error) {
+	cfg, err := u.config(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
+	if err != nil {
+		return nil, err
+	}
+	wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: nu.Namespace, Name: nu.Spec.ClusterName})
+	if err != nil {
+		return nil, fmt.Errorf("reach the workload cluster %s: %w", nu.Spec.ClusterName, err)
+	}
+	r := &nodeRun{nu: nu, cfg: cfg, wc: wc, plans: map[planKind]*sucv1.Plan{}}
+	r.repo = cfg.Spec.Release.RepositoryURL
+	if r.repo == "" {
+		r.repo = repositoryServiceURL(cfg.Spec.Release.Version)
+	}
+	return r, nil
+}
+
+func (u *Updater) node(ctx context.Context, r *nodeRun) (*corev1.Node, error) {
+	node := &corev1.Node{}
+	if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nodeupdater.Permanentf("NodeNotFound", "node %s does not exist in the workload cluster %s", r.nu.Spec.NodeName, r.nu.Spec.ClusterName)
+		}
+		return nil, fmt.Errorf("get node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	return node, nil
+}
+
+// runRepository makes sure the release is served and may be installed on the node.
+func (u *Updater) runRepository(ctx context.Context, r *nodeRun) (bool, string, error) {
+	readURL := r.repo
+	if r.cfg.Spec.Release.RepositoryURL == "" {
+		ready, message, err := ensureRepository(ctx, r.wc, r.cfg)
+		if err != nil || !ready {
+			return false, message, err
+		}
+		if u.RepositoryURL != nil {
+			readURL = u.RepositoryURL(r.repo)
+		}
+	}
+	data, err := u.Releases.ReadRelease(ctx, readURL)
+	if err != nil {
+		return false, "", fmt.Errorf("read the release metadata of Harvester %s: %w", r.cfg.Spec.Release.Version, err)
+	}
+	meta, err := ParseReleaseMetadata(data)
+	if err != nil {
+		return false, "", nodeupdater.Permanent("InvalidReleaseMetadata", err)
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	current, err := HarvesterVersionFromOSImage(node.Status.NodeInfo.OSImage)
+	if err != nil {
+		return false, "", nodeupdater.Permanent("UnknownHarvesterVersion", err)
+	}
+	if err := meta.CheckEligible(r.cfg.Spec.Release.Version, r.nu.Spec.Version, current); err != nil {
+		return false, "", nodeupdater.Permanent("IneligibleRelease", err)
+	}
+	return true, fmt.Sprintf("Harvester %s (Kubernetes %s) is served at %s and installs over %s", meta.Harvester, meta.Kubernetes, r.repo, current), nil
+}
+
+func (u *Updater) skipPreload(_ context.Context, r *nodeRun) (string, error) {
+	if p := r.cfg.Spec.PreloadImages; p != nil && !*p {
+		return "preloadImages is false in the HarvesterUpgrader", nil
+	}
+	return "", nil
+}
+
+func (u *Updater) runPreload(ctx context.Context, r *nodeRun) (bool, string, error) {
+	return u.applyPlan(ctx, r, planPreload)
+}
+
+func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, error) {
+	done, message, err := u.applyPlan(ctx, r, planKubernetes)
+	if err != nil || !done {
+		return done, message, err
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if !nodeReady(node) || !sameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
+		return false, fmt.Sprintf("waiting for node %s to come back Ready at %s (kubelet reports %s)", node.Name, r.nu.Spec.Version, node.Status.NodeInfo.KubeletVersion), nil
+	}
+	return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil
+}
+
+func (u *Updater) skipOS(_ context.Context, r *nodeRun) (string, error) {
+	if p := r.cfg.Spec.UpgradeOS; p != nil && !*p {
+		return "upgradeOS is false in the HarvesterUpgrader", nil
+	}
+	return "", nil
+}
+
+func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
+	done, message, err := u.applyPlan(ctx, r, planOS)
+	if err != nil || !done {
+		return done, message, err
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	want := "Harvester " + r.cfg.Spec.Release.Version
+	if !nodeReady(node) || node.Status.NodeInfo.OSImage != want {
+		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
+	}
+	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil
+}
+
+func (u *Updater) skipDataEngine(ctx context.Context, r *nodeRun) (string, error) {
+	if r.cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip {
+		return "longhornV2Swap is Skip in the HarvesterUpgrader", nil
+	}
+	served, err := kindServed(r.wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
+	if err != nil {
+		return "", err
+	}
+	if !served {
+		return "Longhorn is not installed on the workload cluster", nil
+	}
+	state, err := readLonghorn(ctx, r.wc)
+	if err != nil {
+		return "", err
+	}
+	if len(state.attachedV2On(r.nu.Spec.NodeName)) == 0 {
+		return "no attached Longhorn v2 volume has an engine or replica on node " + r.nu.Spec.NodeName, nil
+	}
+	return "", nil
+}
+
+func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, error) {
+	swap, err := chooseDataEngineSwap(r.wc)
+	if err != nil {
+		return false, "", err
+	}
+	if swap == nil {
+		state, err := readLonghorn(ctx, r.wc)
+		if err != nil {
+			return false, "", err
+		}
+		return false, fmt.Sprintf("holding: the cluster's Longhorn does not serve the live data engine upgrade API, and node %s holds attached v2 volumes (%s); detach them or set longhornV2Swap: Skip",
+			r.nu.Spec.NodeName, strings.Join(state.attachedV2On(r.nu.Spec.NodeName), ", ")), nil
+	}
+	return swap.Ensure(ctx, r.wc, r.nu)
+}
+
+// runFinish uncordons the node if it is still cordoned and removes this node's Plans
+// and data engine upgrade.
+func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, error) {
+	if err := u.cleanup(ctx, r); err != nil {
+		return false, "", err
+	}
+	return true, fmt.Sprintf("node %s is in service; its Plans are removed", r.nu.Spec.NodeName), nil
+}
+
+func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return err
+	}
+	if node.Spec.Unschedulable {
+		patch := client.MergeFrom(node.DeepCopy())
+		node.Spec.Unschedulable = false
+		if err := r.wc.Patch(ctx, node, patch); err != nil {
+			return fmt.Errorf("uncordon node %s: %w", node.Name, err)
+		}
+	}
+	if err := r.wc.DeleteAllOf(ctx, &sucv1.Plan{}, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace),
+		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the Plans of node %s: %w", node.Name, err)
+	}
+	if swap, err := chooseDataEngineSwap(r.wc); err != nil {
+		return err
+	} else if swap != nil {
+		return swap.Cleanup(ctx, r.wc, r.nu)
+	}
+	return nil
+}
+
+// applyPlan creates (or updates) the node's Plan of a kind and reports its progress as
+// SUC signals it: done when the node carries plan.upgrade.cattle.io/<plan> equal to the
+// Plan's latest hash; a failed Job of the Plan on this node is a permanent error with the
+// Job's reason.
+func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind planKind) (bool, string, error) {
+	want := planForNode(r.cfg, r.nu, kind, r.repo)
+	current := &sucv1.Plan{}
+	err := r.wc.Get(ctx, client.ObjectKeyFromObject(want), current)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := r.wc.Create(ctx, want); err != nil {
+			return false, "", fmt.Errorf("create SUC plan %s for node %s: %w", want.Name, r.nu.Spec.NodeName, err)
+		}
+		return false, fmt.Sprintf("created SUC plan %s/%s for node %s", want.Namespace, want.Name, r.nu.Spec.NodeName), nil
+	case err != nil:
+		return false, "", fmt.Errorf("get SUC plan %s: %w", want.Name, err)
+	}
+	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) || current.Labels[LabelNodeUpdate] != want.Labels[LabelNodeUpdate] {
+		current.Spec = want.Spec
+		current.Labels = want.Labels
+		if err := r.wc.Update(ctx, current); err != nil {
+			return false, "", fmt.Errorf("update SUC plan %s for node %s: %w", want.Name, r.nu.Spec.NodeName, err)
+		}
+		return false, fmt.Sprintf("updated SUC plan %s/%s for node %s", want.Namespace, want.Name, r.nu.Spec.NodeName), nil
+	}
+	if current.Status.LatestHash == "" {
+		return false, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if node.Labels["plan.upgrade.cattle.io/"+current.Name] == current.Status.LatestHash {
+		return true, fmt.Sprintf("SUC plan %s completed on node %s", current.Name, node.Name), nil
+	}
+	jobs := &batchv1.JobList{}
+	if err := r.wc.List(ctx, jobs, client.InNamespace(current.Namespace),
+		client.MatchingLabels{"upgrade.cattle.io/plan": current.Name, "upgrade.cattle.io/node": node.Name}); err != nil {
+		return false, "", fmt.Errorf("list jobs of plan %s: %w", current.Name, err)
+	}
+	for _, job := range jobs.Items {
+		if job.CreationTimestamp.Before(&current.CreationTimestamp) {
+			continue // a Job of an earlier Plan of the same name
+		}
+		for _, c := range job.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				return false, "", nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s", job.Name, current.Name, node.Name, c.Reason, c.Message)
+			}
+		}
+	}
+	return false, fmt.Sprintf("System Upgrade Controller is applying plan %s on node %s", current.Name, node.Name), nil
+}
+
+func nodeReady(node *corev1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Abort stops the node's upgrade at a safe point: it waits until no Job of this node's
+// Plans is running (an RKE2 or OS upgrade interrupted half-way could leave the node
+// unusable), then removes the Plans and the data engine upgrade and uncordons the node.
+func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, error) {
+	r, err := u.prepare(ctx, nu)
+	if err != nil {
+		if _, permanent := nodeupdater.AsPermanent(err); permanent {
+			return true, nil // no configuration: nothing of ours can exist
+		}
+		return false, err
+	}
+	plans := &sucv1.PlanList{}
+	if err := r.wc.List(ctx, plans, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace), client.MatchingLabels{LabelNodeUpdate: string(nu.UID)}); err != nil {
+		return false, fmt.Errorf("list the Plans of node %s: %w", nu.Spec.NodeName, err)
+	}
+	for _, p := range plans.Items {
+		jobs := &batchv1.JobList{}
+		if err := r.wc.List(ctx, jobs, client.InNamespace(p.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": p.Name, "upgrade.cattle.io/node": nu.Spec.NodeName}); err != nil {
+			return false, fmt.Errorf("list jobs of plan %s: %w", p.Name, err)
+		}
+		for _, job := range jobs.Items {
+			if !jobFinished(&job) {
+				return false, nil
+			}
+		}
+	}
+	if err := u.cleanup(ctx, r); err != nil {
+		if _, permanent := nodeupdater.AsPermanent(err); permanent {
+			return true, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+func jobFinished(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}

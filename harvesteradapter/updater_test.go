@@ -1,0 +1,334 @@
+package harvesteradapter_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/workloadcluster"
+)
+
+const release160 = `harvester: v1.6.0
+harvesterChart: 1.6.0
+os: Harvester v1.6.0
+kubernetes: v1.33.3+rke2r1
+rancher: v2.12.0
+minUpgradableVersion: v1.5.0
+`
+
+// harvesterCluster is a self-managed Harvester cluster on the test API server: the
+// Cluster's kubeconfig Secret points at the same API server, so the adapter's workload
+// client reaches the simulated nodes. Every test gets its own namespace and node names.
+type harvesterCluster struct {
+	ns, name   string
+	nodes      []string
+	rec        *sim.Record
+	kubelet    *sim.Kubelet
+	suc        *sim.SUC
+	repository *sim.Repository
+	longhorn   *sim.Longhorn
+	updater    *harvesteradapter.Updater
+	config     *harvesterv1.HarvesterUpgrader
+}
+
+var clusterSeq int
+
+func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader)) *harvesterCluster {
+	GinkgoHelper()
+	clusterSeq++
+	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
+	for _, ns := range []string{c.ns, "cattle-system", harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
+		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}
+	_ = env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
+
+	kubeconfig, err := env.Kubeconfig()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(env.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: workloadcluster.KubeconfigSecretName(c.name), Namespace: c.ns},
+		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: kubeconfig},
+	})).To(Succeed())
+
+	c.kubelet = &sim.Kubelet{Client: env.Client, Record: c.rec, OSImage: osImage}
+	for i := 1; i <= nodes; i++ {
+		name := fmt.Sprintf("%s-node-%d", c.name, i)
+		_, err := c.kubelet.CreateNode(ctx, name, "v1.32.5+rke2r1", nil)
+		Expect(err).NotTo(HaveOccurred())
+		c.nodes = append(c.nodes, name)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	c.suc = &sim.SUC{Client: env.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+	go func() { _ = c.suc.Run(runCtx) }()
+	c.repository = &sim.Repository{Client: env.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
+	c.repository.Start(runCtx)
+	c.longhorn = &sim.Longhorn{Client: env.Client, Namespace: harvesteradapter.LonghornNamespace}
+	go c.longhorn.Run(runCtx)
+
+	c.config = &harvesterv1.HarvesterUpgrader{
+		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: c.ns},
+		Spec:       harvesterv1.HarvesterUpgraderSpec{Release: harvesterv1.Release{Version: "v1.6.0", RepositoryURL: c.repository.URL()}},
+	}
+	if mutate != nil {
+		mutate(c.config)
+	}
+	Expect(env.Client.Create(ctx, c.config)).To(Succeed(), "defaults and validation come from the real API server")
+
+	c.updater = &harvesteradapter.Updater{
+		Client:        env.Client,
+		Workloads:     &workloadcluster.Clients{Reader: env.Client, Scheme: env.Scheme},
+		Releases:      harvesteradapter.HTTPReleaseReader{},
+		RepositoryURL: func(string) string { return c.repository.URL() },
+		PollInterval:  20 * time.Millisecond,
+	}
+	return c
+}
+
+func (c *harvesterCluster) nodeUpdate(node string) *inplacev1.NodeUpdate {
+	GinkgoHelper()
+	nu := &inplacev1.NodeUpdate{
+		ObjectMeta: metav1.ObjectMeta{Name: "nu-" + node, Namespace: c.ns},
+		Spec: inplacev1.NodeUpdateSpec{
+			ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.33.3+rke2r1",
+			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
+		},
+	}
+	Expect(env.Client.Create(ctx, nu)).To(Succeed())
+	return nu
+}
+
+// drive calls the updater the way the NodeUpdate reconciler does (Reconcile, persist the
+// status, again after RequeueAfter) until it is done or fails, and returns the error.
+func drive(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Duration) error {
+	GinkgoHelper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		res, err := u.Reconcile(ctx, nu)
+		Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+		if err != nil {
+			if _, permanent := nodeupdater.AsPermanent(err); permanent {
+				return err
+			}
+			GinkgoWriter.Printf("retryable error: %v\n", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if res.Done {
+			return nil
+		}
+		time.Sleep(res.RequeueAfter)
+	}
+	return fmt.Errorf("not done within %s; steps %+v", limit, nu.Status.Steps)
+}
+
+func stepStates(nu *inplacev1.NodeUpdate) map[string]inplacev1.StepState {
+	out := map[string]inplacev1.StepState{}
+	for _, s := range nu.Status.Steps {
+		out[s.Name] = s.State
+	}
+	return out
+}
+
+func ourPlans(c *harvesterCluster) []sucv1.Plan {
+	plans := &sucv1.PlanList{}
+	Expect(env.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.HasLabels{harvesteradapter.LabelNodeUpdate})).To(Succeed())
+	var out []sucv1.Plan
+	for _, p := range plans.Items {
+		for _, n := range c.nodes {
+			if p.Annotations[harvesteradapter.AnnotationNode] == n {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+var _ = Describe("The Harvester updater", func() {
+	It("upgrades three nodes one after another through every step, and leaves no Plan behind", func() {
+		c := newHarvesterCluster(3, "Harvester v1.5.0", nil)
+		var results []*inplacev1.NodeUpdate
+		for _, node := range c.nodes {
+			nu := c.nodeUpdate(node)
+			Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+			results = append(results, nu)
+		}
+		for i, nu := range results {
+			Expect(stepStates(nu)).To(Equal(map[string]inplacev1.StepState{
+				harvesteradapter.StepRepository:         inplacev1.StepStateSucceeded,
+				harvesteradapter.StepImagePreload:       inplacev1.StepStateSucceeded,
+				harvesteradapter.StepKubernetesUpgrade:  inplacev1.StepStateSucceeded,
+				harvesteradapter.StepOSUpgrade:          inplacev1.StepStateSucceeded,
+				harvesteradapter.StepLonghornDataEngine: inplacev1.StepStateSkipped,
+				harvesteradapter.StepFinish:             inplacev1.StepStateSucceeded,
+			}), "node %d", i+1)
+			node := &corev1.Node{}
+			Expect(env.Client.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, node)).To(Succeed())
+			Expect(node.Status.NodeInfo.KubeletVersion).To(Equal("v1.33.3+rke2r1"))
+			Expect(node.Status.NodeInfo.OSImage).To(Equal("Harvester v1.6.0"))
+			Expect(node.Spec.Unschedulable).To(BeFalse())
+		}
+		for _, kind := range []string{"preload", "rke2", "os"} {
+			for _, node := range c.nodes {
+				Expect(c.rec.RunsOf("capi-inplace-"+kind+"-"+node)).To(Equal(map[string]int{node: 1}), "plan %s ran once, on its node only", kind)
+			}
+		}
+		Expect(c.rec.MaxDown()).To(Equal(1), "one node down at a time")
+		Expect(ourPlans(c)).To(BeEmpty(), "every node's Plans are deleted at the end")
+	})
+
+	It("fails the Kubernetes step with the SUC Job's reason when the RKE2 upgrade fails on a node", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		node := c.nodes[0]
+		c.suc.FailNode("capi-inplace-rke2-"+node, node, "rke2 failed to start: etcd member not healthy")
+		nu := c.nodeUpdate(node)
+		err := drive(c.updater, nu, 30*time.Second)
+		Expect(err).To(HaveOccurred())
+		perm, ok := nodeupdater.AsPermanent(err)
+		Expect(ok).To(BeTrue())
+		Expect(perm.Reason).To(Equal("PlanJobFailed"))
+		step := nodeupdater.Step(nu, harvesteradapter.StepKubernetesUpgrade)
+		Expect(step.State).To(Equal(inplacev1.StepStateFailed))
+		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: rke2 failed to start: etcd member not healthy"))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStatePending), "nothing after the failed step runs")
+		Expect(c.rec.RunsOf("capi-inplace-os-" + node)).To(BeEmpty())
+	})
+
+	It("refuses a release the node's Harvester version cannot be upgraded to, before touching the node", func() {
+		c := newHarvesterCluster(1, "Harvester v1.4.2", nil)
+		nu := c.nodeUpdate(c.nodes[0])
+		err := drive(c.updater, nu, 10*time.Second)
+		Expect(err).To(MatchError(ContainSubstring("the node runs Harvester v1.4.2, but Harvester v1.6.0 installs only over v1.5.0 or newer: upgrade to v1.5.0 first")))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRepository)).To(Equal(inplacev1.StepStateFailed))
+		Expect(c.rec.Runs()).To(BeEmpty(), "no Plan ran")
+	})
+
+	It("deploys one repository for many nodes", func() {
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester-v1.6.0-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 1)}
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+		})
+		for _, node := range c.nodes {
+			Expect(drive(c.updater, c.nodeUpdate(node), 30*time.Second)).To(Succeed())
+		}
+		deps := &corev1.ServiceList{}
+		Expect(env.Client.List(ctx, deps, client.InNamespace(harvesteradapter.RepositoryNamespace), client.HasLabels{harvesteradapter.LabelRepository})).To(Succeed())
+		Expect(deps.Items).To(HaveLen(1), "one repository Service for the release, shared by both nodes")
+		Expect(c.repository.MetadataRequests()).To(BeNumerically(">=", 2), "each node checks the release's eligibility")
+	})
+
+	It("fails clearly when the repository cannot verify the ISO's checksum", func() {
+		bad := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.6.1", ISOURL: "https://releases.example/harvester-v1.6.1-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 2)}
+		})
+		bad.repository.FailMessage = "sha512 checksum mismatch: got 9f2c..., want 0000...0002"
+		nu := bad.nodeUpdate(bad.nodes[0])
+		err := drive(bad.updater, nu, 10*time.Second)
+		Expect(err).To(MatchError(ContainSubstring("the upgrade repository capi-inplace-repo-v1-6-1 could not provide Harvester v1.6.1")))
+		Expect(err).To(MatchError(ContainSubstring("sha512 checksum mismatch")))
+	})
+})
+
+var _ = Describe("Longhorn v2 volumes", Ordered, func() {
+	var c *harvesterCluster
+
+	BeforeAll(func() {
+		c = newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+		})
+		// Longhorn's CRD makes several enums required when present; a typed Volume would
+		// send them empty, so the volume is written with only the fields Longhorn sets.
+		vol := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
+			"metadata": map[string]any{"name": "pvc-" + c.name, "namespace": harvesteradapter.LonghornNamespace},
+			"spec":     map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(2)},
+		}}
+		Expect(env.Client.Create(ctx, vol)).To(Succeed())
+		Expect(unstructured.SetNestedMap(vol.Object, map[string]any{"state": "attached", "robustness": "healthy"}, "status")).To(Succeed())
+		Expect(env.Client.Status().Update(ctx, vol)).To(Succeed())
+		for _, n := range c.nodes {
+			r := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+				"metadata": map[string]any{"name": vol.GetName() + "-r-" + n, "namespace": harvesteradapter.LonghornNamespace},
+				"spec":     map[string]any{"volumeName": vol.GetName(), "nodeID": n, "dataEngine": "v2", "healthyAt": "2026-11-01T00:00:00Z"},
+			}}
+			Expect(env.Client.Create(ctx, r)).To(Succeed())
+			lhNode := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "longhorn.io/v1beta2", "kind": "Node",
+				"metadata": map[string]any{"name": n, "namespace": harvesteradapter.LonghornNamespace},
+			}}
+			Expect(env.Client.Create(ctx, lhNode)).To(Succeed())
+		}
+	})
+
+	preflightOf := func(node string) map[string]string {
+		out := map[string]string{}
+		for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
+			Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.33.3+rke2r1",
+			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
+		}) {
+			if !r.Passed {
+				out[r.Name] = r.Message
+			}
+		}
+		return out
+	}
+
+	It("holds a node with an attached v2 volume when the cluster does not serve the live upgrade API", func() {
+		Expect(preflightOf(c.nodes[0])).To(HaveKeyWithValue(harvesteradapter.CheckLonghornV2SwapAvailable, ContainSubstring("would interrupt its attached v2 volumes: pvc-"+c.name+";")))
+
+		nu := c.nodeUpdate(c.nodes[0])
+		err := drive(c.updater, nu, 3*time.Second)
+		Expect(err).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
+		step := nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine)
+		Expect(step.State).To(Equal(inplacev1.StepStateRunning))
+		Expect(step.Message).To(ContainSubstring("holding: the cluster's Longhorn does not serve the live data engine upgrade API"))
+	})
+
+	It("swaps the data engine live through DataEngineUpgradeManager once the cluster serves it", func() {
+		installDataEngineCRDs()
+		Eventually(preflightOf).WithArguments(c.nodes[1]).WithTimeout(15 * time.Second).Should(BeEmpty())
+		nu := c.nodeUpdate(c.nodes[1])
+		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine)).To(Equal(inplacev1.StepStateSucceeded))
+		Expect(c.longhorn.Upgraded()).To(Equal([]string{c.nodes[1]}))
+	})
+})
+
+func installDataEngineCRDs() {
+	GinkgoHelper()
+	dir := filepath.Join(env.RepoRoot, "test", "crds", "longhorn-dataengine")
+	entries, err := os.ReadDir(dir)
+	Expect(err).NotTo(HaveOccurred())
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		Expect(err).NotTo(HaveOccurred())
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		Expect(yaml.Unmarshal(data, crd)).To(Succeed())
+		crds = append(crds, crd)
+	}
+	_, err = envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds})
+	Expect(err).NotTo(HaveOccurred())
+}

@@ -1,0 +1,490 @@
+package nodeupdater_test
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+var configRef = inplacev1.UpdaterReference{Kind: "ConfigMap", Name: "updater"}
+
+const wait = 10 * time.Second
+
+func conditionOf(nu *inplacev1.NodeUpdate, t string) metav1.Condition {
+	GinkgoHelper()
+	c := meta.FindStatusCondition(nu.Status.Conditions, t)
+	Expect(c).NotTo(BeNil(), "condition %s", t)
+	return *c
+}
+
+var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func() {
+	var (
+		ns string
+		u  *scriptedUpdater
+		r  *nodeupdater.Reconciler
+	)
+
+	BeforeEach(func() {
+		ns = newNamespace()
+		createUpdaterConfig(ns, configRef.Name)
+		u = newScriptedUpdater("Prepare", "Upgrade", "Finish")
+		r = fastReconciler(u)
+	})
+
+	It("walks every step transition, records it in status and events, and succeeds", func() {
+		startManager(ns, r)
+		succeededBefore := metricValue("capi_inplace_nodeupdate_duration_seconds", map[string]string{"updater": "ConfigMap", "result": "Succeeded"})
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+		got := get(nu)
+		Expect(got.Finalizers).To(ContainElement(inplacev1.NodeUpdateFinalizer))
+		Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+		Expect(got.Status.CurrentStep).To(Equal("Prepare"))
+		Expect(got.Status.Attempts).To(Equal(int32(1)))
+		Expect(got.Status.StartTime).NotTo(BeNil())
+		Expect(got.Status.Steps[0].StartTime).NotTo(BeNil())
+		Expect(got.Status.Steps[0].Message).To(Equal("working on Prepare"))
+		Expect(conditionOf(got, inplacev1.UpdaterAvailableCondition).Status).To(Equal(metav1.ConditionTrue))
+		Expect(conditionOf(got, inplacev1.ReadyCondition).Reason).To(Equal(inplacev1.InProgressReason))
+		Expect(conditionOf(got, inplacev1.ProgressingCondition).Status).To(Equal(metav1.ConditionTrue))
+		Eventually(func() float64 {
+			return metricValue("capi_inplace_nodeupdates_in_progress", map[string]string{"updater": "ConfigMap"})
+		}, wait).Should(BeNumerically(">=", 1))
+
+		u.openGate("Prepare")
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Succeeded", "Upgrade=Running", "Finish=Pending"}))
+		got = get(nu)
+		Expect(got.Status.CurrentStep).To(Equal("Upgrade"))
+		Expect(got.Status.Steps[0].CompletionTime).NotTo(BeNil())
+		Expect(got.Status.Steps[0].Message).To(Equal("Prepare done"))
+
+		u.openGate("Upgrade")
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Succeeded", "Upgrade=Succeeded", "Finish=Running"}))
+		Expect(get(nu).Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+
+		u.openGate("Finish")
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		got = get(nu)
+		Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Succeeded", "Upgrade=Succeeded", "Finish=Succeeded"}))
+		Expect(got.Status.CurrentStep).To(BeEmpty())
+		Expect(got.Status.CompletionTime).NotTo(BeNil())
+		Expect(got.Status.FailureReason).To(BeEmpty())
+		Expect(conditionOf(got, inplacev1.ReadyCondition).Status).To(Equal(metav1.ConditionTrue))
+		Expect(conditionOf(got, inplacev1.ReadyCondition).Reason).To(Equal(inplacev1.DoneReason))
+		Expect(conditionOf(got, inplacev1.ProgressingCondition).Status).To(Equal(metav1.ConditionFalse))
+
+		for _, step := range u.steps {
+			Expect(u.count("run", step)).To(Equal(1), "step %s ran more than once", step)
+		}
+		Consistently(func() int { return u.count("done", "") }, 300*time.Millisecond).Should(Equal(1),
+			"the updater is called again after the NodeUpdate succeeded")
+
+		Eventually(eventsOf(nu), wait).Should(ContainElements(
+			HavePrefix("Normal Started: updating node "+nu.Spec.NodeName+" to v1.36.3 with ConfigMap/updater"),
+			"Normal StepStarted: step Prepare Running: working on Prepare",
+			"Normal StepSucceeded: step Prepare Succeeded: Prepare done",
+			"Normal StepStarted: step Upgrade Running: working on Upgrade",
+			"Normal StepSucceeded: step Upgrade Succeeded: Upgrade done",
+			"Normal StepStarted: step Finish Running: working on Finish",
+			"Normal StepSucceeded: step Finish Succeeded: Finish done",
+			HavePrefix("Normal Succeeded: node "+nu.Spec.NodeName+" reached v1.36.3"),
+		))
+		Expect(metricValue("capi_inplace_nodeupdate_duration_seconds", map[string]string{"updater": "ConfigMap", "result": "Succeeded"})).
+			To(Equal(succeededBefore + 1))
+	})
+
+	It("retries a retryable error with a growing backoff, counting the attempts", func() {
+		r.RetryBaseDelay = 200 * time.Millisecond
+		r.RetryMaxDelay = 2 * time.Second
+		startManager(ns, r)
+		u.queueErrors("Upgrade", errors.New("apiserver hiccup 1"), errors.New("apiserver hiccup 2"), errors.New("apiserver hiccup 3"))
+		u.openGate("Prepare")
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			g.Expect(got.Status.Attempts).To(Equal(int32(3)))
+			g.Expect(got.Status.LastError).To(Equal("apiserver hiccup 2"))
+			g.Expect(got.Status.NextRetryTime).NotTo(BeNil())
+			g.Expect(got.Status.CurrentStep).To(Equal("Upgrade"))
+			g.Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+			c := meta.FindStatusCondition(got.Status.Conditions, inplacev1.ProgressingCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(inplacev1.RetryingReason))
+			g.Expect(c.Message).To(ContainSubstring("apiserver hiccup 2"))
+		}, wait, 5*time.Millisecond).Should(Succeed())
+
+		u.openGate("Upgrade")
+		u.openGate("Finish")
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+
+		var tries []time.Time
+		for _, c := range u.snapshot() {
+			if c.step == "Upgrade" && (c.op == "error" || c.op == "complete") {
+				tries = append(tries, c.at)
+			}
+		}
+		Expect(tries).To(HaveLen(4), "three failed tries and the one that completed")
+		var gaps []time.Duration
+		for i := 1; i < len(tries); i++ {
+			gaps = append(gaps, tries[i].Sub(tries[i-1]))
+		}
+		Expect(gaps[0]).To(BeNumerically(">=", 200*time.Millisecond))
+		Expect(gaps[1]).To(BeNumerically(">=", 400*time.Millisecond))
+		Expect(gaps[2]).To(BeNumerically(">=", 800*time.Millisecond))
+		Expect(gaps[1]).To(BeNumerically(">", gaps[0]), "backoff must grow")
+		Expect(gaps[2]).To(BeNumerically(">", gaps[1]), "backoff must grow")
+		Expect(u.count("run", "Upgrade")).To(Equal(1), "a retry must not start the step's work again")
+
+		got := get(nu)
+		Expect(got.Status.Attempts).To(Equal(int32(1)), "attempts start again at 1 on the next step")
+		Expect(got.Status.LastError).To(BeEmpty())
+		Eventually(eventsOf(nu), wait).Should(ContainElements(
+			MatchRegexp(`^Warning RetryScheduled: step Upgrade failed \(attempt 1 of 4\), trying again at .*: apiserver hiccup 1$`),
+			MatchRegexp(`^Warning RetryScheduled: step Upgrade failed \(attempt 2 of 4\), trying again at .*: apiserver hiccup 2$`),
+			MatchRegexp(`^Warning RetryScheduled: step Upgrade failed \(attempt 3 of 4\), trying again at .*: apiserver hiccup 3$`),
+		))
+	})
+
+	It("fails with RetriesExhausted when a step keeps failing", func() {
+		startManager(ns, r)
+		for i := 1; i <= 10; i++ {
+			u.queueErrors("Prepare", fmt.Errorf("registry unreachable %d", i))
+		}
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+		got := get(nu)
+		Expect(got.Status.FailureReason).To(Equal(inplacev1.RetriesExhaustedReason))
+		Expect(got.Status.FailureMessage).To(Equal("step Prepare failed 4 times, last with: registry unreachable 4"))
+		Expect(got.Status.Attempts).To(Equal(int32(4)))
+		Expect(got.Status.CurrentStep).To(Equal("Prepare"))
+		Expect(got.Status.NextRetryTime).To(BeNil())
+		Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Failed", "Upgrade=Pending", "Finish=Pending"}))
+		Consistently(func() int { return u.count("error", "Prepare") }, 400*time.Millisecond).Should(Equal(4))
+	})
+
+	It("fails at once on a permanent error and shows which step failed and why", func() {
+		startManager(ns, r)
+		failuresBefore := metricValue("capi_inplace_nodeupdate_step_failures_total", map[string]string{"updater": "ConfigMap", "step": "Upgrade"})
+		u.openGate("Prepare")
+		u.queueErrors("Upgrade", nodeupdater.Permanentf("IneligibleVersion", "cannot upgrade from v1.34.1 to v1.36.3: more than one minor version"))
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+		got := get(nu)
+		Expect(got.Status.FailureReason).To(Equal("IneligibleVersion"))
+		Expect(got.Status.FailureMessage).To(Equal("cannot upgrade from v1.34.1 to v1.36.3: more than one minor version"))
+		Expect(got.Status.Attempts).To(Equal(int32(1)))
+		Expect(got.Status.CurrentStep).To(Equal("Upgrade"))
+		Expect(got.Status.CompletionTime).NotTo(BeNil())
+		Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Succeeded", "Upgrade=Failed", "Finish=Pending"}))
+		Expect(got.Status.Steps[1].Message).To(Equal(got.Status.FailureMessage))
+		ready := conditionOf(got, inplacev1.ReadyCondition)
+		Expect(ready.Reason).To(Equal(inplacev1.FailedReason))
+		Expect(ready.Message).To(Equal("step Upgrade failed (IneligibleVersion): cannot upgrade from v1.34.1 to v1.36.3: more than one minor version"))
+		Expect(u.count("error", "Upgrade")).To(Equal(1))
+
+		columns := kubectlGet(nu)
+		Expect(columns).To(HaveKeyWithValue("Phase", "Failed"))
+		Expect(columns).To(HaveKeyWithValue("Step", "Upgrade"))
+		Expect(columns).To(HaveKeyWithValue("Reason", "IneligibleVersion"))
+		Expect(columns).To(HaveKeyWithValue("Message", got.Status.FailureMessage))
+
+		Eventually(eventsOf(nu), wait).Should(ContainElements(
+			"Warning StepFailed: step Upgrade Failed: cannot upgrade from v1.34.1 to v1.36.3: more than one minor version",
+			"Warning IneligibleVersion: step Upgrade failed (IneligibleVersion): cannot upgrade from v1.34.1 to v1.36.3: more than one minor version",
+		))
+		Expect(metricValue("capi_inplace_nodeupdate_step_failures_total", map[string]string{"updater": "ConfigMap", "step": "Upgrade"})).
+			To(Equal(failuresBefore + 1))
+		Eventually(func() float64 {
+			return metricValue("capi_inplace_nodeupdates_failed", map[string]string{"updater": "ConfigMap"})
+		}, wait).Should(BeNumerically(">=", 1))
+		Consistently(func() int { return u.count("error", "Upgrade") + u.count("run", "Finish") }, 300*time.Millisecond).Should(Equal(1))
+	})
+
+	DescribeTable("times out, lets the updater clean up, and fails with TimedOut",
+		func(updaterTimeout, defaultTimeout, expected time.Duration) {
+			u.timeout = updaterTimeout
+			u.abortAfter = 2
+			r.DefaultTimeout = defaultTimeout
+			startManager(ns, r)
+			u.openGate("Prepare")
+			nu := newNodeUpdate(ns, configRef)
+			Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+			Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+			got := get(nu)
+			Expect(got.Status.FailureReason).To(Equal(inplacev1.TimedOutReason))
+			Expect(got.Status.FailureMessage).To(HavePrefix(fmt.Sprintf("node update did not finish within %s", expected.Round(time.Second))))
+			Expect(got.Status.FailureMessage).To(ContainSubstring("step Upgrade was still running"))
+			Expect(got.Status.CompletionTime.Sub(got.Status.StartTime.Time)).To(BeNumerically(">=", expected-time.Second),
+				"timestamps are second-precise")
+			Expect(got.Status.CurrentStep).To(Equal("Upgrade"))
+			Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Succeeded", "Upgrade=Failed", "Finish=Pending"}))
+			Expect(got.Status.Steps[1].Message).To(HavePrefix("timed out: node update did not finish within"))
+			Expect(u.count("abort", "")).To(Equal(2), "Abort is called until it reports done, and not after")
+
+			var firstAbort time.Time
+			for _, c := range u.snapshot() {
+				if c.op == "abort" {
+					firstAbort = c.at
+					break
+				}
+			}
+			Expect(firstAbort).To(BeTemporally(">=", got.Status.StartTime.Add(expected)),
+				"the updater was stopped before its time was up")
+			Eventually(eventsOf(nu), wait).Should(ContainElements(
+				HavePrefix("Warning TimedOut: node update did not finish within"),
+				HavePrefix("Warning TimedOut: step Upgrade failed (TimedOut)"),
+			))
+		},
+		Entry("the updater's own timeout", 1500*time.Millisecond, time.Hour, 1500*time.Millisecond),
+		Entry("the reconciler's default when the updater sets none", time.Duration(0), 1200*time.Millisecond, 1200*time.Millisecond),
+	)
+
+	It("times out after the default of two hours, on the reconciler's clock", func() {
+		fakeClock := clocktesting.NewFakeClock(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC))
+		r.Clock = fakeClock
+		r.DefaultTimeout = 0 // the package default, 2h
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(ContainElement("Prepare=Running"))
+		Expect(get(nu).Status.StartTime.Time).To(BeTemporally("==", fakeClock.Now()))
+
+		fakeClock.Step(2*time.Hour - time.Minute)
+		poke(nu)
+		Consistently(phaseOf(nu), 300*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseInProgress))
+
+		fakeClock.Step(time.Minute)
+		poke(nu)
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+		got := get(nu)
+		Expect(got.Status.FailureReason).To(Equal(inplacev1.TimedOutReason))
+		Expect(got.Status.FailureMessage).To(Equal("node update did not finish within 2h0m0s (started 2026-03-01T10:00:00Z); step Prepare was still running"))
+		Expect(got.Status.CompletionTime.Time).To(BeTemporally("==", fakeClock.Now()))
+	})
+
+	DescribeTable("aborts at each step: the updater stops and cleans up, and no step runs after",
+		func(completed int) {
+			u.abortAfter = 2
+			startManager(ns, r)
+			for _, step := range u.steps[:completed] {
+				u.openGate(step)
+			}
+			nu := newNodeUpdate(ns, configRef)
+			Expect(k8s.Create(ctx, nu)).To(Succeed())
+			abortedStep := u.steps[completed]
+			Eventually(func(g Gomega) inplacev1.StepState {
+				got := &inplacev1.NodeUpdate{}
+				g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+				return nodeupdater.StepState(got, abortedStep)
+			}, wait).Should(Equal(inplacev1.StepStateRunning))
+
+			requestAbort(nu)
+
+			Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
+			var want []string
+			for i, step := range u.steps {
+				switch {
+				case i < completed:
+					want = append(want, step+"=Succeeded")
+				case i == completed:
+					want = append(want, step+"=Aborted")
+				default:
+					want = append(want, step+"=Pending")
+				}
+			}
+			Expect(stepStates(nu)(Default)).To(Equal(want))
+			got := get(nu)
+			Expect(got.Status.CurrentStep).To(Equal(abortedStep))
+			Expect(got.Status.FailureReason).To(BeEmpty())
+			Expect(got.Status.AbortStartTime).NotTo(BeNil())
+			Expect(conditionOf(got, inplacev1.ReadyCondition).Reason).To(Equal(inplacev1.AbortedReason))
+			Expect(u.count("abort", abortedStep)).To(Equal(2))
+
+			// Nothing of the update runs once the abort started.
+			calls := u.snapshot()
+			aborting := false
+			for _, c := range calls {
+				if c.op == "abort" {
+					aborting = true
+					continue
+				}
+				Expect(aborting).To(BeFalse(), "the updater's %s of step %s ran after the abort started", c.op, c.step)
+			}
+			for _, step := range u.steps {
+				u.openGate(step)
+			}
+			Consistently(func() int { return len(u.snapshot()) }, 300*time.Millisecond).Should(Equal(len(calls)))
+			Eventually(eventsOf(nu), wait).Should(ContainElements(
+				"Normal Aborting: abort requested; stopping at a safe point and cleaning up",
+				"Normal StepAborted: step "+abortedStep+" Aborted: aborted",
+				"Normal Aborted: node update of "+nu.Spec.NodeName+" aborted",
+			))
+		},
+		Entry("at the first step", 0),
+		Entry("at the second step", 1),
+		Entry("at the last step", 2),
+	)
+
+	It("aborts a NodeUpdate that has not started without calling the updater", func() {
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		nu.Spec.Phase = inplacev1.TaskActionAbort
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
+		Expect(get(nu).Status.StartTime).To(BeNil())
+		Consistently(func() int { return len(u.snapshot()) }, 300*time.Millisecond).Should(BeZero())
+	})
+
+	It("lets the updater clean up before a deleted NodeUpdate goes away", func() {
+		u.abortAfter = 2
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(ContainElement("Prepare=Running"))
+		Expect(k8s.Delete(ctx, nu)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(nu), &inplacev1.NodeUpdate{}))
+		}, wait).Should(BeTrue())
+		Expect(u.count("abort", "")).To(Equal(2))
+	})
+
+	It("says plainly when the updater's configuration object does not exist, and starts once it does", func() {
+		startManager(ns, r)
+		ref := inplacev1.UpdaterReference{Kind: "ConfigMap", Name: "not-yet"}
+		nu := newNodeUpdate(ns, ref)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		want := "ConfigMap not-yet does not exist in namespace " + ns + ": create it, or name an existing ConfigMap in spec.updaterRef"
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			c := meta.FindStatusCondition(got.Status.Conditions, inplacev1.UpdaterAvailableCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(inplacev1.UpdaterNotFoundReason))
+			g.Expect(c.Message).To(Equal(want))
+			g.Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhasePending))
+			ready := meta.FindStatusCondition(got.Status.Conditions, inplacev1.ReadyCondition)
+			g.Expect(ready).NotTo(BeNil())
+			g.Expect(ready.Message).To(Equal(want))
+		}, wait).Should(Succeed())
+		Eventually(eventsOf(nu), wait).Should(ContainElement("Warning UpdaterNotFound: " + want))
+		Consistently(func() int { return len(u.snapshot()) }, 300*time.Millisecond).Should(BeZero(),
+			"the updater must not be called without its configuration")
+
+		createUpdaterConfig(ns, "not-yet")
+		Eventually(stepStates(nu), wait).Should(ContainElement("Prepare=Running"))
+		Expect(conditionOf(get(nu), inplacev1.UpdaterAvailableCondition).Status).To(Equal(metav1.ConditionTrue))
+		Eventually(eventsOf(nu), wait).Should(ContainElement("Normal UpdaterFound: ConfigMap not-yet is served by the manager"))
+	})
+
+	It("says plainly when no updater serves the kind", func() {
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, inplacev1.UpdaterReference{Kind: "NoSuchUpgrader", Name: "default"})
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		want := "no updater serves kind NoSuchUpgrader: the manager runs ConfigMap, and no CRD labelled " +
+			"inplace.cluster.x-k8s.io/node-updater=v1alpha1 (exactly one, or set updaterRef.apiGroup) serves it"
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			c := meta.FindStatusCondition(got.Status.Conditions, inplacev1.UpdaterAvailableCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(inplacev1.UpdaterNotFoundReason))
+			g.Expect(c.Message).To(Equal(want))
+		}, wait).Should(Succeed())
+		Eventually(eventsOf(nu), wait).Should(ContainElement("Warning UpdaterNotFound: " + want))
+		Consistently(phaseOf(nu), 300*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhasePending))
+		// One event for the condition, not one per recheck.
+		Expect(eventsOf(nu)(Default)).To(HaveLen(1))
+	})
+})
+
+var _ = Describe("NodeUpdate reconciler across a restart of the manager", func() {
+	It("carries on between steps without running any step twice", func() {
+		ns := newNamespace()
+		createUpdaterConfig(ns, configRef.Name)
+		u := newScriptedUpdater("Prepare", "Upgrade", "Finish")
+		first := startManager(ns, fastReconciler(u))
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		u.openGate("Prepare")
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Succeeded", "Upgrade=Running", "Finish=Pending"}))
+		first.stop()
+		callsWhileStopped := len(u.snapshot())
+		startedAt := get(nu).Status.StartTime
+
+		Consistently(func() int { return len(u.snapshot()) }, 200*time.Millisecond).Should(Equal(callsWhileStopped))
+		startManager(ns, fastReconciler(u))
+		u.openGate("Upgrade")
+		u.openGate("Finish")
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+
+		for _, step := range u.steps {
+			Expect(u.count("run", step)).To(Equal(1), "step %s ran %d times", step, u.count("run", step))
+		}
+		Expect(get(nu).Status.StartTime).To(Equal(startedAt), "the start time survives the restart")
+		Eventually(eventsOf(nu), wait).Should(ContainElement(HavePrefix("Normal Succeeded:")))
+		started := 0
+		for _, e := range eventsOf(nu)(Default) {
+			if len(e) > len("Normal Started:") && e[:len("Normal Started:")] == "Normal Started:" {
+				started++
+			}
+		}
+		Expect(started).To(Equal(1))
+	})
+
+	It("keeps the backoff of a retry across a restart", func() {
+		ns := newNamespace()
+		createUpdaterConfig(ns, configRef.Name)
+		u := newScriptedUpdater("Upgrade")
+		u.queueErrors("Upgrade", errors.New("transient"))
+		u.openGate("Upgrade")
+		r := fastReconciler(u)
+		r.RetryBaseDelay = 1500 * time.Millisecond
+		first := startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(func(g Gomega) *metav1.MicroTime {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			return got.Status.NextRetryTime
+		}, wait).ShouldNot(BeNil())
+		first.stop()
+		next := get(nu).Status.NextRetryTime.Time
+
+		r2 := fastReconciler(u)
+		r2.RetryBaseDelay = 1500 * time.Millisecond
+		startManager(ns, r2)
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		var completed time.Time
+		for _, c := range u.snapshot() {
+			if c.op == "complete" {
+				completed = c.at
+			}
+		}
+		Expect(completed).To(BeTemporally(">=", next), "the retry came before the backoff stored before the restart")
+		Expect(u.count("error", "Upgrade")).To(Equal(1))
+		Expect(u.count("run", "Upgrade")).To(Equal(1))
+	})
+})

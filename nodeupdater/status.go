@@ -1,0 +1,261 @@
+package nodeupdater
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+)
+
+const (
+	eventNormal  = "Normal"
+	eventWarning = "Warning"
+	// maxEventNote is the size the events API accepts for a note.
+	maxEventNote = 1024
+)
+
+// Event reasons of a NodeUpdate, besides the condition reasons of the API.
+const (
+	// EventStarted: the updater started on the node.
+	EventStarted = "Started"
+	// EventSucceeded: the node reached the target version.
+	EventSucceeded = "Succeeded"
+	// EventStepStarted: a step started.
+	EventStepStarted = "StepStarted"
+	// EventStepSucceeded: a step finished well.
+	EventStepSucceeded = "StepSucceeded"
+	// EventStepSkipped: a step was not needed.
+	EventStepSkipped = "StepSkipped"
+	// EventStepAborted: a step was stopped by an abort.
+	EventStepAborted = "StepAborted"
+	// EventRetryScheduled: a step failed with a retryable error and is tried again later.
+	EventRetryScheduled = "RetryScheduled"
+)
+
+// computeStatus derives, in one place, what follows from the phase and steps the
+// reconcile decided: the current step, the Ready and Progressing conditions and the
+// observed generation.
+func computeStatus(nu *inplacev1.NodeUpdate) {
+	st := &nu.Status
+	st.ObservedGeneration = nu.Generation
+	st.CurrentStep = currentStep(nu)
+
+	ready := metav1.Condition{Type: inplacev1.ReadyCondition, Status: metav1.ConditionFalse, ObservedGeneration: nu.Generation}
+	progressing := metav1.Condition{Type: inplacev1.ProgressingCondition, Status: metav1.ConditionFalse, ObservedGeneration: nu.Generation}
+	switch st.Phase {
+	case inplacev1.NodeUpdatePhaseSucceeded:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, inplacev1.DoneReason,
+			fmt.Sprintf("node %s is at %s", nu.Spec.NodeName, nu.Spec.Version)
+		progressing.Reason = inplacev1.DoneReason
+	case inplacev1.NodeUpdatePhaseFailed:
+		ready.Reason, ready.Message = inplacev1.FailedReason, failureSummary(nu)
+		progressing.Reason, progressing.Message = st.FailureReason, failureSummary(nu)
+	case inplacev1.NodeUpdatePhaseAborted:
+		ready.Reason, ready.Message = inplacev1.AbortedReason, "the node update was aborted"
+		progressing.Reason = inplacev1.AbortedReason
+	case inplacev1.NodeUpdatePhaseInProgress:
+		ready.Reason, ready.Message = inplacev1.InProgressReason, progressMessage(nu)
+		progressing.Status = metav1.ConditionTrue
+		switch {
+		case st.AbortStartTime != nil && st.FailureReason != "":
+			progressing.Reason, progressing.Message = inplacev1.AbortingReason,
+				fmt.Sprintf("%s: %s; waiting for the updater to clean up", st.FailureReason, st.FailureMessage)
+		case st.AbortStartTime != nil:
+			progressing.Reason, progressing.Message = inplacev1.AbortingReason, "waiting for the updater to stop at a safe point and clean up"
+		case st.NextRetryTime != nil:
+			progressing.Reason, progressing.Message = inplacev1.RetryingReason,
+				fmt.Sprintf("attempt %d of %s at %s after: %s", st.Attempts, stepLabel(st.CurrentStep),
+					st.NextRetryTime.UTC().Format(time.RFC3339), st.LastError)
+		default:
+			progressing.Reason, progressing.Message = inplacev1.InProgressReason, progressMessage(nu)
+		}
+	default:
+		ready.Reason, ready.Message = inplacev1.WaitingReason, "the updater has not started on the node"
+		progressing.Reason, progressing.Message = inplacev1.WaitingReason, "the updater has not started on the node"
+		if c := meta.FindStatusCondition(st.Conditions, inplacev1.UpdaterAvailableCondition); c != nil && c.Status == metav1.ConditionFalse {
+			ready.Message, progressing.Message = c.Message, c.Message
+			progressing.Reason = c.Reason
+		}
+		if st.AbortStartTime != nil {
+			progressing.Status, progressing.Reason = metav1.ConditionTrue, inplacev1.AbortingReason
+		}
+	}
+	ready.Message = truncate(ready.Message, 32768)
+	progressing.Message = truncate(progressing.Message, 32768)
+	meta.SetStatusCondition(&st.Conditions, ready)
+	meta.SetStatusCondition(&st.Conditions, progressing)
+}
+
+func failureSummary(nu *inplacev1.NodeUpdate) string {
+	if nu.Status.CurrentStep != "" {
+		return fmt.Sprintf("step %s failed (%s): %s", nu.Status.CurrentStep, nu.Status.FailureReason, nu.Status.FailureMessage)
+	}
+	return fmt.Sprintf("%s: %s", nu.Status.FailureReason, nu.Status.FailureMessage)
+}
+
+func progressMessage(nu *inplacev1.NodeUpdate) string {
+	if s := Step(nu, nu.Status.CurrentStep); s != nil {
+		if s.Message != "" {
+			return fmt.Sprintf("step %s: %s", s.Name, s.Message)
+		}
+		return fmt.Sprintf("step %s is %s", s.Name, s.State)
+	}
+	return "the updater is working on the node"
+}
+
+// writeStatus computes the status, patches it when it changed, and turns what changed
+// into events and metrics. Events are derived from the persisted change, so that a
+// restart or a failed patch never tells the same transition twice.
+func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
+	computeStatus(s.nu)
+	if equality.Semantic.DeepEqual(s.before.Status, s.nu.Status) {
+		return nil
+	}
+	// An external updater writes the status too: patch only over what was read. The
+	// manager's own updaters have no other writer, and a conflict would lose what the
+	// updater just did on the node.
+	var patch client.Patch = client.MergeFrom(s.before)
+	if s.external {
+		patch = client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})
+	}
+	if err := r.Client.Status().Patch(ctx, s.nu, patch); err != nil {
+		return fmt.Errorf("patch status of NodeUpdate %s: %w", klog.KObj(s.nu), err)
+	}
+	r.recordTransitions(ctx, s.before, s.nu)
+	return nil
+}
+
+// recordTransitions emits an event for each change between two persisted statuses and
+// records the metrics of the ones that end something.
+func (r *Reconciler) recordTransitions(ctx context.Context, before, after *inplacev1.NodeUpdate) {
+	kind := after.Spec.UpdaterRef.Kind
+	bs, as := &before.Status, &after.Status
+
+	if c := meta.FindStatusCondition(as.Conditions, inplacev1.UpdaterAvailableCondition); c != nil {
+		old := meta.FindStatusCondition(bs.Conditions, inplacev1.UpdaterAvailableCondition)
+		switch {
+		case c.Status == metav1.ConditionFalse && (old == nil || old.Status != c.Status || old.Message != c.Message):
+			r.event(after, eventWarning, c.Reason, "ResolveUpdater", c.Message)
+		case c.Status == metav1.ConditionTrue && old != nil && old.Status == metav1.ConditionFalse:
+			r.event(after, eventNormal, c.Reason, "ResolveUpdater", c.Message)
+		}
+	}
+
+	if bs.StartTime == nil && as.StartTime != nil && as.Phase == inplacev1.NodeUpdatePhaseInProgress {
+		r.event(after, eventNormal, EventStarted, "Update",
+			fmt.Sprintf("updating node %s to %s with %s", after.Spec.NodeName, after.Spec.Version, after.Spec.UpdaterRef))
+	}
+
+	for _, step := range as.Steps {
+		prev := inplacev1.StepStatePending
+		if old := Step(before, step.Name); old != nil {
+			prev = old.State
+		}
+		if prev == step.State {
+			continue
+		}
+		reason, eventType := "", eventNormal
+		switch step.State {
+		case inplacev1.StepStateRunning:
+			reason = EventStepStarted
+		case inplacev1.StepStateSucceeded:
+			reason = EventStepSucceeded
+		case inplacev1.StepStateSkipped:
+			reason = EventStepSkipped
+		case inplacev1.StepStateAborted:
+			reason = EventStepAborted
+		case inplacev1.StepStateFailed:
+			reason, eventType = inplacev1.StepFailedReason, eventWarning
+			stepFailures.WithLabelValues(kind, step.Name).Inc()
+		default:
+			continue
+		}
+		note := fmt.Sprintf("step %s %s", step.Name, step.State)
+		if step.Message != "" {
+			note += ": " + step.Message
+		}
+		r.event(after, eventType, reason, "Step", note)
+	}
+
+	if as.NextRetryTime != nil && (bs.NextRetryTime == nil || !bs.NextRetryTime.Equal(as.NextRetryTime)) {
+		stepRetries.WithLabelValues(kind, as.CurrentStep).Inc()
+		r.event(after, eventWarning, EventRetryScheduled, "Retry",
+			fmt.Sprintf("%s failed (attempt %d of %d), trying again at %s: %s", stepLabel(as.CurrentStep), as.Attempts-1,
+				r.MaxAttempts, as.NextRetryTime.UTC().Format(time.RFC3339Nano), as.LastError))
+	}
+
+	if bs.AbortStartTime == nil && as.AbortStartTime != nil && !as.Phase.IsFinal() {
+		if as.FailureReason != "" {
+			r.event(after, eventWarning, as.FailureReason, "Abort",
+				fmt.Sprintf("%s; stopping the updater and cleaning up", as.FailureMessage))
+		} else {
+			r.event(after, eventNormal, inplacev1.AbortingReason, "Abort", "abort requested; stopping at a safe point and cleaning up")
+		}
+	}
+
+	if as.Phase != bs.Phase && as.Phase.IsFinal() {
+		switch as.Phase {
+		case inplacev1.NodeUpdatePhaseSucceeded:
+			r.event(after, eventNormal, EventSucceeded, "Update",
+				fmt.Sprintf("node %s reached %s in %s", after.Spec.NodeName, after.Spec.Version, duration(after).Round(time.Second)))
+		case inplacev1.NodeUpdatePhaseFailed:
+			r.event(after, eventWarning, as.FailureReason, "Update", failureSummary(after))
+		case inplacev1.NodeUpdatePhaseAborted:
+			r.event(after, eventNormal, inplacev1.AbortedReason, "Abort", fmt.Sprintf("node update of %s aborted", after.Spec.NodeName))
+		}
+		if as.StartTime != nil {
+			nodeUpdateDuration.WithLabelValues(kind, string(as.Phase)).Observe(duration(after).Seconds())
+		}
+		ctrl.LoggerFrom(ctx).Info("Node update ended", "phase", as.Phase, "reason", as.FailureReason, "step", as.CurrentStep)
+	}
+}
+
+func duration(nu *inplacev1.NodeUpdate) time.Duration {
+	if nu.Status.StartTime == nil || nu.Status.CompletionTime == nil {
+		return 0
+	}
+	return nu.Status.CompletionTime.Sub(nu.Status.StartTime.Time)
+}
+
+// event records an event on the NodeUpdate; the note is cut to what the events API takes.
+func (r *Reconciler) event(nu *inplacev1.NodeUpdate, eventType, reason, action, note string) {
+	r.Recorder.Eventf(nu, nil, eventType, reason, action, "%s", truncate(note, maxEventNote))
+}
+
+// updateGauges sets the in-progress and failed gauges from the NodeUpdates in the
+// cache, so that they are right after a restart without any state of their own.
+func (r *Reconciler) updateGauges(ctx context.Context) {
+	list := &inplacev1.NodeUpdateList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		ctrl.LoggerFrom(ctx).V(4).Info("Cannot list NodeUpdates for the gauges", "error", err.Error())
+		return
+	}
+	inProgress, failed := map[string]float64{}, map[string]float64{}
+	for i := range list.Items {
+		kind := list.Items[i].Spec.UpdaterRef.Kind
+		inProgress[kind] += 0
+		failed[kind] += 0
+		switch list.Items[i].Status.Phase {
+		case inplacev1.NodeUpdatePhaseInProgress:
+			inProgress[kind]++
+		case inplacev1.NodeUpdatePhaseFailed:
+			failed[kind]++
+		}
+	}
+	nodeUpdatesInProgress.Reset()
+	nodeUpdatesFailed.Reset()
+	for kind, n := range inProgress {
+		nodeUpdatesInProgress.WithLabelValues(kind).Set(n)
+	}
+	for kind, n := range failed {
+		nodeUpdatesFailed.WithLabelValues(kind).Set(n)
+	}
+}

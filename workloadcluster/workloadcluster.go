@@ -1,0 +1,111 @@
+// Package workloadcluster gives clients of CAPI workload clusters, built from the
+// kubeconfig Secret CAPI keeps for each Cluster (<cluster>-kubeconfig, key value, in the
+// Cluster's namespace). Clients are cached per Cluster and rebuilt when the Secret
+// changes, so that a rotated kubeconfig is picked up without a restart. For a
+// self-managed cluster (a Harvester cluster managing itself) the Secret simply points at
+// the management API server.
+package workloadcluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// KubeconfigSecretKey is the key of the kubeconfig in CAPI's <cluster>-kubeconfig Secret.
+const KubeconfigSecretKey = "value"
+
+// KubeconfigSecretName is the name of the Secret CAPI keeps the kubeconfig of a Cluster in.
+func KubeconfigSecretName(cluster string) string {
+	return cluster + "-kubeconfig"
+}
+
+// SecretNotFoundError says that the kubeconfig Secret of a Cluster does not exist (yet,
+// or any more, when the Cluster is being deleted).
+type SecretNotFoundError struct {
+	// Secret is the Secret's namespace/name.
+	Secret types.NamespacedName
+}
+
+func (e *SecretNotFoundError) Error() string {
+	return fmt.Sprintf("kubeconfig Secret %s of the workload cluster does not exist", e.Secret)
+}
+
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+
+// Clients hands out clients of workload clusters. The zero value is not usable: set
+// Reader and Scheme.
+type Clients struct {
+	// Reader reads the kubeconfig Secrets on the management cluster. An uncached reader
+	// (the manager's API reader) keeps the manager from watching every Secret.
+	Reader client.Reader
+	// Scheme is the scheme of the clients handed out.
+	Scheme *runtime.Scheme
+	// Configure, when set, adjusts the REST config built from the kubeconfig (QPS,
+	// timeouts, user agent).
+	Configure func(*rest.Config)
+
+	mu      sync.Mutex
+	entries map[types.NamespacedName]entry
+}
+
+type entry struct {
+	resourceVersion string
+	client          client.Client
+}
+
+// Client returns a client of the workload cluster of the Cluster namespace/name. It
+// reads the kubeconfig Secret every time (a cheap GET) and builds a new client only when
+// the Secret's resourceVersion changed. The client reads from the API server directly,
+// without a cache. A missing Secret is a *SecretNotFoundError.
+func (c *Clients) Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error) {
+	key := types.NamespacedName{Namespace: cluster.Namespace, Name: KubeconfigSecretName(cluster.Name)}
+	secret := &corev1.Secret{}
+	if err := c.Reader.Get(ctx, key, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &SecretNotFoundError{Secret: key}
+		}
+		return nil, fmt.Errorf("read kubeconfig Secret %s: %w", key, err)
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[cluster]; ok && e.resourceVersion == secret.ResourceVersion {
+		return e.client, nil
+	}
+	data, ok := secret.Data[KubeconfigSecretKey]
+	if !ok || len(data) == 0 {
+		return nil, fmt.Errorf("kubeconfig Secret %s has no key %q", key, KubeconfigSecretKey)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse kubeconfig of Secret %s: %w", key, err)
+	}
+	if c.Configure != nil {
+		c.Configure(cfg)
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: c.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("create client of workload cluster %s: %w", cluster, err)
+	}
+	if c.entries == nil {
+		c.entries = map[types.NamespacedName]entry{}
+	}
+	c.entries[cluster] = entry{resourceVersion: secret.ResourceVersion, client: cl}
+	return cl, nil
+}
+
+// Forget drops the cached client of a Cluster, for example once the Cluster is deleted.
+func (c *Clients) Forget(cluster types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.entries, cluster)
+}

@@ -1,0 +1,91 @@
+package workloadcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+)
+
+func kubeconfigFor(server string) []byte {
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: %s, insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: abc}
+contexts:
+- name: c
+  context: {cluster: c, user: u}
+current-context: c
+`, server)
+}
+
+func TestClientsCacheAndRebuild(t *testing.T) {
+	ctx := context.Background()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "prod-kubeconfig", Namespace: "clusters"},
+		Data:       map[string][]byte{KubeconfigSecretKey: kubeconfigFor("https://one.example:6443")},
+	}
+	reader := fake.NewClientBuilder().WithObjects(secret).Build()
+	var hosts []string
+	clients := &Clients{Reader: reader, Scheme: clientgoscheme.Scheme, Configure: func(c *rest.Config) { hosts = append(hosts, c.Host) }}
+	cluster := types.NamespacedName{Namespace: "clusters", Name: "prod"}
+
+	first, err := clients.Client(ctx, cluster)
+	if err != nil {
+		t.Fatalf("first client: %v", err)
+	}
+	again, err := clients.Client(ctx, cluster)
+	if err != nil {
+		t.Fatalf("second client: %v", err)
+	}
+	if first != again || len(hosts) != 1 {
+		t.Errorf("an unchanged Secret must give the cached client; built %d clients", len(hosts))
+	}
+
+	secret.Data[KubeconfigSecretKey] = kubeconfigFor("https://two.example:6443")
+	if err := reader.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := clients.Client(ctx, cluster)
+	if err != nil {
+		t.Fatalf("client after rotation: %v", err)
+	}
+	if rotated == first || len(hosts) != 2 || hosts[1] != "https://two.example:6443" {
+		t.Errorf("a changed Secret must rebuild the client from the new kubeconfig; hosts %v", hosts)
+	}
+
+	clients.Forget(cluster)
+	if _, err := clients.Client(ctx, cluster); err != nil || len(hosts) != 3 {
+		t.Errorf("Forget must drop the cached client: err %v, hosts %v", err, hosts)
+	}
+}
+
+func TestClientsErrors(t *testing.T) {
+	ctx := context.Background()
+	noKey := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "empty-kubeconfig", Namespace: "clusters"},
+		Data:       map[string][]byte{"other": []byte("x")},
+	}
+	clients := &Clients{Reader: fake.NewClientBuilder().WithObjects(noKey).Build(), Scheme: clientgoscheme.Scheme}
+
+	_, err := clients.Client(ctx, types.NamespacedName{Namespace: "clusters", Name: "missing"})
+	var notFound *SecretNotFoundError
+	if !errors.As(err, &notFound) || notFound.Secret.Name != "missing-kubeconfig" {
+		t.Errorf("a missing Secret must be a SecretNotFoundError naming it, got %v", err)
+	}
+	_, err = clients.Client(ctx, types.NamespacedName{Namespace: "clusters", Name: "empty"})
+	if err == nil || err.Error() != `kubeconfig Secret clusters/empty-kubeconfig has no key "value"` {
+		t.Errorf("a Secret without the key must say so, got %v", err)
+	}
+}
