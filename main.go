@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
@@ -27,6 +28,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -75,6 +78,7 @@ func newScheme() (*runtime.Scheme, error) {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme,
+		apiextensionsv1.AddToScheme,
 		clusterv1.AddToScheme,
 		controlplanev1.AddToScheme,
 		bootstrapv1.AddToScheme,
@@ -169,9 +173,18 @@ func run(opts options) error {
 			return err
 		}
 	}
+	ctx := ctrl.SetupSignalHandler()
 	controllerOpts := controller.Options{MaxConcurrentReconciles: opts.concurrency}
 	if err := (&nodeupdater.Reconciler{Registry: registry}).SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
+	}
+	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: workloads}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
+	}
+	// Every way of asking for an upgrade goes through the one Requester.
+	requester := &upgraderequest.Requester{
+		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: registry,
+		DefaultUpdater: opts.defaultUpdater, Recorder: mgr.GetEventRecorder("capi-inplace-requests"),
 	}
 
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
@@ -182,7 +195,7 @@ func run(opts options) error {
 	}
 	externalHooks, err := extension.NewExternalHookServer(extension.ServerOptions{
 		Port: opts.externalHookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
-	}, extension.Unimplemented{})
+	}, extension.NewExternalUpgradeHandler(requester))
 	if err != nil {
 		return err
 	}
@@ -205,5 +218,5 @@ func run(opts options) error {
 
 	log.Info("starting manager", "version", version, "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
 		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater)
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
 }

@@ -71,7 +71,7 @@ func (m *ReleaseMetadata) CheckEligible(wantRelease, targetKubernetes, currentHa
 		return fmt.Errorf("the repository serves Harvester %s, but the HarvesterUpgrader asks for %s: point release.isoURL or release.repositoryURL at the %s release", m.Harvester, wantRelease, wantRelease)
 	}
 	if !sameVersion(m.Kubernetes, targetKubernetes) {
-		return fmt.Errorf("Harvester %s ships Kubernetes %s, but the upgrade targets %s: upgrade to %s, or use the Harvester release that ships %s", m.Harvester, m.Kubernetes, targetKubernetes, m.Kubernetes, targetKubernetes)
+		return fmt.Errorf("release Harvester %s ships Kubernetes %s, but the upgrade targets %s: upgrade to %s, or use the Harvester release that ships %s", m.Harvester, m.Kubernetes, targetKubernetes, m.Kubernetes, targetKubernetes)
 	}
 	current, err := version.ParseSemantic(currentHarvester)
 	if err != nil {

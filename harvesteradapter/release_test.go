@@ -53,7 +53,7 @@ func TestCheckEligible(t *testing.T) {
 		{"re-run on an upgraded node", "v1.6.0", "v1.33.3+rke2r1", "v1.6.0", ""},
 		{"version without v", "1.6.0", "1.33.3+rke2r1", "v1.5.0", ""},
 		{"another release asked", "v1.6.1", "v1.33.3+rke2r1", "v1.5.0", "the repository serves Harvester v1.6.0, but the HarvesterUpgrader asks for v1.6.1"},
-		{"another kubernetes", "v1.6.0", "v1.34.1+rke2r1", "v1.5.0", "Harvester v1.6.0 ships Kubernetes v1.33.3+rke2r1, but the upgrade targets v1.34.1+rke2r1"},
+		{"another kubernetes", "v1.6.0", "v1.34.1+rke2r1", "v1.5.0", "release Harvester v1.6.0 ships Kubernetes v1.33.3+rke2r1, but the upgrade targets v1.34.1+rke2r1"},
 		{"another rke2 build of the same kubernetes", "v1.6.0", "v1.33.3+rke2r2", "v1.5.0", "ships Kubernetes v1.33.3+rke2r1, but the upgrade targets v1.33.3+rke2r2"},
 		{"too old to upgrade", "v1.6.0", "v1.33.3+rke2r1", "v1.4.3", "the node runs Harvester v1.4.3, but Harvester v1.6.0 installs only over v1.5.0 or newer: upgrade to v1.5.0 first"},
 		{"downgrade", "v1.6.0", "v1.33.3+rke2r1", "v1.7.0", "newer than the release v1.6.0: a downgrade is not possible"},

@@ -122,7 +122,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	// An external updater writes the status too: patch only over what was read. The
 	// manager's own updaters have no other writer, and a conflict would lose what the
 	// updater just did on the node.
-	var patch client.Patch = client.MergeFrom(s.before)
+	patch := client.MergeFrom(s.before)
 	if s.external {
 		patch = client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})
 	}

@@ -117,5 +117,5 @@ type JobUpdaterList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&JobUpdater{}, &JobUpdaterList{})
+	objectTypes = append(objectTypes, &JobUpdater{}, &JobUpdaterList{})
 }

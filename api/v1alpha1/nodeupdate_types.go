@@ -238,5 +238,5 @@ type NodeUpdateList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&NodeUpdate{}, &NodeUpdateList{})
+	objectTypes = append(objectTypes, &NodeUpdate{}, &NodeUpdateList{})
 }

@@ -389,5 +389,5 @@ type UpgradeTaskList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&UpgradeTask{}, &UpgradeTaskList{})
+	objectTypes = append(objectTypes, &UpgradeTask{}, &UpgradeTaskList{})
 }

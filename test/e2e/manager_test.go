@@ -18,6 +18,7 @@ import (
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
 
 	hooksv1 "github.com/capi-inplace/capi-inplace/api/hooks/v1alpha1"
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/hookclient"
 	"github.com/capi-inplace/capi-inplace/test/manager"
 )
@@ -118,6 +119,20 @@ var _ = Describe("The manager", Ordered, func() {
 		Expect(resp.Handlers[0].RequestHook).To(Equal(runtimehooksv1.GroupVersionHook{
 			APIVersion: "hooks.inplace.cluster.x-k8s.io/v1alpha1", Hook: "ExternalUpgradeRequest",
 		}))
+	})
+
+	It("answers an ExternalUpgradeRequest over HTTPS: a request for a Cluster that does not exist is declined with the reason", func() {
+		c := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.ExternalHookPort), tlsConf, externalCatalog())
+		req := &hooksv1.ExternalUpgradeRequestRequest{
+			MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
+			NewMachineSpec:       hooksv1.NewMachineSpec{Version: "v1.33.3+rke2r1"},
+		}
+		req.Cluster.Name, req.Cluster.Namespace = "nope", "default"
+		resp := &hooksv1.ExternalUpgradeRequestResponse{}
+		Expect(c.Call(ctx, hooksv1.ExternalUpgradeRequest, "external-upgrade-request", req, resp)).To(Succeed())
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
+		Expect(resp.Decision).To(Equal(hooksv1.DecisionDecline))
+		Expect(resp.Message).To(ContainSubstring("Cluster default/nope not found"))
 	})
 
 	It("serves TLS that a client verifies against the serving CA, and refuses TLS older than 1.2", func() {

@@ -103,7 +103,7 @@ func (p *Process) WaitReady(timeout time.Duration) error {
 		select {
 		case err := <-p.done:
 			p.done <- err
-			return fmt.Errorf("manager exited before it was ready: %v", err)
+			return fmt.Errorf("manager exited before it was ready: %w", err)
 		default:
 		}
 		resp, err := http.Get(url) //nolint:gosec,noctx // loopback test probe

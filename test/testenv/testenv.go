@@ -218,8 +218,11 @@ func downloadedModuleDir(moduleAtVersion string) (string, error) {
 		return "", fmt.Errorf("download module %s: %w", moduleAtVersion, err)
 	}
 	var info struct{ Dir, Error string }
-	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Dir == "" {
-		return "", fmt.Errorf("download module %s: no directory in %q (%v, %s)", moduleAtVersion, out, err, info.Error)
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		return "", fmt.Errorf("download module %s: read go mod download's answer %q: %w", moduleAtVersion, out, err)
+	}
+	if info.Dir == "" {
+		return "", fmt.Errorf("download module %s: no directory in the module cache: %s", moduleAtVersion, info.Error)
 	}
 	return info.Dir, nil
 }

@@ -262,5 +262,5 @@ type HarvesterUpgraderList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&HarvesterUpgrader{}, &HarvesterUpgraderList{})
+	objectTypes = append(objectTypes, &HarvesterUpgrader{}, &HarvesterUpgraderList{})
 }

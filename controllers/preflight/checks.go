@@ -1,0 +1,167 @@
+package preflight
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// Check names, as they appear in conditions, events and messages.
+const (
+	NodeReadyName           = "NodeReady"
+	NotDeletingName         = "NotDeleting"
+	AvailabilityName        = "Availability"
+	ControlPlaneHealthyName = "ControlPlaneHealthy"
+	UpdaterChecksName       = "UpdaterChecks"
+)
+
+// NodeReady holds a node that does not exist or is not Ready: upgrading a node that is
+// already unhealthy hides the cause and can take the last replica of something with it.
+type NodeReady struct{}
+
+// Name implements Check.
+func (NodeReady) Name() string { return NodeReadyName }
+
+// Check implements Check.
+func (NodeReady) Check(_ context.Context, _ *Input, c MachineNode) Result {
+	switch {
+	case c.Machine != nil && !c.Machine.Status.NodeRef.IsDefined():
+		return failed(NodeReadyName, "machine %s has no node yet", c.Machine.Name)
+	case c.Node == nil:
+		return failed(NodeReadyName, "node %s of machine %s not found in the workload cluster", c.NodeName(), c.Machine.Name)
+	case !NodeIsReady(c.Node):
+		return failed(NodeReadyName, "node %s is not Ready", c.Node.Name)
+	}
+	return passed(NodeReadyName)
+}
+
+// NotDeleting holds a machine or node that is being deleted: CAPI is replacing it anyway.
+type NotDeleting struct{}
+
+// Name implements Check.
+func (NotDeleting) Name() string { return NotDeletingName }
+
+// Check implements Check.
+func (NotDeleting) Check(_ context.Context, _ *Input, c MachineNode) Result {
+	if c.Machine != nil && !c.Machine.DeletionTimestamp.IsZero() {
+		return failed(NotDeletingName, "machine %s is being deleted", c.Machine.Name)
+	}
+	if c.Node != nil && !c.Node.DeletionTimestamp.IsZero() {
+		return failed(NotDeletingName, "node %s is being deleted", c.Node.Name)
+	}
+	return passed(NotDeletingName)
+}
+
+// Availability holds a node when starting it would make more nodes of the target
+// unavailable than maxUnavailable allows, counting nodes already NotReady.
+type Availability struct{}
+
+// Name implements Check.
+func (Availability) Name() string { return AvailabilityName }
+
+// Check implements Check.
+func (Availability) Check(_ context.Context, in *Input, _ MachineNode) Result {
+	if len(in.Unavailable)+1 > in.MaxUnavailable {
+		return failed(AvailabilityName, "%d node(s) of the target already unavailable (%s); maxUnavailable is %d",
+			len(in.Unavailable), joinLimited(in.Unavailable, 5), in.MaxUnavailable)
+	}
+	return passed(AvailabilityName)
+}
+
+// ControlPlaneHealthy holds a control plane node unless every control plane machine is
+// healthy and none is being deleted or remediated, so that quorum is never put at risk.
+// It passes for MachineDeployments.
+type ControlPlaneHealthy struct{}
+
+// Name implements Check.
+func (ControlPlaneHealthy) Name() string { return ControlPlaneHealthyName }
+
+// Check implements Check.
+func (ControlPlaneHealthy) Check(_ context.Context, in *Input, _ MachineNode) Result {
+	if !in.ControlPlane {
+		return passed(ControlPlaneHealthyName)
+	}
+	if len(in.ControlPlaneMachines) == 0 {
+		return failed(ControlPlaneHealthyName, "no control plane machine found")
+	}
+	for _, m := range in.ControlPlaneMachines {
+		if reason := controlPlaneMachineProblem(m); reason != "" {
+			return failed(ControlPlaneHealthyName, "%s", reason)
+		}
+	}
+	return passed(ControlPlaneHealthyName)
+}
+
+func controlPlaneMachineProblem(m MachineNode) string {
+	machine := m.Machine
+	switch {
+	case !machine.DeletionTimestamp.IsZero():
+		return fmt.Sprintf("control plane machine %s is being deleted", machine.Name)
+	case hasAnnotation(machine, clusterv1.RemediateMachineAnnotation):
+		return fmt.Sprintf("control plane machine %s is marked for remediation", machine.Name)
+	case meta.IsStatusConditionFalse(machine.Status.Conditions, clusterv1.MachineHealthCheckSucceededCondition):
+		return fmt.Sprintf("control plane machine %s failed its health check", machine.Name)
+	case meta.FindStatusCondition(machine.Status.Conditions, clusterv1.MachineOwnerRemediatedCondition) != nil:
+		return fmt.Sprintf("control plane machine %s is being remediated", machine.Name)
+	case m.Node == nil:
+		return fmt.Sprintf("control plane machine %s has no node in the workload cluster", machine.Name)
+	case !m.Node.DeletionTimestamp.IsZero():
+		return fmt.Sprintf("control plane node %s is being deleted", m.Node.Name)
+	case !NodeIsReady(m.Node):
+		return fmt.Sprintf("control plane node %s is not Ready", m.Node.Name)
+	}
+	return ""
+}
+
+// UpdaterChecks runs the updater's own checks (for Harvester: Longhorn volumes healthy,
+// no v2 volume whose only healthy replica is on this node, ...). An updater run outside
+// the manager has no checks here.
+type UpdaterChecks struct {
+	// Registry finds the Updater for the task's updaterRef.
+	Registry *nodeupdater.Registry
+}
+
+// Name implements Check.
+func (UpdaterChecks) Name() string { return UpdaterChecksName }
+
+// Check implements Check. A failing updater check is reported under its own name,
+// prefixed with UpdaterChecks/, so that the operator sees which one.
+func (u UpdaterChecks) Check(ctx context.Context, in *Input, c MachineNode) Result {
+	if u.Registry == nil {
+		return passed(UpdaterChecksName)
+	}
+	reg, found, err := u.Registry.Lookup(in.UpdaterRef)
+	if err != nil {
+		return failed(UpdaterChecksName, "%v", err)
+	}
+	if !found {
+		return passed(UpdaterChecksName)
+	}
+	target := nodeupdater.PreflightTarget{
+		Namespace:    in.Cluster.Namespace,
+		ClusterName:  in.Cluster.Name,
+		MachineName:  c.Machine.Name,
+		NodeName:     c.NodeName(),
+		Version:      in.Version,
+		UpdaterRef:   in.UpdaterRef,
+		ControlPlane: in.ControlPlane,
+	}
+	for _, r := range reg.Updater.Preflight(ctx, target) {
+		if !r.Passed {
+			return failed(UpdaterChecksName+"/"+r.Name, "%s", r.Message)
+		}
+	}
+	return passed(UpdaterChecksName)
+}
+
+// hasAnnotation reports whether an annotation is present; CAPI's remediate-machine
+// annotation is usually set with an empty value.
+func hasAnnotation(m *clusterv1.Machine, key string) bool {
+	_, ok := m.Annotations[key]
+	return ok
+}

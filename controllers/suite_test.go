@@ -1,0 +1,456 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+)
+
+var (
+	env *testenv.Environment
+	k8s client.Client
+	ctx = context.Background()
+)
+
+func TestControllers(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "UpgradeTask controller on a real API server")
+}
+
+var _ = BeforeSuite(func() {
+	ctrl.SetLogger(GinkgoLogr)
+	var err error
+	env, err = testenv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8s = env.Client
+})
+
+var _ = AfterSuite(func() {
+	if env != nil {
+		Expect(env.Stop()).To(Succeed())
+	}
+})
+
+// startManager runs a manager with the UpgradeTask controller until the returned stop is
+// called; stop waits for the manager to end, as a restart of the real manager would.
+func startManager(clk clock.PassiveClock) (stop func()) {
+	GinkgoHelper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	r := &UpgradeTaskReconciler{
+		Workload:     SameCluster{Management: k8s},
+		Clock:        clk,
+		PollInterval: 100 * time.Millisecond,
+	}
+	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(mgr.Start(mctx)).To(Succeed())
+	}()
+	return func() {
+		cancel()
+		Eventually(done, 30*time.Second).Should(BeClosed())
+	}
+}
+
+// world is one test's Cluster with a MachineDeployment "workers" (or a control plane "cp")
+// in its own namespace.
+type world struct {
+	ns       string
+	machines []*clusterv1.Machine
+}
+
+func newMDWorld(replicas int) *world {
+	GinkgoHelper()
+	ns, err := fixtures.Namespace(ctx, k8s, "ut")
+	Expect(err).NotTo(HaveOccurred())
+	_, err = fixtures.Cluster(ctx, k8s, ns, "harvester", "", nil)
+	Expect(err).NotTo(HaveOccurred())
+	_, machines, err := fixtures.MachineDeployment(ctx, k8s, ns, "harvester", "workers", "v1.33.3+rke2r1", replicas)
+	Expect(err).NotTo(HaveOccurred())
+	return &world{ns: ns, machines: machines}
+}
+
+func newCPWorld(replicas int) *world {
+	GinkgoHelper()
+	ns, err := fixtures.Namespace(ctx, k8s, "ut")
+	Expect(err).NotTo(HaveOccurred())
+	_, err = fixtures.Cluster(ctx, k8s, ns, "harvester", "cp", nil)
+	Expect(err).NotTo(HaveOccurred())
+	_, machines, err := fixtures.ControlPlane(ctx, k8s, ns, "harvester", "cp", "v1.33.3+rke2r1", replicas, false)
+	Expect(err).NotTo(HaveOccurred())
+	return &world{ns: ns, machines: machines}
+}
+
+func (w *world) node(i int) string { return fixtures.NodeName(w.ns, w.machines[i].Name) }
+
+// mdTask returns an UpgradeTask of the MachineDeployment to v1.34.1+rke2r1.
+func (w *world) mdTask(name string, mutate ...func(*inplacev1.UpgradeTask)) *inplacev1.UpgradeTask {
+	t := &inplacev1.UpgradeTask{
+		ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name, Labels: map[string]string{inplacev1.ClusterNameLabel: "harvester"}},
+		Spec: inplacev1.UpgradeTaskSpec{
+			ClusterName:          "harvester",
+			MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
+			Version:              "v1.34.1+rke2r1",
+			UpdaterRef:           inplacev1.UpdaterReference{Kind: "ExternalUpgrader", Name: "default"},
+		},
+	}
+	for _, m := range mutate {
+		m(t)
+	}
+	return t
+}
+
+func (w *world) task(name string) *inplacev1.UpgradeTask {
+	GinkgoHelper()
+	t := &inplacev1.UpgradeTask{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: name}, t)).To(Succeed())
+	return t
+}
+
+func (w *world) phaseOf(name string) func() inplacev1.TaskPhase {
+	return func() inplacev1.TaskPhase {
+		t := &inplacev1.UpgradeTask{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: name}, t); err != nil {
+			return ""
+		}
+		return t.Status.Phase
+	}
+}
+
+func (w *world) machine(name string) *clusterv1.Machine {
+	GinkgoHelper()
+	m := &clusterv1.Machine{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: name}, m)).To(Succeed())
+	return m
+}
+
+func (w *world) nodeUpdates() []inplacev1.NodeUpdate {
+	GinkgoHelper()
+	list := &inplacev1.NodeUpdateList{}
+	Expect(k8s.List(ctx, list, client.InNamespace(w.ns))).To(Succeed())
+	return list.Items
+}
+
+func (w *world) nodeUpdateOf(machine string) *inplacev1.NodeUpdate {
+	for _, nu := range w.nodeUpdates() {
+		if nu.Spec.MachineName == machine {
+			return &nu
+		}
+	}
+	return nil
+}
+
+func (w *world) machineStatus(task, machine string) inplacev1.MachineUpgradeStatus {
+	for _, ms := range w.task(task).Status.Machines {
+		if ms.Name == machine {
+			return ms
+		}
+	}
+	return inplacev1.MachineUpgradeStatus{}
+}
+
+func (w *world) events(reason string) []string {
+	GinkgoHelper()
+	list := &eventsv1.EventList{}
+	Expect(k8s.List(ctx, list, client.InNamespace(w.ns))).To(Succeed())
+	var out []string
+	for _, e := range list.Items {
+		if e.Reason == reason {
+			out = append(out, e.Note)
+		}
+	}
+	return out
+}
+
+// recorder watches the NodeUpdates of a namespace and records what the API server saw:
+// the most NodeUpdates unfinished at once, and how many were ever created per machine,
+// in order. It is the test's independent witness of the controller's safety.
+type recorder struct {
+	mu         sync.Mutex
+	phase      map[string]inplacev1.NodeUpdatePhase
+	created    map[string]int
+	order      []string
+	maxRunning int
+	stop       func()
+}
+
+func watchNodeUpdates(ns string) *recorder {
+	GinkgoHelper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	w, err := wc.Watch(ctx, &inplacev1.NodeUpdateList{}, client.InNamespace(ns))
+	Expect(err).NotTo(HaveOccurred())
+	rec := &recorder{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, stop: w.Stop}
+	go func() {
+		for ev := range w.ResultChan() {
+			nu, ok := ev.Object.(*inplacev1.NodeUpdate)
+			if !ok {
+				continue
+			}
+			rec.mu.Lock()
+			switch ev.Type {
+			case watch.Added:
+				if _, known := rec.phase[nu.Name]; !known {
+					rec.created[nu.Spec.MachineName]++
+					rec.order = append(rec.order, nu.Spec.MachineName)
+				}
+				rec.phase[nu.Name] = nu.Status.Phase
+			case watch.Modified:
+				rec.phase[nu.Name] = nu.Status.Phase
+			case watch.Deleted:
+				delete(rec.phase, nu.Name)
+			}
+			running := 0
+			for _, p := range rec.phase {
+				if !p.IsFinal() {
+					running++
+				}
+			}
+			rec.maxRunning = max(rec.maxRunning, running)
+			rec.mu.Unlock()
+		}
+	}()
+	DeferCleanup(w.Stop)
+	return rec
+}
+
+func (r *recorder) max() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxRunning
+}
+
+func (r *recorder) creations() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range r.created {
+		out[k] = v
+	}
+	return out
+}
+
+func (r *recorder) startOrder() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
+}
+
+// simulator plays the nodes and the updater: a new NodeUpdate takes its node NotReady
+// and runs for hold; then the node comes back Ready and the NodeUpdate succeeds, or fails
+// with the message given for its machine. An aborted NodeUpdate stops after abortDelay.
+type simulator struct {
+	ns         string
+	hold       time.Duration
+	abortDelay time.Duration
+	mu         sync.Mutex
+	fail       map[string]string
+	seen       map[string]time.Time
+	abortSeen  map[string]time.Time
+}
+
+func simulate(ns string, hold time.Duration) *simulator {
+	s := &simulator{ns: ns, hold: hold, abortDelay: 300 * time.Millisecond, fail: map[string]string{}, seen: map[string]time.Time{}, abortSeen: map[string]time.Time{}}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			s.step(sctx)
+		}
+	}()
+	DeferCleanup(func() { cancel(); <-done })
+	return s
+}
+
+func (s *simulator) failMachine(machine, message string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail[machine] = message
+}
+
+func (s *simulator) step(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	list := &inplacev1.NodeUpdateList{}
+	if err := k8s.List(ctx, list, client.InNamespace(s.ns)); err != nil {
+		return
+	}
+	now := time.Now()
+	for i := range list.Items {
+		nu := &list.Items[i]
+		if nu.Status.Phase.IsFinal() {
+			continue
+		}
+		if nu.Spec.Phase == inplacev1.TaskActionAbort {
+			if _, ok := s.abortSeen[nu.Name]; !ok {
+				s.abortSeen[nu.Name] = now
+			}
+			if now.Sub(s.abortSeen[nu.Name]) >= s.abortDelay {
+				_ = fixtures.SetNodeReady(ctx, k8s, nu.Spec.NodeName, true)
+				s.finish(ctx, nu, inplacev1.NodeUpdatePhaseAborted, "")
+			}
+			continue
+		}
+		started, ok := s.seen[nu.Name]
+		if !ok {
+			s.seen[nu.Name] = now
+			_ = fixtures.SetNodeReady(ctx, k8s, nu.Spec.NodeName, false)
+			nu.Status.Phase = inplacev1.NodeUpdatePhaseInProgress
+			nu.Status.CurrentStep = "KubernetesUpgrade"
+			nu.Status.StartTime = ptr.To(metav1.Now())
+			_ = k8s.Status().Update(ctx, nu)
+			continue
+		}
+		if now.Sub(started) < s.hold {
+			continue
+		}
+		if msg, failing := s.fail[nu.Spec.MachineName]; failing {
+			s.finish(ctx, nu, inplacev1.NodeUpdatePhaseFailed, msg)
+			continue
+		}
+		_ = fixtures.SetNodeReady(ctx, k8s, nu.Spec.NodeName, true)
+		s.finish(ctx, nu, inplacev1.NodeUpdatePhaseSucceeded, "")
+	}
+}
+
+func (s *simulator) finish(ctx context.Context, nu *inplacev1.NodeUpdate, phase inplacev1.NodeUpdatePhase, message string) {
+	nu.Status.Phase = phase
+	nu.Status.CompletionTime = ptr.To(metav1.Now())
+	if phase == inplacev1.NodeUpdatePhaseFailed {
+		nu.Status.FailureReason = inplacev1.StepFailedReason
+		nu.Status.FailureMessage = message
+	}
+	if err := k8s.Status().Update(ctx, nu); err != nil {
+		GinkgoWriter.Println(fmt.Sprintf("simulator: finish %s: %v", nu.Name, err))
+	}
+}
+
+func condition(conds []metav1.Condition, t string) metav1.Condition {
+	for _, c := range conds {
+		if c.Type == t {
+			return c
+		}
+	}
+	return metav1.Condition{}
+}
+
+var _ = corev1.NodeReady
+
+// installExternalUpdater installs the kind ExternalUpgrader as an updater served outside
+// the manager (its CRD carries the node-updater label) and creates ExternalUpgrader/default.
+func installExternalUpdater(ns string) {
+	GinkgoHelper()
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   "externalupgraders.updaters.example.com",
+			Labels: map[string]string{inplacev1.NodeUpdaterCRDLabel: inplacev1.NodeUpdaterContractVersion},
+		},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "updaters.example.com",
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: "ExternalUpgrader", ListKind: "ExternalUpgraderList", Plural: "externalupgraders", Singular: "externalupgrader"},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+					Type: "object", XPreserveUnknownFields: ptr.To(true),
+				}},
+			}},
+		},
+	}
+	if err := k8s.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+		Expect(err).NotTo(HaveOccurred())
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetAPIVersion("updaters.example.com/v1")
+	obj.SetKind("ExternalUpgrader")
+	obj.SetNamespace(ns)
+	obj.SetName("default")
+	Eventually(func() error { return k8s.Create(ctx, obj) }, 30*time.Second, 200*time.Millisecond).Should(Succeed())
+}
+
+// metricSample finds a sample of a metric family in controller-runtime's registry whose
+// labels include want.
+func metricSample(name string, want map[string]string) *dto.Metric {
+	GinkgoHelper()
+	families, err := ctrlmetrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			match := true
+			for k, v := range want {
+				if labels[k] != v {
+					match = false
+				}
+			}
+			if match {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+func gauge(name string, labels map[string]string) float64 {
+	GinkgoHelper()
+	m := metricSample(name, labels)
+	Expect(m).NotTo(BeNil(), "metric %s%v", name, labels)
+	return m.GetGauge().GetValue()
+}
+
+func histogramCount(name string, labels map[string]string) uint64 {
+	GinkgoHelper()
+	m := metricSample(name, labels)
+	Expect(m).NotTo(BeNil(), "metric %s%v", name, labels)
+	return m.GetHistogram().GetSampleCount()
+}

@@ -1,0 +1,110 @@
+package upgraderequest
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/utils/ptr"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+)
+
+func TestTaskName(t *testing.T) {
+	hash := digest("request")
+	for _, tc := range []struct {
+		name, target, version string
+		attempt               int
+		want                  string
+	}{
+		{"readable", "workers", "v1.33.3+rke2r1", 1, "workers-v1.33.3-rke2r1-" + hash[:8]},
+		{"a later attempt", "workers", "v1.33.3", 3, "workers-v1.33.3-" + hash[:8] + "-3"},
+		{"upper case and odd characters", "Pool_A", "v1.34.0-rc.1", 1, "pool-a-v1.34.0-rc.1-" + hash[:8]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := TaskName(tc.target, tc.version, hash, tc.attempt); got != tc.want {
+				t.Fatalf("TaskName = %q; want %q", got, tc.want)
+			}
+		})
+	}
+	long := TaskName(strings.Repeat("machinedeployment", 5), "v1.33.3+rke2r1", hash, 12)
+	if len(long) > 63 || !strings.HasSuffix(long, "-"+hash[:8]+"-12") {
+		t.Fatalf("a long name must be shortened to 63 characters keeping the digest and attempt, got %q (%d)", long, len(long))
+	}
+	if errs := validation.IsValidLabelValue(long); len(errs) > 0 {
+		t.Fatalf("task name %q is not a valid label value: %v", long, errs)
+	}
+	if errs := validation.IsDNS1123Subdomain(long); len(errs) > 0 {
+		t.Fatalf("task name %q is not a valid object name: %v", long, errs)
+	}
+}
+
+func TestRequestHash(t *testing.T) {
+	base := Request{Namespace: "ns", ClusterName: "c", Target: Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "w"}},
+		Version: "v1.34.1", Machines: []string{"b", "a"}}
+	same := base
+	same.Machines = []string{"a", "b"}
+	if requestHash(base) != requestHash(same) {
+		t.Fatal("the order of machines must not make another request")
+	}
+	for name, mutate := range map[string]func(*Request){
+		"version":        func(r *Request) { r.Version = "v1.34.2" },
+		"maxUnavailable": func(r *Request) { r.MaxUnavailable = ptr.To(intstr.FromInt32(2)) },
+		"target": func(r *Request) {
+			r.Target = Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "x"}}
+		},
+		"machines": func(r *Request) { r.Machines = []string{"a"} },
+	} {
+		other := base
+		mutate(&other)
+		if requestHash(base) == requestHash(other) {
+			t.Fatalf("another %s must make another request", name)
+		}
+	}
+}
+
+func TestRequiresUpgrade(t *testing.T) {
+	target := version.MustParseSemantic("v1.34.1+rke2r2")
+	for _, tc := range []struct {
+		name        string
+		spec        string
+		release     string
+		wantRequire bool
+	}{
+		{"older", "v1.33.3+rke2r1", "", true},
+		{"same", "v1.34.1+rke2r2", "", false},
+		{"same release, other build", "v1.34.1+rke2r1", "", true},
+		{"newer", "v1.35.0", "", false},
+		{"unknown", "", "", true},
+		{"reached in place", "v1.33.3+rke2r1", "v1.34.1+rke2r2", false},
+		{"the release annotation wins over an older spec", "v1.34.1+rke2r2", "v1.33.0", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: clusterv1.MachineSpec{Version: tc.spec}}
+			if tc.release != "" {
+				m.Annotations = map[string]string{inplacev1.UpgradeReleaseAnnotation: tc.release}
+			}
+			if got := RequiresUpgrade(m, target); got != tc.wantRequire {
+				t.Fatalf("RequiresUpgrade(%s, release %q) = %v; want %v", tc.spec, tc.release, got, tc.wantRequire)
+			}
+		})
+	}
+}
+
+func TestNodeUpdateNameIsDeterministicAndValid(t *testing.T) {
+	if NodeUpdateName("t", "m") != "t-m" {
+		t.Fatal("short names are joined")
+	}
+	long := NodeUpdateName(strings.Repeat("t", 63), strings.Repeat("m", 240))
+	if long != NodeUpdateName(strings.Repeat("t", 63), strings.Repeat("m", 240)) || len(long) > 253 {
+		t.Fatalf("long names must be shortened deterministically: %q", long)
+	}
+	if LabelValue(strings.Repeat("a", 70)) == LabelValue(strings.Repeat("a", 71)) {
+		t.Fatal("shortened label values must differ for different names")
+	}
+}

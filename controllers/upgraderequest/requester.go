@@ -1,0 +1,468 @@
+// Package upgraderequest admits requests for in-place upgrades: it validates a request,
+// aborts older unfinished UpgradeTasks of the same target, and creates the UpgradeTask
+// (or finds the one an identical request created). It is shared by the
+// ExternalUpgradeRequest hook, the annotation cascade and Cluster API's hooks, so that an
+// upgrade is admitted the same way whichever path asked for it.
+package upgraderequest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// Decline reasons, short and machine-readable; the message says what to do.
+const (
+	ReasonInvalidRequest     = "InvalidRequest"
+	ReasonClusterNotFound    = "ClusterNotFound"
+	ReasonTargetNotFound     = "TargetNotFound"
+	ReasonNotPartOfCluster   = "NotPartOfCluster"
+	ReasonInvalidVersion     = "InvalidVersion"
+	ReasonUnknownMachines    = "UnknownMachines"
+	ReasonDowngrade          = "Downgrade"
+	ReasonMinorVersionSkip   = "MinorVersionSkip"
+	ReasonNoUpdater          = "NoUpdater"
+	ReasonInvalidUpdater     = "InvalidUpdater"
+	ReasonUpdaterUnavailable = "UpdaterUnavailable"
+	ReasonNameConflict       = "NameConflict"
+)
+
+// maxAttempts bounds how many times the same request is retried under new task names
+// after earlier attempts failed or were aborted.
+const maxAttempts = 20
+
+// Request is an asked in-place upgrade of one control plane or MachineDeployment.
+type Request struct {
+	// Namespace is the Cluster's namespace.
+	Namespace string
+	// ClusterName is the Cluster's name.
+	ClusterName string
+	// Target is the control plane or MachineDeployment.
+	Target Target
+	// Machines restricts the upgrade to these machines of the target; empty means all.
+	Machines []string
+	// Version is the target Kubernetes version.
+	Version string
+	// DesiredMachine carries the desired bootstrap and infrastructure objects.
+	DesiredMachine *inplacev1.DesiredMachine
+	// UpdaterRef is the updater the request names, used when the Cluster has no annotation.
+	UpdaterRef *inplacev1.UpdaterReference
+	// Pacing is who picks the machines; empty means Extension.
+	Pacing inplacev1.Pacing
+	// MaxUnavailable, NodeOrder, PauseNodes and DryRun tune the task.
+	MaxUnavailable *intstr.IntOrString
+	NodeOrder      []string
+	PauseNodes     []string
+	DryRun         bool
+}
+
+// Decision is the answer to a Request.
+type Decision struct {
+	// Accepted is true when an UpgradeTask carries the request out.
+	Accepted bool
+	// TaskName is the accepted UpgradeTask's name.
+	TaskName string
+	// Created is true when this call created the task (false when an identical request
+	// had already created it).
+	Created bool
+	// Reason is the short reason of a decline (Reason* constants).
+	Reason string
+	// Message says, for a decline, why and what to do.
+	Message string
+	// Aborted names the older unfinished tasks of the target this request aborted.
+	Aborted []string
+}
+
+func decline(reason, format string, args ...any) Decision {
+	return Decision{Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// Requester admits upgrade requests.
+type Requester struct {
+	// Client reads the Cluster, its target and machines, and creates and aborts tasks.
+	Client client.Client
+	// TaskReader reads UpgradeTasks straight from the API server (the manager's API
+	// reader), so that a request right after an identical one finds the task it created
+	// even before the cache has seen it. Nil means Client.
+	TaskReader client.Reader
+	// Registry holds the updaters the manager runs.
+	Registry *nodeupdater.Registry
+	// DefaultUpdater is the manager's --default-updater, in Kind/name form; empty for none.
+	DefaultUpdater string
+	// Recorder, when set, records events on the tasks it creates and aborts.
+	Recorder events.EventRecorder
+}
+
+// Request admits req: it aborts older unfinished tasks of the same target, then declines
+// with a reason a person can act on, or accepts with the UpgradeTask that carries it out.
+// The same request twice yields the same task. An error means the API server could not
+// be asked; a decline is not an error.
+func (r *Requester) Request(ctx context.Context, req Request) (Decision, error) {
+	log := ctrl.LoggerFrom(ctx).WithValues("cluster", klog.KRef(req.Namespace, req.ClusterName), "target", req.Target.String(), "version", req.Version)
+
+	if d, bad := validateShape(req); bad {
+		log.Info("declining upgrade request", "reason", d.Reason, "message", d.Message)
+		return d, nil
+	}
+
+	cluster := &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: req.ClusterName}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return decline(ReasonClusterNotFound, "Cluster %s/%s not found", req.Namespace, req.ClusterName), nil
+		}
+		return Decision{}, fmt.Errorf("read Cluster %s/%s: %w", req.Namespace, req.ClusterName, err)
+	}
+	if d, err := r.checkTarget(ctx, cluster, req.Target); err != nil || d != nil {
+		if d != nil {
+			log.Info("declining upgrade request", "reason", d.Reason, "message", d.Message)
+			return *d, nil
+		}
+		return Decision{}, err
+	}
+
+	hash := requestHash(req)
+	tasks, err := r.tasksOfTarget(ctx, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	aborted, err := r.abortOlder(ctx, tasks, hash)
+	if err != nil {
+		return Decision{}, err
+	}
+
+	d, err := r.decide(ctx, cluster, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	if d != nil {
+		d.Aborted = aborted
+		if len(aborted) > 0 {
+			d.Message += fmt.Sprintf(" (the older unfinished UpgradeTask(s) %s of %s were aborted)", strings.Join(aborted, ", "), req.Target)
+		}
+		log.Info("declining upgrade request", "reason", d.Reason, "message", d.Message, "aborted", aborted)
+		return *d, nil
+	}
+
+	updaterRef, _, _ := nodeupdater.ResolveUpdater(cluster, req.UpdaterRef, r.DefaultUpdater)
+	accepted, err := r.createOrFind(ctx, cluster, req, updaterRef, hash, tasks)
+	if err != nil {
+		return Decision{}, err
+	}
+	accepted.Aborted = aborted
+	log.Info("accepted upgrade request", "upgradeTask", accepted.TaskName, "created", accepted.Created, "aborted", aborted)
+	return accepted, nil
+}
+
+func (r *Requester) taskReader() client.Reader {
+	if r.TaskReader != nil {
+		return r.TaskReader
+	}
+	return r.Client
+}
+
+func validateShape(req Request) (Decision, bool) {
+	switch {
+	case req.Namespace == "" || req.ClusterName == "":
+		return decline(ReasonInvalidRequest, "the request names no Cluster: set cluster.metadata.namespace and cluster.metadata.name"), true
+	case (req.Target.ControlPlaneRef == nil) == (req.Target.MachineDeploymentRef == nil):
+		return decline(ReasonInvalidRequest, "the request must name exactly one of controlPlaneRef or machineDeploymentRef"), true
+	case req.Target.Name() == "":
+		return decline(ReasonInvalidRequest, "the request's target has no name"), true
+	case strings.TrimSpace(req.Version) == "":
+		return decline(ReasonInvalidVersion, "the request carries no version: set newMachineSpec.version (for example v1.33.3 or v1.33.3+rke2r1)"), true
+	}
+	return Decision{}, false
+}
+
+// checkTarget declines a target that does not exist or does not belong to the Cluster.
+func (r *Requester) checkTarget(ctx context.Context, cluster *clusterv1.Cluster, t Target) (*Decision, error) {
+	if md := t.MachineDeploymentRef; md != nil {
+		obj := &clusterv1.MachineDeployment{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: md.Name}, obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				d := decline(ReasonTargetNotFound, "MachineDeployment %s/%s not found", cluster.Namespace, md.Name)
+				return &d, nil
+			}
+			return nil, fmt.Errorf("read MachineDeployment %s/%s: %w", cluster.Namespace, md.Name, err)
+		}
+		if obj.Spec.ClusterName != cluster.Name {
+			d := decline(ReasonNotPartOfCluster, "MachineDeployment %s/%s belongs to Cluster %s, not to Cluster %s", cluster.Namespace, md.Name, obj.Spec.ClusterName, cluster.Name)
+			return &d, nil
+		}
+		return nil, nil
+	}
+
+	cp := t.ControlPlaneRef
+	clusterCP := cluster.Spec.ControlPlaneRef
+	if clusterCP.Name != cp.Name || clusterCP.Kind != cp.Kind || clusterCP.APIGroup != cp.APIGroup {
+		current := "none"
+		if clusterCP.Name != "" {
+			current = clusterCP.Kind + " " + clusterCP.Name
+		}
+		d := decline(ReasonNotPartOfCluster, "%s %s/%s is not the control plane of Cluster %s (its spec.controlPlaneRef names %s)", cp.Kind, cluster.Namespace, cp.Name, cluster.Name, current)
+		return &d, nil
+	}
+	mapping, err := r.Client.RESTMapper().RESTMapping(schema.GroupKind{Group: cp.APIGroup, Kind: cp.Kind})
+	if err != nil {
+		d := decline(ReasonTargetNotFound, "control plane kind %s.%s is not served by the API server: %v", cp.Kind, cp.APIGroup, err)
+		return &d, nil
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(mapping.GroupVersionKind)
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: cp.Name}, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			d := decline(ReasonTargetNotFound, "%s %s/%s not found", cp.Kind, cluster.Namespace, cp.Name)
+			return &d, nil
+		}
+		return nil, fmt.Errorf("read %s %s/%s: %w", cp.Kind, cluster.Namespace, cp.Name, err)
+	}
+	return nil, nil
+}
+
+// decide checks that the upgrade can be done: the version, the machines, the updater.
+// It returns nil when the request is acceptable.
+func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req Request) (*Decision, error) {
+	target, err := version.ParseSemantic(req.Version)
+	if err != nil {
+		d := decline(ReasonInvalidVersion, "version %q is not a valid semantic version: give MAJOR.MINOR.PATCH with an optional v prefix, pre-release and build metadata, for example v1.33.3 or v1.33.3+rke2r1", req.Version)
+		return &d, nil
+	}
+
+	machines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*clusterv1.Machine{}
+	for i := range machines {
+		byName[machines[i].Name] = &machines[i]
+	}
+	var unknown []string
+	for _, name := range req.Machines {
+		if byName[name] == nil {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		d := decline(ReasonUnknownMachines, "machine(s) %s are not machines of %s in Cluster %s/%s", strings.Join(unknown, ", "), req.Target, cluster.Namespace, cluster.Name)
+		return &d, nil
+	}
+	scope := machines
+	if len(req.Machines) > 0 {
+		scope = scope[:0:0]
+		for _, name := range req.Machines {
+			scope = append(scope, *byName[name])
+		}
+	}
+
+	for i := range scope {
+		m := &scope[i]
+		cur, err := version.ParseSemantic(CurrentVersion(m))
+		if err != nil {
+			continue
+		}
+		if cur.GreaterThan(target) {
+			d := decline(ReasonDowngrade, "version %s is older than %s, which machine %s already runs: in-place downgrades are not supported", req.Version, CurrentVersion(m), m.Name)
+			return &d, nil
+		}
+		if req.Target.IsControlPlane() && (target.Major() != cur.Major() || target.Minor() > cur.Minor()+1) {
+			d := decline(ReasonMinorVersionSkip, "control plane machine %s runs %s; %s would skip a minor version, which Kubernetes does not support for a control plane: upgrade to v%d.%d first",
+				m.Name, CurrentVersion(m), req.Version, cur.Major(), cur.Minor()+1)
+			return &d, nil
+		}
+	}
+
+	ref, source, err := nodeupdater.ResolveUpdater(cluster, req.UpdaterRef, r.DefaultUpdater)
+	if err != nil {
+		var none *nodeupdater.NoUpdaterError
+		if errors.As(err, &none) {
+			d := decline(ReasonNoUpdater, "%s", err.Error())
+			return &d, nil
+		}
+		d := decline(ReasonInvalidUpdater, "%s", err.Error())
+		return &d, nil
+	}
+	if err := nodeupdater.CheckUpdaterAvailable(ctx, r.Client, r.Registry, cluster.Namespace, ref); err != nil {
+		var unavailable *nodeupdater.UnavailableUpdaterError
+		if errors.As(err, &unavailable) {
+			d := decline(ReasonUpdaterUnavailable, "%s (named by %s)", unavailable.Message, source)
+			return &d, nil
+		}
+		return nil, err
+	}
+	return nil, nil
+}
+
+// tasksOfTarget lists the tasks of the request's Cluster and target, oldest first.
+func (r *Requester) tasksOfTarget(ctx context.Context, req Request) ([]inplacev1.UpgradeTask, error) {
+	list := &inplacev1.UpgradeTaskList{}
+	if err := r.taskReader().List(ctx, list, client.InNamespace(req.Namespace)); err != nil {
+		return nil, fmt.Errorf("list UpgradeTasks in namespace %s: %w", req.Namespace, err)
+	}
+	var out []inplacev1.UpgradeTask
+	for _, t := range list.Items {
+		if t.Spec.ClusterName == req.ClusterName && TargetOf(&t).Same(req.Target) {
+			out = append(out, t)
+		}
+	}
+	slices.SortFunc(out, func(a, b inplacev1.UpgradeTask) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out, nil
+}
+
+// abortOlder asks every unfinished task of the target that another request created to
+// abort. A live task of this very request is kept: asking twice is not a new request.
+func (r *Requester) abortOlder(ctx context.Context, tasks []inplacev1.UpgradeTask, hash string) ([]string, error) {
+	var aborted []string
+	for i := range tasks {
+		t := &tasks[i]
+		if !isLive(t) || t.Annotations[inplacev1.RequestHashAnnotation] == hash {
+			continue
+		}
+		orig := t.DeepCopy()
+		t.Spec.Phase = inplacev1.TaskActionAbort
+		if err := r.Client.Patch(ctx, t, client.MergeFrom(orig)); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return aborted, fmt.Errorf("abort older UpgradeTask %s: %w", client.ObjectKeyFromObject(t), err)
+		}
+		ctrl.LoggerFrom(ctx).Info("aborted older UpgradeTask superseded by a new request", "upgradeTask", klog.KObj(t))
+		if r.Recorder != nil {
+			r.Recorder.Eventf(t, nil, corev1.EventTypeWarning, inplacev1.SupersededReason, "Abort", "a newer upgrade request for the same target superseded this task; aborting")
+		}
+		aborted = append(aborted, t.Name)
+	}
+	return aborted, nil
+}
+
+// isLive reports whether a task is unfinished and not asked to abort.
+func isLive(t *inplacev1.UpgradeTask) bool {
+	return !t.Status.Phase.IsFinal() && t.Spec.Phase != inplacev1.TaskActionAbort
+}
+
+// createOrFind returns the task of this request: a live (or completed) task an identical
+// request created, else a new one named TaskName(..., attempt) with the first attempt
+// whose name is free.
+func (r *Requester) createOrFind(ctx context.Context, cluster *clusterv1.Cluster, req Request, updaterRef inplacev1.UpdaterReference, hash string, tasks []inplacev1.UpgradeTask) (Decision, error) {
+	existing := map[string]*inplacev1.UpgradeTask{}
+	for i := range tasks {
+		existing[tasks[i].Name] = &tasks[i]
+	}
+	for attempt := 1; attempt <= maxAttempts; attempt++ {
+		name := TaskName(req.Target.Name(), req.Version, hash, attempt)
+		t := existing[name]
+		if t == nil {
+			t = &inplacev1.UpgradeTask{}
+			if err := r.taskReader().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: name}, t); err != nil {
+				if !apierrors.IsNotFound(err) {
+					return Decision{}, fmt.Errorf("read UpgradeTask %s/%s: %w", req.Namespace, name, err)
+				}
+				t = nil
+			}
+		}
+		if t == nil {
+			task := newTask(cluster, req, updaterRef, hash, name)
+			err := r.Client.Create(ctx, task)
+			switch {
+			case err == nil:
+				if r.Recorder != nil {
+					r.Recorder.Eventf(task, nil, corev1.EventTypeNormal, "Accepted", "Create", "accepted the upgrade of %s to %s with updater %s", req.Target, req.Version, updaterRef)
+				}
+				return Decision{Accepted: true, TaskName: name, Created: true}, nil
+			case apierrors.IsAlreadyExists(err):
+				// A concurrent identical request won the race; read what it created.
+				t = &inplacev1.UpgradeTask{}
+				if err := r.taskReader().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: name}, t); err != nil {
+					return Decision{}, fmt.Errorf("read UpgradeTask %s/%s after a conflicting create: %w", req.Namespace, name, err)
+				}
+			default:
+				return Decision{}, fmt.Errorf("create UpgradeTask %s/%s: %w", req.Namespace, name, err)
+			}
+		}
+		if t.Annotations[inplacev1.RequestHashAnnotation] != hash || !TargetOf(t).Same(req.Target) {
+			return decline(ReasonNameConflict, "UpgradeTask %s/%s exists and was not created by this request; delete it or rename it", req.Namespace, name), nil
+		}
+		if isLive(t) || t.Status.Phase == inplacev1.TaskPhaseCompleted {
+			return Decision{Accepted: true, TaskName: name}, nil
+		}
+		// Failed, aborted or aborting: the same request again is a retry under the next name.
+	}
+	return decline(ReasonNameConflict, "this request was already tried %d times for %s; delete old UpgradeTasks of this target to try again", maxAttempts, req.Target), nil
+}
+
+func newTask(cluster *clusterv1.Cluster, req Request, updaterRef inplacev1.UpdaterReference, hash, name string) *inplacev1.UpgradeTask {
+	pacing := req.Pacing
+	if pacing == "" {
+		pacing = inplacev1.PacingExtension
+	}
+	return &inplacev1.UpgradeTask{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Namespace:   cluster.Namespace,
+			Labels:      map[string]string{inplacev1.ClusterNameLabel: cluster.Name},
+			Annotations: map[string]string{inplacev1.RequestHashAnnotation: hash},
+		},
+		Spec: inplacev1.UpgradeTaskSpec{
+			ClusterName:          cluster.Name,
+			ControlPlaneRef:      req.Target.ControlPlaneRef,
+			MachineDeploymentRef: req.Target.MachineDeploymentRef,
+			Machines:             slices.Clone(req.Machines),
+			Version:              req.Version,
+			DesiredMachine:       req.DesiredMachine,
+			UpdaterRef:           updaterRef,
+			Phase:                inplacev1.TaskActionOngoing,
+			Pacing:               pacing,
+			MaxUnavailable:       req.MaxUnavailable,
+			NodeOrder:            slices.Clone(req.NodeOrder),
+			PauseNodes:           slices.Clone(req.PauseNodes),
+			DryRun:               req.DryRun,
+		},
+	}
+}
+
+// requestHash digests what makes two requests the same request.
+func requestHash(req Request) string {
+	machines := slices.Clone(req.Machines)
+	slices.Sort(machines)
+	pauseNodes := slices.Clone(req.PauseNodes)
+	slices.Sort(pauseNodes)
+	data, _ := json.Marshal(struct {
+		Namespace, Cluster string
+		Target             Target
+		Machines           []string
+		Version            string
+		Desired            *inplacev1.DesiredMachine
+		Updater            *inplacev1.UpdaterReference
+		Pacing             inplacev1.Pacing
+		MaxUnavailable     *intstr.IntOrString
+		NodeOrder          []string
+		PauseNodes         []string
+		DryRun             bool
+	}{req.Namespace, req.ClusterName, req.Target, machines, req.Version, req.DesiredMachine, req.UpdaterRef, req.Pacing, req.MaxUnavailable, req.NodeOrder, pauseNodes, req.DryRun})
+	return digest(string(data))
+}

@@ -1,0 +1,145 @@
+package upgraderequest
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/version"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+)
+
+// Target is the control plane or MachineDeployment an upgrade is for.
+type Target struct {
+	// ControlPlaneRef is set for a control plane.
+	ControlPlaneRef *inplacev1.ControlPlaneReference
+	// MachineDeploymentRef is set for a MachineDeployment.
+	MachineDeploymentRef *inplacev1.MachineDeploymentReference
+}
+
+// TargetOf returns the target of a task.
+func TargetOf(task *inplacev1.UpgradeTask) Target {
+	return Target{ControlPlaneRef: task.Spec.ControlPlaneRef, MachineDeploymentRef: task.Spec.MachineDeploymentRef}
+}
+
+// IsControlPlane reports whether the target is a control plane.
+func (t Target) IsControlPlane() bool { return t.ControlPlaneRef != nil }
+
+// Name is the name of the control plane or MachineDeployment.
+func (t Target) Name() string {
+	if t.ControlPlaneRef != nil {
+		return t.ControlPlaneRef.Name
+	}
+	if t.MachineDeploymentRef != nil {
+		return t.MachineDeploymentRef.Name
+	}
+	return ""
+}
+
+// String renders the target for messages, for example "MachineDeployment workers".
+func (t Target) String() string {
+	if t.ControlPlaneRef != nil {
+		return t.ControlPlaneRef.Kind + " " + t.ControlPlaneRef.Name
+	}
+	if t.MachineDeploymentRef != nil {
+		return "MachineDeployment " + t.MachineDeploymentRef.Name
+	}
+	return "no target"
+}
+
+// Same reports whether two targets name the same object.
+func (t Target) Same(o Target) bool {
+	switch {
+	case t.ControlPlaneRef != nil && o.ControlPlaneRef != nil:
+		return *t.ControlPlaneRef == *o.ControlPlaneRef
+	case t.MachineDeploymentRef != nil && o.MachineDeploymentRef != nil:
+		return t.MachineDeploymentRef.Name == o.MachineDeploymentRef.Name
+	}
+	return false
+}
+
+// TargetMachines lists the Machines of a target, sorted by name: for a control plane the
+// machines it owns, for a MachineDeployment the machines of the MachineSets it owns.
+func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName string, t Target) ([]clusterv1.Machine, error) {
+	machines := &clusterv1.MachineList{}
+	if err := c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}); err != nil {
+		return nil, fmt.Errorf("list machines of Cluster %s/%s: %w", namespace, clusterName, err)
+	}
+	var out []clusterv1.Machine
+	switch {
+	case t.ControlPlaneRef != nil:
+		for _, m := range machines.Items {
+			if ownedBy(m.OwnerReferences, t.ControlPlaneRef.APIGroup, t.ControlPlaneRef.Kind, t.ControlPlaneRef.Name) {
+				out = append(out, m)
+			}
+		}
+	case t.MachineDeploymentRef != nil:
+		sets := &clusterv1.MachineSetList{}
+		if err := c.List(ctx, sets, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}); err != nil {
+			return nil, fmt.Errorf("list machine sets of Cluster %s/%s: %w", namespace, clusterName, err)
+		}
+		ownSets := map[string]bool{}
+		for _, ms := range sets.Items {
+			if ownedBy(ms.OwnerReferences, clusterv1.GroupVersion.Group, "MachineDeployment", t.MachineDeploymentRef.Name) {
+				ownSets[ms.Name] = true
+			}
+		}
+		for _, m := range machines.Items {
+			for _, ref := range m.OwnerReferences {
+				if ref.Kind == "MachineSet" && groupOf(ref.APIVersion) == clusterv1.GroupVersion.Group && ownSets[ref.Name] {
+					out = append(out, m)
+					break
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func ownedBy(refs []metav1.OwnerReference, group, kind, name string) bool {
+	for _, ref := range refs {
+		if ref.Kind == kind && ref.Name == name && groupOf(ref.APIVersion) == group {
+			return true
+		}
+	}
+	return false
+}
+
+func groupOf(apiVersion string) string {
+	gv, err := schema.ParseGroupVersion(apiVersion)
+	if err != nil {
+		return ""
+	}
+	return gv.Group
+}
+
+// CurrentVersion is the Kubernetes version a machine runs: the version reached in place
+// (in-place-upgrade-release annotation) when set, else Machine.spec.version. Empty when
+// neither is known.
+func CurrentVersion(m *clusterv1.Machine) string {
+	if v := m.Annotations[inplacev1.UpgradeReleaseAnnotation]; v != "" {
+		return v
+	}
+	return m.Spec.Version
+}
+
+// RequiresUpgrade reports whether a machine is not at target yet: its version is lower,
+// or the same release with other build metadata (v1.33.3+rke2r1 to v1.33.3+rke2r2). A
+// machine whose version is unknown or unparsable requires the upgrade.
+func RequiresUpgrade(m *clusterv1.Machine, target *version.Version) bool {
+	cur, err := version.ParseSemantic(CurrentVersion(m))
+	if err != nil {
+		return true
+	}
+	if cur.LessThan(target) {
+		return true
+	}
+	return cur.EqualTo(target) && cur.BuildMetadata() != target.BuildMetadata()
+}

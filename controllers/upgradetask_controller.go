@@ -1,0 +1,335 @@
+// Package controllers holds capi-inplace's controllers: the UpgradeTask controller, which
+// upgrades the machines of a control plane or MachineDeployment node by node under
+// maxUnavailable and preflight checks, and the annotation cascade controllers.
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// DefaultPollInterval is how often an unfinished task is looked at again when nothing it
+// watches changed: Nodes of the workload cluster are not watched.
+const DefaultPollInterval = 15 * time.Second
+
+// UpgradeTaskReconciler carries out extension-paced and externally paced UpgradeTasks:
+// it claims the target's machines, starts their NodeUpdates under maxUnavailable once
+// every preflight check passes, follows them, and stops on a failure or an abort.
+type UpgradeTaskReconciler struct {
+	// Client reads (from the cache) and writes objects of the management cluster.
+	Client client.Client
+	// APIReader reads NodeUpdates straight from the API server: counting nodes in
+	// progress from a cache that has not seen the last create could start one too many.
+	APIReader client.Reader
+	// Workload reads the Nodes of workload clusters.
+	Workload WorkloadClusters
+	// Registry holds the updaters the manager runs, for their preflight checks.
+	Registry *nodeupdater.Registry
+	// Recorder records events on tasks and machines.
+	Recorder events.EventRecorder
+	// Checks are the node preflight checks; nil means preflight.Default(Registry).
+	Checks []preflight.Check
+	// Clock tells the time (maintenance window, soak delay); nil means the real clock.
+	Clock clock.PassiveClock
+	// PollInterval is how often an unfinished task is looked at again; zero means DefaultPollInterval.
+	PollInterval time.Duration
+	// Metrics records Prometheus metrics; nil means NewMetrics on controller-runtime's registry.
+	Metrics *Metrics
+}
+
+// +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks/status;upgradetasks/finalizers,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=nodeupdates,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines;machines/status,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;machinesets;machinedeployments,verbs=get;list;watch
+// Control planes of the kinds capi-inplace knows are read to check a request's target; grant
+// get on other control plane kinds with a ClusterRole of your own (docs/install.md).
+// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=kubeadmcontrolplanes;rke2controlplanes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// SetupWithManager registers the controller with the manager and fills defaults of unset fields.
+func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder("upgradetask-controller")
+	}
+	if r.Workload == nil {
+		return fmt.Errorf("UpgradeTaskReconciler needs Workload to read the Nodes of workload clusters")
+	}
+	r.defaults()
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&inplacev1.UpgradeTask{}).
+		Owns(&inplacev1.NodeUpdate{}).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask)).
+		WithOptions(options).
+		Named("upgradetask").
+		Complete(r)
+}
+
+func (r *UpgradeTaskReconciler) defaults() {
+	if r.Checks == nil {
+		r.Checks = preflight.Default(r.Registry)
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.PollInterval <= 0 {
+		r.PollInterval = DefaultPollInterval
+	}
+	if r.Metrics == nil {
+		r.Metrics = NewMetrics(nil)
+	}
+}
+
+// machineToTask maps a claimed Machine to the task that claims it.
+func (r *UpgradeTaskReconciler) machineToTask(ctx context.Context, obj client.Object) []reconcile.Request {
+	claim := obj.GetLabels()[inplacev1.UpgradeTaskLabel]
+	if claim == "" {
+		return nil
+	}
+	tasks := &inplacev1.UpgradeTaskList{}
+	if err := r.Client.List(ctx, tasks, client.InNamespace(obj.GetNamespace())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, t := range tasks.Items {
+		if upgraderequest.LabelValue(t.Name) == claim {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&t)})
+		}
+	}
+	return out
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	r.defaults()
+	task := &inplacev1.UpgradeTask{}
+	if err := r.Client.Get(ctx, req.NamespacedName, task); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Metrics.forgetTask(req.Namespace, req.Name)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("read UpgradeTask %s: %w", req, err)
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("upgradeTask", klog.KObj(task), "cluster", klog.KRef(task.Namespace, task.Spec.ClusterName))
+	ctx = ctrl.LoggerInto(ctx, log)
+
+	if !task.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.reconcileDelete(ctx, task)
+	}
+	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
+		orig := task.DeepCopy()
+		controllerutil.AddFinalizer(task, inplacev1.UpgradeTaskFinalizer)
+		if err := r.Client.Patch(ctx, task, client.MergeFrom(orig)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer to UpgradeTask %s: %w", req, err)
+		}
+	}
+	// A dry run's plan is refreshed, and a plan is carried out once dryRun is turned off;
+	// every other final phase is the end.
+	if task.Status.Phase.IsFinal() && task.Status.Phase != inplacev1.TaskPhasePlanned {
+		r.Metrics.observeTask(task)
+		return ctrl.Result{}, nil
+	}
+
+	s, err := r.readScope(ctx, task)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if s.problem != "" {
+		// A task that cannot be carried out as written (its Cluster is gone, its version
+		// does not parse): say so in status and wait for the spec or the world to change.
+		return ctrl.Result{RequeueAfter: r.PollInterval}, r.writeProblem(ctx, task, s.problem)
+	}
+
+	if task.Spec.Phase == inplacev1.TaskActionAbort {
+		return r.reconcileAbort(ctx, s)
+	}
+	return r.reconcileOngoing(ctx, s)
+}
+
+// taskScope is everything one reconcile of a task reads, before it decides anything.
+type taskScope struct {
+	task    *inplacev1.UpgradeTask
+	cluster *clusterv1.Cluster
+	now     time.Time
+	version *version.Version
+	// targetMachines are every machine of the target, at the version or not.
+	targetMachines []clusterv1.Machine
+	// nodes are the workload cluster's Nodes by name.
+	nodes map[string]*corev1.Node
+	// nodeUpdates are this task's NodeUpdates by machine name.
+	nodeUpdates map[string]*inplacev1.NodeUpdate
+	// othersRunning names the machines whose node an unfinished NodeUpdate of another
+	// task is upgrading.
+	othersRunning map[string]bool
+	// liveClaims maps the claim label value of every other live task to its name.
+	liveClaims map[string]string
+	// members are the task's machines, with their derived state, in the planned order.
+	members []*member
+	// pendingHandover counts target machines that require the upgrade but that Cluster
+	// API has not handed to an externally paced task yet.
+	pendingHandover int
+	// maxUnavailable is spec.maxUnavailable resolved against the target's size.
+	maxUnavailable int
+	// problem, when set, says why the task cannot be carried out as written.
+	problem string
+}
+
+func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {
+	s := &taskScope{task: task, now: r.Clock.Now()}
+	v, err := version.ParseSemantic(task.Spec.Version)
+	if err != nil {
+		s.problem = fmt.Sprintf("spec.version %q is not a semantic version: %v", task.Spec.Version, err)
+		return s, nil
+	}
+	s.version = v
+
+	s.cluster = &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: task.Namespace, Name: task.Spec.ClusterName}, s.cluster); err != nil {
+		if apierrors.IsNotFound(err) && task.Spec.Phase != inplacev1.TaskActionAbort {
+			s.problem = fmt.Sprintf("Cluster %s/%s not found", task.Namespace, task.Spec.ClusterName)
+			return s, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("read Cluster %s/%s: %w", task.Namespace, task.Spec.ClusterName, err)
+		}
+		s.cluster.Namespace, s.cluster.Name = task.Namespace, task.Spec.ClusterName
+	}
+
+	if s.targetMachines, err = upgraderequest.TargetMachines(ctx, r.Client, task.Namespace, task.Spec.ClusterName, upgraderequest.TargetOf(task)); err != nil {
+		return nil, err
+	}
+	if s.maxUnavailable, err = preflight.ResolveMaxUnavailable(task.Spec.MaxUnavailable, len(s.targetMachines)); err != nil {
+		s.problem = err.Error()
+		return s, nil
+	}
+
+	// Every NodeUpdate of the Cluster, this task's and others': a node another task (or a
+	// hand-made NodeUpdate) is upgrading is unavailable too.
+	nus := &inplacev1.NodeUpdateList{}
+	if err := r.APIReader.List(ctx, nus, client.InNamespace(task.Namespace),
+		client.MatchingLabels{inplacev1.ClusterNameLabel: task.Spec.ClusterName}); err != nil {
+		return nil, fmt.Errorf("list NodeUpdates of Cluster %s/%s: %w", task.Namespace, task.Spec.ClusterName, err)
+	}
+	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
+	s.othersRunning = map[string]bool{}
+	for i := range nus.Items {
+		nu := &nus.Items[i]
+		switch {
+		case metav1IsControlledBy(nu, task):
+			s.nodeUpdates[nu.Spec.MachineName] = nu
+		case !nu.Status.Phase.IsFinal():
+			s.othersRunning[nu.Spec.MachineName] = true
+		}
+	}
+
+	tasks := &inplacev1.UpgradeTaskList{}
+	if err := r.Client.List(ctx, tasks, client.InNamespace(task.Namespace)); err != nil {
+		return nil, fmt.Errorf("list UpgradeTasks in namespace %s: %w", task.Namespace, err)
+	}
+	s.liveClaims = map[string]string{}
+	for _, t := range tasks.Items {
+		if t.Name != task.Name && !t.Status.Phase.IsFinal() && t.DeletionTimestamp.IsZero() {
+			s.liveClaims[upgraderequest.LabelValue(t.Name)] = t.Name
+		}
+	}
+
+	s.nodes = map[string]*corev1.Node{}
+	if len(s.targetMachines) > 0 {
+		key := client.ObjectKeyFromObject(s.cluster)
+		workload, err := r.Workload.Client(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("reach the workload cluster of Cluster %s: %w", key, err)
+		}
+		nodes := &corev1.NodeList{}
+		if err := workload.List(ctx, nodes); err != nil {
+			return nil, fmt.Errorf("list Nodes of the workload cluster of Cluster %s: %w", key, err)
+		}
+		for i := range nodes.Items {
+			s.nodes[nodes.Items[i].Name] = &nodes.Items[i]
+		}
+	}
+
+	s.members, s.pendingHandover = collectMembers(s)
+	orderMembers(s.members, task.Spec.NodeOrder, task.Spec.ControlPlaneRef != nil)
+	return s, nil
+}
+
+func metav1IsControlledBy(obj client.Object, owner client.Object) bool {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Controller != nil && *ref.Controller && ref.UID == owner.GetUID() {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcileDelete releases the task's claims before the task goes away.
+func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inplacev1.UpgradeTask) error {
+	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
+		return nil
+	}
+	machines := &clusterv1.MachineList{}
+	if err := r.Client.List(ctx, machines, client.InNamespace(task.Namespace),
+		client.MatchingLabels{inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name)}); err != nil {
+		return fmt.Errorf("list machines claimed by UpgradeTask %s: %w", klog.KObj(task), err)
+	}
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		if err := r.writeMachine(ctx, m, machineWant{claim: false, removeCondition: !isDone(m)}, task); err != nil {
+			return err
+		}
+	}
+	orig := task.DeepCopy()
+	controllerutil.RemoveFinalizer(task, inplacev1.UpgradeTaskFinalizer)
+	if err := r.Client.Patch(ctx, task, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove finalizer of UpgradeTask %s: %w", klog.KObj(task), err)
+	}
+	r.Metrics.forgetTask(task.Namespace, task.Name)
+	ctrl.LoggerFrom(ctx).Info("released the claims of a deleted UpgradeTask", "machines", len(machines.Items))
+	return nil
+}
+
+func (r *UpgradeTaskReconciler) writeProblem(ctx context.Context, task *inplacev1.UpgradeTask, problem string) error {
+	orig := task.DeepCopy()
+	setCondition(task, inplacev1.ReadyCondition, false, inplacev1.WaitingReason, problem)
+	setCondition(task, inplacev1.ProgressingCondition, false, inplacev1.WaitingReason, problem)
+	if task.Status.Phase == "" {
+		task.Status.Phase = inplacev1.TaskPhasePending
+	}
+	if err := r.Client.Status().Patch(ctx, task, client.MergeFrom(orig)); err != nil {
+		return fmt.Errorf("write status of UpgradeTask %s: %w", klog.KObj(task), err)
+	}
+	ctrl.LoggerFrom(ctx).Info("task cannot proceed", "problem", problem)
+	return nil
+}

@@ -1,0 +1,180 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+)
+
+// machineWant is what the task wants a Machine to carry.
+type machineWant struct {
+	// claim: the machine carries the task's claim label.
+	claim bool
+	// condition, when set, is our InPlaceUpgradeUpToDate condition.
+	condition *metav1.Condition
+	// removeCondition removes our condition.
+	removeCondition bool
+	// release, when set, is the in-place-upgrade-release annotation.
+	release string
+}
+
+// desiredMachine says what a member's Machine carries in the task's phase: claimed and
+// Waiting or InProgress while the task runs; on success the release annotation, Done and
+// no claim; on failure Failed; at the end of a task every claim released and the
+// condition of machines never started removed.
+func desiredMachine(s *taskScope, mem *member, phase inplacev1.TaskPhase, mayClaim bool) machineWant {
+	final := phase.IsFinal()
+	claimed := mem.machine.Labels[inplacev1.UpgradeTaskLabel] == upgraderequest.LabelValue(s.task.Name)
+	keepClaim := !final && (mayClaim || claimed)
+	state := mem.state
+	if mem.picked {
+		state = inplacev1.MachineStateInProgress
+	}
+	switch state {
+	case inplacev1.MachineStateUpgraded:
+		return machineWant{
+			condition: machineCondition(metav1.ConditionTrue, inplacev1.DoneReason,
+				fmt.Sprintf("upgraded in place to %s by UpgradeTask %s", s.task.Spec.Version, s.task.Name)),
+			release: s.task.Spec.Version,
+		}
+	case inplacev1.MachineStateInProgress:
+		msg := fmt.Sprintf("being upgraded in place to %s by UpgradeTask %s", s.task.Spec.Version, s.task.Name)
+		if mem.nu != nil {
+			msg += ", NodeUpdate " + mem.nu.Name
+		}
+		if mem.message != "" {
+			msg += " (" + mem.message + ")"
+		}
+		return machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.InProgressReason, msg)}
+	case inplacev1.MachineStateFailed:
+		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.FailedReason,
+			fmt.Sprintf("in-place upgrade to %s failed: %s", s.task.Spec.Version, mem.message))}
+	case inplacev1.MachineStateAborted:
+		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.AbortedReason,
+			fmt.Sprintf("in-place upgrade to %s was aborted; the node may be partly upgraded", s.task.Spec.Version))}
+	}
+	// Waiting.
+	if final || !keepClaim {
+		return machineWant{removeCondition: true}
+	}
+	msg := mem.message
+	if msg == "" {
+		msg = "queued"
+	}
+	return machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.WaitingReason,
+		fmt.Sprintf("waiting for the in-place upgrade to %s by UpgradeTask %s: %s", s.task.Spec.Version, s.task.Name, msg))}
+}
+
+func machineCondition(status metav1.ConditionStatus, reason, message string) *metav1.Condition {
+	return &metav1.Condition{Type: inplacev1.InPlaceUpgradeUpToDateCondition, Status: status, Reason: reason, Message: message}
+}
+
+// isDone reports whether a machine carries our condition True (upgraded in place).
+func isDone(m *clusterv1.Machine) bool {
+	return meta.IsStatusConditionTrue(m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
+}
+
+// writeMachine brings a Machine to what the task wants, patching only what differs. Both
+// patches carry the resourceVersion read: a claim must never be taken from a Machine that
+// another task claimed in the meantime.
+func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.Machine, want machineWant, task *inplacev1.UpgradeTask) error {
+	claimValue := upgraderequest.LabelValue(task.Name)
+	orig := m.DeepCopy()
+	hasClaim := m.Labels[inplacev1.UpgradeTaskLabel] == claimValue
+	switch {
+	case want.claim && !hasClaim:
+		if m.Labels == nil {
+			m.Labels = map[string]string{}
+		}
+		m.Labels[inplacev1.UpgradeTaskLabel] = claimValue
+	case !want.claim && hasClaim:
+		delete(m.Labels, inplacev1.UpgradeTaskLabel)
+	}
+	if want.release != "" && m.Annotations[inplacev1.UpgradeReleaseAnnotation] != want.release {
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[inplacev1.UpgradeReleaseAnnotation] = want.release
+	}
+	if m.Labels[inplacev1.UpgradeTaskLabel] != orig.Labels[inplacev1.UpgradeTaskLabel] ||
+		m.Annotations[inplacev1.UpgradeReleaseAnnotation] != orig.Annotations[inplacev1.UpgradeReleaseAnnotation] {
+		if err := r.Client.Patch(ctx, m, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			return fmt.Errorf("update claim of machine %s for UpgradeTask %s: %w", klog.KObj(m), task.Name, err)
+		}
+		if want.claim && !hasClaim {
+			ctrl.LoggerFrom(ctx).Info("claimed machine", "machine", klog.KObj(m))
+			r.Recorder.Eventf(m, task, corev1.EventTypeNormal, inplacev1.MachineClaimedReason, "Claim", "claimed for the in-place upgrade to %s by UpgradeTask %s", task.Spec.Version, task.Name)
+		}
+	}
+
+	origStatus := m.DeepCopy()
+	changed := false
+	switch {
+	case want.condition != nil:
+		changed = meta.SetStatusCondition(&m.Status.Conditions, *want.condition)
+	case want.removeCondition:
+		changed = meta.RemoveStatusCondition(&m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
+	}
+	if changed {
+		if err := r.Client.Status().Patch(ctx, m, client.MergeFromWithOptions(origStatus, client.MergeFromWithOptimisticLock{})); err != nil {
+			return fmt.Errorf("set condition %s of machine %s: %w", inplacev1.InPlaceUpgradeUpToDateCondition, klog.KObj(m), err)
+		}
+	}
+	return nil
+}
+
+// startNodeUpdate creates the machine's NodeUpdate under its deterministic name. When it
+// already exists (a restart after the create, before the status), the existing one is used.
+func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *member) (*inplacev1.NodeUpdate, error) {
+	task := s.task
+	nu := &inplacev1.NodeUpdate{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      upgraderequest.NodeUpdateName(task.Name, mem.name),
+			Namespace: task.Namespace,
+			Labels: map[string]string{
+				inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name),
+				inplacev1.ClusterNameLabel: task.Spec.ClusterName,
+			},
+		},
+		Spec: inplacev1.NodeUpdateSpec{
+			ClusterName:    task.Spec.ClusterName,
+			MachineName:    mem.name,
+			NodeName:       mem.nodeName,
+			Version:        task.Spec.Version,
+			DesiredMachine: task.Spec.DesiredMachine,
+			UpdaterRef:     task.Spec.UpdaterRef,
+			Phase:          inplacev1.TaskActionOngoing,
+		},
+	}
+	if err := controllerutil.SetControllerReference(task, nu, r.Client.Scheme()); err != nil {
+		return nil, fmt.Errorf("own NodeUpdate %s: %w", nu.Name, err)
+	}
+	err := r.Client.Create(ctx, nu)
+	if err == nil {
+		return nu, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create NodeUpdate %s/%s for machine %s: %w", nu.Namespace, nu.Name, mem.name, err)
+	}
+	existing := &inplacev1.NodeUpdate{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(nu), existing); err != nil {
+		return nil, fmt.Errorf("read existing NodeUpdate %s/%s: %w", nu.Namespace, nu.Name, err)
+	}
+	if !metav1IsControlledBy(existing, task) {
+		return nil, fmt.Errorf("NodeUpdate %s/%s exists and belongs to another owner; delete it to let UpgradeTask %s start machine %s", nu.Namespace, nu.Name, task.Name, mem.name)
+	}
+	return existing, nil
+}

@@ -1,0 +1,125 @@
+package controllers
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+)
+
+// reconcileOngoing carries an Ongoing task on: decide what to start from what was read,
+// then write the machines (claims, conditions, release annotations), create the
+// NodeUpdates of the picked machines, and write the status.
+func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	task := s.task
+
+	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s)})
+	stoppedBy := firstFailed(s.members)
+	r.selectNextMachines(ctx, s, gate, stoppedBy)
+	phase := computePhase(s, false)
+
+	// A dry run touches no machine that has not started; machines started before
+	// dryRun was turned on are still followed to their end.
+	for _, mem := range s.members {
+		if mem.machine == nil || mem.claimedBy != "" || (task.Spec.DryRun && mem.nu == nil) {
+			continue
+		}
+		if err := r.writeMachine(ctx, mem.machine, desiredMachine(s, mem, phase, true), task); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if !task.Spec.DryRun {
+		for _, mem := range s.members {
+			if !mem.picked {
+				continue
+			}
+			nu, err := r.startNodeUpdate(ctx, s, mem)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			mem.nu, mem.state, mem.message = nu, inplacev1.MachineStateInProgress, ""
+			log.Info("started node", "machine", mem.name, "node", mem.nodeName, "nodeUpdate", nu.Name)
+			r.Recorder.Eventf(task, mem.machine, corev1.EventTypeNormal, inplacev1.NodeStartedReason, "Start",
+				"started the in-place upgrade of machine %s (node %s) to %s: NodeUpdate %s", mem.name, mem.nodeName, task.Spec.Version, nu.Name)
+		}
+		phase = computePhase(s, false)
+	}
+
+	if err := r.writeStatus(ctx, s, phase, gate); err != nil {
+		return ctrl.Result{}, err
+	}
+	if phase.IsFinal() && phase != inplacev1.TaskPhasePlanned {
+		return ctrl.Result{}, nil
+	}
+	requeue := r.PollInterval
+	if !gate.Open && gate.RetryAfter > 0 && gate.RetryAfter < requeue {
+		requeue = gate.RetryAfter
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// computePhase derives the task's phase from its members.
+func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
+	var waiting, inProgress, failed, started int
+	for _, mem := range s.members {
+		if mem.nu != nil || mem.picked {
+			started++
+		}
+		switch {
+		case mem.picked || mem.state == inplacev1.MachineStateInProgress:
+			inProgress++
+		case mem.state == inplacev1.MachineStateWaiting:
+			waiting++
+		case mem.state == inplacev1.MachineStateFailed || mem.state == inplacev1.MachineStateAborted:
+			failed++
+		}
+	}
+	switch {
+	case aborting && inProgress > 0:
+		return inplacev1.TaskPhaseAborting
+	case aborting:
+		return inplacev1.TaskPhaseAborted
+	case failed > 0 && inProgress > 0:
+		return inplacev1.TaskPhaseInProgress
+	case failed > 0:
+		return inplacev1.TaskPhaseFailed
+	case waiting == 0 && inProgress == 0 && s.pendingHandover == 0:
+		return inplacev1.TaskPhaseCompleted
+	case s.task.Spec.DryRun && started == 0:
+		return inplacev1.TaskPhasePlanned
+	case started > 0:
+		return inplacev1.TaskPhaseInProgress
+	}
+	return inplacev1.TaskPhasePending
+}
+
+// firstFailed returns the first member whose node failed (or was aborted outside the
+// task): the task starts no node after it.
+func firstFailed(members []*member) *member {
+	for _, mem := range members {
+		if mem.state == inplacev1.MachineStateFailed || mem.state == inplacev1.MachineStateAborted {
+			return mem
+		}
+	}
+	return nil
+}
+
+// lastNodeCompletion is when the last node of the task ended well, for the soak delay.
+func lastNodeCompletion(s *taskScope) time.Time {
+	var last time.Time
+	for _, mem := range s.members {
+		if mem.state != inplacev1.MachineStateUpgraded {
+			continue
+		}
+		t := completionTime(s, mem)
+		if t != nil && t.After(last) {
+			last = t.Time
+		}
+	}
+	return last
+}

@@ -1,0 +1,263 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+)
+
+// member is one machine of a task, with what was read about it and the state derived
+// from its NodeUpdate: the NodeUpdate is the truth of a machine's progress.
+type member struct {
+	name     string
+	machine  *clusterv1.Machine // nil when the machine is gone but its NodeUpdate remains
+	node     *corev1.Node
+	nodeName string
+	nu       *inplacev1.NodeUpdate
+	// claimedBy names another live task that holds the machine; the task does not touch it.
+	claimedBy string
+	state     inplacev1.MachineState
+	message   string
+	preflight []preflight.Result
+	// picked is true when this round starts the machine.
+	picked bool
+}
+
+func (m *member) machineNode() preflight.MachineNode {
+	return preflight.MachineNode{Machine: m.machine, Node: m.node}
+}
+
+// collectMembers derives the task's machines: every machine of the target that requires
+// the upgrade (restricted to spec.machines when set), that the task claims, or that has a
+// NodeUpdate of the task. For an externally paced task only the machines Cluster API
+// handed over (spec.machines) are members; the others are counted as pending handover.
+func collectMembers(s *taskScope) ([]*member, int) {
+	task := s.task
+	claimValue := upgraderequest.LabelValue(task.Name)
+	listed := map[string]bool{}
+	for _, name := range task.Spec.Machines {
+		listed[name] = true
+	}
+	external := task.Spec.Pacing == inplacev1.PacingExternal
+
+	var members []*member
+	pending := 0
+	seen := map[string]bool{}
+	for i := range s.targetMachines {
+		m := &s.targetMachines[i]
+		nu := s.nodeUpdates[m.Name]
+		claimedByUs := m.Labels[inplacev1.UpgradeTaskLabel] == claimValue
+		requires := upgraderequest.RequiresUpgrade(m, s.version)
+		inScope := len(listed) == 0 || listed[m.Name]
+		if external {
+			inScope = listed[m.Name]
+			if !inScope && requires && nu == nil {
+				pending++
+			}
+		}
+		if nu == nil && !claimedByUs && (!inScope || !requires) {
+			continue
+		}
+		mem := &member{name: m.Name, machine: m, nu: nu, nodeName: m.Status.NodeRef.Name}
+		if mem.nodeName != "" {
+			mem.node = s.nodes[mem.nodeName]
+		}
+		if claim := m.Labels[inplacev1.UpgradeTaskLabel]; claim != "" && claim != claimValue {
+			mem.claimedBy = s.liveClaims[claim]
+		}
+		members = append(members, mem)
+		seen[m.Name] = true
+	}
+	for name, nu := range s.nodeUpdates {
+		if !seen[name] {
+			members = append(members, &member{name: name, nu: nu, nodeName: nu.Spec.NodeName, node: s.nodes[nu.Spec.NodeName]})
+		}
+	}
+	for _, mem := range members {
+		mem.state, mem.message = stateFromNodeUpdate(mem.nu)
+	}
+	return members, pending
+}
+
+// stateFromNodeUpdate is a machine's state as its NodeUpdate tells it.
+func stateFromNodeUpdate(nu *inplacev1.NodeUpdate) (inplacev1.MachineState, string) {
+	if nu == nil {
+		return inplacev1.MachineStateWaiting, ""
+	}
+	switch nu.Status.Phase {
+	case inplacev1.NodeUpdatePhaseSucceeded:
+		return inplacev1.MachineStateUpgraded, ""
+	case inplacev1.NodeUpdatePhaseFailed:
+		msg := nu.Status.FailureMessage
+		if msg == "" {
+			msg = nu.Status.FailureReason
+		}
+		if msg == "" {
+			msg = "the NodeUpdate failed without a message"
+		}
+		return inplacev1.MachineStateFailed, msg
+	case inplacev1.NodeUpdatePhaseAborted:
+		return inplacev1.MachineStateAborted, "the NodeUpdate was aborted"
+	}
+	if nu.Status.CurrentStep != "" {
+		return inplacev1.MachineStateInProgress, "step " + nu.Status.CurrentStep
+	}
+	return inplacev1.MachineStateInProgress, ""
+}
+
+// orderMembers sorts the members in the planned order: nodes named in nodeOrder first,
+// in that order; then, for a control plane, the oldest machine first, else by name.
+func orderMembers(members []*member, nodeOrder []string, controlPlane bool) {
+	rank := func(m *member) int {
+		for i, n := range nodeOrder {
+			if n == m.nodeName || n == m.name {
+				return i
+			}
+		}
+		return len(nodeOrder)
+	}
+	sort.SliceStable(members, func(i, j int) bool {
+		a, b := members[i], members[j]
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return ra < rb
+		}
+		if controlPlane && a.machine != nil && b.machine != nil {
+			ta, tb := a.machine.CreationTimestamp.Time, b.machine.CreationTimestamp.Time
+			if !ta.Equal(tb) {
+				return ta.Before(tb)
+			}
+		}
+		return a.name < b.name
+	})
+}
+
+// unavailableNodes names the target's nodes that are unavailable now: being upgraded by
+// this task or another, or NotReady, missing or being deleted.
+func unavailableNodes(s *taskScope) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, mem := range s.members {
+		if mem.state == inplacev1.MachineStateInProgress {
+			out = append(out, displayName(mem))
+			seen[mem.name] = true
+		}
+	}
+	for i := range s.targetMachines {
+		m := &s.targetMachines[i]
+		if seen[m.Name] {
+			continue
+		}
+		node := s.nodes[m.Status.NodeRef.Name]
+		if s.othersRunning[m.Name] || !m.Status.NodeRef.IsDefined() || node == nil || !preflight.NodeIsReady(node) || !node.DeletionTimestamp.IsZero() {
+			name := m.Status.NodeRef.Name
+			if name == "" {
+				name = "machine " + m.Name
+			}
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func displayName(m *member) string {
+	if m.nodeName != "" {
+		return m.nodeName
+	}
+	return "machine " + m.name
+}
+
+func (r *UpgradeTaskReconciler) preflightInput(s *taskScope) *preflight.Input {
+	in := &preflight.Input{
+		Cluster:        s.cluster,
+		Version:        s.task.Spec.Version,
+		UpdaterRef:     s.task.Spec.UpdaterRef,
+		ControlPlane:   s.task.Spec.ControlPlaneRef != nil,
+		MaxUnavailable: s.maxUnavailable,
+		Unavailable:    unavailableNodes(s),
+	}
+	if in.ControlPlane {
+		for i := range s.targetMachines {
+			m := &s.targetMachines[i]
+			in.ControlPlaneMachines = append(in.ControlPlaneMachines, preflight.MachineNode{Machine: m, Node: s.nodes[m.Status.NodeRef.Name]})
+		}
+	}
+	return in
+}
+
+// selectNextMachines walks the waiting members in the planned order and picks those that
+// may start now: not claimed by another task, not paused, and passing every preflight
+// check, with each pick counted as unavailable for the checks of the next. In a dry run
+// it records every check's result for every waiting member and picks nothing. It
+// records on each member why it waits.
+func (r *UpgradeTaskReconciler) selectNextMachines(ctx context.Context, s *taskScope, gate preflight.GateResult, stoppedBy *member) {
+	in := r.preflightInput(s)
+	dryRun := s.task.Spec.DryRun
+	position := 0
+	for _, mem := range s.members {
+		if mem.state != inplacev1.MachineStateWaiting {
+			continue
+		}
+		position++
+		switch {
+		case mem.claimedBy != "":
+			mem.message = fmt.Sprintf("claimed by UpgradeTask %s, which has not ended; waits for it", mem.claimedBy)
+			continue
+		case mem.machine == nil:
+			mem.message = "the machine no longer exists"
+			continue
+		case isPausedNode(s.task, mem):
+			mem.message = "listed in spec.pauseNodes"
+			continue
+		}
+		if dryRun {
+			mem.preflight = preflight.Run(ctx, r.Checks, in, mem.machineNode())
+			if f := preflight.FirstFailure(mem.preflight); f != nil {
+				mem.message = "dry run: would be held by " + preflight.Describe(*f)
+			} else {
+				mem.message = fmt.Sprintf("dry run: would start at position %d; every preflight check passes now", position)
+			}
+			continue
+		}
+		if stoppedBy != nil {
+			mem.message = fmt.Sprintf("not started: the task stopped after machine %s failed", stoppedBy.name)
+			continue
+		}
+		if !gate.Open {
+			mem.message = gate.Message
+			continue
+		}
+		if f := runUntilFailure(ctx, r.Checks, in, mem.machineNode()); f != nil {
+			mem.message = heldPrefix + preflight.Describe(*f)
+			mem.preflight = []preflight.Result{*f}
+			continue
+		}
+		mem.picked = true
+		mem.message = ""
+		in.Unavailable = append(in.Unavailable, displayName(mem))
+	}
+}
+
+// runUntilFailure runs the checks in order and stops at the first that fails, so that the
+// updater's checks, the most expensive, run only for a node that could start.
+func runUntilFailure(ctx context.Context, checks []preflight.Check, in *preflight.Input, c preflight.MachineNode) *preflight.Result {
+	for _, check := range checks {
+		if res := check.Check(ctx, in, c); !res.Passed {
+			return &res
+		}
+	}
+	return nil
+}
+
+func isPausedNode(task *inplacev1.UpgradeTask, m *member) bool {
+	return slices.Contains(task.Spec.PauseNodes, m.nodeName) || slices.Contains(task.Spec.PauseNodes, m.name)
+}

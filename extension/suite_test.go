@@ -1,0 +1,36 @@
+package extension_test
+
+import (
+	"context"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+)
+
+var (
+	env *testenv.Environment
+	k8s client.Client
+	ctx = context.Background()
+)
+
+func TestExtension(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Hook handlers on a real API server")
+}
+
+var _ = BeforeSuite(func() {
+	var err error
+	env, err = testenv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8s = env.Client
+})
+
+var _ = AfterSuite(func() {
+	if env != nil {
+		Expect(env.Stop()).To(Succeed())
+	}
+})
