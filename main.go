@@ -166,7 +166,7 @@ func run(opts options) error {
 	registry := nodeupdater.NewRegistry()
 	updaters := []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads}).Registration(),
-		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.HTTPReleaseReader{}}).Registration(),
+		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}}).Registration(),
 	}
 	for _, reg := range updaters {
 		if err := registry.Register(reg); err != nil {

@@ -39,20 +39,21 @@ type WorkloadClients interface {
 	Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
 }
 
-// ReleaseReader reads harvester-release.yaml from a repository's base URL.
+// ReleaseReader reads harvester-release.yaml from the base URL of a repository that
+// serves a workload cluster.
 type ReleaseReader interface {
-	ReadRelease(ctx context.Context, repositoryURL string) ([]byte, error)
+	ReadRelease(ctx context.Context, cluster types.NamespacedName, repositoryURL string) ([]byte, error)
 }
 
 // HTTPReleaseReader reads release metadata over HTTP(S), for repositories the manager
-// reaches (release.repositoryURL, or the in-cluster repository of a self-managed cluster).
+// reaches directly (release.repositoryURL).
 type HTTPReleaseReader struct {
 	// Client is the HTTP client; nil means one with a 30 second timeout.
 	Client *http.Client
 }
 
 // ReadRelease fetches <repositoryURL>/harvester-release.yaml.
-func (r HTTPReleaseReader) ReadRelease(ctx context.Context, repositoryURL string) ([]byte, error) {
+func (r HTTPReleaseReader) ReadRelease(ctx context.Context, _ types.NamespacedName, repositoryURL string) ([]byte, error) {
 	hc := r.Client
 	if hc == nil {
 		hc = &http.Client{Timeout: 30 * time.Second}
@@ -257,7 +258,7 @@ func (u *Updater) runRepository(ctx context.Context, r *nodeRun) (bool, string, 
 			readURL = u.RepositoryURL(r.repo)
 		}
 	}
-	data, err := u.Releases.ReadRelease(ctx, readURL)
+	data, err := u.Releases.ReadRelease(ctx, types.NamespacedName{Namespace: r.nu.Namespace, Name: r.nu.Spec.ClusterName}, readURL)
 	if err != nil {
 		return false, "", fmt.Errorf("read the release metadata of Harvester %s: %w", r.cfg.Spec.Release.Version, err)
 	}

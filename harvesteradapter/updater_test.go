@@ -332,3 +332,34 @@ func installDataEngineCRDs() {
 	_, err = envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds})
 	Expect(err).NotTo(HaveOccurred())
 }
+
+var _ = Describe("Aborting a node's upgrade", func() {
+	It("waits for the running SUC Job to end, then removes the node's Plans and uncordons it", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
+		c.suc.JobDuration = 1500 * time.Millisecond
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		// Advance until the RKE2 Plan's Job runs on the node (the node is then cordoned and down).
+		Eventually(func() []sim.PlanRun {
+			_, err := c.updater.Reconcile(ctx, nu)
+			Expect(err).NotTo(HaveOccurred())
+			return c.rec.Runs()
+		}, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
+
+		done, err := c.updater.Abort(ctx, nu)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(BeFalse(), "an RKE2 upgrade half-way is not a safe point")
+		Expect(ourPlans(c)).To(HaveLen(1), "the running Plan is kept until its Job ends")
+
+		Eventually(func() bool {
+			done, err := c.updater.Abort(ctx, nu)
+			Expect(err).NotTo(HaveOccurred())
+			return done
+		}, 10*time.Second, 100*time.Millisecond).Should(BeTrue())
+		Expect(ourPlans(c)).To(BeEmpty())
+		n := &corev1.Node{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		Expect(n.Spec.Unschedulable).To(BeFalse())
+		Consistently(func() int { return len(c.rec.Runs()) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
+	})
+})

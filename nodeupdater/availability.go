@@ -51,14 +51,16 @@ func (r *Reconciler) resolveUpdater(ctx context.Context, s *scope) error {
 		return nil
 	}
 
-	gvk, found, err := r.externalUpdaterKind(ctx, ref)
+	matches, err := externalUpdaterKinds(ctx, r.APIReader, ref)
 	if err != nil {
 		return err
 	}
-	if !found {
+	// None, or several groups while the reference names none: no choice is safe.
+	if len(matches) != 1 {
 		r.setUpdaterAvailable(s, false, inplacev1.UpdaterNotFoundReason, r.noUpdaterMessage(ref))
 		return nil
 	}
+	gvk := matches[0]
 	s.external = true
 	obj := &unstructured.Unstructured{}
 	obj.SetGroupVersionKind(gvk)
@@ -81,13 +83,14 @@ func (r *Reconciler) resolveUpdater(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// externalUpdaterKind finds the CRD, labelled as a NodeUpdate updater of this contract
-// version, that serves the reference's kind, and returns the version to read it with.
-func (r *Reconciler) externalUpdaterKind(ctx context.Context, ref inplacev1.UpdaterReference) (schema.GroupVersionKind, bool, error) {
+// externalUpdaterKinds lists the kinds of the CRDs, labelled as NodeUpdate updaters of
+// this contract version, that serve the reference's kind (one per API group), each at
+// the version to read it with. More than one means the reference must name its group.
+func externalUpdaterKinds(ctx context.Context, reader client.Reader, ref inplacev1.UpdaterReference) ([]schema.GroupVersionKind, error) {
 	crds := &unstructured.UnstructuredList{}
 	crds.SetGroupVersionKind(crdListGVK)
-	if err := r.APIReader.List(ctx, crds, client.MatchingLabels{inplacev1.NodeUpdaterCRDLabel: inplacev1.NodeUpdaterContractVersion}); err != nil {
-		return schema.GroupVersionKind{}, false, fmt.Errorf("list CRDs labelled %s: %w", inplacev1.NodeUpdaterCRDLabel, err)
+	if err := reader.List(ctx, crds, client.MatchingLabels{inplacev1.NodeUpdaterCRDLabel: inplacev1.NodeUpdaterContractVersion}); err != nil {
+		return nil, fmt.Errorf("list CRDs labelled %s: %w", inplacev1.NodeUpdaterCRDLabel, err)
 	}
 	var matches []schema.GroupVersionKind
 	for _, crd := range crds.Items {
@@ -100,15 +103,7 @@ func (r *Reconciler) externalUpdaterKind(ctx context.Context, ref inplacev1.Upda
 			matches = append(matches, schema.GroupVersionKind{Group: group, Version: version, Kind: kind})
 		}
 	}
-	switch len(matches) {
-	case 0:
-		return schema.GroupVersionKind{}, false, nil
-	case 1:
-		return matches[0], true, nil
-	default:
-		// Several groups serve the kind and the reference names none: no choice is safe.
-		return schema.GroupVersionKind{}, false, nil
-	}
+	return matches, nil
 }
 
 // crdReadVersion is the version to read a CRD's objects with: the storage version, else

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -113,23 +112,12 @@ func CheckUpdaterAvailable(ctx context.Context, c client.Reader, registry *Regis
 	return nil
 }
 
-// externalUpdaterKind finds the CRD, labelled as a NodeUpdate contract kind, that serves
-// ref's kind, and returns the kind at its storage version.
+// externalUpdaterKind returns the one external kind that serves ref, or an
+// *UnavailableUpdaterError that says why there is none to choose.
 func externalUpdaterKind(ctx context.Context, c client.Reader, ref inplacev1.UpdaterReference) (schema.GroupVersionKind, error) {
-	crds := &apiextensionsv1.CustomResourceDefinitionList{}
-	if err := c.List(ctx, crds, client.MatchingLabels{inplacev1.NodeUpdaterCRDLabel: inplacev1.NodeUpdaterContractVersion}); err != nil {
-		return schema.GroupVersionKind{}, fmt.Errorf("list CustomResourceDefinitions labelled %s: %w", inplacev1.NodeUpdaterCRDLabel, err)
-	}
-	var matches []schema.GroupVersionKind
-	for _, crd := range crds.Items {
-		if crd.Spec.Names.Kind != ref.Kind || (ref.APIGroup != "" && crd.Spec.Group != ref.APIGroup) {
-			continue
-		}
-		for _, v := range crd.Spec.Versions {
-			if v.Storage {
-				matches = append(matches, schema.GroupVersionKind{Group: crd.Spec.Group, Version: v.Name, Kind: crd.Spec.Names.Kind})
-			}
-		}
+	matches, err := externalUpdaterKinds(ctx, c, ref)
+	if err != nil {
+		return schema.GroupVersionKind{}, err
 	}
 	switch len(matches) {
 	case 1:

@@ -59,6 +59,7 @@ type Clients struct {
 
 type entry struct {
 	resourceVersion string
+	config          *rest.Config
 	client          client.Client
 }
 
@@ -67,40 +68,60 @@ type entry struct {
 // the Secret's resourceVersion changed. The client reads from the API server directly,
 // without a cache. A missing Secret is a *SecretNotFoundError.
 func (c *Clients) Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error) {
+	e, err := c.entry(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	return e.client, nil
+}
+
+// RESTConfig returns (a copy of) the REST config of the workload cluster of the Cluster
+// namespace/name, for what a controller-runtime client does not offer, such as the API
+// server's service proxy.
+func (c *Clients) RESTConfig(ctx context.Context, cluster types.NamespacedName) (*rest.Config, error) {
+	e, err := c.entry(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	return rest.CopyConfig(e.config), nil
+}
+
+func (c *Clients) entry(ctx context.Context, cluster types.NamespacedName) (entry, error) {
 	key := types.NamespacedName{Namespace: cluster.Namespace, Name: KubeconfigSecretName(cluster.Name)}
 	secret := &corev1.Secret{}
 	if err := c.Reader.Get(ctx, key, secret); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, &SecretNotFoundError{Secret: key}
+			return entry{}, &SecretNotFoundError{Secret: key}
 		}
-		return nil, fmt.Errorf("read kubeconfig Secret %s: %w", key, err)
+		return entry{}, fmt.Errorf("read kubeconfig Secret %s: %w", key, err)
 	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.entries[cluster]; ok && e.resourceVersion == secret.ResourceVersion {
-		return e.client, nil
+		return e, nil
 	}
 	data, ok := secret.Data[KubeconfigSecretKey]
 	if !ok || len(data) == 0 {
-		return nil, fmt.Errorf("kubeconfig Secret %s has no key %q", key, KubeconfigSecretKey)
+		return entry{}, fmt.Errorf("kubeconfig Secret %s has no key %q", key, KubeconfigSecretKey)
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("parse kubeconfig of Secret %s: %w", key, err)
+		return entry{}, fmt.Errorf("parse kubeconfig of Secret %s: %w", key, err)
 	}
 	if c.Configure != nil {
 		c.Configure(cfg)
 	}
 	cl, err := client.New(cfg, client.Options{Scheme: c.Scheme})
 	if err != nil {
-		return nil, fmt.Errorf("create client of workload cluster %s: %w", cluster, err)
+		return entry{}, fmt.Errorf("create client of workload cluster %s: %w", cluster, err)
 	}
 	if c.entries == nil {
 		c.entries = map[types.NamespacedName]entry{}
 	}
-	c.entries[cluster] = entry{resourceVersion: secret.ResourceVersion, client: cl}
-	return cl, nil
+	e := entry{resourceVersion: secret.ResourceVersion, config: cfg, client: cl}
+	c.entries[cluster] = e
+	return e, nil
 }
 
 // Forget drops the cached client of a Cluster, for example once the Cluster is deleted.
