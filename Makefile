@@ -128,9 +128,9 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint.
 .PHONY: verify
 verify: generate manifests ## Fail if regenerating changes anything checked in, or go.mod is not tidy.
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy; run 'go mod tidy' and commit"; exit 1; }
-	@if [ -n "$$(git status --porcelain -- api config test/crds)" ]; then \
+	@if [ -n "$$(git status --porcelain)" ]; then \
 		echo "Generated files are out of date; run 'make generate manifests' and commit:"; \
-		git status --porcelain -- api config test/crds; git diff --stat -- api config test/crds; exit 1; fi
+		git status --porcelain; git diff --stat; exit 1; fi
 	@echo "Generated files are up to date."
 
 ##@ Tools
