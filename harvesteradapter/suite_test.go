@@ -10,9 +10,13 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
+// Two real API servers: env is the management cluster (HarvesterUpgraders, NodeUpdates,
+// the kubeconfig Secret), workload the Harvester cluster (Nodes, SUC Plans and Jobs,
+// Longhorn, the repository), reached only through the kubeconfig Secret, as in production.
 var (
-	env *testenv.Environment
-	ctx = context.Background()
+	env      *testenv.Environment
+	workload *testenv.Environment
+	ctx      = context.Background()
 )
 
 func TestHarvesterAdapter(t *testing.T) {
@@ -24,10 +28,14 @@ var _ = BeforeSuite(func() {
 	var err error
 	env, err = testenv.Start()
 	Expect(err).NotTo(HaveOccurred())
+	workload, err = testenv.Start()
+	Expect(err).NotTo(HaveOccurred())
 })
 
 var _ = AfterSuite(func() {
-	if env != nil {
-		Expect(env.Stop()).To(Succeed())
+	for _, e := range []*testenv.Environment{env, workload} {
+		if e != nil {
+			Expect(e.Stop()).To(Succeed())
+		}
 	}
 })

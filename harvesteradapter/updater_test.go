@@ -35,9 +35,9 @@ rancher: v2.12.0
 minUpgradableVersion: v1.5.0
 `
 
-// harvesterCluster is a self-managed Harvester cluster on the test API server: the
-// Cluster's kubeconfig Secret points at the same API server, so the adapter's workload
-// client reaches the simulated nodes. Every test gets its own namespace and node names.
+// harvesterCluster is a Harvester cluster on the workload API server, managed from the
+// management API server through its kubeconfig Secret. Every test gets its own namespace
+// and node names.
 type harvesterCluster struct {
 	ns, name   string
 	nodes      []string
@@ -56,19 +56,20 @@ func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.Har
 	GinkgoHelper()
 	clusterSeq++
 	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
-	for _, ns := range []string{c.ns, "cattle-system", harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
-		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
+	for _, ns := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
+		_ = workload.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	}
-	_ = env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
+	_ = workload.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
 
-	kubeconfig, err := env.Kubeconfig()
+	kubeconfig, err := workload.Kubeconfig()
 	Expect(err).NotTo(HaveOccurred())
 	Expect(env.Client.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: workloadcluster.KubeconfigSecretName(c.name), Namespace: c.ns},
 		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: kubeconfig},
 	})).To(Succeed())
 
-	c.kubelet = &sim.Kubelet{Client: env.Client, Record: c.rec, OSImage: osImage}
+	c.kubelet = &sim.Kubelet{Client: workload.Client, Record: c.rec, OSImage: osImage}
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("%s-node-%d", c.name, i)
 		_, err := c.kubelet.CreateNode(ctx, name, "v1.32.5+rke2r1", nil)
@@ -78,11 +79,11 @@ func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.Har
 
 	runCtx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
-	c.suc = &sim.SUC{Client: env.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+	c.suc = &sim.SUC{Client: workload.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
 	go func() { _ = c.suc.Run(runCtx) }()
-	c.repository = &sim.Repository{Client: env.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
+	c.repository = &sim.Repository{Client: workload.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
 	c.repository.Start(runCtx)
-	c.longhorn = &sim.Longhorn{Client: env.Client, Namespace: harvesteradapter.LonghornNamespace}
+	c.longhorn = &sim.Longhorn{Client: workload.Client, Namespace: harvesteradapter.LonghornNamespace}
 	go c.longhorn.Run(runCtx)
 
 	c.config = &harvesterv1.HarvesterUpgrader{
@@ -151,7 +152,7 @@ func stepStates(nu *inplacev1.NodeUpdate) map[string]inplacev1.StepState {
 
 func ourPlans(c *harvesterCluster) []sucv1.Plan {
 	plans := &sucv1.PlanList{}
-	Expect(env.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.HasLabels{harvesteradapter.LabelNodeUpdate})).To(Succeed())
+	Expect(workload.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.HasLabels{harvesteradapter.LabelNodeUpdate})).To(Succeed())
 	var out []sucv1.Plan
 	for _, p := range plans.Items {
 		for _, n := range c.nodes {
@@ -182,7 +183,7 @@ var _ = Describe("The Harvester updater", func() {
 				harvesteradapter.StepFinish:             inplacev1.StepStateSucceeded,
 			}), "node %d", i+1)
 			node := &corev1.Node{}
-			Expect(env.Client.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, node)).To(Succeed())
+			Expect(workload.Client.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, node)).To(Succeed())
 			Expect(node.Status.NodeInfo.KubeletVersion).To(Equal("v1.33.3+rke2r1"))
 			Expect(node.Status.NodeInfo.OSImage).To(Equal("Harvester v1.6.0"))
 			Expect(node.Spec.Unschedulable).To(BeFalse())
@@ -232,7 +233,7 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(drive(c.updater, c.nodeUpdate(node), 30*time.Second)).To(Succeed())
 		}
 		deps := &corev1.ServiceList{}
-		Expect(env.Client.List(ctx, deps, client.InNamespace(harvesteradapter.RepositoryNamespace), client.HasLabels{harvesteradapter.LabelRepository})).To(Succeed())
+		Expect(workload.Client.List(ctx, deps, client.InNamespace(harvesteradapter.RepositoryNamespace), client.HasLabels{harvesteradapter.LabelRepository})).To(Succeed())
 		Expect(deps.Items).To(HaveLen(1), "one repository Service for the release, shared by both nodes")
 		Expect(c.repository.MetadataRequests()).To(BeNumerically(">=", 2), "each node checks the release's eligibility")
 	})
@@ -264,21 +265,21 @@ var _ = Describe("Longhorn v2 volumes", Ordered, func() {
 			"metadata": map[string]any{"name": "pvc-" + c.name, "namespace": harvesteradapter.LonghornNamespace},
 			"spec":     map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(2)},
 		}}
-		Expect(env.Client.Create(ctx, vol)).To(Succeed())
+		Expect(workload.Client.Create(ctx, vol)).To(Succeed())
 		Expect(unstructured.SetNestedMap(vol.Object, map[string]any{"state": "attached", "robustness": "healthy"}, "status")).To(Succeed())
-		Expect(env.Client.Status().Update(ctx, vol)).To(Succeed())
+		Expect(workload.Client.Status().Update(ctx, vol)).To(Succeed())
 		for _, n := range c.nodes {
 			r := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
 				"metadata": map[string]any{"name": vol.GetName() + "-r-" + n, "namespace": harvesteradapter.LonghornNamespace},
 				"spec":     map[string]any{"volumeName": vol.GetName(), "nodeID": n, "dataEngine": "v2", "healthyAt": "2026-11-01T00:00:00Z"},
 			}}
-			Expect(env.Client.Create(ctx, r)).To(Succeed())
+			Expect(workload.Client.Create(ctx, r)).To(Succeed())
 			lhNode := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "longhorn.io/v1beta2", "kind": "Node",
 				"metadata": map[string]any{"name": n, "namespace": harvesteradapter.LonghornNamespace},
 			}}
-			Expect(env.Client.Create(ctx, lhNode)).To(Succeed())
+			Expect(workload.Client.Create(ctx, lhNode)).To(Succeed())
 		}
 	})
 
@@ -329,7 +330,7 @@ func installDataEngineCRDs() {
 		Expect(yaml.Unmarshal(data, crd)).To(Succeed())
 		crds = append(crds, crd)
 	}
-	_, err = envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds})
+	_, err = envtest.InstallCRDs(workload.Config, envtest.CRDInstallOptions{CRDs: crds})
 	Expect(err).NotTo(HaveOccurred())
 }
 
@@ -358,7 +359,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 		}, 10*time.Second, 100*time.Millisecond).Should(BeTrue())
 		Expect(ourPlans(c)).To(BeEmpty())
 		n := &corev1.Node{}
-		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 		Expect(n.Spec.Unschedulable).To(BeFalse())
 		Consistently(func() int { return len(c.rec.Runs()) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
 	})
