@@ -6,7 +6,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,13 +18,18 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
 // startLifecycle runs the real NodeUpdate reconciler, with the Harvester updater
-// registered, on the cluster's namespace, as the manager does.
-func startLifecycle(c *harvesterCluster) {
+// registered, on the cluster's namespace, as the manager does; withTasks adds the
+// UpgradeTask controller.
+func startLifecycle(c *harvesterCluster, withTasks ...bool) {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:     env.Scheme,
@@ -34,6 +42,10 @@ func startLifecycle(c *harvesterCluster) {
 	Expect(registry.Register(c.updater.Registration())).To(Succeed())
 	r := &nodeupdater.Reconciler{Registry: registry, PollInterval: 50 * time.Millisecond, RetryBaseDelay: 50 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
+	if len(withTasks) > 0 && withTasks[0] {
+		tasks := &controllers.UpgradeTaskReconciler{Registry: registry, Workload: c.updater.Workloads.(*workloadcluster.Clients), PollInterval: 100 * time.Millisecond}
+		Expect(tasks.SetupWithManager(ctx, mgr, controller.Options{})).To(Succeed())
+	}
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = mgr.Start(mctx) }()
@@ -66,5 +78,59 @@ var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() 
 		for _, node := range c.nodes {
 			Expect(c.rec.RunsOf("capi-inplace-rke2-"+node)).To(Equal(map[string]int{node: 1}), "no step runs twice under the reconciler")
 		}
+	})
+})
+
+var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
+	It("stops at a node whose OS upgrade fails and shows the node's own error on the NodeUpdate, the task and the Machine", func() {
+		c := newHarvesterCluster(0, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
+		_, err := fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
+		Expect(err).NotTo(HaveOccurred())
+		_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.32.5+rke2r1", 3)
+		Expect(err).NotTo(HaveOccurred())
+		for _, m := range machines {
+			// The Machines' Nodes live in the workload cluster.
+			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.32.5+rke2r1", nil)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		second := machines[1].Status.NodeRef.Name
+		c.suc.FailNode("capi-inplace-os-"+second, second, "elemental upgrade failed with return code: 33")
+		startLifecycle(c, true)
+
+		task := &inplacev1.UpgradeTask{
+			ObjectMeta: metav1.ObjectMeta{Name: "workers-v1-33-3", Namespace: c.ns},
+			Spec: inplacev1.UpgradeTaskSpec{
+				ClusterName: c.name, MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
+				Version: "v1.33.3+rke2r1", UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
+			},
+		}
+		Expect(env.Client.Create(ctx, task)).To(Succeed())
+		Eventually(func(g Gomega) inplacev1.TaskPhase {
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(task), task)).To(Succeed())
+			return task.Status.Phase
+		}, 90*time.Second, 200*time.Millisecond).Should(Equal(inplacev1.TaskPhaseFailed))
+
+		states := map[string]inplacev1.MachineState{}
+		for _, m := range task.Status.Machines {
+			states[m.Name] = m.State
+			if m.Name == machines[1].Name {
+				Expect(m.Message).To(ContainSubstring("elemental upgrade failed with return code: 33"))
+			}
+		}
+		Expect(states[machines[0].Name]).To(Equal(inplacev1.MachineStateUpgraded))
+		Expect(states[machines[1].Name]).To(Equal(inplacev1.MachineStateFailed))
+		Expect(states[machines[2].Name]).NotTo(BeElementOf(inplacev1.MachineStateInProgress, inplacev1.MachineStateUpgraded), "no node starts after a failure")
+		Expect(c.rec.RunsOf("capi-inplace-rke2-" + machines[2].Status.NodeRef.Name)).To(BeEmpty())
+
+		m := &clusterv1.Machine{}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(machines[1]), m)).To(Succeed())
+		cond := meta.FindStatusCondition(m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
+		Expect(cond).NotTo(BeNil())
+		Expect(cond.Reason).To(Equal(inplacev1.FailedReason))
+		Expect(cond.Message).To(ContainSubstring("elemental upgrade failed with return code: 33"))
+
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(machines[0]), m)).To(Succeed())
+		Expect(m.Annotations).To(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, "v1.33.3+rke2r1"))
+		Expect(c.rec.MaxDown()).To(Equal(1))
 	})
 })
