@@ -1,0 +1,83 @@
+package harvesteradapter_test
+
+import (
+	"fmt"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+var validationSeq int
+
+var _ = Describe("HarvesterUpgrader validation", func() {
+	checksum := strings.Repeat("ab", 64)
+	newUpgrader := func(release harvesterv1.Release) *harvesterv1.HarvesterUpgrader {
+		validationSeq++
+		return &harvesterv1.HarvesterUpgrader{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("u-%d", validationSeq), Namespace: "default"},
+			Spec:       harvesterv1.HarvesterUpgraderSpec{Release: release},
+		}
+	}
+
+	DescribeTable("refuses a configuration it could not carry out, saying what to fix",
+		func(release harvesterv1.Release, want string) {
+			err := env.Client.Create(ctx, newUpgrader(release))
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "got %v", err)
+			Expect(err.Error()).To(ContainSubstring(want))
+		},
+		Entry("no source", harvesterv1.Release{Version: "v1.6.0"},
+			"set exactly one of release.isoURL (with release.isoChecksum) or release.repositoryURL"),
+		Entry("two sources", harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso", ISOChecksum: checksum, RepositoryURL: "http://repo.example"},
+			"set exactly one of release.isoURL"),
+		Entry("ISO without checksum", harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso"},
+			"release.isoChecksum is required with release.isoURL"),
+		Entry("a checksum that is not SHA-512", harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso", ISOChecksum: "abc123"},
+			"release.isoChecksum must be a SHA-512 checksum: 128 hexadecimal digits"),
+		Entry("an ISO URL that is not http(s)", harvesterv1.Release{Version: "v1.6.0", ISOURL: "ftp://r.example/h.iso", ISOChecksum: checksum},
+			"release.isoURL must be an http:// or https:// URL"),
+		Entry("a version that is no Harvester version", harvesterv1.Release{Version: "1.6", RepositoryURL: "http://repo.example"},
+			"release.version must be a Harvester version such as v1.6.0"),
+	)
+
+	It("fills in the defaults an operator expects", func() {
+		u := newUpgrader(harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso", ISOChecksum: checksum})
+		Expect(env.Client.Create(ctx, u)).To(Succeed())
+		Expect(u.Spec.Images.RKE2Upgrade).To(Equal("rancher/rke2-upgrade"))
+		Expect(u.Spec.SystemUpgradeController.Namespace).To(Equal("cattle-system"))
+		Expect(u.Spec.PreloadImages).To(HaveValue(BeTrue()))
+		Expect(u.Spec.UpgradeOS).To(HaveValue(BeTrue()))
+		Expect(u.Spec.LonghornV2Swap).To(Equal(harvesterv1.LonghornV2SwapAuto))
+		Expect(u.Spec.Drain.IgnoreDaemonSets).To(HaveValue(BeTrue()))
+		Expect(u.Spec.RepositoryStorage.Size).To(Equal("30Gi"))
+	})
+})
+
+var _ = Describe("The Harvester updater's preflight", func() {
+	It("holds every node while System Upgrade Controller's service account is missing, and names it", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.SystemUpgradeController.ServiceAccountName = "suc-typo"
+			h.Spec.UpgradeOS = ptr.To(false)
+		})
+		var failed []nodeupdater.CheckResult
+		for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
+			Namespace: c.ns, ClusterName: c.name, NodeName: c.nodes[0], Version: "v1.33.3+rke2r1",
+			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
+		}) {
+			if !r.Passed {
+				failed = append(failed, r)
+			}
+		}
+		Expect(failed).To(HaveLen(1))
+		Expect(failed[0].Name).To(Equal(harvesteradapter.CheckSUCInstalled))
+		Expect(failed[0].Message).To(Equal("System Upgrade Controller's service account cattle-system/suc-typo does not exist; check systemUpgradeController in the HarvesterUpgrader"))
+	})
+})
