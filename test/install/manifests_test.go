@@ -1,9 +1,6 @@
 package install
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,44 +14,25 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/capi-inplace/capi-inplace/test/manifests"
 )
 
 const providerLabel = "cluster.x-k8s.io/provider"
 
-// kustomizeBuild renders a kustomize folder of the checkout with the kustomize the
-// Makefile installs.
 func kustomizeBuild(folder string) []*unstructured.Unstructured {
 	GinkgoHelper()
-	bin := os.Getenv("KUSTOMIZE")
-	if bin == "" {
-		bin = filepath.Join(env.RepoRoot, "bin", "kustomize-v5.7.0")
-	}
-	_, err := os.Stat(bin)
-	Expect(err).NotTo(HaveOccurred(), "kustomize not found at %s: run the tests with `make test`, which installs it", bin)
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(bin, "build", filepath.Join(env.RepoRoot, folder))
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	Expect(cmd.Run()).To(Succeed(), "kustomize build %s: %s", folder, stderr.String())
-	return decodeObjects(stdout.Bytes())
+	objs, err := manifests.Build(env.RepoRoot, folder)
+	Expect(err).NotTo(HaveOccurred())
+	return objs
 }
 
 func decodeObjects(data []byte) []*unstructured.Unstructured {
 	GinkgoHelper()
-	var objs []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		err := dec.Decode(&u.Object)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		Expect(err).NotTo(HaveOccurred())
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
-	}
+	objs, err := manifests.Decode(data)
+	Expect(err).NotTo(HaveOccurred())
 	return objs
 }
 
@@ -171,6 +149,14 @@ var _ = Describe("config/default", Ordered, func() {
 		svcNamespace, _, _ := unstructured.NestedString(ec.Object, "spec", "clientConfig", "service", "namespace")
 		Expect(svcName + "/" + svcNamespace).To(Equal(svc.GetName() + "/" + svc.GetNamespace()))
 		Expect(svc.Object["spec"]).To(HaveKeyWithValue("ports", ContainElement(HaveKeyWithValue("targetPort", "capi-hooks"))))
+	})
+
+	It("grants the manager exactly the reviewed permissions", func() {
+		role := convert(findObject(objs, "ClusterRole", "capi-inplace-manager-role"), &rbacv1.ClusterRole{})
+		var reviewed rbacv1.ClusterRole
+		Expect(yaml.UnmarshalStrict(must(os.ReadFile(filepath.Join(env.RepoRoot, "test", "install", "testdata", "manager-role.reviewed.yaml"))), &reviewed)).To(Succeed())
+		Expect(role.Rules).To(Equal(reviewed.Rules),
+			"the manager's RBAC changed: review the change, then update test/install/testdata/manager-role.reviewed.yaml")
 	})
 
 	It("grants no wildcard verb, resource or API group", func() {
