@@ -40,8 +40,10 @@ type Options struct {
 	LogFile string
 	// ExtraArgs are appended to the flags (for example --default-updater=...).
 	ExtraArgs []string
-	// LeaderElect turns on leader election (in namespace default).
+	// LeaderElect turns on leader election.
 	LeaderElect bool
+	// LeaderElectionNamespace is where the Lease lives; default "default".
+	LeaderElectionNamespace string
 }
 
 // Process is a running manager.
@@ -77,8 +79,12 @@ func Start(opts Options) (*Process, error) {
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(p.MetricsPort),
 		"--metrics-secure=false",
 		"--leader-elect=" + strconv.FormatBool(opts.LeaderElect),
-		"--leader-election-namespace=default",
 	}
+	leNamespace := opts.LeaderElectionNamespace
+	if leNamespace == "" {
+		leNamespace = "default"
+	}
+	args = append(args, "--leader-election-namespace="+leNamespace)
 	args = append(args, opts.ExtraArgs...)
 	log, err := os.OpenFile(opts.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
