@@ -118,6 +118,15 @@ $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 test: test-binaries $(KUSTOMIZE) ## Run every test on the real test control plane.
 	$(GO) test ./... -timeout $(TEST_TIMEOUT) -count=1
 
+FUZZTIME ?= 1m
+FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for $(FUZZTIME) (make test runs their seeds).
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; done
+
 ##@ Checks
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint.
