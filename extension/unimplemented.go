@@ -5,19 +5,14 @@ import (
 	"fmt"
 
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
-
-	hooksv1 "github.com/capi-inplace/capi-inplace/api/hooks/v1alpha1"
 )
 
-// Unimplemented answers every hook with a Failure that says the hook is not implemented
+// Unimplemented answers Cluster API's hooks with a Failure that says the hook is not implemented
 // in this build. It stands in for a hook until its handler lands, so that a caller gets a
 // clear answer instead of a connection error or, worse, a silent success.
 type Unimplemented struct{}
 
-var (
-	_ CAPIHooks     = Unimplemented{}
-	_ ExternalHooks = Unimplemented{}
-)
+var _ CAPIHooks = Unimplemented{}
 
 // CanUpdateMachineSet answers that the hook is not implemented.
 func (Unimplemented) CanUpdateMachineSet(_ context.Context, _ *runtimehooksv1.CanUpdateMachineSetRequest, resp *runtimehooksv1.CanUpdateMachineSetResponse) {
@@ -32,11 +27,6 @@ func (Unimplemented) CanUpdateMachine(_ context.Context, _ *runtimehooksv1.CanUp
 // UpdateMachine answers that the hook is not implemented.
 func (Unimplemented) UpdateMachine(_ context.Context, _ *runtimehooksv1.UpdateMachineRequest, resp *runtimehooksv1.UpdateMachineResponse) {
 	notImplemented(resp, "UpdateMachine")
-}
-
-// ExternalUpgradeRequest answers that the hook is not implemented.
-func (Unimplemented) ExternalUpgradeRequest(_ context.Context, _ *hooksv1.ExternalUpgradeRequestRequest, resp *hooksv1.ExternalUpgradeRequestResponse) {
-	notImplemented(resp, "ExternalUpgradeRequest")
 }
 
 func notImplemented(resp runtimehooksv1.ResponseObject, hook string) {

@@ -154,20 +154,26 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 	if err != nil {
 		return false, "", err
 	}
-	for _, obj := range []client.Object{pvc, dep, svc} {
-		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-			return false, "", fmt.Errorf("create upgrade repository %T %s: %w", obj, obj.GetName(), err)
+	// The Deployment is created last, so once it exists the repository is in place and a
+	// poll is one read, not three refused creates.
+	current := &appsv1.Deployment{}
+	err = c.Get(ctx, client.ObjectKeyFromObject(dep), current)
+	if apierrors.IsNotFound(err) {
+		for _, obj := range []client.Object{pvc, svc, dep} {
+			if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+				return false, "", fmt.Errorf("create upgrade repository %T %s: %w", obj, obj.GetName(), err)
+			}
 		}
+		return false, fmt.Sprintf("created the upgrade repository %s/%s for Harvester %s", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
 	}
-	if msg, failed, err := downloaderFailure(ctx, c, dep); err != nil || failed {
+	if err != nil {
+		return false, "", fmt.Errorf("get upgrade repository %s: %w", dep.Name, err)
+	}
+	if msg, failed, err := downloaderFailure(ctx, c, current); err != nil || failed {
 		if err != nil {
 			return false, "", err
 		}
 		return false, "", nodeupdater.Permanentf("RepositoryDownloadFailed", "the upgrade repository %s could not provide Harvester %s: %s", dep.Name, cfg.Spec.Release.Version, msg)
-	}
-	current := &appsv1.Deployment{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(dep), current); err != nil {
-		return false, "", fmt.Errorf("get upgrade repository %s: %w", dep.Name, err)
 	}
 	if current.Status.AvailableReplicas < 1 {
 		return false, fmt.Sprintf("waiting for the upgrade repository %s/%s to download Harvester %s and serve it", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
