@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -142,6 +143,20 @@ func (w *world) task(name string) *inplacev1.UpgradeTask {
 	t := &inplacev1.UpgradeTask{}
 	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: name}, t)).To(Succeed())
 	return t
+}
+
+// editTask changes a task's spec the way a person does with kubectl edit: on the latest
+// version, again when the controller wrote the task in between.
+func (w *world) editTask(name string, edit func(*inplacev1.UpgradeTask)) {
+	GinkgoHelper()
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		t := &inplacev1.UpgradeTask{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: name}, t); err != nil {
+			return err
+		}
+		edit(t)
+		return k8s.Update(ctx, t)
+	})).To(Succeed())
 }
 
 func (w *world) phaseOf(name string) func() inplacev1.TaskPhase {

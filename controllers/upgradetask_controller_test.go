@@ -245,9 +245,7 @@ var _ = Describe("UpgradeTask controller", func() {
 			return ""
 		}, timeout, poll).Should(Equal(inplacev1.NodeUpdatePhaseInProgress))
 
-		t := w.task("md")
-		t.Spec.Phase = inplacev1.TaskActionAbort
-		Expect(k8s.Update(ctx, t)).To(Succeed())
+		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.Phase = inplacev1.TaskActionAbort })
 
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborting))
 		Expect(w.nodeUpdateOf("workers-1").Spec.Phase).To(Equal(inplacev1.TaskActionAbort))
@@ -316,8 +314,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		Expect(t.Status.Total).To(Equal(int32(3)))
 		Expect(t.Status.Waiting).To(Equal(int32(2)))
 
-		t.Spec.Machines = []string{"workers-1", "workers-2", "workers-3"}
-		Expect(k8s.Update(ctx, t)).To(Succeed())
+		w.editTask("ext", func(t *inplacev1.UpgradeTask) { t.Spec.Machines = []string{"workers-1", "workers-2", "workers-3"} })
 		Eventually(w.phaseOf("ext"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		expectUpgraded(w, "ext", rec, targetVersion)
 	})
@@ -332,18 +329,16 @@ var _ = Describe("UpgradeTask controller", func() {
 		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(BeZero())
 		Expect(w.task("md").Status.Phase).To(Equal(inplacev1.TaskPhasePending))
 
-		t := w.task("md")
-		t.Spec.Paused = false
-		t.Spec.PauseNodes = []string{w.node(0)}
-		Expect(k8s.Update(ctx, t)).To(Succeed())
+		w.editTask("md", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Paused = false
+			t.Spec.PauseNodes = []string{w.node(0)}
+		})
 		Eventually(func() int32 { return w.task("md").Status.Upgraded }, timeout, poll).Should(Equal(int32(2)))
 		Consistently(func() *inplacev1.NodeUpdate { return w.nodeUpdateOf("workers-1") }, time.Second, poll).Should(BeNil())
 		Expect(w.machineStatus("md", "workers-1").Message).To(Equal("listed in spec.pauseNodes"))
 		Expect(w.task("md").Status.Phase).To(Equal(inplacev1.TaskPhaseInProgress))
 
-		t = w.task("md")
-		t.Spec.PauseNodes = nil
-		Expect(k8s.Update(ctx, t)).To(Succeed())
+		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.PauseNodes = nil })
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		expectUpgraded(w, "md", rec, targetVersion)
 	})
@@ -425,8 +420,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		}
 
 		Expect(fixtures.SetNodeReady(ctx, k8s, w.node(1), true)).To(Succeed())
-		t.Spec.DryRun = false
-		Expect(k8s.Update(ctx, t)).To(Succeed())
+		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.DryRun = false })
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		Expect(rec.startOrder()[0]).To(Equal("workers-3"))
 		expectUpgraded(w, "md", rec, targetVersion)
