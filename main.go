@@ -189,7 +189,9 @@ func run(opts options) error {
 
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
 		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
-	}, extension.Unimplemented{})
+	}, &extension.InPlaceHooks{
+		Client: mgr.GetClient(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
+	})
 	if err != nil {
 		return err
 	}

@@ -60,8 +60,16 @@ func collectMembers(s *taskScope) ([]*member, int) {
 		inScope := len(listed) == 0 || listed[m.Name]
 		if external {
 			inScope = listed[m.Name]
-			if !inScope && requires && nu == nil {
+			// Cluster API marks a machine it is about to hand over and writes the target
+			// into its spec.version first: that machine is still to come.
+			_, handingOver := m.Annotations[clusterv1.UpdateInProgressAnnotation]
+			if !inScope && (requires || handingOver) && nu == nil {
 				pending++
+			}
+			if inScope {
+				// Cluster API sets spec.version to the target before it hands a machine
+				// over, so only the node's own version says whether it is done.
+				requires = !upgraderequest.ReachedInPlace(m, s.version)
 			}
 		}
 		if nu == nil && !claimedByUs && (!inScope || !requires) {

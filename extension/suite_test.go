@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -23,6 +24,7 @@ func TestExtension(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
+	ctrl.SetLogger(GinkgoLogr)
 	var err error
 	env, err = testenv.Start()
 	Expect(err).NotTo(HaveOccurred())

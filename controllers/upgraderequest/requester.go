@@ -145,7 +145,7 @@ func (r *Requester) Request(ctx context.Context, req Request) (Decision, error) 
 	if err != nil {
 		return Decision{}, err
 	}
-	aborted, err := r.abortOlder(ctx, tasks, hash)
+	aborted, err := r.abortOlder(ctx, tasks, hash, req.Pacing)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -336,11 +336,17 @@ func (r *Requester) tasksOfTarget(ctx context.Context, req Request) ([]inplacev1
 
 // abortOlder asks every unfinished task of the target that another request created to
 // abort. A live task of this very request is kept: asking twice is not a new request.
-func (r *Requester) abortOlder(ctx context.Context, tasks []inplacev1.UpgradeTask, hash string) ([]string, error) {
+// Externally paced tasks do not abort one another: Cluster API paces them, one machine at
+// a time, and a machine it is updating to an older version finishes there while newer
+// machines go to the newer version.
+func (r *Requester) abortOlder(ctx context.Context, tasks []inplacev1.UpgradeTask, hash string, pacing inplacev1.Pacing) ([]string, error) {
 	var aborted []string
 	for i := range tasks {
 		t := &tasks[i]
 		if !isLive(t) || t.Annotations[inplacev1.RequestHashAnnotation] == hash {
+			continue
+		}
+		if pacing == inplacev1.PacingExternal && t.Spec.Pacing == inplacev1.PacingExternal {
 			continue
 		}
 		orig := t.DeepCopy()
@@ -407,10 +413,12 @@ func (r *Requester) createOrFind(ctx context.Context, cluster *clusterv1.Cluster
 		if t.Annotations[inplacev1.RequestHashAnnotation] != hash || !TargetOf(t).Same(req.Target) {
 			return decline(ReasonNameConflict, "UpgradeTask %s/%s exists and was not created by this request; delete it or rename it", req.Namespace, name), nil
 		}
-		if isLive(t) || t.Status.Phase == inplacev1.TaskPhaseCompleted {
+		if isLive(t) || (t.Status.Phase == inplacev1.TaskPhaseCompleted && req.Pacing != inplacev1.PacingExternal) {
 			return Decision{Accepted: true, TaskName: name}, nil
 		}
-		// Failed, aborted or aborting: the same request again is a retry under the next name.
+		// Failed, aborted or aborting: the same request again is a retry under the next
+		// name. So is a completed externally paced task: Cluster API hands a machine it
+		// chose later to a new task, since a completed one starts nothing.
 	}
 	return decline(ReasonNameConflict, "this request was already tried %d times for %s; delete old UpgradeTasks of this target to try again", maxAttempts, req.Target), nil
 }

@@ -121,11 +121,16 @@ func groupOf(apiVersion string) string {
 }
 
 // CurrentVersion is the Kubernetes version a machine runs: the version reached in place
-// (in-place-upgrade-release annotation) when set, else Machine.spec.version. Empty when
-// neither is known.
+// (in-place-upgrade-release annotation) when set, else the kubelet version Cluster API
+// last saw on its Node (status.nodeInfo), else Machine.spec.version. Empty when none is
+// known. spec.version comes last because Cluster API writes the desired version there
+// before it asks an extension to update the machine in place.
 func CurrentVersion(m *clusterv1.Machine) string {
 	if v := m.Annotations[inplacev1.UpgradeReleaseAnnotation]; v != "" {
 		return v
+	}
+	if m.Status.NodeInfo != nil && m.Status.NodeInfo.KubeletVersion != "" {
+		return m.Status.NodeInfo.KubeletVersion
 	}
 	return m.Spec.Version
 }
@@ -141,5 +146,31 @@ func RequiresUpgrade(m *clusterv1.Machine, target *version.Version) bool {
 	if cur.LessThan(target) {
 		return true
 	}
-	return cur.EqualTo(target) && cur.BuildMetadata() != target.BuildMetadata()
+	return cur.EqualTo(target) && !sameRelease(cur, target)
+}
+
+// ReachedInPlace reports whether a machine is known to run target from what the node
+// says or what an in-place upgrade recorded (the release annotation, the kubelet version
+// in status.nodeInfo); Machine.spec.version is not evidence, since Cluster API sets it to
+// the desired version before the update. A machine Cluster API hands over for an update
+// is upgraded unless this holds.
+func ReachedInPlace(m *clusterv1.Machine, target *version.Version) bool {
+	for _, v := range []string{m.Annotations[inplacev1.UpgradeReleaseAnnotation], nodeKubeletVersion(m)} {
+		if cur, err := version.ParseSemantic(v); err == nil {
+			return sameRelease(cur, target)
+		}
+	}
+	return false
+}
+
+func nodeKubeletVersion(m *clusterv1.Machine) string {
+	if m.Status.NodeInfo == nil {
+		return ""
+	}
+	return m.Status.NodeInfo.KubeletVersion
+}
+
+// sameRelease reports whether two versions are the same release, build metadata included.
+func sameRelease(a, b *version.Version) bool {
+	return a.EqualTo(b) && a.BuildMetadata() == b.BuildMetadata()
 }

@@ -1,0 +1,539 @@
+package extension
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// DefaultUpdaterSetting is the key of the ExtensionConfig's spec.settings that names the
+// updater of clusters without the updater annotation, as <Kind>/<name> in the Cluster's
+// namespace, for example HarvesterUpgrader/default. Cluster API passes the settings in
+// every hook request.
+const DefaultUpdaterSetting = "defaultUpdater"
+
+// Retry intervals UpdateMachine answers with. Cluster API calls again after them.
+const (
+	// retryWhileWaiting: the machine is handed over and waits for its NodeUpdate
+	// (a preflight check may hold it).
+	retryWhileWaiting int32 = 10
+	// retryWhileRunning: the machine's NodeUpdate is running.
+	retryWhileRunning int32 = 15
+)
+
+// InPlaceHooks serves Cluster API's in-place update hooks.
+//
+// CanUpdateMachineSet and CanUpdateMachine are hot (Cluster API calls them while it plans
+// every rollout): they read only from the manager's cache and write nothing. They answer
+// patches that cover the Kubernetes version, when it is an upgrade capi-inplace can do in
+// place, and the fields the cluster's updater declares; anything else is left out, so that
+// Cluster API rolls those changes out by replacing machines.
+//
+// UpdateMachine hands the machine to the externally paced UpgradeTask of its control
+// plane or MachineDeployment and answers from the machine's NodeUpdate.
+type InPlaceHooks struct {
+	// Client reads from the manager's cache.
+	Client client.Client
+	// Requester admits the UpgradeTask that UpdateMachine hands machines to.
+	Requester *upgraderequest.Requester
+	// Registry holds the updaters the manager runs, and what they change in place.
+	Registry *nodeupdater.Registry
+	// DefaultUpdater is the manager's --default-updater, in Kind/name form; empty for none.
+	DefaultUpdater string
+}
+
+var _ CAPIHooks = &InPlaceHooks{}
+
+// CanUpdateMachineSet implements CAPIHooks: the MachineDeployment controller asks whether
+// the change from the current to the desired MachineSet (and templates) can be done in place.
+func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehooksv1.CanUpdateMachineSetRequest, resp *runtimehooksv1.CanUpdateMachineSetResponse) {
+	defer recoverInto(ctx, resp, "CanUpdateMachineSet")
+	if failIfWrongKind(resp, req.APIVersion, req.Kind, "CanUpdateMachineSetRequest") {
+		return
+	}
+	current, desired := &req.Current.MachineSet, &req.Desired.MachineSet
+	in := canUpdateInput{
+		hook:           "CanUpdateMachineSet",
+		object:         "MachineSet",
+		namespace:      current.Namespace,
+		name:           current.Name,
+		clusterName:    firstNonEmpty(current.Spec.ClusterName, desired.Spec.ClusterName, current.Labels[clusterv1.ClusterNameLabel]),
+		currentVersion: current.Spec.Template.Spec.Version,
+		desiredVersion: desired.Spec.Template.Spec.Version,
+		controlPlane:   false,
+		settings:       req.Settings,
+		prefix:         []string{"spec", "template", "spec"},
+	}
+	patches, message, err := h.canUpdate(ctx, in, current, desired,
+		[2]namedRaw{{"current.bootstrapConfigTemplate", req.Current.BootstrapConfigTemplate}, {"desired.bootstrapConfigTemplate", req.Desired.BootstrapConfigTemplate}},
+		[2]namedRaw{{"current.infrastructureMachineTemplate", req.Current.InfrastructureMachineTemplate}, {"desired.infrastructureMachineTemplate", req.Desired.InfrastructureMachineTemplate}})
+	if err != nil {
+		fail(resp, err)
+		return
+	}
+	resp.MachineSetPatch = patches.machine
+	resp.BootstrapConfigTemplatePatch = patches.bootstrap
+	resp.InfrastructureMachineTemplatePatch = patches.infrastructure
+	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+	resp.SetMessage(message)
+}
+
+// CanUpdateMachine implements CAPIHooks: KubeadmControlPlane asks whether the change from
+// the current to the desired control plane Machine (and its objects) can be done in place.
+// Only control planes call it, so the control plane rule (no skipped minor version) applies.
+func (h *InPlaceHooks) CanUpdateMachine(ctx context.Context, req *runtimehooksv1.CanUpdateMachineRequest, resp *runtimehooksv1.CanUpdateMachineResponse) {
+	defer recoverInto(ctx, resp, "CanUpdateMachine")
+	if failIfWrongKind(resp, req.APIVersion, req.Kind, "CanUpdateMachineRequest") {
+		return
+	}
+	current, desired := &req.Current.Machine, &req.Desired.Machine
+	in := canUpdateInput{
+		hook:           "CanUpdateMachine",
+		object:         "Machine",
+		namespace:      current.Namespace,
+		name:           current.Name,
+		clusterName:    firstNonEmpty(current.Spec.ClusterName, desired.Spec.ClusterName, current.Labels[clusterv1.ClusterNameLabel]),
+		currentVersion: current.Spec.Version,
+		desiredVersion: desired.Spec.Version,
+		controlPlane:   true,
+		settings:       req.Settings,
+		prefix:         []string{"spec"},
+	}
+	patches, message, err := h.canUpdate(ctx, in, current, desired,
+		[2]namedRaw{{"current.bootstrapConfig", req.Current.BootstrapConfig}, {"desired.bootstrapConfig", req.Desired.BootstrapConfig}},
+		[2]namedRaw{{"current.infrastructureMachine", req.Current.InfrastructureMachine}, {"desired.infrastructureMachine", req.Desired.InfrastructureMachine}})
+	if err != nil {
+		fail(resp, err)
+		return
+	}
+	resp.MachinePatch = patches.machine
+	resp.BootstrapConfigPatch = patches.bootstrap
+	resp.InfrastructureMachinePatch = patches.infrastructure
+	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+	resp.SetMessage(message)
+}
+
+// canUpdateInput is what both CanUpdate hooks have in common.
+type canUpdateInput struct {
+	hook, object                   string
+	namespace, name, clusterName   string
+	currentVersion, desiredVersion string
+	controlPlane                   bool
+	settings                       map[string]string
+	// prefix is where the machine spec sits in the Machine or MachineSet document.
+	prefix []string
+}
+
+type namedRaw struct {
+	field string
+	raw   runtime.RawExtension
+}
+
+type canUpdatePatches struct {
+	machine, bootstrap, infrastructure runtimehooksv1.Patch
+}
+
+// canUpdate answers both CanUpdate hooks. A request it cannot read, or a cluster whose
+// configured updater is unusable, is an error (a Failure, so that Cluster API retries and
+// replaces nothing on our account); a cluster without an updater, or a change that cannot
+// be done in place, is a Success without patches, with the reason in the message.
+func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current, desired any, bootstrap, infra [2]namedRaw) (canUpdatePatches, string, error) {
+	var out canUpdatePatches
+	if in.namespace == "" || in.name == "" {
+		return out, "", fmt.Errorf("the request's current %s has no namespace or name: Cluster API sends metadata.namespace and metadata.name of the object it plans to update", in.object)
+	}
+	if in.clusterName == "" {
+		return out, "", fmt.Errorf("%s %s/%s names no Cluster (spec.clusterName is empty)", in.object, in.namespace, in.name)
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("hook", in.hook, strings.ToLower(in.object), klog.KRef(in.namespace, in.name), "cluster", klog.KRef(in.namespace, in.clusterName))
+
+	docs := map[string]objectDoc{}
+	for _, nr := range append(bootstrap[:], infra[:]...) {
+		d, err := decodeObject(nr.field, nr.raw)
+		if err != nil {
+			return out, "", err
+		}
+		docs[nr.field] = d
+	}
+	curDoc, err := typedDoc(current)
+	if err != nil {
+		return out, "", fmt.Errorf("encode current %s: %w", in.object, err)
+	}
+	wantDoc, err := typedDoc(desired)
+	if err != nil {
+		return out, "", fmt.Errorf("encode desired %s: %w", in.object, err)
+	}
+
+	fields, ref, message, err := h.updaterFields(ctx, in.namespace, in.clusterName, in.settings)
+	if err != nil || fields == nil {
+		if message != "" {
+			log.V(4).Info("not in place", "reason", message)
+		}
+		return out, message, err
+	}
+
+	verdict := judgeVersion(in.currentVersion, in.desiredVersion, in.controlPlane)
+	if verdict.changed && !verdict.covered {
+		msg := fmt.Sprintf("capi-inplace cannot do this change in place: %s; Cluster API rolls it out by replacing machines", verdict.reason)
+		log.V(4).Info("not in place", "reason", msg)
+		return out, msg, nil
+	}
+	machinePaths := fieldPaths(fields, nodeupdater.MachineObject, in.object, verdict.changed)
+	if verdict.changed {
+		machinePaths = append([][]string{{"version"}}, machinePaths...)
+	}
+	var covered []string
+	var changed []string
+	if out.machine, changed, err = coverPatch(curDoc, wantDoc, in.prefix, machinePaths); err != nil {
+		return out, "", err
+	}
+	covered = append(covered, prefixed(in.object, changed)...)
+
+	for _, pair := range []struct {
+		object nodeupdater.FieldObject
+		docs   [2]namedRaw
+		patch  *runtimehooksv1.Patch
+	}{
+		{nodeupdater.BootstrapConfigObject, bootstrap, &out.bootstrap},
+		{nodeupdater.InfrastructureMachineObject, infra, &out.infrastructure},
+	} {
+		cur, want := docs[pair.docs[0].field], docs[pair.docs[1].field]
+		paths := fieldPaths(fields, pair.object, cur.kind(), verdict.changed)
+		// A bootstrap config's or infrastructure machine's fields sit where the machine
+		// spec's do: under spec of an object, under spec.template.spec of a template.
+		if *pair.patch, changed, err = coverPatch(cur, want, in.prefix, paths); err != nil {
+			return out, "", err
+		}
+		covered = append(covered, prefixed(cur.kind(), changed)...)
+	}
+
+	msg := "capi-inplace covers no change of this request"
+	if len(covered) > 0 {
+		msg = fmt.Sprintf("capi-inplace covers %s in place with updater %s", strings.Join(covered, ", "), ref)
+	}
+	log.V(4).Info("answered", "covered", covered)
+	return out, msg, nil
+}
+
+func prefixed(object string, paths []string) []string {
+	out := make([]string, 0, len(paths))
+	for _, p := range paths {
+		out = append(out, object+" "+p)
+	}
+	return out
+}
+
+// updaterFields resolves the cluster's updater for the CanUpdate hooks. It returns the
+// fields the updater changes in place; nil fields with a message when the cluster has no
+// updater (no in-place update, said plainly); an error when the cluster cannot be read or
+// its configured updater is unusable.
+func (h *InPlaceHooks) updaterFields(ctx context.Context, namespace, clusterName string, settings map[string]string) ([]nodeupdater.InPlaceField, inplacev1.UpdaterReference, string, error) {
+	cluster := &clusterv1.Cluster{}
+	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: clusterName}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, inplacev1.UpdaterReference{}, "", fmt.Errorf("Cluster %s/%s not found", namespace, clusterName)
+		}
+		return nil, inplacev1.UpdaterReference{}, "", fmt.Errorf("read Cluster %s/%s: %w", namespace, clusterName, err)
+	}
+	ref, source, err := h.resolveUpdater(cluster, settings)
+	if err != nil {
+		var none *nodeupdater.NoUpdaterError
+		if errors.As(err, &none) {
+			return nil, ref, "not in place: " + err.Error(), nil
+		}
+		return nil, ref, "", err
+	}
+	if err := nodeupdater.CheckUpdaterAvailable(ctx, h.Client, h.Registry, namespace, ref); err != nil {
+		var unavailable *nodeupdater.UnavailableUpdaterError
+		if errors.As(err, &unavailable) {
+			return nil, ref, "", fmt.Errorf("%s (named by %s); fix it, or remove it to let Cluster API replace machines", unavailable.Message, source)
+		}
+		return nil, ref, "", err
+	}
+	var reg *nodeupdater.Registration
+	if h.Registry != nil {
+		if r, found, _ := h.Registry.Lookup(ref); found {
+			reg = &r
+		}
+	}
+	return nodeupdater.InPlaceFieldsOf(reg), ref, "", nil
+}
+
+// resolveUpdater applies the one rule of every path: the Cluster's annotation, else the
+// ExtensionConfig's defaultUpdater setting, else the manager's --default-updater.
+func (h *InPlaceHooks) resolveUpdater(cluster *clusterv1.Cluster, settings map[string]string) (inplacev1.UpdaterReference, nodeupdater.UpdaterSource, error) {
+	var fromSettings *inplacev1.UpdaterReference
+	if v := strings.TrimSpace(settings[DefaultUpdaterSetting]); v != "" {
+		ref, err := inplacev1.ParseUpdaterReference(v)
+		if err != nil {
+			return inplacev1.UpdaterReference{}, "", fmt.Errorf("the ExtensionConfig's settings.%s: %w", DefaultUpdaterSetting, err)
+		}
+		fromSettings = &ref
+	}
+	return nodeupdater.ResolveUpdater(cluster, fromSettings, h.DefaultUpdater)
+}
+
+// UpdateMachine implements CAPIHooks: the Machine controller asks to update a machine in
+// place, and calls again until the answer is done or failed. The machine's spec already
+// carries the desired version (Cluster API writes it before it calls).
+//
+// The first calls find or create the externally paced UpgradeTask of the machine's control
+// plane or MachineDeployment and hand the machine over; the task controller creates its
+// NodeUpdate once preflight allows. Later calls answer from that NodeUpdate: retry while it
+// runs, done when it succeeded, Failure with the node's own error when it failed. Repeated
+// calls change nothing more.
+func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.UpdateMachineRequest, resp *runtimehooksv1.UpdateMachineResponse) {
+	defer recoverInto(ctx, resp, "UpdateMachine")
+	if failIfWrongKind(resp, req.APIVersion, req.Kind, "UpdateMachineRequest") {
+		return
+	}
+	desired := &req.Desired.Machine
+	if desired.Namespace == "" || desired.Name == "" {
+		fail(resp, errors.New("the request's desired.machine has no namespace or name: Cluster API sends the Machine to update"))
+		return
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("hook", "UpdateMachine", "machine", klog.KObj(desired))
+	ctx = ctrl.LoggerInto(ctx, log)
+	if strings.TrimSpace(desired.Spec.Version) == "" {
+		fail(resp, fmt.Errorf("Machine %s/%s: desired.machine.spec.version is empty; capi-inplace upgrades machines to a Kubernetes version", desired.Namespace, desired.Name))
+		return
+	}
+
+	machine := &clusterv1.Machine{}
+	if err := h.Client.Get(ctx, client.ObjectKeyFromObject(desired), machine); err != nil {
+		if apierrors.IsNotFound(err) {
+			fail(resp, fmt.Errorf("Machine %s/%s not found", desired.Namespace, desired.Name))
+			return
+		}
+		fail(resp, fmt.Errorf("read Machine %s/%s: %w", desired.Namespace, desired.Name, err))
+		return
+	}
+	if desired.Spec.ClusterName != "" && desired.Spec.ClusterName != machine.Spec.ClusterName {
+		fail(resp, fmt.Errorf("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
+		return
+	}
+	version := desired.Spec.Version
+
+	// Steady state: the machine's NodeUpdate for this version answers.
+	nu, err := h.latestNodeUpdate(ctx, machine, version)
+	if err != nil {
+		fail(resp, err)
+		return
+	}
+	if nu != nil && nu.Status.Phase != inplacev1.NodeUpdatePhaseAborted && nu.Spec.Phase != inplacev1.TaskActionAbort {
+		answerFromNodeUpdate(resp, machine, nu)
+		return
+	}
+
+	target, err := h.ownerTarget(ctx, machine)
+	if err != nil {
+		fail(resp, err)
+		return
+	}
+	var fromSettings *inplacev1.UpdaterReference
+	if v := strings.TrimSpace(req.Settings[DefaultUpdaterSetting]); v != "" {
+		ref, err := inplacev1.ParseUpdaterReference(v)
+		if err != nil {
+			fail(resp, fmt.Errorf("the ExtensionConfig's settings.%s: %w", DefaultUpdaterSetting, err))
+			return
+		}
+		fromSettings = &ref
+	}
+	decision, err := h.Requester.Request(ctx, upgraderequest.Request{
+		Namespace:   machine.Namespace,
+		ClusterName: machine.Spec.ClusterName,
+		Target:      target,
+		Version:     version,
+		UpdaterRef:  fromSettings,
+		Pacing:      inplacev1.PacingExternal,
+		// Cluster API paces the machines (maxUnavailable, maxSurge, KCP one at a time);
+		// the task's own checks still hold a node that is not safe to start.
+		MaxUnavailable: ptrTo(intstr.FromString("100%")),
+	})
+	if err != nil {
+		fail(resp, fmt.Errorf("could not hand Machine %s/%s over: %w", machine.Namespace, machine.Name, err))
+		return
+	}
+	if !decision.Accepted {
+		fail(resp, fmt.Errorf("capi-inplace declines to update Machine %s/%s in place (%s): %s", machine.Namespace, machine.Name, decision.Reason, decision.Message))
+		return
+	}
+	task, err := h.Requester.HandOver(ctx, machine.Namespace, decision.TaskName, machine.Name)
+	if err != nil {
+		fail(resp, fmt.Errorf("could not hand Machine %s/%s over to UpgradeTask %s: %w", machine.Namespace, machine.Name, decision.TaskName, err))
+		return
+	}
+	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+	resp.SetRetryAfterSeconds(retryWhileWaiting)
+	resp.SetMessage(waitingMessage(task, machine.Name))
+}
+
+// latestNodeUpdate returns the newest NodeUpdate of the machine for version, or nil.
+func (h *InPlaceHooks) latestNodeUpdate(ctx context.Context, machine *clusterv1.Machine, version string) (*inplacev1.NodeUpdate, error) {
+	list := &inplacev1.NodeUpdateList{}
+	if err := h.Client.List(ctx, list, client.InNamespace(machine.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: machine.Spec.ClusterName}); err != nil {
+		return nil, fmt.Errorf("list NodeUpdates of Cluster %s/%s: %w", machine.Namespace, machine.Spec.ClusterName, err)
+	}
+	var latest *inplacev1.NodeUpdate
+	for i := range list.Items {
+		nu := &list.Items[i]
+		if nu.Spec.MachineName != machine.Name || nu.Spec.Version != version || !nu.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if latest == nil || latest.CreationTimestamp.Before(&nu.CreationTimestamp) ||
+			(latest.CreationTimestamp.Equal(&nu.CreationTimestamp) && latest.Name < nu.Name) {
+			latest = nu
+		}
+	}
+	return latest, nil
+}
+
+// answerFromNodeUpdate says how the machine's NodeUpdate stands, in Cluster API's terms.
+func answerFromNodeUpdate(resp *runtimehooksv1.UpdateMachineResponse, machine *clusterv1.Machine, nu *inplacev1.NodeUpdate) {
+	node := nu.Spec.NodeName
+	switch nu.Status.Phase {
+	case inplacev1.NodeUpdatePhaseSucceeded:
+		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+		resp.SetRetryAfterSeconds(0)
+		resp.SetMessage(fmt.Sprintf("node %s of Machine %s upgraded in place to %s (NodeUpdate %s)", node, machine.Name, nu.Spec.Version, nu.Name))
+	case inplacev1.NodeUpdatePhaseFailed:
+		msg := nu.Status.FailureMessage
+		if msg == "" {
+			msg = "the NodeUpdate failed without a message"
+		}
+		step := ""
+		if nu.Status.CurrentStep != "" {
+			step = " at step " + nu.Status.CurrentStep
+		}
+		reason := ""
+		if nu.Status.FailureReason != "" {
+			reason = " (" + nu.Status.FailureReason + ")"
+		}
+		resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
+		resp.SetMessage(fmt.Sprintf("in-place upgrade of node %s to %s failed%s%s: %s; see NodeUpdate %s/%s. Delete that NodeUpdate to try again", node, nu.Spec.Version, step, reason, msg, nu.Namespace, nu.Name))
+	default:
+		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+		resp.SetRetryAfterSeconds(retryWhileRunning)
+		resp.SetMessage(progressMessage(nu))
+	}
+}
+
+// progressMessage describes a running NodeUpdate: its step, and what is being retried.
+func progressMessage(nu *inplacev1.NodeUpdate) string {
+	if nu.Status.CurrentStep == "" {
+		return fmt.Sprintf("node %s: NodeUpdate %s is starting", nu.Spec.NodeName, nu.Name)
+	}
+	position := ""
+	for i, s := range nu.Status.Steps {
+		if s.Name == nu.Status.CurrentStep {
+			position = fmt.Sprintf(" (%d/%d)", i+1, len(nu.Status.Steps))
+		}
+	}
+	msg := fmt.Sprintf("node %s: step %s%s of NodeUpdate %s", nu.Spec.NodeName, nu.Status.CurrentStep, position, nu.Name)
+	if nu.Status.LastError != "" {
+		msg += "; retrying after: " + nu.Status.LastError
+	}
+	return msg
+}
+
+// waitingMessage says what a handed-over machine waits for, from the task's status.
+func waitingMessage(task *inplacev1.UpgradeTask, machine string) string {
+	for _, m := range task.Status.Machines {
+		if m.Name == machine && m.Message != "" {
+			return fmt.Sprintf("waiting in UpgradeTask %s: %s", task.Name, m.Message)
+		}
+	}
+	return fmt.Sprintf("handed to UpgradeTask %s; its NodeUpdate starts once the preflight checks pass", task.Name)
+}
+
+// ownerTarget finds the control plane or MachineDeployment a machine belongs to.
+func (h *InPlaceHooks) ownerTarget(ctx context.Context, machine *clusterv1.Machine) (upgraderequest.Target, error) {
+	for _, ref := range machine.OwnerReferences {
+		if ref.Kind == "MachineSet" && groupOf(ref.APIVersion) == clusterv1.GroupVersion.Group {
+			ms := &clusterv1.MachineSet{}
+			if err := h.Client.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}, ms); err != nil {
+				return upgraderequest.Target{}, fmt.Errorf("read MachineSet %s/%s of Machine %s: %w", machine.Namespace, ref.Name, machine.Name, err)
+			}
+			for _, msRef := range ms.OwnerReferences {
+				if msRef.Kind == "MachineDeployment" && groupOf(msRef.APIVersion) == clusterv1.GroupVersion.Group {
+					return upgraderequest.Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: msRef.Name}}, nil
+				}
+			}
+			return upgraderequest.Target{}, fmt.Errorf("Machine %s/%s belongs to MachineSet %s, which no MachineDeployment owns: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, ms.Name)
+		}
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
+		return upgraderequest.Target{}, fmt.Errorf("read Cluster %s/%s of Machine %s: %w", machine.Namespace, machine.Spec.ClusterName, machine.Name, err)
+	}
+	cp := cluster.Spec.ControlPlaneRef
+	for _, ref := range machine.OwnerReferences {
+		if cp.IsDefined() && ref.Kind == cp.Kind && ref.Name == cp.Name && groupOf(ref.APIVersion) == cp.APIGroup {
+			return upgraderequest.Target{ControlPlaneRef: &inplacev1.ControlPlaneReference{APIGroup: cp.APIGroup, Kind: cp.Kind, Name: cp.Name}}, nil
+		}
+	}
+	return upgraderequest.Target{}, fmt.Errorf("Machine %s/%s is owned by neither a MachineDeployment nor the control plane of Cluster %s: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, cluster.Name)
+}
+
+// failIfWrongKind answers Failure when the body names another hook's request type. An
+// empty kind is accepted: the body was posted to this hook's path.
+func failIfWrongKind(resp runtimehooksv1.ResponseObject, apiVersion, kind, want string) bool {
+	wantAPIVersion := runtimehooksv1.GroupVersion.String()
+	if (kind == "" || kind == want) && (apiVersion == "" || apiVersion == wantAPIVersion) {
+		return false
+	}
+	fail(resp, fmt.Errorf("the request body is a %s %s, but this hook takes a %s %s", apiVersion, kind, wantAPIVersion, want))
+	return true
+}
+
+// fail answers Failure with the error's text.
+func fail(resp runtimehooksv1.ResponseObject, err error) {
+	resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
+	resp.SetMessage(err.Error())
+}
+
+// recoverInto turns a panic in a handler into a Failure answer, so that a request that
+// trips a bug gets an answer instead of a dropped connection.
+func recoverInto(ctx context.Context, resp runtimehooksv1.ResponseObject, hook string) {
+	if r := recover(); r != nil {
+		ctrl.LoggerFrom(ctx).Error(fmt.Errorf("panic: %v", r), "hook handler panicked", "hook", hook, "stack", string(debug.Stack()))
+		resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
+		resp.SetMessage(fmt.Sprintf("capi-inplace could not process the %s request (internal error: %v); see the manager's log", hook, r))
+	}
+}
+
+func firstNonEmpty(values ...string) string {
+	for _, v := range values {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func groupOf(apiVersion string) string {
+	gv, err := schema.ParseGroupVersion(apiVersion)
+	if err != nil {
+		return ""
+	}
+	return gv.Group
+}
