@@ -119,7 +119,7 @@ test: test-binaries $(KUSTOMIZE) ## Run every test on the real test control plan
 	$(GO) test ./... -timeout $(TEST_TIMEOUT) -count=1
 
 FUZZTIME ?= 1m
-FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames
+FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for $(FUZZTIME) (make test runs their seeds).

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -457,11 +458,13 @@ func (w *world) annotateCluster(key, value string) {
 }
 
 // startTaskController runs the UpgradeTask controller (no NodeUpdate controller: the tests
-// play the updater by writing NodeUpdate status) until the spec ends.
-func startTaskController() {
+// play the updater by writing NodeUpdate status) until the spec ends. It watches only ns,
+// so that it does not take up the tasks other specs left behind.
+func startTaskController(ns string) {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
@@ -476,6 +479,7 @@ func startTaskController() {
 		defer close(done)
 		Expect(mgr.Start(mctx)).To(Succeed())
 	}()
+	Expect(mgr.GetCache().WaitForCacheSync(mctx)).To(BeTrue())
 	DeferCleanup(func() {
 		cancel()
 		Eventually(done, 30*time.Second).Should(BeClosed())
@@ -563,7 +567,7 @@ var _ = Describe("UpdateMachine", func() {
 	BeforeEach(func() {
 		w = newWorld(map[string]string{inplacev1.UpdaterAnnotation: updaterAnnotation})
 		hooks = newInPlaceHooks("")
-		startTaskController()
+		startTaskController(w.ns)
 	})
 
 	call := func(req *runtimehooksv1.UpdateMachineRequest) *runtimehooksv1.UpdateMachineResponse {
