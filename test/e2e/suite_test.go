@@ -48,6 +48,10 @@ var _ = BeforeSuite(func() {
 })
 
 var _ = AfterSuite(func() {
+	if env != nil && workDir != "" {
+		By("no log line or event of the suite carries secret material")
+		expectNoSecretsLeaked()
+	}
 	if env != nil {
 		Expect(env.Stop()).To(Succeed())
 	}
