@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -59,6 +60,7 @@ type options struct {
 	leaderElectionNamespace string
 	concurrency             int
 	defaultUpdater          string
+	pollInterval            time.Duration
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
@@ -72,6 +74,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease; defaults to the manager's own namespace in a cluster")
 	fs.IntVar(&o.concurrency, "concurrency", 10, "how many objects of each kind are reconciled at once")
 	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
+	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks). Short values are for simulated clusters (make demo, tests)")
 }
 
 func newScheme() (*runtime.Scheme, error) {
@@ -126,6 +129,9 @@ func run(opts options) error {
 	if opts.concurrency < 1 {
 		return fmt.Errorf("--concurrency must be at least 1, got %d", opts.concurrency)
 	}
+	if opts.pollInterval < 0 {
+		return fmt.Errorf("--poll-interval must not be negative, got %s", opts.pollInterval)
+	}
 
 	scheme, err := newScheme()
 	if err != nil {
@@ -165,8 +171,8 @@ func run(opts options) error {
 	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme()}
 	registry := nodeupdater.NewRegistry()
 	updaters := []nodeupdater.Registration{
-		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads}).Registration(),
-		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}}).Registration(),
+		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval}).Registration(),
+		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval}).Registration(),
 	}
 	for _, reg := range updaters {
 		if err := registry.Register(reg); err != nil {
@@ -175,16 +181,20 @@ func run(opts options) error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	controllerOpts := controller.Options{MaxConcurrentReconciles: opts.concurrency}
-	if err := (&nodeupdater.Reconciler{Registry: registry}).SetupWithManager(mgr, controllerOpts); err != nil {
+	if err := (&nodeupdater.Reconciler{Registry: registry, PollInterval: opts.pollInterval}).SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
-	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: workloads}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: workloads, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.
 	requester := &upgraderequest.Requester{
 		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: registry,
 		DefaultUpdater: opts.defaultUpdater, Recorder: mgr.GetEventRecorder("capi-inplace-requests"),
+	}
+	// The in-place-upgrade-to annotations on Clusters, control planes, MachineDeployments and Machines.
+	if err := (&controllers.UpgradeCascade{Requester: requester, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+		return fmt.Errorf("set up the in-place-upgrade-to controllers: %w", err)
 	}
 
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{

@@ -190,3 +190,23 @@ const (
 	// SupersededReason: a newer request for the same target aborted this task.
 	SupersededReason = "Superseded"
 )
+
+// Annotations and event reasons of the in-place-upgrade-to annotation cascade
+// (docs/annotations.md). The events are recorded on the annotated object.
+const (
+	// UpgradeProgressAnnotation, set by capi-inplace on a control plane, MachineDeployment or
+	// Machine whose asked upgrade has an UpgradeTask, mirrors the task's progress as
+	// upgraded/total machines.
+	UpgradeProgressAnnotation = AnnotationPrefix + "in-place-upgrade-progress"
+
+	// InPlaceUpgradeInProgressReason: an asked upgrade started; on a Cluster, also each
+	// control plane or MachineDeployment the cascade asked in turn.
+	InPlaceUpgradeInProgressReason = "InPlaceUpgradeInProgress"
+	// InPlaceUpgradeDoneReason: an asked upgrade finished; the release annotation has the version.
+	InPlaceUpgradeDoneReason = "InPlaceUpgradeDone"
+	// InPlaceUpgradeFailedReason: an asked upgrade failed or was refused; the message says why.
+	InPlaceUpgradeFailedReason = "InPlaceUpgradeFailed"
+	// InPlaceUpgradeAbortedReason: an asked upgrade was aborted, because in-place-upgrade-to
+	// was removed or a newer request for the same target superseded it.
+	InPlaceUpgradeAbortedReason = "InPlaceUpgradeAborted"
+)
