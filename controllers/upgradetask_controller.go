@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -267,13 +268,18 @@ func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.U
 	s.nodes = map[string]*corev1.Node{}
 	if len(s.targetMachines) > 0 {
 		key := client.ObjectKeyFromObject(s.cluster)
+		// An unreachable workload cluster (its kubeconfig Secret missing or invalid, its
+		// API server down) holds the task, visibly, without failing it: NodeUpdates
+		// already running go on by themselves, and the task resumes once it is reachable.
 		workload, err := r.Workload.Client(ctx, key)
 		if err != nil {
-			return nil, fmt.Errorf("reach the workload cluster of Cluster %s: %w", key, err)
+			s.problem = fmt.Sprintf("cannot reach the workload cluster of Cluster %s: %v; no node is started until it is reachable", key, err)
+			return s, nil
 		}
 		nodes := &corev1.NodeList{}
 		if err := workload.List(ctx, nodes); err != nil {
-			return nil, fmt.Errorf("list Nodes of the workload cluster of Cluster %s: %w", key, err)
+			s.problem = fmt.Sprintf("cannot list the Nodes of the workload cluster of Cluster %s: %v; no node is started until it is reachable", key, err)
+			return s, nil
 		}
 		for i := range nodes.Items {
 			s.nodes[nodes.Items[i].Name] = &nodes.Items[i]
@@ -322,6 +328,9 @@ func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inpla
 
 func (r *UpgradeTaskReconciler) writeProblem(ctx context.Context, task *inplacev1.UpgradeTask, problem string) error {
 	orig := task.DeepCopy()
+	if cond := meta.FindStatusCondition(task.Status.Conditions, inplacev1.ProgressingCondition); cond == nil || cond.Message != problem {
+		r.Recorder.Eventf(task, nil, corev1.EventTypeWarning, inplacev1.WaitingReason, "Hold", "%s", problem)
+	}
 	setCondition(task, inplacev1.ReadyCondition, false, inplacev1.WaitingReason, problem)
 	setCondition(task, inplacev1.ProgressingCondition, false, inplacev1.WaitingReason, problem)
 	if task.Status.Phase == "" {

@@ -34,6 +34,10 @@ func NewExternalUpgradeHandler(requester *upgraderequest.Requester) *ExternalUpg
 // Status Success and a Decision; Status Failure means the request could not be processed
 // (the API server could not be asked), and the caller should retry.
 func (h *ExternalUpgradeHandler) ExternalUpgradeRequest(ctx context.Context, req *hooksv1.ExternalUpgradeRequestRequest, resp *hooksv1.ExternalUpgradeRequestResponse) {
+	defer recoverInto(ctx, resp, "ExternalUpgradeRequest")
+	if failIfWrongKindOf(resp, req.APIVersion, req.Kind, hooksv1.GroupVersion.String(), "ExternalUpgradeRequestRequest") {
+		return
+	}
 	log := ctrl.LoggerFrom(ctx).WithValues("hook", "ExternalUpgradeRequest", "cluster", klog.KObj(&req.Cluster))
 	ctx = ctrl.LoggerInto(ctx, log)
 
@@ -75,5 +79,6 @@ func (h *ExternalUpgradeHandler) ExternalUpgradeRequest(ctx context.Context, req
 		return
 	}
 	resp.Decision = hooksv1.DecisionDecline
+	resp.Reason = decision.Reason
 	resp.SetMessage(decision.Message)
 }

@@ -248,7 +248,7 @@ func (h *InPlaceHooks) updaterFields(ctx context.Context, namespace, clusterName
 	cluster := &clusterv1.Cluster{}
 	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: clusterName}, cluster); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, inplacev1.UpdaterReference{}, "", fmt.Errorf("Cluster %s/%s not found", namespace, clusterName)
+			return nil, inplacev1.UpdaterReference{}, "", failuref("Cluster %s/%s not found", namespace, clusterName)
 		}
 		return nil, inplacev1.UpdaterReference{}, "", fmt.Errorf("read Cluster %s/%s: %w", namespace, clusterName, err)
 	}
@@ -312,21 +312,21 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	log := ctrl.LoggerFrom(ctx).WithValues("hook", "UpdateMachine", "machine", klog.KObj(desired))
 	ctx = ctrl.LoggerInto(ctx, log)
 	if strings.TrimSpace(desired.Spec.Version) == "" {
-		fail(resp, fmt.Errorf("Machine %s/%s: desired.machine.spec.version is empty; capi-inplace upgrades machines to a Kubernetes version", desired.Namespace, desired.Name))
+		fail(resp, failuref("Machine %s/%s: desired.machine.spec.version is empty; capi-inplace upgrades machines to a Kubernetes version", desired.Namespace, desired.Name))
 		return
 	}
 
 	machine := &clusterv1.Machine{}
 	if err := h.Client.Get(ctx, client.ObjectKeyFromObject(desired), machine); err != nil {
 		if apierrors.IsNotFound(err) {
-			fail(resp, fmt.Errorf("Machine %s/%s not found", desired.Namespace, desired.Name))
+			fail(resp, failuref("Machine %s/%s not found", desired.Namespace, desired.Name))
 			return
 		}
 		fail(resp, fmt.Errorf("read Machine %s/%s: %w", desired.Namespace, desired.Name, err))
 		return
 	}
 	if desired.Spec.ClusterName != "" && desired.Spec.ClusterName != machine.Spec.ClusterName {
-		fail(resp, fmt.Errorf("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
+		fail(resp, failuref("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
 		return
 	}
 	version := desired.Spec.Version
@@ -476,7 +476,7 @@ func (h *InPlaceHooks) ownerTarget(ctx context.Context, machine *clusterv1.Machi
 					return upgraderequest.Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: msRef.Name}}, nil
 				}
 			}
-			return upgraderequest.Target{}, fmt.Errorf("Machine %s/%s belongs to MachineSet %s, which no MachineDeployment owns: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, ms.Name)
+			return upgraderequest.Target{}, failuref("Machine %s/%s belongs to MachineSet %s, which no MachineDeployment owns: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, ms.Name)
 		}
 	}
 	cluster := &clusterv1.Cluster{}
@@ -489,13 +489,16 @@ func (h *InPlaceHooks) ownerTarget(ctx context.Context, machine *clusterv1.Machi
 			return upgraderequest.Target{ControlPlaneRef: &inplacev1.ControlPlaneReference{APIGroup: cp.APIGroup, Kind: cp.Kind, Name: cp.Name}}, nil
 		}
 	}
-	return upgraderequest.Target{}, fmt.Errorf("Machine %s/%s is owned by neither a MachineDeployment nor the control plane of Cluster %s: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, cluster.Name)
+	return upgraderequest.Target{}, failuref("Machine %s/%s is owned by neither a MachineDeployment nor the control plane of Cluster %s: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, cluster.Name)
 }
 
 // failIfWrongKind answers Failure when the body names another hook's request type. An
 // empty kind is accepted: the body was posted to this hook's path.
 func failIfWrongKind(resp runtimehooksv1.ResponseObject, apiVersion, kind, want string) bool {
-	wantAPIVersion := runtimehooksv1.GroupVersion.String()
+	return failIfWrongKindOf(resp, apiVersion, kind, runtimehooksv1.GroupVersion.String(), want)
+}
+
+func failIfWrongKindOf(resp runtimehooksv1.ResponseObject, apiVersion, kind, wantAPIVersion, want string) bool {
 	if (kind == "" || kind == want) && (apiVersion == "" || apiVersion == wantAPIVersion) {
 		return false
 	}
@@ -537,3 +540,11 @@ func groupOf(apiVersion string) string {
 	}
 	return gv.Group
 }
+
+// failure is an answer's message that names an object first ("Machine ns/m not found"),
+// as Cluster API and kubectl write them.
+type failure string
+
+func (f failure) Error() string { return string(f) }
+
+func failuref(format string, args ...any) error { return failure(fmt.Sprintf(format, args...)) }

@@ -23,7 +23,7 @@ func (r *Requester) HandOver(ctx context.Context, namespace, taskName, machine s
 			return err
 		}
 		if task.Spec.Pacing != inplacev1.PacingExternal {
-			return fmt.Errorf("UpgradeTask %s/%s is paced by capi-inplace (spec.pacing %s); machines are handed only to externally paced tasks", namespace, taskName, task.Spec.Pacing)
+			return fmt.Errorf("the UpgradeTask %s/%s is paced by capi-inplace (spec.pacing %s); machines are handed only to externally paced tasks", namespace, taskName, task.Spec.Pacing)
 		}
 		if slices.Contains(task.Spec.Machines, machine) {
 			return nil

@@ -73,7 +73,7 @@ func UpdateMachine(ctx context.Context, c client.Client, call CallUpdateMachine,
 			progress(resp)
 		}
 		if resp.Status == runtimehooksv1.ResponseStatusFailure {
-			return fmt.Errorf("UpdateMachine failed for Machine %s: %s", key, resp.Message)
+			return fmt.Errorf("the UpdateMachine hook failed for Machine %s: %s", key, resp.Message)
 		}
 		if resp.RetryAfterSeconds == 0 {
 			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -86,7 +86,7 @@ func UpdateMachine(ctx context.Context, c client.Client, call CallUpdateMachine,
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("Machine %s not updated before the deadline; last answer: %s", key, resp.Message)
+			return fmt.Errorf("machine %s not updated before the deadline; last answer: %s", key, resp.Message)
 		case <-time.After(poll):
 		}
 	}

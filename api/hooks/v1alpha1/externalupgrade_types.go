@@ -117,6 +117,13 @@ type ExternalUpgradeRequestResponse struct {
 	// request, in the Cluster's namespace.
 	// +optional
 	UpgradeTaskName string `json:"upgradeTaskName,omitempty"`
+
+	// Reason is, for a Decline, a short machine-readable reason (InvalidRequest,
+	// ClusterNotFound, TargetNotFound, NotPartOfCluster, InvalidVersion, UnknownMachines,
+	// Downgrade, MinorVersionSkip, NoUpdater, InvalidUpdater, UpdaterUnavailable,
+	// NameConflict); Message says why and what to do.
+	// +optional
+	Reason string `json:"reason,omitempty"`
 }
 
 // ExternalUpgradeRequest is the hook by which a caller asks capi-inplace for an
