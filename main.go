@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -61,11 +62,13 @@ type options struct {
 	concurrency             int
 	defaultUpdater          string
 	pollInterval            time.Duration
+	webhookClientCA         string
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "port of the HTTPS server of Cluster API's in-place update hooks (registered by an ExtensionConfig)")
 	fs.IntVar(&o.externalHookPort, "external-hook-port", 9444, "port of the HTTPS server of capi-inplace's ExternalUpgradeRequest hook")
+	fs.StringVar(&o.webhookClientCA, "webhook-client-ca", "", "PEM bundle of the CAs whose client certificates the ExternalUpgradeRequest server requires; empty accepts any client. The server of Cluster API's hooks never requires one: Cluster API's runtime client presents no client certificate")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key, the serving certificate of both hook servers")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8443", "address the Prometheus metrics endpoint binds to; 0 disables it")
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS, to callers authenticated and authorized by the API server")
@@ -142,8 +145,14 @@ func run(opts options) error {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
 
-	tlsOpts := []func(*tls.Config){
-		func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 },
+	tlsOpts := []func(*tls.Config){extension.ServingTLS}
+	externalTLSOpts := tlsOpts
+	if opts.webhookClientCA != "" {
+		requireClientCerts, err := extension.RequireClientCertificates(opts.webhookClientCA)
+		if err != nil {
+			return fmt.Errorf("--webhook-client-ca: %w", err)
+		}
+		externalTLSOpts = append(slices.Clone(tlsOpts), requireClientCerts)
 	}
 	metricsOpts := metricsserver.Options{
 		BindAddress:   opts.metricsBindAddress,
@@ -206,7 +215,7 @@ func run(opts options) error {
 		return err
 	}
 	externalHooks, err := extension.NewExternalHookServer(extension.ServerOptions{
-		Port: opts.externalHookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
+		Port: opts.externalHookPort, CertDir: opts.webhookCertDir, TLSOpts: externalTLSOpts,
 	}, extension.NewExternalUpgradeHandler(requester))
 	if err != nil {
 		return err

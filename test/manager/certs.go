@@ -15,8 +15,9 @@ import (
 	"time"
 )
 
-// ServingCerts are a throwaway certificate authority and a serving certificate it signed
-// for localhost and 127.0.0.1, written as tls.crt, tls.key and ca.crt into Dir.
+// ServingCerts are a throwaway certificate authority, a serving certificate it signed for
+// localhost and 127.0.0.1, and a client certificate it signed, written as ca.crt,
+// tls.crt, tls.key, client.crt and client.key into Dir.
 type ServingCerts struct {
 	// Dir holds tls.crt, tls.key and ca.crt; pass it as --webhook-cert-dir.
 	Dir string
@@ -72,11 +73,33 @@ func NewServingCerts(dir string) (*ServingCerts, error) {
 		return nil, err
 	}
 
+	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	clientDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(3),
+		Subject:      pkix.Name{CommonName: "capi-inplace test client"},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, caCert, &clientKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("sign test client certificate: %w", err)
+	}
+	clientKeyDER, err := x509.MarshalECPrivateKey(clientKey)
+	if err != nil {
+		return nil, err
+	}
+
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 	files := map[string][]byte{
-		"ca.crt":  caPEM,
-		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"ca.crt":     caPEM,
+		"tls.crt":    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"tls.key":    pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"client.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: clientDER}),
+		"client.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: clientKeyDER}),
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
