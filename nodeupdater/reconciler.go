@@ -303,6 +303,15 @@ func (r *Reconciler) scheduleRetry(ctx context.Context, s *scope, err error, dea
 	}
 	nu.Status.LastError = truncate(err.Error(), 10240)
 	nu.Status.LastAttemptTime = ptrMicroTime(s.now)
+	if IsUnreachable(err) {
+		// A cluster that cannot be reached for a while (an API server restarting, a
+		// network blip) is waited for until the node's timeout; it is not the step's
+		// failure and does not use up its attempts.
+		delay := RetryDelay(r.MaxAttempts, r.RetryBaseDelay, r.RetryMaxDelay)
+		nu.Status.NextRetryTime = ptrMicroTime(s.now.Add(delay))
+		ctrl.LoggerFrom(ctx).Info("Cluster unreachable, trying again later", "step", step, "after", delay, "error", err.Error())
+		return ctrl.Result{RequeueAfter: capAt(delay, deadline.Sub(s.now))}, nil
+	}
 	if nu.Status.Attempts >= r.MaxAttempts {
 		ctrl.LoggerFrom(ctx).Info("Node update failed: retries exhausted", "step", step, "attempts", nu.Status.Attempts, "error", err.Error())
 		r.fail(s, inplacev1.RetriesExhaustedReason,

@@ -3,13 +3,16 @@ package nodeupdater_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -159,6 +162,41 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 			MatchRegexp(`^Warning RetryScheduled: step Upgrade failed \(attempt 2 of 4\), trying again at .*: apiserver hiccup 2$`),
 			MatchRegexp(`^Warning RetryScheduled: step Upgrade failed \(attempt 3 of 4\), trying again at .*: apiserver hiccup 3$`),
 		))
+	})
+
+	It("waits out an unreachable workload API server until it answers, without using up the step's attempts", func() {
+		r.RetryMaxDelay = 100 * time.Millisecond
+		startManager(ns, r)
+		// The errors a step really gets from an API server that is down: a List against
+		// a port nothing listens on.
+		closed, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		addr := closed.Addr().String()
+		Expect(closed.Close()).To(Succeed())
+		down, err := client.New(&rest.Config{Host: "https://" + addr, Timeout: time.Second}, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		var unreachable []error
+		for range 8 {
+			unreachable = append(unreachable, down.List(ctx, &corev1.NodeList{}))
+		}
+		Expect(unreachable[0]).To(MatchError(ContainSubstring("connection refused")))
+		Expect(nodeupdater.IsUnreachable(unreachable[0])).To(BeTrue())
+		u.queueErrors("Upgrade", unreachable...)
+		u.openGate("Prepare")
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(func() int { return u.count("error", "Upgrade") }, wait).Should(Equal(8), "twice the bound of attempts")
+		got := get(nu)
+		Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+		Expect(got.Status.Attempts).To(BeNumerically("<=", 1), "an unreachable cluster uses up no attempt")
+		Expect(got.Status.LastError).To(ContainSubstring("connection refused"))
+		u.openGate("Upgrade")
+		u.openGate("Finish")
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		Expect(u.count("run", "Upgrade")).To(Equal(1), "waiting must not start the step's work again")
+		Eventually(eventsOf(nu), wait).Should(ContainElement(
+			MatchRegexp(`^Warning RetryScheduled: step Upgrade cannot reach its cluster, trying again at .* until the node's timeout: .*connection refused`)))
 	})
 
 	It("fails with RetriesExhausted when a step keeps failing", func() {

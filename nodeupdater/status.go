@@ -187,9 +187,16 @@ func (r *Reconciler) recordTransitions(ctx context.Context, before, after *inpla
 
 	if as.NextRetryTime != nil && (bs.NextRetryTime == nil || !bs.NextRetryTime.Equal(as.NextRetryTime)) {
 		stepRetries.WithLabelValues(kind, as.CurrentStep).Inc()
-		r.event(after, eventWarning, EventRetryScheduled, "Retry",
-			fmt.Sprintf("%s failed (attempt %d of %d), trying again at %s: %s", stepLabel(as.CurrentStep), as.Attempts-1,
-				r.MaxAttempts, as.NextRetryTime.UTC().Format(time.RFC3339Nano), as.LastError))
+		// An unreachable cluster is retried without using up an attempt.
+		if as.Attempts <= 1 || as.Attempts == bs.Attempts {
+			r.event(after, eventWarning, EventRetryScheduled, "Retry",
+				fmt.Sprintf("%s cannot reach its cluster, trying again at %s until the node's timeout: %s", stepLabel(as.CurrentStep),
+					as.NextRetryTime.UTC().Format(time.RFC3339Nano), as.LastError))
+		} else {
+			r.event(after, eventWarning, EventRetryScheduled, "Retry",
+				fmt.Sprintf("%s failed (attempt %d of %d), trying again at %s: %s", stepLabel(as.CurrentStep), as.Attempts-1,
+					r.MaxAttempts, as.NextRetryTime.UTC().Format(time.RFC3339Nano), as.LastError))
+		}
 	}
 
 	if bs.AbortStartTime == nil && as.AbortStartTime != nil && !as.Phase.IsFinal() {
