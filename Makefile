@@ -71,6 +71,14 @@ run: build ## Run the manager against the cluster of $KUBECONFIG (serving certs 
 		--webhook-cert-dir="$(CERT_DIR)" \
 		--metrics-bind-address=:8080 --metrics-secure=false $(ARGS)
 
+# The demo's own flags go in ARGS, e.g. make demo ARGS="--via=hook --nodes 5 --fail demo-workers-2";
+# make demo ARGS=-help lists them.
+.PHONY: demo
+demo: test-binaries ## A whole in-place upgrade of simulated Harvester nodes by the real manager, live (ARGS="--via=annotation|hook|capi --nodes N --fail NODE --step-delay 2s --keep").
+	@echo "Building the demo into bin/capi-inplace-demo (the first build compiles every dependency: a few minutes on 2 cores, once)..."
+	@$(GO) build -o $(BIN)/capi-inplace-demo ./test/demo
+	@$(BIN)/capi-inplace-demo $(ARGS)
+
 .PHONY: tilt-certs
 tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_DIR (.tilt/certs) if none is there.
 	@[ -f "$(CERT_DIR)/tls.crt" ] || $(GO) run ./hack/servingcerts --dir "$(CERT_DIR)"

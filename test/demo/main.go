@@ -1,0 +1,288 @@
+// Command demo is `make demo`: the whole product on one machine. It starts a management
+// and a workload API server, a Cluster API cluster of simulated Harvester nodes (3
+// control plane machines and a MachineDeployment of workers), the simulators and the
+// real manager binary as a separate process, then asks for an in-place upgrade the way a
+// user would and shows it live, node by node, ending with a summary table. It exits 0
+// only if every node reached the target version and no safety invariant was broken.
+//
+//	go run ./test/demo [--via=annotation|hook|capi] [--nodes N] [--fail NODE] [--step-delay D] [--keep]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/scenario"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+)
+
+// The ways of asking for the upgrade (--via).
+const (
+	viaAnnotation = "annotation"
+	viaHook       = "hook"
+	viaCAPI       = "capi"
+)
+
+// config is the demo's flags.
+type config struct {
+	via            string
+	workers        int
+	controlPlane   int
+	maxUnavailable int
+	stepDelay      time.Duration
+	pollInterval   time.Duration
+	fail           string
+	keep           bool
+	longhornV2     bool
+	timeout        time.Duration
+	managerBinary  string
+}
+
+func defaultConfig() config {
+	return config{
+		via: viaAnnotation, workers: 3, controlPlane: 3, maxUnavailable: 1,
+		stepDelay: 2 * time.Second, pollInterval: 250 * time.Millisecond,
+		longhornV2: true, timeout: 5 * time.Minute,
+	}
+}
+
+func (c *config) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.via, "via", c.via, "how the upgrade is asked for: annotation (the in-place-upgrade-to annotation on the Cluster), hook (an ExternalUpgradeRequest per control plane and MachineDeployment) or capi (Cluster API's CanUpdateMachineSet, CanUpdateMachine and UpdateMachine hooks, as CAPI calls them)")
+	fs.IntVar(&c.workers, "nodes", c.workers, "number of worker machines in the MachineDeployment (the control plane has 3)")
+	fs.IntVar(&c.maxUnavailable, "max-unavailable", c.maxUnavailable, "the MachineDeployment's maxUnavailable: how many workers may be down at once")
+	fs.DurationVar(&c.stepDelay, "step-delay", c.stepDelay, "how long each simulated step takes (a SUC Plan's Job on a node, a Longhorn data engine swap)")
+	fs.StringVar(&c.fail, "fail", c.fail, "make the OS upgrade of this node (or machine) fail, to show how a failure looks; the demo then exits non-zero")
+	fs.BoolVar(&c.keep, "keep", c.keep, "leave everything running at the end, print the kubeconfigs and kubectl commands, and wait for Ctrl-C")
+	fs.BoolVar(&c.longhornV2, "longhorn-v2", c.longhornV2, "give the workers a Longhorn v2 volume, so their data engine is swapped live (the LonghornDataEngine step)")
+	fs.DurationVar(&c.pollInterval, "poll-interval", c.pollInterval, "the manager's --poll-interval: how often it looks at running steps and tasks again")
+	fs.DurationVar(&c.timeout, "timeout", c.timeout, "give up when the upgrade has not ended after this long")
+	fs.StringVar(&c.managerBinary, "manager", c.managerBinary, "a manager binary to run instead of building one from this checkout")
+}
+
+func (c *config) validate() error {
+	switch c.via {
+	case viaAnnotation, viaHook, viaCAPI:
+	default:
+		return fmt.Errorf("--via=%s: must be annotation, hook or capi", c.via)
+	}
+	if c.workers < 1 || c.workers > 50 {
+		return fmt.Errorf("--nodes=%d: must be from 1 to 50", c.workers)
+	}
+	if c.maxUnavailable < 1 {
+		return fmt.Errorf("--max-unavailable=%d: must be at least 1", c.maxUnavailable)
+	}
+	if c.stepDelay <= 0 || c.pollInterval <= 0 || c.timeout <= 0 {
+		return errors.New("--step-delay, --poll-interval and --timeout must be positive")
+	}
+	if c.fail != "" && !c.knows(c.fail) {
+		return fmt.Errorf("--fail=%s: no such node or machine; the nodes are %s", c.fail, strings.Join(c.nodeNames(), ", "))
+	}
+	return nil
+}
+
+// nodeNames are the names the scenario gives the Nodes, known before it starts, so a
+// mistyped --fail is refused before anything is started.
+func (c *config) nodeNames() []string {
+	var out []string
+	for i := 1; i <= c.controlPlane; i++ {
+		out = append(out, fixtures.NodeName(demoNamespace, fmt.Sprintf("%s-%d", scenario.ControlPlaneName, i)))
+	}
+	for i := 1; i <= c.workers; i++ {
+		out = append(out, fixtures.NodeName(demoNamespace, fmt.Sprintf("%s-%d", scenario.MachineDeploymentName, i)))
+	}
+	return out
+}
+
+func (c *config) knows(name string) bool {
+	for _, n := range c.nodeNames() {
+		if n == name || strings.TrimPrefix(n, demoNamespace+"-") == name {
+			return true
+		}
+	}
+	return false
+}
+
+// demoNamespace holds the demo's CAPI objects on the management cluster.
+const demoNamespace = "demo"
+
+func main() {
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	cfg.bind(fs)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintf(fs.Output(), "Usage: make demo [ARGS=\"--via=hook --nodes 5 ...\"]   (or: go run ./test/demo [flags])\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	if err := cfg.validate(); err != nil {
+		_, _ = fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, cfg, os.Stdout, isTerminal(os.Stdout))
+	if err != nil {
+		_, _ = fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+	}
+	stop()
+	os.Exit(res.exitCode())
+}
+
+// isTerminal says whether f is a terminal a live view can be redrawn on.
+func isTerminal(f *os.File) bool {
+	if os.Getenv("TERM") == "dumb" {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// outcome is what a run of the demo ended with.
+type outcome struct {
+	// rows are the summary table's rows, one per node.
+	rows []summaryRow
+	// checks are the safety invariants, checked from the simulators' records.
+	checks []scenario.Check
+	// record is what the simulators did.
+	record *sim.Record
+	// upgraded is true when every node reached the target version.
+	upgraded bool
+	// interrupted is true when the run was stopped by a signal.
+	interrupted bool
+}
+
+func (o *outcome) ok() bool {
+	if o == nil || !o.upgraded || o.interrupted {
+		return false
+	}
+	for _, c := range o.checks {
+		if !c.OK {
+			return false
+		}
+	}
+	return true
+}
+
+func (o *outcome) exitCode() int {
+	switch {
+	case o.ok():
+		return 0
+	case o != nil && o.interrupted:
+		return 130
+	default:
+		return 1
+	}
+}
+
+// run is the demo: start, trigger, follow, summarise, and stop (or keep).
+func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, error) {
+	if err := cfg.validate(); err != nil {
+		return &outcome{}, err
+	}
+	began := time.Now()
+	view := newView(out, tty)
+	view.title(cfg)
+
+	workDir, err := os.MkdirTemp("", "capi-inplace-demo-")
+	if err != nil {
+		return &outcome{}, err
+	}
+	keepWorkDir := false // kept when something failed: the manager's log tells why
+	defer func() {
+		if !keepWorkDir {
+			_ = os.RemoveAll(workDir)
+		}
+	}()
+
+	s, err := scenario.Start(ctx, scenario.Options{
+		Namespace: demoNamespace, ClusterName: "harvester",
+		ControlPlaneMachines: cfg.controlPlane, Workers: cfg.workers, WorkerMaxUnavailable: cfg.maxUnavailable,
+		StepDelay: cfg.stepDelay, LonghornV2: cfg.longhornV2, WorkDir: workDir, ManagerBinary: cfg.managerBinary,
+		ManagerArgs: []string{"--poll-interval=" + cfg.pollInterval.String()},
+		Progress:    view.stage,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return &outcome{interrupted: true}, errors.New("interrupted while starting")
+		}
+		keepWorkDir = true
+		return &outcome{}, fmt.Errorf("start the demo: %w (files in %s)", err, workDir)
+	}
+	defer func() {
+		if err := s.Stop(); err != nil {
+			_, _ = fmt.Fprintf(out, "stopping: %v\n", err)
+		}
+	}()
+	if cfg.fail != "" {
+		if err := s.FailNode(cfg.fail, "elemental upgrade failed with return code: 33 (failure injected by --fail)"); err != nil {
+			return &outcome{}, err
+		}
+	}
+	view.ready(s, cfg, time.Since(began))
+
+	res := follow(ctx, s, cfg, view)
+	keepWorkDir = !res.ok() && !res.interrupted
+	view.summary(s, cfg, res)
+	if cfg.keep && !res.interrupted {
+		view.keep(s)
+		<-ctx.Done()
+		_, _ = fmt.Fprintln(out, "\nstopping the manager, the simulators and both API servers...")
+	}
+	return res, nil
+}
+
+// follow triggers the upgrade and shows it live until it ends, then checks the result.
+func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *outcome {
+	runCtx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	defer cancel()
+	t := newTracker(s)
+	stopLive := view.live(runCtx, t)
+
+	var triggerErr error
+	switch cfg.via {
+	case viaAnnotation:
+		triggerErr = upgradeByAnnotation(runCtx, s, view)
+	case viaHook:
+		triggerErr = upgradeByHook(runCtx, s, view)
+	case viaCAPI:
+		triggerErr = upgradeByCAPI(runCtx, s, view)
+	}
+	// One last look, so the final frame shows the end state.
+	sampleCtx, cancelSample := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelSample()
+	_ = t.sample(sampleCtx)
+	stopLive()
+
+	res := &outcome{record: s.Record, interrupted: ctx.Err() != nil}
+	switch {
+	case res.interrupted:
+		view.problem("interrupted")
+	case runCtx.Err() != nil:
+		view.problem(fmt.Sprintf("the upgrade did not end within --timeout=%s", cfg.timeout))
+	case triggerErr != nil:
+		view.problem(triggerErr.Error())
+	}
+	res.rows, res.upgraded = t.summary()
+	var upgraded []string
+	for _, r := range res.rows {
+		if r.reached {
+			upgraded = append(upgraded, r.node)
+		}
+	}
+	res.checks = s.Invariants(sampleCtx, upgraded)
+	return res
+}

@@ -1,0 +1,187 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+)
+
+// Check is one safety invariant checked from the simulators' records.
+type Check struct {
+	// Name says what was checked, as a sentence a person reads.
+	Name string
+	// OK is true when the invariant held.
+	OK bool
+	// Detail says what broke it.
+	Detail string
+}
+
+// PlanKinds are the Harvester updater's SUC Plans of one node, in the order they run.
+var PlanKinds = []string{"preload", "rke2", "os"}
+
+// planKind is the kind of one of the updater's Plans (capi-inplace-<kind>-<node>), or "".
+func planKind(plan string) string {
+	rest, ok := strings.CutPrefix(plan, "capi-inplace-")
+	if !ok {
+		return ""
+	}
+	kind, _, _ := strings.Cut(rest, "-")
+	return kind
+}
+
+// RunsPerNode counts, for each node, how many times each kind of Plan ran on it.
+func RunsPerNode(runs []sim.PlanRun) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for _, r := range runs {
+		kind := planKind(r.Plan)
+		if kind == "" {
+			continue
+		}
+		if out[r.Node] == nil {
+			out[r.Node] = map[string]int{}
+		}
+		out[r.Node][kind]++
+	}
+	return out
+}
+
+// MaxDownAtOnce is the largest number of the given nodes that were NotReady at the same
+// time, from the kubelet simulator's transitions.
+func MaxDownAtOnce(log []sim.DownEvent, nodes []string) int {
+	of := map[string]bool{}
+	for _, n := range nodes {
+		of[n] = true
+	}
+	down := map[string]bool{}
+	most := 0
+	for _, e := range log {
+		if !of[e.Node] {
+			continue
+		}
+		down[e.Node] = e.Down
+		n := 0
+		for _, d := range down {
+			if d {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+// Invariants checks the safety of what happened so far: each node ran each Plan at most
+// once (exactly once for the nodes in upgraded), never more control plane nodes down
+// than one nor more workers down than the MachineDeployment's maxUnavailable, no worker
+// started before the control plane finished, and no Plan left behind for an upgraded node.
+func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
+	done := map[string]bool{}
+	for _, n := range upgraded {
+		done[n] = true
+	}
+	var cp, workers []string
+	for _, n := range s.Nodes {
+		if n.ControlPlane {
+			cp = append(cp, n.Name)
+		} else {
+			workers = append(workers, n.Name)
+		}
+	}
+	runs := s.Record.Runs()
+	return []Check{
+		onceEach(runs, s.NodeNames(), done),
+		atMostDown(s.Record.DownLog(), "control plane", cp, 1),
+		atMostDown(s.Record.DownLog(), "worker", workers, s.Options.WorkerMaxUnavailable),
+		controlPlaneFirst(runs, cp, workers),
+		s.noPlanLeft(ctx, done),
+	}
+}
+
+func onceEach(runs []sim.PlanRun, nodes []string, done map[string]bool) Check {
+	c := Check{Name: "every upgraded node ran each upgrade Plan exactly once, no node ran one twice", OK: true}
+	perNode := RunsPerNode(runs)
+	var problems []string
+	for _, n := range nodes {
+		for _, kind := range PlanKinds {
+			got := perNode[n][kind]
+			if got > 1 || (done[n] && got != 1) {
+				problems = append(problems, fmt.Sprintf("%s ran its %s Plan %d times", n, kind, got))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
+}
+
+func atMostDown(log []sim.DownEvent, role string, nodes []string, limit int) Check {
+	most := MaxDownAtOnce(log, nodes)
+	c := Check{Name: fmt.Sprintf("never more than %d %s node(s) down at once (saw %d)", limit, role, most), OK: most <= limit}
+	if !c.OK {
+		c.Detail = fmt.Sprintf("%d %s nodes were NotReady at the same time; the limit is %d", most, role, limit)
+	}
+	return c
+}
+
+func controlPlaneFirst(runs []sim.PlanRun, cp, workers []string) Check {
+	c := Check{Name: "the control plane finished before the first worker started", OK: true}
+	isCP, isWorker := map[string]bool{}, map[string]bool{}
+	for _, n := range cp {
+		isCP[n] = true
+	}
+	for _, n := range workers {
+		isWorker[n] = true
+	}
+	var lastCP, firstWorker time.Time
+	var lastCPNode, firstWorkerNode string
+	for _, r := range runs {
+		switch {
+		case isCP[r.Node] && (r.End.IsZero() || r.End.After(lastCP)):
+			lastCP, lastCPNode = r.End, r.Node
+			if r.End.IsZero() {
+				lastCP = time.Now()
+			}
+		case isWorker[r.Node] && (firstWorker.IsZero() || r.Start.Before(firstWorker)):
+			firstWorker, firstWorkerNode = r.Start, r.Node
+		}
+	}
+	if !lastCP.IsZero() && !firstWorker.IsZero() && firstWorker.Before(lastCP) {
+		c.OK = false
+		c.Detail = fmt.Sprintf("worker %s started at %s, before control plane node %s finished at %s",
+			firstWorkerNode, firstWorker.Format("15:04:05.000"), lastCPNode, lastCP.Format("15:04:05.000"))
+	}
+	return c
+}
+
+func (s *Scenario) noPlanLeft(ctx context.Context, done map[string]bool) Check {
+	c := Check{Name: "no SUC Plan left behind on an upgraded node", OK: true}
+	if s.Workload == nil {
+		c.OK, c.Detail = false, "the workload cluster is stopped"
+		return c
+	}
+	plans := &sucv1.PlanList{}
+	if err := s.Workload.Client.List(ctx, plans, client.InNamespace(SUCNamespace), client.HasLabels{harvesteradapter.LabelNodeUpdate}); err != nil {
+		c.OK, c.Detail = false, fmt.Sprintf("list Plans: %v", err)
+		return c
+	}
+	var left []string
+	for _, p := range plans.Items {
+		if done[p.Annotations[harvesteradapter.AnnotationNode]] {
+			left = append(left, p.Name)
+		}
+	}
+	sort.Strings(left)
+	if len(left) > 0 {
+		c.OK, c.Detail = false, "still there: "+strings.Join(left, ", ")
+	}
+	return c
+}

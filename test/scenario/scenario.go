@@ -1,0 +1,527 @@
+// Package scenario builds the whole product on one machine: a management and a workload
+// API server (test/testenv), a Cluster API cluster of simulated Harvester nodes on them
+// (test/fixtures for the CAPI objects, test/sim for the kubelets, System Upgrade
+// Controller, Longhorn and the upgrade repository), and the real manager binary running
+// as a separate process against them (test/manager). `make demo` runs one; the e2e suite
+// can run many.
+//
+// The workload cluster is reached by the manager only through the Cluster's
+// <cluster>-kubeconfig Secret, as in production. The simulators record what they did, so
+// Invariants can check safety afterwards (never more nodes down than maxUnavailable,
+// control plane before workers, every node upgraded exactly once, no Plan left behind).
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/manager"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/workloadcluster"
+)
+
+// The release the sample cluster is upgraded from and to.
+const (
+	// FromVersion is the Kubernetes (RKE2) version the nodes start at.
+	FromVersion = "v1.32.5+rke2r1"
+	// ToVersion is the Kubernetes version of HarvesterRelease.
+	ToVersion = "v1.33.3+rke2r1"
+	// FromOSImage is the operating system the nodes start on.
+	FromOSImage = "Harvester v1.5.0"
+	// HarvesterRelease is the Harvester release the nodes are upgraded to.
+	HarvesterRelease = "v1.6.0"
+	// ToOSImage is what a node reports once its OS upgrade to HarvesterRelease rebooted it.
+	ToOSImage = "Harvester " + HarvesterRelease
+
+	// ReleaseMetadata is the harvester-release.yaml the repository simulator serves.
+	ReleaseMetadata = `harvester: v1.6.0
+harvesterChart: 1.6.0
+os: Harvester v1.6.0
+kubernetes: v1.33.3+rke2r1
+rancher: v2.12.0
+minUpgradableVersion: v1.5.0
+`
+
+	// SUCNamespace is where SUC runs on a Harvester cluster (the HarvesterUpgrader default).
+	SUCNamespace = "cattle-system"
+	// UpdaterName is the name of the sample HarvesterUpgrader.
+	UpdaterName = "default"
+	// ControlPlaneName is the name of the KubeadmControlPlane.
+	ControlPlaneName = "cp"
+	// MachineDeploymentName is the name of the workers' MachineDeployment.
+	MachineDeploymentName = "workers"
+	// V2VolumeName is the Longhorn v2 volume with a replica on every worker, whose data
+	// engine is swapped live on each worker (see Options.LonghornV2).
+	V2VolumeName = "pvc-v2-demo"
+)
+
+// Options say what to build.
+type Options struct {
+	// Namespace of the CAPI objects on the management cluster; default "demo".
+	Namespace string
+	// ClusterName is the Cluster's name; default "harvester".
+	ClusterName string
+	// ControlPlaneMachines is the number of control plane machines; default 3.
+	ControlPlaneMachines int
+	// Workers is the number of machines of the MachineDeployment; default 3.
+	Workers int
+	// WorkerMaxUnavailable is the MachineDeployment's rollout maxUnavailable; default 1.
+	WorkerMaxUnavailable int
+	// StepDelay is how long each simulated step takes (a SUC Plan's Job on a node, a
+	// Longhorn data engine swap); default 1s.
+	StepDelay time.Duration
+	// LonghornV2 adds a Longhorn v2 volume with a replica on every worker and the live
+	// data engine upgrade API, so the workers go through the LonghornDataEngine step.
+	LonghornV2 bool
+	// WorkDir receives the kubeconfigs, serving certificates and the manager's log.
+	// Required.
+	WorkDir string
+	// ManagerBinary is the manager to run; empty builds it from the checkout into WorkDir.
+	ManagerBinary string
+	// ManagerArgs are extra flags of the manager.
+	ManagerArgs []string
+	// Progress, when set, is told what is being done while the scenario starts.
+	Progress func(stage string)
+}
+
+func (o *Options) setDefaults() {
+	if o.Namespace == "" {
+		o.Namespace = "demo"
+	}
+	if o.ClusterName == "" {
+		o.ClusterName = "harvester"
+	}
+	if o.ControlPlaneMachines == 0 {
+		o.ControlPlaneMachines = 3
+	}
+	if o.Workers == 0 {
+		o.Workers = 3
+	}
+	if o.WorkerMaxUnavailable == 0 {
+		o.WorkerMaxUnavailable = 1
+	}
+	if o.StepDelay == 0 {
+		o.StepDelay = time.Second
+	}
+	if o.Progress == nil {
+		o.Progress = func(string) {}
+	}
+}
+
+// Node is one machine of the sample cluster and its Node on the workload cluster.
+type Node struct {
+	// Machine is the CAPI Machine's name.
+	Machine string
+	// Name is the Node's name on the workload cluster.
+	Name string
+	// ControlPlane is true for a control plane machine.
+	ControlPlane bool
+}
+
+// Scenario is a running sample cluster, its simulators and its manager.
+type Scenario struct {
+	// Options are the options it was built with, defaults filled in.
+	Options Options
+	// Management holds the CAPI objects, UpgradeTasks, NodeUpdates, the HarvesterUpgrader
+	// and the kubeconfig Secret; the manager runs against it.
+	Management *testenv.Environment
+	// Workload is the Harvester cluster: Nodes, SUC Plans and Jobs, Longhorn.
+	Workload *testenv.Environment
+
+	// Cluster, ControlPlane and MachineDeployment are the CAPI objects as created.
+	Cluster           *clusterv1.Cluster
+	ControlPlane      *controlplanev1.KubeadmControlPlane
+	MachineDeployment *clusterv1.MachineDeployment
+	// Nodes are the control plane machines then the workers, in creation order.
+	Nodes []Node
+
+	// Record is what the kubelet and SUC simulators did.
+	Record     *sim.Record
+	Kubelet    *sim.Kubelet
+	SUC        *sim.SUC
+	Repository *sim.Repository
+	Longhorn   *sim.Longhorn
+
+	// Manager is the manager process; Certs its serving certificates.
+	Manager *manager.Process
+	Certs   *manager.ServingCerts
+	// ManagementKubeconfig, WorkloadKubeconfig and ManagerLog are files in WorkDir.
+	ManagementKubeconfig string
+	WorkloadKubeconfig   string
+	ManagerLog           string
+
+	stopSims context.CancelFunc
+	simsDone sync.WaitGroup
+}
+
+// Start builds the scenario. On error, whatever was started is stopped again.
+func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
+	opts.setDefaults()
+	if opts.WorkDir == "" {
+		return nil, errors.New("scenario: Options.WorkDir is required")
+	}
+	s := &Scenario{Options: opts, Record: sim.NewRecord()}
+	defer func() {
+		if reterr != nil {
+			_ = s.Stop()
+		}
+	}()
+
+	if err := s.startServersAndBuild(ctx); err != nil {
+		return nil, err
+	}
+	opts.Progress(fmt.Sprintf("creating Cluster %s/%s: %d control plane machines, MachineDeployment %s of %d, their Nodes on the workload cluster",
+		opts.Namespace, opts.ClusterName, opts.ControlPlaneMachines, MachineDeploymentName, opts.Workers))
+	if err := s.createWorkload(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.createCluster(ctx); err != nil {
+		return nil, err
+	}
+	opts.Progress("starting the simulators: kubelets, System Upgrade Controller, Longhorn, upgrade repository")
+	s.startSimulators()
+	if err := s.createUpdater(ctx); err != nil {
+		return nil, err
+	}
+	opts.Progress("starting the manager as a separate process")
+	if err := s.startManager(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startServersAndBuild starts both API servers and builds the manager at the same time.
+func (s *Scenario) startServersAndBuild(ctx context.Context) error {
+	opts := s.Options
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return err
+	}
+	opts.Progress("starting the management and workload API servers (kube-apiserver and etcd from bin/k8s) and installing the CRDs")
+	if opts.ManagerBinary == "" {
+		opts.Progress("building the manager binary from this checkout")
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Add(3)
+	go func() { defer wg.Done(); s.Management, errs[0] = testenv.Start() }()
+	go func() { defer wg.Done(); s.Workload, errs[1] = testenv.Start() }()
+	go func() {
+		defer wg.Done()
+		if opts.ManagerBinary != "" {
+			return
+		}
+		s.Options.ManagerBinary, errs[2] = manager.Build(ctx, root, opts.WorkDir)
+	}()
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.ManagementKubeconfig = filepath.Join(opts.WorkDir, "management.kubeconfig")
+	s.WorkloadKubeconfig = filepath.Join(opts.WorkDir, "workload.kubeconfig")
+	s.ManagerLog = filepath.Join(opts.WorkDir, "manager.log")
+	if err := s.Management.WriteKubeconfig(s.ManagementKubeconfig); err != nil {
+		return err
+	}
+	return s.Workload.WriteKubeconfig(s.WorkloadKubeconfig)
+}
+
+// createWorkload prepares the Harvester cluster: SUC's namespace and service account,
+// the repository and Longhorn namespaces, and one Ready Node per machine.
+func (s *Scenario) createWorkload(ctx context.Context) error {
+	wc := s.Workload.Client
+	for _, ns := range []string{SUCNamespace, harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
+		if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return fmt.Errorf("create namespace %s on the workload cluster: %w", ns, err)
+		}
+	}
+	if err := wc.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: SUCNamespace}}); err != nil {
+		return fmt.Errorf("create SUC's service account: %w", err)
+	}
+	ns := s.Options.Namespace
+	for i := 1; i <= s.Options.ControlPlaneMachines; i++ {
+		m := fmt.Sprintf("%s-%d", ControlPlaneName, i)
+		s.Nodes = append(s.Nodes, Node{Machine: m, Name: fixtures.NodeName(ns, m), ControlPlane: true})
+	}
+	for i := 1; i <= s.Options.Workers; i++ {
+		m := fmt.Sprintf("%s-%d", MachineDeploymentName, i)
+		s.Nodes = append(s.Nodes, Node{Machine: m, Name: fixtures.NodeName(ns, m)})
+	}
+	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: FromOSImage}
+	for _, n := range s.Nodes {
+		labels := map[string]string{"node-role.kubernetes.io/worker": "true"}
+		if n.ControlPlane {
+			labels = map[string]string{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"}
+		}
+		if _, err := s.Kubelet.CreateNode(ctx, n.Name, FromVersion, labels); err != nil {
+			return err
+		}
+	}
+	if s.Options.LonghornV2 {
+		return s.createLonghornV2(ctx)
+	}
+	return nil
+}
+
+// createLonghornV2 serves Longhorn's live data engine upgrade API on the workload cluster
+// and creates an attached, healthy v2 volume with a replica on every worker, as Longhorn
+// would report it.
+func (s *Scenario) createLonghornV2(ctx context.Context) error {
+	if err := installCRDs(s.Workload, filepath.Join(s.Workload.RepoRoot, "test", "crds", "longhorn-dataengine")); err != nil {
+		return err
+	}
+	wc := s.Workload.Client
+	// Longhorn's CRD makes several enums required when present; a typed Volume would send
+	// them empty, so the objects carry only the fields Longhorn sets.
+	vol := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
+		"metadata": map[string]any{"name": V2VolumeName, "namespace": harvesteradapter.LonghornNamespace},
+		"spec":     map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(s.Options.Workers)},
+	}}
+	if err := wc.Create(ctx, vol); err != nil {
+		return fmt.Errorf("create Longhorn volume: %w", err)
+	}
+	if err := unstructured.SetNestedMap(vol.Object, map[string]any{"state": "attached", "robustness": "healthy"}, "status"); err != nil {
+		return err
+	}
+	if err := wc.Status().Update(ctx, vol); err != nil {
+		return fmt.Errorf("report Longhorn volume attached and healthy: %w", err)
+	}
+	for _, n := range s.Nodes {
+		lhNode := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "longhorn.io/v1beta2", "kind": "Node",
+			"metadata": map[string]any{"name": n.Name, "namespace": harvesteradapter.LonghornNamespace},
+		}}
+		if err := wc.Create(ctx, lhNode); err != nil {
+			return fmt.Errorf("create Longhorn node %s: %w", n.Name, err)
+		}
+		if n.ControlPlane {
+			continue
+		}
+		r := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+			"metadata": map[string]any{"name": V2VolumeName + "-r-" + n.Name, "namespace": harvesteradapter.LonghornNamespace},
+			"spec":     map[string]any{"volumeName": V2VolumeName, "nodeID": n.Name, "dataEngine": "v2", "healthyAt": "2026-01-01T00:00:00Z"},
+		}}
+		if err := wc.Create(ctx, r); err != nil {
+			return fmt.Errorf("create Longhorn replica on %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func installCRDs(env *testenv.Environment, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.Unmarshal(data, crd); err != nil {
+			return fmt.Errorf("read CRD %s: %w", e.Name(), err)
+		}
+		crds = append(crds, crd)
+	}
+	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds}); err != nil {
+		return fmt.Errorf("install the CRDs of %s: %w", dir, err)
+	}
+	return nil
+}
+
+// createCluster creates the CAPI objects on the management cluster and the kubeconfig
+// Secret that reaches the workload cluster.
+func (s *Scenario) createCluster(ctx context.Context) error {
+	mc := s.Management.Client
+	opts := s.Options
+	if err := mc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.Namespace}}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", opts.Namespace, err)
+	}
+	var err error
+	s.Cluster, err = fixtures.Cluster(ctx, mc, opts.Namespace, opts.ClusterName, ControlPlaneName,
+		map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/" + UpdaterName})
+	if err != nil {
+		return err
+	}
+	// Control plane machines go oldest first, then by name: created within the same
+	// second, they go in name order, and no time is spent spacing them.
+	s.ControlPlane, _, err = fixtures.ControlPlane(ctx, mc, opts.Namespace, opts.ClusterName, ControlPlaneName, FromVersion, opts.ControlPlaneMachines, false)
+	if err != nil {
+		return err
+	}
+	s.MachineDeployment, _, err = fixtures.MachineDeployment(ctx, mc, opts.Namespace, opts.ClusterName, MachineDeploymentName, FromVersion, opts.Workers)
+	if err != nil {
+		return err
+	}
+	patch := client.MergeFrom(s.MachineDeployment.DeepCopy())
+	s.MachineDeployment.Spec.Rollout.Strategy = clusterv1.MachineDeploymentRolloutStrategy{
+		Type: clusterv1.RollingUpdateMachineDeploymentStrategyType,
+		RollingUpdate: clusterv1.MachineDeploymentRolloutStrategyRollingUpdate{
+			MaxUnavailable: ptrTo(intstr.FromInt32(int32(opts.WorkerMaxUnavailable))),
+			MaxSurge:       ptrTo(intstr.FromInt32(0)),
+		},
+	}
+	if err := mc.Patch(ctx, s.MachineDeployment, patch); err != nil {
+		return fmt.Errorf("set the rollout strategy of MachineDeployment %s: %w", MachineDeploymentName, err)
+	}
+	// The fixtures also create a Node next to each Machine, for tests on one API server;
+	// here the Nodes live on the workload cluster only.
+	for _, n := range s.Nodes {
+		if err := client.IgnoreNotFound(mc.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}})); err != nil {
+			return fmt.Errorf("remove the management copy of Node %s: %w", n.Name, err)
+		}
+	}
+	kubeconfig, err := s.Workload.Kubeconfig()
+	if err != nil {
+		return err
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: workloadcluster.KubeconfigSecretName(opts.ClusterName), Namespace: opts.Namespace,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: opts.ClusterName},
+		},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{workloadcluster.KubeconfigSecretKey: kubeconfig},
+	}
+	if err := mc.Create(ctx, secret); err != nil {
+		return fmt.Errorf("create the workload cluster's kubeconfig Secret: %w", err)
+	}
+	return nil
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// startSimulators runs SUC, Longhorn and the repository on the workload cluster until Stop.
+func (s *Scenario) startSimulators() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopSims = cancel
+	wc := s.Workload.Client
+	delay := s.Options.StepDelay
+	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
+	s.Repository = &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: ReleaseMetadata, Delay: delay}
+	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Duration: delay}
+	s.Repository.Start(ctx)
+	s.simsDone.Add(2)
+	go func() { defer s.simsDone.Done(); _ = s.SUC.Run(ctx) }()
+	go func() { defer s.simsDone.Done(); s.Longhorn.Run(ctx) }()
+}
+
+// createUpdater creates the HarvesterUpgrader; its repositoryURL is the repository
+// simulator's, which serves the release metadata.
+func (s *Scenario) createUpdater(ctx context.Context) error {
+	hu := &harvesterv1.HarvesterUpgrader{
+		ObjectMeta: metav1.ObjectMeta{Name: UpdaterName, Namespace: s.Options.Namespace},
+		Spec: harvesterv1.HarvesterUpgraderSpec{
+			Release: harvesterv1.Release{Version: HarvesterRelease, RepositoryURL: s.Repository.URL()},
+		},
+	}
+	if err := s.Management.Client.Create(ctx, hu); err != nil {
+		return fmt.Errorf("create HarvesterUpgrader %s: %w", UpdaterName, err)
+	}
+	return nil
+}
+
+func (s *Scenario) startManager() error {
+	var err error
+	s.Certs, err = manager.NewServingCerts(filepath.Join(s.Options.WorkDir, "certs"))
+	if err != nil {
+		return err
+	}
+	s.Manager, err = manager.Start(manager.Options{
+		Binary: s.Options.ManagerBinary, Kubeconfig: s.ManagementKubeconfig, CertDir: s.Certs.Dir,
+		LogFile: s.ManagerLog, ExtraArgs: s.Options.ManagerArgs,
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.Manager.WaitReady(time.Minute); err != nil {
+		return fmt.Errorf("%w (manager log: %s)", err, s.ManagerLog)
+	}
+	return nil
+}
+
+// FailNode makes the OS upgrade of node fail with message, as a failing
+// `elemental upgrade` in the OS Plan's Job would. node is a Node or Machine name.
+func (s *Scenario) FailNode(node, message string) error {
+	n, ok := s.Node(node)
+	if !ok {
+		return fmt.Errorf("no node or machine named %q; the nodes are %s", node, strings.Join(s.NodeNames(), ", "))
+	}
+	plan := "capi-inplace-os-" + n.Name
+	if len(plan) > 63 {
+		plan = "" // the updater shortens long Plan names; fail every Plan of the node instead
+	}
+	s.SUC.FailNode(plan, n.Name, message)
+	return nil
+}
+
+// Node finds a node by its Node or Machine name.
+func (s *Scenario) Node(name string) (Node, bool) {
+	for _, n := range s.Nodes {
+		if n.Name == name || n.Machine == name {
+			return n, true
+		}
+	}
+	return Node{}, false
+}
+
+// NodeNames lists the Node names, control plane first.
+func (s *Scenario) NodeNames() []string {
+	out := make([]string, 0, len(s.Nodes))
+	for _, n := range s.Nodes {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+// Stop stops the manager, the simulators and both API servers.
+func (s *Scenario) Stop() error {
+	var errs []error
+	if s.Manager != nil {
+		if err := s.Manager.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stop manager: %w", err))
+		}
+		s.Manager = nil
+	}
+	if s.stopSims != nil {
+		s.stopSims()
+		s.simsDone.Wait()
+		s.stopSims = nil
+	}
+	for _, env := range []**testenv.Environment{&s.Workload, &s.Management} {
+		if *env != nil {
+			if err := (*env).Stop(); err != nil {
+				errs = append(errs, err)
+			}
+			*env = nil
+		}
+	}
+	return errors.Join(errs...)
+}
