@@ -192,5 +192,3 @@ func maxUnavailableOf(md *clusterv1.MachineDeployment, replicas int) int {
 	}
 	return n
 }
-
-func timeSeconds(n int32) time.Duration { return time.Duration(n) * time.Second }

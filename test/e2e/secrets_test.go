@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/base64"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,8 +33,13 @@ func expectNoSecretsLeaked() {
 		}
 	}
 
-	logs, err := filepath.Glob(filepath.Join(workDir, "*.log"))
-	Expect(err).NotTo(HaveOccurred())
+	var logs []string
+	Expect(filepath.WalkDir(workDir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".log") {
+			logs = append(logs, path)
+		}
+		return err
+	})).To(Succeed())
 	Expect(logs).NotTo(BeEmpty(), "the suite ran no manager")
 	for _, path := range logs {
 		data, err := os.ReadFile(path)
