@@ -126,6 +126,14 @@ $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 test: test-binaries $(KUSTOMIZE) ## Run every test on the real test control plane.
 	$(GO) test ./... -timeout $(TEST_TIMEOUT) -count=1
 
+# The bench's own flags go in ARGS, e.g. make bench ARGS="--sections hooks --hook-duration 10s";
+# ARGS=-help lists them. make test runs only a smoke run of it (test/bench TestSmoke).
+.PHONY: bench
+bench: test-binaries ## Measure the hook server, orchestration, API writes per node and manager memory; print the figures and write docs/benchmarks.md.
+	@echo "Building the bench into bin/capi-inplace-bench..."
+	@$(GO) build -o $(BIN)/capi-inplace-bench ./test/bench
+	$(BIN)/capi-inplace-bench --out docs/benchmarks.md $(ARGS)
+
 FUZZTIME ?= 1m
 FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch
 

@@ -135,7 +135,9 @@ func (r *UpgradeTaskReconciler) machineToTask(ctx context.Context, obj client.Ob
 func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	r.defaults()
 	task := &inplacev1.UpgradeTask{}
-	if err := r.Client.Get(ctx, req.NamespacedName, task); err != nil {
+	// From the API server: a cached task can predate the status this controller just
+	// wrote, and deciding from it repeats events and metrics and conflicts on Machines.
+	if err := r.APIReader.Get(ctx, req.NamespacedName, task); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forgetTask(req.Namespace, req.Name)
 			return ctrl.Result{}, nil

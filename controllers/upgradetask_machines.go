@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -71,8 +72,14 @@ func desiredMachine(s *taskScope, mem *member, phase inplacev1.TaskPhase, mayCla
 		return machineWant{removeCondition: true}
 	}
 	msg := mem.message
-	if msg == "" {
+	switch {
+	case msg == "":
 		msg = "queued"
+	case strings.HasPrefix(msg, queueHoldPrefix):
+		// The queue under maxUnavailable names the nodes taking the room, which change with
+		// every node that starts or ends: on every waiting Machine that would be one write
+		// per waiting Machine per node (quadratic). The task's status names them.
+		msg = fmt.Sprintf("%s maxUnavailable (%d) node(s) of the target are unavailable; the UpgradeTask's status names them", queueHoldPrefix, s.maxUnavailable)
 	}
 	return machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.WaitingReason,
 		fmt.Sprintf("waiting for the in-place upgrade to %s by UpgradeTask %s: %s", s.task.Spec.Version, s.task.Name, msg))}

@@ -388,7 +388,9 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 // latestNodeUpdate returns the newest NodeUpdate of the machine for version, or nil.
 func (h *InPlaceHooks) latestNodeUpdate(ctx context.Context, machine *clusterv1.Machine, version string) (*inplacev1.NodeUpdate, error) {
 	list := &inplacev1.NodeUpdateList{}
-	if err := h.Client.List(ctx, list, client.InNamespace(machine.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: machine.Spec.ClusterName}); err != nil {
+	// Read-only and called for every machine Cluster API updates, again and again:
+	// copying every NodeUpdate of the cluster out of the cache was most of its cost.
+	if err := h.Client.List(ctx, list, client.InNamespace(machine.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: machine.Spec.ClusterName}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list NodeUpdates of Cluster %s/%s: %w", machine.Namespace, machine.Spec.ClusterName, err)
 	}
 	var latest *inplacev1.NodeUpdate

@@ -109,6 +109,12 @@ func (c *Clients) entry(ctx context.Context, cluster types.NamespacedName) (entr
 	if err != nil {
 		return entry{}, fmt.Errorf("parse kubeconfig of Secret %s: %w", key, err)
 	}
+	// As controller-runtime does for the management cluster: no client-side rate limit
+	// unless one is configured, relying on the API server's priority and fairness.
+	// client-go's default (5 requests/s) would pace every UpgradeTask reconcile.
+	if cfg.QPS == 0 {
+		cfg.QPS = -1
+	}
 	if c.Configure != nil {
 		c.Configure(cfg)
 	}

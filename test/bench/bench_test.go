@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSmoke runs every section of `make bench` at tiny sizes, so that the harness does
+// not rot between two runs of the real thing: it checks that each section measured what
+// it says it measured, not how fast anything was (figures come from `make bench`, never
+// from timing assertions).
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two test API servers, builds and runs the manager")
+	}
+	cfg := defaultConfig()
+	cfg.hookClients = []int{1, 4}
+	cfg.hookDuration, cfg.hookWarmup, cfg.hookMachines = 200*time.Millisecond, 50*time.Millisecond, 4
+	cfg.orchSizes, cfg.orchMaxUnavailable, cfg.orchTimeout = []int{4}, []int{1, 2}, 2*time.Minute
+	cfg.memClusters, cfg.machinesPerCluster, cfg.memSettle = []int{1, 2}, 3, 0
+	cfg.memQuiet, cfg.memSampleEvery = 500*time.Millisecond, 50*time.Millisecond
+	cfg.out = filepath.Join(t.TempDir(), "benchmarks.md")
+
+	var out bytes.Buffer
+	rep, err := run(context.Background(), cfg, &out, "(smoke test)")
+	if err != nil {
+		t.Fatalf("bench failed: %v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+
+	if got, want := len(rep.hooks.results), len(hookNames)*len(cfg.hookClients)*2; got != want {
+		t.Errorf("%d hook measurements, want %d", got, want)
+	}
+	for _, h := range rep.hooks.results {
+		if h.requests == 0 || h.failures > 0 || h.lat.p99 <= 0 {
+			t.Errorf("%s %s at %d clients: %d requests, %d failed (%s), p99 %s", h.impl, h.hook, h.clients, h.requests, h.failures, h.firstFail, h.lat.p99)
+		}
+	}
+
+	if len(rep.orchestration) != len(cfg.orchMaxUnavailable) {
+		t.Fatalf("%d orchestration runs, want %d", len(rep.orchestration), len(cfg.orchMaxUnavailable))
+	}
+	for _, o := range rep.orchestration {
+		n := o.machines
+		if !o.finished || o.upgraded != n || o.total <= 0 {
+			t.Errorf("%d machines, maxUnavailable %d: finished %v, %d upgraded, total %s", n, o.maxUnavailable, o.finished, o.upgraded, o.total)
+		}
+		if o.handoff.n != n-o.maxUnavailable {
+			t.Errorf("%d machines, maxUnavailable %d: %d hand-offs, want %d", n, o.maxUnavailable, o.handoff.n, n-o.maxUnavailable)
+		}
+		if got := o.writes["POST nodeupdates"]; got != n {
+			t.Errorf("%d machines: the manager created %d NodeUpdates, want one per machine (writes %v)", n, got, o.writes)
+		}
+		if o.reconciles["upgradetask"] == 0 || o.reconciles["nodeupdate"] == 0 {
+			t.Errorf("reconciles not counted: %v", o.reconciles)
+		}
+		if o.workloadReads["LIST nodes"] == 0 {
+			t.Errorf("the workload cluster's reads were not counted: %v", o.workloadReads)
+		}
+	}
+
+	if len(rep.memory) != len(cfg.memClusters) {
+		t.Fatalf("%d memory measurements, want %d", len(rep.memory), len(cfg.memClusters))
+	}
+	for i, m := range rep.memory {
+		if want := cfg.memClusters[i] * cfg.machinesPerCluster; m.machines != want || m.rss == 0 || m.peak < m.rss || m.heapInUse == 0 {
+			t.Errorf("memory at %d clusters: %d machines (want %d), RSS %d, peak %d, heap %d", cfg.memClusters[i], m.machines, want, m.rss, m.peak, m.heapInUse)
+		}
+	}
+
+	doc, err := os.ReadFile(cfg.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 3. API writes per upgraded node", "## 4. Manager memory", "## 5. How it grows"} {
+		if !strings.Contains(string(doc), want) {
+			t.Errorf("the report lacks %q:\n%s", want, doc)
+		}
+	}
+}

@@ -1,0 +1,332 @@
+// Command bench is `make bench`: it measures how fast, how light and how well capi-inplace
+// grows, on the real test control plane (kube-apiserver and etcd from bin/k8s), and writes
+// the figures with the machine, the date and the command to docs/benchmarks.md.
+//
+//  1. Hook server: requests per second and p50 / p99 latency of CanUpdateMachineSet,
+//     CanUpdateMachine and UpdateMachine over HTTPS, side by side with Cluster API's
+//     reference in-place handlers on the same runtime SDK server, in the same process.
+//
+//  2. Orchestration: MachineDeployments upgraded by the real UpgradeTask controller and
+//     NodeUpdate lifecycle with node work that takes no time: total time and hand-off
+//     latency from one NodeUpdate's success to the next one's creation.
+//
+//  3. API efficiency: the manager's writes to the API server per upgraded node.
+//
+//  4. Memory: the real manager binary's RSS with thousands of Machines and Nodes.
+//
+//  5. Growth: 2 and 4 at three sizes.
+//
+//     go run ./test/bench [--out docs/benchmarks.md] [--sections hooks,orchestration,memory] ...
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+)
+
+// config is the bench's flags.
+type config struct {
+	out      string
+	sections []string
+	logFile  string
+
+	hookClients  []int
+	hookDuration time.Duration
+	hookWarmup   time.Duration
+	hookMachines int
+
+	orchSizes          []int
+	orchMaxUnavailable []int
+	orchTimeout        time.Duration
+
+	memClusters        []int
+	machinesPerCluster int
+	memSettle          time.Duration
+	// memQuiet is how long the manager's "Starting workers" lines must stop growing
+	// before its controllers count as running; memSampleEvery spaces the RSS samples.
+	memQuiet       time.Duration
+	memSampleEvery time.Duration
+	managerBinary  string
+
+	cpuProfile       string
+	apiserverProfile string
+}
+
+func defaultConfig() config {
+	return config{
+		sections:           []string{sectionHooks, sectionOrchestration, sectionMemory},
+		hookClients:        []int{1, 8, 64},
+		hookDuration:       2 * time.Second,
+		hookWarmup:         300 * time.Millisecond,
+		hookMachines:       64,
+		orchSizes:          []int{100, 250, 500},
+		orchMaxUnavailable: []int{1, 10},
+		orchTimeout:        2 * time.Minute,
+		memClusters:        []int{10, 25, 50},
+		machinesPerCluster: 100,
+		memSettle:          5 * time.Second,
+		memQuiet:           3 * time.Second,
+		memSampleEvery:     time.Second,
+	}
+}
+
+// The sections of the bench.
+const (
+	sectionHooks         = "hooks"
+	sectionOrchestration = "orchestration"
+	sectionMemory        = "memory"
+)
+
+func (c *config) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.out, "out", c.out, "write the figures as Markdown to this file (make bench: docs/benchmarks.md); empty writes none")
+	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, memory (default all)", func(s string) error {
+		c.sections = strings.Split(s, ",")
+		for _, sec := range c.sections {
+			if sec != sectionHooks && sec != sectionOrchestration && sec != sectionMemory {
+				return fmt.Errorf("unknown section %q", sec)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.logFile, "log-file", c.logFile, "write the in-process managers' logs here (default: discarded)")
+	intList(fs, &c.hookClients, "hook-clients", "concurrent clients of each hook measurement")
+	fs.DurationVar(&c.hookDuration, "hook-duration", c.hookDuration, "measured time per implementation, hook and number of clients")
+	fs.DurationVar(&c.hookWarmup, "hook-warmup", c.hookWarmup, "unmeasured warm-up before each half of a measurement")
+	fs.IntVar(&c.hookMachines, "hook-machines", c.hookMachines, "machines (each with a running NodeUpdate) UpdateMachine is called for, in turn")
+	intList(fs, &c.orchSizes, "orchestration-sizes", "machines of the upgraded MachineDeployment")
+	intList(fs, &c.orchMaxUnavailable, "max-unavailable", "maxUnavailable of each upgrade")
+	fs.DurationVar(&c.orchTimeout, "orchestration-timeout", c.orchTimeout, "give up on one upgrade after this long and report how far it got")
+	intList(fs, &c.memClusters, "memory-clusters", "numbers of Clusters the manager's memory is measured with")
+	fs.IntVar(&c.machinesPerCluster, "machines-per-cluster", c.machinesPerCluster, "Machines (each with its Node) per Cluster of the memory measurement")
+	fs.DurationVar(&c.memSettle, "memory-settle", c.memSettle, "wait after the manager's controllers started before its memory is read")
+	fs.StringVar(&c.managerBinary, "manager", c.managerBinary, "a manager binary to measure instead of building one from this checkout")
+	fs.StringVar(&c.apiserverProfile, "apiserver-cpuprofile", c.apiserverProfile, "write a 30 s CPU profile of the test API server from the start of each upgrade to this file, suffixed -<machines>-<maxUnavailable>")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", c.cpuProfile, "write a CPU profile of the bench process (clients, hook servers and in-process managers) to this file, for go tool pprof")
+}
+
+func intList(fs *flag.FlagSet, dst *[]int, name, usage string) {
+	fs.Func(name, fmt.Sprintf("%s, comma-separated (default %s)", usage, joinInts(*dst)), func(s string) error {
+		var out []int
+		for _, f := range strings.Split(s, ",") {
+			v, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || v < 1 {
+				return fmt.Errorf("%q is not a positive number", f)
+			}
+			out = append(out, v)
+		}
+		*dst = out
+		return nil
+	})
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func (c *config) has(section string) bool {
+	for _, s := range c.sections {
+		if s == section {
+			return true
+		}
+	}
+	return false
+}
+
+func main() {
+	cfg := defaultConfig()
+	cfg.bind(flag.CommandLine)
+	flag.Parse()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	if _, err := run(ctx, cfg, os.Stdout, strings.Join(os.Args[1:], " ")); err != nil {
+		_, _ = fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// bench holds what the sections share.
+type bench struct {
+	cfg         config
+	env         *testenv.Environment
+	client      client.Client
+	watchClient client.WithWatch
+	kubeconfig  []byte
+	out         io.Writer
+	tmp         string
+}
+
+func (b *bench) printf(format string, args ...any) { _, _ = fmt.Fprintf(b.out, format, args...) }
+
+// tempDir returns a new directory under the bench's temporary directory.
+func (b *bench) tempDir(name string) string {
+	dir, err := os.MkdirTemp(b.tmp, name+"-")
+	if err != nil {
+		panic(err)
+	}
+	return dir
+}
+
+// run runs the configured sections, prints the figures to out as it goes and writes the
+// report. args are the command's arguments, for the report.
+func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, error) {
+	logOut := io.Discard
+	if cfg.logFile != "" {
+		f, err := os.Create(cfg.logFile)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = f.Close() }()
+		logOut = f
+	}
+	// The manager's logger (main.go), at its default verbosity; only where it goes differs.
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logOut)))
+	ctrl.SetLogger(logger)
+	klog.SetLoggerWithOptions(logger, klog.ContextualLogger(true))
+
+	tmp, err := os.MkdirTemp("", "capi-inplace-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = os.RemoveAll(tmp) }()
+	if abs, err := filepath.Abs(cfg.managerBinary); err == nil && cfg.managerBinary != "" {
+		cfg.managerBinary = abs
+	}
+
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = f.Close() }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	rep := newReport(cfg, args)
+	_, _ = fmt.Fprintf(out, "capi-inplace bench on %s\n", rep.machine.summary())
+	started := time.Now()
+
+	if cfg.has(sectionHooks) || cfg.has(sectionOrchestration) {
+		err := withEnvironment(ctx, cfg, out, tmp, func(b *bench) error {
+			if cfg.has(sectionHooks) {
+				_, _ = fmt.Fprintln(out, "== 1. Hook server over HTTPS (capi-inplace | CAPI reference)")
+				s := time.Now()
+				res, err := runHookBench(ctx, b)
+				if err != nil {
+					return fmt.Errorf("hook server: %w", err)
+				}
+				rep.hooks, rep.hooksTime = res, time.Since(s)
+			}
+			if cfg.has(sectionOrchestration) {
+				_, _ = fmt.Fprintln(out, "== 2./3. Orchestration overhead and API writes per node")
+				s := time.Now()
+				res, err := runOrchestrationBench(ctx, b)
+				rep.orchestration, rep.orchestrationTime = res, time.Since(s)
+				if err != nil {
+					return fmt.Errorf("orchestration: %w", err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	if cfg.has(sectionMemory) {
+		// A fresh API server: the manager caches every namespace, so the objects of the
+		// sections above would add to the sizes measured.
+		err := withEnvironment(ctx, cfg, out, tmp, func(b *bench) error {
+			_, _ = fmt.Fprintln(out, "== 4. Manager memory (real binary, VmRSS)")
+			s := time.Now()
+			res, err := runMemoryBench(ctx, b)
+			rep.memory, rep.memoryTime = res, time.Since(s)
+			if err != nil {
+				return fmt.Errorf("memory: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	rep.elapsed = time.Since(started)
+	rep.machine.loadEnd = loadAverage()
+
+	_, _ = fmt.Fprintln(out)
+	if err := rep.render(out, false); err != nil {
+		return rep, err
+	}
+	if cfg.out != "" {
+		var buf strings.Builder
+		if err := rep.render(&buf, true); err != nil {
+			return rep, err
+		}
+		if err := os.WriteFile(cfg.out, []byte(buf.String()), 0o644); err != nil { //nolint:gosec // documentation file
+			return rep, err
+		}
+		_, _ = fmt.Fprintf(out, "\nWrote %s\n", cfg.out)
+	}
+	return rep, nil
+}
+
+// withEnvironment starts a test API server, runs fn with it, and stops it.
+func withEnvironment(ctx context.Context, cfg config, out io.Writer, tmp string, fn func(*bench) error) error {
+	_, _ = fmt.Fprintln(out, "-- starting the test API server (kube-apiserver and etcd from bin/k8s)")
+	env, err := testenv.Start()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			_, _ = fmt.Fprintf(os.Stderr, "bench: stop the test API server: %v\n", err)
+		}
+	}()
+	direct := rest.CopyConfig(env.Config)
+	direct.QPS = -1
+	c, err := client.NewWithWatch(direct, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return err
+	}
+	kubeconfig, err := env.Kubeconfig()
+	if err != nil {
+		return err
+	}
+	b := &bench{cfg: cfg, env: env, client: c, watchClient: c, kubeconfig: kubeconfig, out: out, tmp: tmp}
+	if err := fn(b); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// managerRESTConfig is the REST config the manager runs with: controller-runtime's
+// GetConfig turns client-side rate limiting off (QPS -1) unless a QPS is set.
+func managerRESTConfig(cfg *rest.Config) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	out.QPS = -1
+	out.Burst = 0
+	return out
+}

@@ -1,0 +1,443 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/workloadcluster"
+)
+
+// The version bump of the orchestration benchmark.
+const (
+	orchFromVersion = "v1.35.0"
+	orchToVersion   = "v1.36.0"
+	// zeroTimeUpdaterName is the ConfigMap that stands for the bench's updater configuration.
+	zeroTimeUpdaterName = "zero-time"
+)
+
+// managerConcurrency is main.go's default --concurrency.
+const managerConcurrency = 10
+
+// zeroTimeUpdater is the bench's updater: the node work takes no time, so that what is
+// measured is capi-inplace's own orchestration (UpgradeTask controller and NodeUpdate
+// lifecycle) and nothing else. It writes nothing itself.
+type zeroTimeUpdater struct{}
+
+func (zeroTimeUpdater) Reconcile(context.Context, *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
+	return nodeupdater.Result{Done: true}, nil
+}
+
+func (zeroTimeUpdater) Abort(context.Context, *inplacev1.NodeUpdate) (bool, error) { return true, nil }
+
+func (zeroTimeUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
+	return nil
+}
+
+// orchResult is one upgrade of a MachineDeployment.
+type orchResult struct {
+	machines, maxUnavailable int
+	// finished is false when the upgrade did not complete before the run's timeout.
+	finished bool
+	upgraded int
+	// total is from the UpgradeTask's creation to its Completed phase.
+	total time.Duration
+	// firstStart is from the UpgradeTask's creation to its first NodeUpdate's.
+	firstStart time.Duration
+	// handoff is, for every NodeUpdate that succeeded while machines still waited, the
+	// time from its success to the creation of the NodeUpdate that took its place.
+	handoff latencies
+	// maxRunning is the most NodeUpdates unfinished at once, as the watch saw them.
+	maxRunning int
+	// writes and reads are the manager's requests to the management API server by verb
+	// and resource; workloadReads its requests to the workload cluster's.
+	writes        map[string]int
+	writesTotal   int
+	reads         map[string]int
+	workloadReads map[string]int
+	// reconciles counts the reconciles of each controller.
+	reconciles map[string]int
+	// events counts the Events in the namespace after the run by reason, each with the
+	// number of times it occurred (an Event series counts every occurrence).
+	events map[string]int
+}
+
+func (r orchResult) writesPerNode() float64 {
+	if r.machines == 0 {
+		return 0
+	}
+	return float64(r.writesTotal) / float64(r.machines)
+}
+
+// runOrchestration upgrades a MachineDeployment of n machines with maxUnavailable mu
+// through the real UpgradeTask controller and NodeUpdate reconciler, wired as main.go
+// wires them (default poll intervals, --concurrency 10, workload clients from the
+// Cluster's kubeconfig Secret), with an updater that finishes every node at once.
+func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, error) {
+	res := orchResult{machines: n, maxUnavailable: mu}
+	c := b.client
+	ns, err := fixtures.Namespace(ctx, c, "bench-orch")
+	if err != nil {
+		return res, err
+	}
+	const clusterName = "bench"
+	if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: zeroTimeUpdaterName}}); err != nil {
+		return res, err
+	}
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: workloadcluster.KubeconfigSecretName(clusterName)},
+		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: b.kubeconfig},
+	}); err != nil {
+		return res, err
+	}
+	if err := createCluster(ctx, c, clusterShape{
+		namespace: ns, name: clusterName, machines: n, version: orchFromVersion,
+		annotations: map[string]string{inplacev1.UpdaterAnnotation: "ConfigMap/" + zeroTimeUpdaterName},
+	}); err != nil {
+		return res, err
+	}
+	defer func() { _ = deleteNodes(ctx, c, ns) }()
+
+	rec, err := watchNodeUpdates(ctx, b, ns, n)
+	if err != nil {
+		return res, err
+	}
+	defer rec.stop()
+
+	registry := nodeupdater.NewRegistry()
+	if err := registry.Register(nodeupdater.Registration{
+		GroupKind: schema.GroupKind{Kind: "ConfigMap"},
+		NewConfig: func() client.Object { return &corev1.ConfigMap{} },
+		Updater:   zeroTimeUpdater{},
+	}); err != nil {
+		return res, err
+	}
+	counter, workloadCounter := newRequestCounter(), newRequestCounter()
+	mgr, err := ctrl.NewManager(counter.wrap(managerRESTConfig(b.env.Config)), ctrl.Options{
+		Scheme:                 b.env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             ctrlconfig.Controller{SkipNameValidation: ptr.To(true)},
+		// main.go caches every namespace. Here earlier runs' objects sit in other
+		// namespaces; caching only this run's keeps each run on its own, as on a
+		// management cluster where nothing else is being upgraded.
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+	})
+	if err != nil {
+		return res, err
+	}
+	opts := controller.Options{MaxConcurrentReconciles: managerConcurrency}
+	// Counting the workload cluster's requests changes nothing else of the clients.
+	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Configure: workloadCounter.wrapInPlace}
+	if err := (&nodeupdater.Reconciler{Registry: registry}).SetupWithManager(mgr, opts); err != nil {
+		return res, err
+	}
+	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: workloads}).SetupWithManager(ctx, mgr, opts); err != nil {
+		return res, err
+	}
+	stop, err := startManager(ctx, mgr)
+	if err != nil {
+		return res, err
+	}
+	defer stop()
+	// The controllers' informers are started and synced by now; what the manager wrote
+	// while starting is not the upgrade's.
+	sleep(ctx, 200*time.Millisecond)
+	counter.reset()
+	workloadCounter.reset()
+	reconcilesBefore, err := reconcileTotals()
+	if err != nil {
+		return res, err
+	}
+
+	requester := &upgraderequest.Requester{Client: c, Registry: registry}
+	t0 := time.Now()
+	decision, err := requester.Request(ctx, upgraderequest.Request{
+		Namespace: ns, ClusterName: clusterName,
+		Target:         upgraderequest.Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: mdName}},
+		Version:        orchToVersion,
+		MaxUnavailable: ptr.To(intstr.FromInt32(int32(mu))),
+	})
+	if err != nil {
+		return res, err
+	}
+	if !decision.Accepted {
+		return res, fmt.Errorf("the upgrade request was declined (%s): %s", decision.Reason, decision.Message)
+	}
+
+	if b.cfg.apiserverProfile != "" {
+		go profileAPIServer(ctx, b, fmt.Sprintf("%s-%d-%d", b.cfg.apiserverProfile, n, mu))
+	}
+	// Watching the task itself would add a decode of its whole status (an entry per
+	// machine) at every write to the load measured; the NodeUpdates say when to look.
+	deadline := time.After(b.cfg.orchTimeout)
+	select {
+	case <-rec.allSucceeded:
+		completedAt, err := waitTaskCompleted(ctx, c, ns, decision.TaskName, t0.Add(b.cfg.orchTimeout))
+		if err != nil {
+			return res, err
+		}
+		if !completedAt.IsZero() {
+			res.finished = true
+			res.total = completedAt.Sub(t0)
+		}
+	case <-deadline:
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	// Trailing writes of the last node (its events, the task's last status) land.
+	sleep(ctx, time.Second)
+	res.writes, res.reads = split(counter.snapshot())
+	res.writesTotal, _ = writeTotals(res.writes)
+	_, res.workloadReads = split(workloadCounter.snapshot())
+	reconcilesAfter, err := reconcileTotals()
+	if err != nil {
+		return res, err
+	}
+	res.reconciles = map[string]int{}
+	for name, n := range reconcilesAfter {
+		res.reconciles[name] = n - reconcilesBefore[name]
+	}
+
+	if res.events, err = eventsByReason(ctx, c, ns); err != nil {
+		return res, err
+	}
+
+	created, succeeded, maxRunning := rec.results()
+	res.upgraded = len(succeeded)
+	res.maxRunning = maxRunning
+	if len(created) > 0 {
+		res.firstStart = created[0].Sub(t0)
+	}
+	res.handoff = summarize(handoffs(created, succeeded, mu))
+	if res.finished && res.upgraded != n {
+		return res, fmt.Errorf("the task completed with %d of %d NodeUpdates succeeded", res.upgraded, n)
+	}
+	if maxRunning > mu {
+		return res, fmt.Errorf("%d NodeUpdates ran at once, more than maxUnavailable %d", maxRunning, mu)
+	}
+	return res, nil
+}
+
+// handoffs pairs each success with the creation it made room for: every success frees one
+// of the mu places, so the k-th success (in time) lets the (mu+k)-th NodeUpdate be
+// created. A success after which no machine waited has no hand-off.
+func handoffs(created, succeeded []time.Time, mu int) []time.Duration {
+	var out []time.Duration
+	for k, s := range succeeded {
+		if mu+k >= len(created) {
+			break
+		}
+		out = append(out, max(created[mu+k].Sub(s), 0))
+	}
+	return out
+}
+
+// nodeUpdateRecorder is the bench's independent witness: a watch of the namespace's
+// NodeUpdates that stamps when each was first seen and when it was first seen Succeeded.
+type nodeUpdateRecorder struct {
+	mu         sync.Mutex
+	created    map[string]time.Time
+	succeeded  map[string]time.Time
+	phase      map[string]inplacev1.NodeUpdatePhase
+	maxRunning int
+	stop       func()
+	// allSucceeded is closed once want NodeUpdates succeeded.
+	allSucceeded chan struct{}
+}
+
+func watchNodeUpdates(ctx context.Context, b *bench, ns string, want int) (*nodeUpdateRecorder, error) {
+	w, err := b.watchClient.Watch(ctx, &inplacev1.NodeUpdateList{}, client.InNamespace(ns))
+	if err != nil {
+		return nil, fmt.Errorf("watch NodeUpdates: %w", err)
+	}
+	rec := &nodeUpdateRecorder{created: map[string]time.Time{}, succeeded: map[string]time.Time{}, phase: map[string]inplacev1.NodeUpdatePhase{}, stop: w.Stop, allSucceeded: make(chan struct{})}
+	go func() {
+		for ev := range w.ResultChan() {
+			now := time.Now()
+			nu, ok := ev.Object.(*inplacev1.NodeUpdate)
+			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
+				continue
+			}
+			rec.mu.Lock()
+			if _, seen := rec.created[nu.Name]; !seen {
+				rec.created[nu.Name] = now
+			}
+			if _, seen := rec.succeeded[nu.Name]; !seen && nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded {
+				rec.succeeded[nu.Name] = now
+				if len(rec.succeeded) == want {
+					close(rec.allSucceeded)
+				}
+			}
+			rec.phase[nu.Name] = nu.Status.Phase
+			running := 0
+			for _, p := range rec.phase {
+				if !p.IsFinal() {
+					running++
+				}
+			}
+			rec.maxRunning = max(rec.maxRunning, running)
+			rec.mu.Unlock()
+		}
+	}()
+	return rec, nil
+}
+
+// results returns the creation and success times, each sorted, and the most NodeUpdates
+// seen unfinished at once.
+func (r *nodeUpdateRecorder) results() (created, succeeded []time.Time, maxRunning int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.created {
+		created = append(created, t)
+	}
+	for _, t := range r.succeeded {
+		succeeded = append(succeeded, t)
+	}
+	slices.SortFunc(created, func(a, b time.Time) int { return a.Compare(b) })
+	slices.SortFunc(succeeded, func(a, b time.Time) int { return a.Compare(b) })
+	return created, succeeded, r.maxRunning
+}
+
+// waitTaskCompleted polls the task until its phase is Completed and returns when it saw
+// it so (to 10 ms); a zero time when the deadline passed first.
+func waitTaskCompleted(ctx context.Context, c client.Client, ns, name string, deadline time.Time) (time.Time, error) {
+	for time.Now().Before(deadline) {
+		task := &inplacev1.UpgradeTask{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, task); err != nil {
+			return time.Time{}, err
+		}
+		if task.Status.Phase == inplacev1.TaskPhaseCompleted {
+			return time.Now(), nil
+		}
+		sleep(ctx, 10*time.Millisecond)
+		if ctx.Err() != nil {
+			return time.Time{}, ctx.Err()
+		}
+	}
+	return time.Time{}, nil
+}
+
+// runOrchestrationBench runs every size and maxUnavailable.
+func runOrchestrationBench(ctx context.Context, b *bench) ([]orchResult, error) {
+	var out []orchResult
+	for _, n := range b.cfg.orchSizes {
+		for _, mu := range b.cfg.orchMaxUnavailable {
+			r, err := runOrchestration(ctx, b, n, mu)
+			if err != nil {
+				return out, fmt.Errorf("upgrade of %d machines, maxUnavailable %d: %w", n, mu, err)
+			}
+			status := secs(r.total)
+			if !r.finished {
+				status = fmt.Sprintf("NOT FINISHED after %s (%d/%d upgraded)", b.cfg.orchTimeout, r.upgraded, n)
+			}
+			writes := fmt.Sprintf("%.1f writes/node", r.writesPerNode())
+			if !r.finished {
+				writes = fmt.Sprintf("%d writes", r.writesTotal)
+			}
+			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms; %s\n",
+				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), writes)
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no orchestration run configured")
+	}
+	return out, nil
+}
+
+// eventsByReason counts the Events of a namespace by reason (events.k8s.io, as the
+// manager records them), counting every occurrence of a series.
+func eventsByReason(ctx context.Context, c client.Client, ns string) (map[string]int, error) {
+	list := &eventsv1.EventList{}
+	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return nil, fmt.Errorf("list Events: %w", err)
+	}
+	out := map[string]int{}
+	for _, e := range list.Items {
+		n := 1
+		if e.Series != nil && e.Series.Count > 1 {
+			n = int(e.Series.Count)
+		}
+		out[e.Regarding.Kind+" "+e.Reason] += n
+	}
+	return out, nil
+}
+
+// reconcileTotals sums controller-runtime's controller_runtime_reconcile_total by
+// controller, over every result.
+func reconcileTotals() (map[string]int, error) {
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" {
+					out[l.GetValue()] += int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// profileAPIServer writes a 30 s CPU profile of the test API server to file, for
+// go tool pprof (kube-apiserver serves /debug/pprof to its administrators).
+func profileAPIServer(ctx context.Context, b *bench, file string) {
+	hc, err := rest.HTTPClientFor(b.env.Config)
+	if err != nil {
+		_, _ = fmt.Fprintf(b.out, "  apiserver profile: %v\n", err)
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+"/debug/pprof/profile?seconds=30", nil)
+	if err != nil {
+		return
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		_, _ = fmt.Fprintf(b.out, "  apiserver profile: %v\n", err)
+		return
+	}
+	defer func() { _ = resp.Body.Close() }()
+	data, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(file, data, 0o600)
+	}
+	if err != nil {
+		_, _ = fmt.Fprintf(b.out, "  apiserver profile: %v\n", err)
+	}
+}

@@ -1,0 +1,522 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Targets of issue #10.
+const (
+	targetHookP99        = 5 * time.Millisecond
+	targetHookRatio      = 1.5
+	targetHandoffP99     = 200 * time.Millisecond
+	targetBigUpgrade     = 2 * time.Minute
+	targetBigMachines    = 500
+	targetBigMU          = 10
+	targetWritesPerNode  = 12
+	targetRSS            = 300 << 20
+	targetMemoryMachines = 5000
+	targetHookClients    = 64
+)
+
+// machineInfo describes where the figures were measured.
+type machineInfo struct {
+	cpus       int
+	cpuModel   string
+	memTotal   uint64
+	loadStart  string
+	loadEnd    string
+	goVersion  string
+	gomaxprocs int
+}
+
+func currentMachine() machineInfo {
+	return machineInfo{
+		cpus: runtime.NumCPU(), cpuModel: cpuModel(), memTotal: memTotal(), loadStart: loadAverage(),
+		goVersion: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH, gomaxprocs: runtime.GOMAXPROCS(0),
+	}
+}
+
+func (m machineInfo) summary() string {
+	return fmt.Sprintf("%d CPUs (nproc), %s, %.1f GiB memory, load average %s", m.cpus, m.cpuModel, float64(m.memTotal)/(1<<30), m.loadStart)
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	defer func() { _ = f.Close() }()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+func memTotal() uint64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = f.Close() }()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			var kb uint64
+			_, _ = fmt.Sscan(fields[1], &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// loadAverage is the 1, 5 and 15 minute load averages: how busy the shared machine was.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// gitCommit names the checkout's commit, read-only.
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	commit := strings.TrimSpace(string(out))
+	if status, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(status))) > 0 {
+		commit += " (with uncommitted changes)"
+	}
+	return commit
+}
+
+// report is everything the bench measured.
+type report struct {
+	cfg     config
+	args    string
+	date    time.Time
+	machine machineInfo
+	commit  string
+	elapsed time.Duration
+
+	hooks             *hookBenchResult
+	hooksTime         time.Duration
+	orchestration     []orchResult
+	orchestrationTime time.Duration
+	memory            []memResult
+	memoryTime        time.Duration
+}
+
+func newReport(cfg config, args string) *report {
+	return &report{cfg: cfg, args: args, date: time.Now().UTC(), machine: currentMachine(), commit: gitCommit()}
+}
+
+func (r *report) command() string {
+	direct := "bin/capi-inplace-bench"
+	if r.args != "" {
+		direct += " " + r.args
+	}
+	if os.Getenv("MAKELEVEL") != "" {
+		return fmt.Sprintf("`make bench` (which builds and runs `%s`)", direct)
+	}
+	return fmt.Sprintf("`%s`", direct)
+}
+
+// render writes the report as Markdown; full adds the header and how each figure is measured.
+func (r *report) render(w io.Writer, full bool) error {
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	if full {
+		p("# Benchmarks\n\n")
+		p("Written by `make bench` (`test/bench`); do not edit by hand, run `make bench` again. ")
+		p("Every figure below comes from one run on one machine, so compare figures within this file, not across machines.\n\n")
+		p("| | |\n|---|---|\n")
+		p("| Date | %s |\n", r.date.Format("2006-01-02 15:04 MST"))
+		p("| Command | %s |\n", r.command())
+		p("| Machine | %d CPUs (`nproc`), %s, %.1f GiB memory |\n", r.machine.cpus, r.machine.cpuModel, float64(r.machine.memTotal)/(1<<30))
+		p("| Load average (1, 5, 15 min) | %s at the start, %s at the end: the machine is shared, so figures move with what else runs |\n", r.machine.loadStart, r.machine.loadEnd)
+		p("| Go | %s, GOMAXPROCS %d |\n", r.machine.goVersion, r.machine.gomaxprocs)
+		p("| Commit | %s |\n", r.commit)
+		p("| Test control plane | kube-apiserver v1.36.3 and etcd v3.6.14 built into `bin/k8s`, run by envtest on the same machine |\n")
+		p("| Run time | %s (hooks %s, orchestration %s, memory %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.memoryTime.Round(time.Second))
+	}
+	r.renderTargets(w)
+	r.renderHooks(w, full)
+	r.renderOrchestration(w, full)
+	r.renderWrites(w, full)
+	r.renderMemory(w, full)
+	r.renderGrowth(w, full)
+	if full {
+		r.renderLimits(w)
+	}
+	return nil
+}
+
+// renderLimits says what bounds the figures, from how the code works (profiles of the
+// bench process with --cpuprofile, the request counts above), so that it stays true when
+// the figures are measured again.
+func (r *report) renderLimits(w io.Writer) {
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## What limits the figures\n\n")
+	p("- **Hook latency at %d clients.** The clients are closed loops on the same cores as the servers, so the mean latency is at least ", targetHookClients)
+	p("%d / throughput (Little's law): %s ms at p99 would take far more requests per second than two cores serve with TLS, HTTP/2 and ", targetHookClients, ms(targetHookP99))
+	p("JSON of the bodies above, for either implementation. The CanUpdate hooks cost about what the reference's cost (their CPU ")
+	p("per request is mostly decoding and encoding the request and TLS, the same for both); UpdateMachine reads the Machine and the ")
+	p("Cluster's NodeUpdates from the manager's cache (without copying them), where the reference only looks into a map in memory.\n")
+	p("- **Hand-off.** Every UpgradeTask reconcile reads all NodeUpdates of the Cluster from the API server and all Nodes of the workload ")
+	p("cluster, and patches the task's whole status (one entry per machine): its cost grows with the machines of the task, which is why the ")
+	p("time per machine grows with the size at maxUnavailable 1. Its writes are sequential, and one reconcile writes up to four objects ")
+	p("for every machine that ends or starts: with maxUnavailable 10 a success that comes while a reconcile runs waits for that whole ")
+	p("reconcile, then for the next one, which writes the machines that ended before it creates the next NodeUpdate. With node work that ")
+	p("takes no time the maxUnavailable nodes end almost together, the worst case for this; real nodes, which take minutes, end one by one.\n")
+	p("- **First node.** The first reconcile claims every machine of the task (a label and a condition, two writes each) before it starts ")
+	p("a node, so the first node starts after 2 × N writes.\n")
+	p("- **Writes per node.** Per node the design asks for: the Machine's claim label, its InPlaceUpgradeUpToDate condition as Waiting, ")
+	p("InProgress and Done, its release annotation with the claim removed (five Machine writes); the NodeUpdate's creation, its finalizer ")
+	p("and its status (three); the task's status; and four Events (MachineClaimed, NodeStarted, the NodeUpdate's Succeeded, NodeUpgraded, ")
+	p("the last folded into Event series when several nodes end close together). An updater with steps adds one Machine condition write ")
+	p("per step (the InProgress message names the step).\n")
+	p("- **Memory.** The manager caches every Machine, MachineSet, MachineDeployment and Cluster of the management cluster (and its own ")
+	p("kinds), so its memory grows with the Machines; Nodes are read from the workload clusters without a cache.\n\n")
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func (r *report) renderTargets(w io.Writer) {
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## Targets (issue #10)\n\n| target | measured | met |\n|---|---|---|\n")
+	if r.hooks != nil {
+		var figs, ratios []string
+		okAbs, okRatio, any64 := true, true, false
+		for _, hook := range hookNames {
+			if ours, ref, found := r.hookPair(hook, targetHookClients); found {
+				any64 = true
+				figs = append(figs, fmt.Sprintf("%s %s ms (reference %s ms)", hook, ms(ours.lat.p99), ms(ref.lat.p99)))
+				okAbs = okAbs && ours.lat.p99 < targetHookP99 && ours.failures == 0
+			}
+			// The ratio at every number of clients; the worst is shown.
+			worst, worstN, worstOurs, worstRef := 0.0, 0, time.Duration(0), time.Duration(0)
+			for _, n := range r.cfg.hookClients {
+				if ours, ref, found := r.hookPair(hook, n); found {
+					if ratio := ratioOf(ours.lat.p99, ref.lat.p99); ratio > worst {
+						worst, worstN, worstOurs, worstRef = ratio, n, ours.lat.p99, ref.lat.p99
+					}
+				}
+			}
+			if worstN > 0 {
+				ratios = append(ratios, fmt.Sprintf("%s %.2f× at %s (%s vs %s ms)", hook, worst, clientsText(worstN), ms(worstOurs), ms(worstRef)))
+				okRatio = okRatio && worst <= targetHookRatio
+			}
+		}
+		if any64 {
+			p("| hook p99 at %d clients under %s ms on %d cores | %s | %s |\n", targetHookClients, ms(targetHookP99), r.machine.cpus, strings.Join(figs, "; "), yesNo(okAbs))
+		}
+		if len(ratios) > 0 {
+			p("| hook p99 at most %.1f× the reference's (worst over %s clients) | %s | %s |\n", targetHookRatio, joinInts(r.cfg.hookClients), strings.Join(ratios, "; "), yesNo(okRatio))
+		}
+	}
+	if len(r.orchestration) > 0 {
+		var worst orchResult
+		for _, o := range r.orchestration {
+			if o.handoff.p99 >= worst.handoff.p99 {
+				worst = o
+			}
+		}
+		p("| hand-off p99 under %s ms | worst %s ms (%d machines, maxUnavailable %d) | %s |\n", ms(targetHandoffP99), ms(worst.handoff.p99), worst.machines, worst.maxUnavailable, yesNo(worst.handoff.p99 < targetHandoffP99 && allFinished(r.orchestration)))
+		for _, o := range r.orchestration {
+			if o.machines == targetBigMachines && o.maxUnavailable == targetBigMU {
+				p("| %d machines at maxUnavailable %d in under %s | %s | %s |\n", targetBigMachines, targetBigMU, targetBigUpgrade, totalText(o, r.cfg.orchTimeout), yesNo(o.finished && o.total < targetBigUpgrade))
+			}
+		}
+		// Per node only means something for an upgrade that finished: an unfinished one
+		// claimed every machine but upgraded only some.
+		var worstW *orchResult
+		for i, o := range r.orchestration {
+			if o.finished && (worstW == nil || o.writesPerNode() > worstW.writesPerNode()) {
+				worstW = &r.orchestration[i]
+			}
+		}
+		if worstW != nil {
+			p("| at most %d writes per upgraded node | worst %.1f (%d machines, maxUnavailable %d; upgrades that finished) | %s |\n", targetWritesPerNode, worstW.writesPerNode(), worstW.machines, worstW.maxUnavailable, yesNo(worstW.writesPerNode() <= targetWritesPerNode))
+		}
+	}
+	for _, m := range r.memory {
+		if m.machines == targetMemoryMachines {
+			p("| manager RSS with %d Machines and Nodes (%d Clusters) under %s | %s | %s |\n", targetMemoryMachines, m.clusters, mib(targetRSS), mib(m.rss), yesNo(m.rss < targetRSS))
+		}
+	}
+	p("\n")
+}
+
+func allFinished(runs []orchResult) bool {
+	for _, o := range runs {
+		if !o.finished {
+			return false
+		}
+	}
+	return true
+}
+
+func totalText(o orchResult, timeout time.Duration) string {
+	if !o.finished {
+		return fmt.Sprintf("not finished after %s (%d/%d upgraded)", timeout, o.upgraded, o.machines)
+	}
+	return secs(o.total)
+}
+
+func ratioOf(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func (r *report) hookPair(hook string, clients int) (ours, ref hookResult, found bool) {
+	var fo, fr bool
+	for _, h := range r.hooks.results {
+		if h.hook != hook || h.clients != clients {
+			continue
+		}
+		switch h.impl {
+		case implOurs:
+			ours, fo = h, true
+		case implReference:
+			ref, fr = h, true
+		}
+	}
+	return ours, ref, fo && fr
+}
+
+func (r *report) renderHooks(w io.Writer, full bool) {
+	if r.hooks == nil {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 1. Hook server\n\n")
+	if full {
+		p("capi-inplace's handlers are served as the manager serves them: `extension.NewCAPIHookServer` (Cluster API's runtime SDK server, ")
+		p("`sigs.k8s.io/cluster-api/exp/runtime/server`, TLS 1.2+) with `InPlaceHooks` wired as in `main.go`, reading through a controller-runtime ")
+		p("manager's cached client from the test API server. Cluster API's reference handlers (`sigs.k8s.io/cluster-api/test` v1.14.0, ")
+		p("`extension/handlers/inplaceupdate`) are served by a second runtime SDK server of the same manager, in the same process, with the same ")
+		p("certificate and logger (the manager's text logger at verbosity 0, output discarded). Both get byte-identical request bodies, built as ")
+		p("Cluster API v1.14 builds them: a MachineDeployment (CanUpdateMachineSet, %d bytes) and a KubeadmControlPlane machine ", r.hooks.requestBytes["CanUpdateMachineSet"])
+		p("(CanUpdateMachine, %d bytes) going from %s to %s with their KubeadmConfig(Template) and DevMachine(Template) (Docker backend), ", r.hooks.requestBytes["CanUpdateMachine"], hookFromVersion, hookToVersion)
+		p("and UpdateMachine (%d bytes) for %d machines in turn, each with its running NodeUpdate (the steady state). ", r.hooks.requestBytes["UpdateMachine"], r.hooks.machines)
+		p("The clients are closed loops sharing one HTTP client built like Cluster API's runtime client (Kubernetes transport defaults, HTTP/2, ")
+		p("`?timeout=10s`); a latency is one request's round trip as the client sees it. Each cell runs each implementation twice ")
+		p("(capi-inplace, reference, reference, capi-inplace; %s each after %s of warm-up) so that a change of the shared machine's load weighs on both. ", r.cfg.hookDuration/2, r.cfg.hookWarmup)
+		p("CPU/req is the whole process's CPU time (clients and both servers share it) per request. Every answer is checked (HTTP 200, status Success).\n\n")
+		p("With n closed-loop clients, latency cannot be below n / throughput (Little's law): at %d clients on %d cores, a p99 under %s ms needs ", targetHookClients, r.machine.cpus, ms(targetHookP99))
+		p("well over %.0f requests/s with clients, TLS and server on the same cores.\n\n", float64(targetHookClients)/targetHookP99.Seconds())
+	}
+	p("| hook | clients | capi-inplace req/s | p50 ms | p99 ms | CPU/req ms | reference req/s | p50 ms | p99 ms | CPU/req ms | p99 ratio |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, hook := range hookNames {
+		for _, n := range r.cfg.hookClients {
+			ours, ref, found := r.hookPair(hook, n)
+			if !found {
+				continue
+			}
+			p("| %s | %d | %.0f | %s | %s | %s | %.0f | %s | %s | %s | %.2f |\n", hook, n,
+				ours.rps(), ms(ours.lat.p50), ms(ours.lat.p99), ms(ours.cpuPerRequest),
+				ref.rps(), ms(ref.lat.p50), ms(ref.lat.p99), ms(ref.cpuPerRequest), ratioOf(ours.lat.p99, ref.lat.p99))
+		}
+	}
+	p("\n")
+	var failures []string
+	for _, h := range r.hooks.results {
+		if h.failures > 0 {
+			failures = append(failures, fmt.Sprintf("%s %s at %d clients: %d failed, first: %s", h.impl, h.hook, h.clients, h.failures, h.firstFail))
+		}
+	}
+	if len(failures) > 0 {
+		p("Failed requests: %s.\n\n", strings.Join(failures, "; "))
+	}
+	if full {
+		p("What each answered (the reference's CanUpdate patches cover only its own fields, so Cluster API's verdict on them may differ):\n\n")
+		for _, hc := range r.hooks.cases {
+			p("- %s: capi-inplace: %s; reference: %s\n", hc.hook, hc.answers[implOurs], hc.answers[implReference])
+		}
+		p("\n")
+	}
+}
+
+func (r *report) renderOrchestration(w io.Writer, full bool) {
+	if len(r.orchestration) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 2. Orchestration overhead\n\n")
+	if full {
+		p("A MachineDeployment of N machines (each with a Ready Node, objects as Cluster API leaves them) is upgraded from %s to %s by an ", orchFromVersion, orchToVersion)
+		p("extension-paced UpgradeTask (created through `upgraderequest.Requester`, as ExternalUpgradeRequest does). The real UpgradeTask controller ")
+		p("and NodeUpdate reconciler run in a controller-runtime manager wired as `main.go` wires them: default poll intervals (UpgradeTask %s, ", "15s")
+		p("NodeUpdate %s; `--poll-interval` unset), `--concurrency %d`, workload Nodes read through the Cluster's kubeconfig Secret ", "30s", managerConcurrency)
+		p("(`workloadcluster.Clients`). The updater is the bench's own: its Reconcile answers Done at once and it writes nothing, so the node work takes ")
+		p("no time and what is left is capi-inplace's orchestration. A separate watch stamps each NodeUpdate when it is first seen and when it is first ")
+		p("seen Succeeded. Total: from the UpgradeTask's creation to its `Completed` phase. First node: from the task's creation to its first NodeUpdate. ")
+		p("Hand-off: each success frees one of the maxUnavailable places, so the k-th success is paired with the (maxUnavailable+k)-th creation; ")
+		p("the latency is the time between the two. A run that does not finish within %s is stopped and reported as such.\n\n", r.cfg.orchTimeout)
+	}
+	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | most running at once |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, o := range r.orchestration {
+		per := "-"
+		if o.finished {
+			per = ms(o.total/time.Duration(o.machines)) + " ms"
+		}
+		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %d |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
+			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), o.maxRunning)
+	}
+	p("\n")
+}
+
+func (r *report) renderWrites(w io.Writer, full bool) {
+	if len(r.orchestration) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 3. API writes per upgraded node\n\n")
+	if full {
+		p("Every POST, PUT, PATCH and DELETE the manager of section 2 sent, counted by an `http.RoundTripper` wrapped around its REST config ")
+		p("(cached and direct clients and its event recorder alike), from the UpgradeTask's creation until a second after it completed, divided by ")
+		p("the machines upgraded. The updater writes nothing, so none of this is an updater's own work; the bench's watches and the request that ")
+		p("created the task use another client and are not counted. Events are writes too and are counted.\n\n")
+	}
+	p("| machines | maxUnavailable | writes | per node | per node, by verb and resource |\n|---:|---:|---:|---:|---|\n")
+	for _, o := range r.orchestration {
+		if !o.finished {
+			p("| %d | %d | %d | not finished (%d of %d upgraded, all claimed) | %s |\n", o.machines, o.maxUnavailable, o.writesTotal, o.upgraded, o.machines, perNode(o.writes, o.machines))
+			continue
+		}
+		p("| %d | %d | %d | %.1f | %s |\n", o.machines, o.maxUnavailable, o.writesTotal, o.writesPerNode(), perNode(o.writes, o.machines))
+	}
+	p("\n")
+	p("What the writes come with, per node: reconciles of each controller (controller-runtime's `controller_runtime_reconcile_total`), ")
+	p("reads of the management API server (cached reads are not requests and do not show) and of the workload cluster's:\n\n")
+	p("| machines | maxUnavailable | reconciles per node | reads per node | workload reads per node |\n|---:|---:|---|---|---|\n")
+	for _, o := range r.orchestration {
+		size := strconv.Itoa(o.machines)
+		if !o.finished {
+			size += " (not finished)"
+		}
+		p("| %s | %d | %s | %s | %s |\n", size, o.maxUnavailable, perNode(o.reconciles, o.machines), perNode(o.reads, o.machines), perNode(o.workloadReads, o.machines))
+	}
+	p("\n")
+	p("Events recorded per node, by the kind they regard and their reason (an event repeated as a series counts each time):\n\n")
+	for _, o := range r.orchestration {
+		p("- %d machines, maxUnavailable %d: %s\n", o.machines, o.maxUnavailable, perNode(o.events, o.machines))
+	}
+	p("\n")
+}
+
+func (r *report) renderMemory(w io.Writer, full bool) {
+	if len(r.memory) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 4. Manager memory\n\n")
+	if full {
+		p("The real manager binary (built from this checkout by `test/manager`, run as a process with the flags the tests use, no leader election) ")
+		p("against a fresh test API server holding Clusters of %d Machines each (with a MachineDeployment and MachineSet per Cluster, ", r.cfg.machinesPerCluster)
+		p("and one Ready Node per Machine, objects with the status Cluster API and kubelets report). Each size gets a freshly started manager; once ")
+		p("its controllers run (the number of \"Starting workers\" lines stopped growing) and %s more passed, VmRSS is read from ", r.cfg.memSettle)
+		p("`/proc/<pid>/status` five times a second apart (median shown), with VmHWM (the peak RSS since start) and the Go heap in use ")
+		p("(`go_memstats_heap_inuse_bytes` from its /metrics, no GC forced). The manager caches Machines, MachineSets, MachineDeployments, Clusters and ")
+		p("its own kinds; it reads workload Nodes with uncached clients, so the Nodes are on the API server but not in its cache.\n\n")
+	}
+	p("| Clusters | Machines | Nodes | VmRSS | peak (VmHWM) | Go heap in use | controllers running after |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, m := range r.memory {
+		p("| %d | %d | %d | %s | %s | %s | %s |\n", m.clusters, m.machines, m.nodes, mib(m.rss), mib(m.peak), mib(m.heapInUse), secs(m.startup))
+	}
+	p("\n")
+}
+
+func (r *report) renderGrowth(w io.Writer, full bool) {
+	if len(r.orchestration) < 2 && len(r.memory) < 2 {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 5. How it grows\n\n")
+	if full {
+		p("The figures of sections 2 and 4 per unit of size: constant columns mean linear growth; a column that grows with the size means worse than linear.\n\n")
+	}
+	if len(r.orchestration) >= 2 {
+		p("| machines | maxUnavailable | total per machine | hand-off p50 ms | writes per node |\n|---:|---:|---:|---:|---:|\n")
+		for _, mu := range r.cfg.orchMaxUnavailable {
+			for _, o := range r.orchestration {
+				if o.maxUnavailable != mu {
+					continue
+				}
+				per := "not finished"
+				if o.finished {
+					per = ms(o.total/time.Duration(o.machines)) + " ms"
+				}
+				writes := "-"
+				if o.finished {
+					writes = fmt.Sprintf("%.1f", o.writesPerNode())
+				}
+				p("| %d | %d | %s | %s | %s |\n", o.machines, o.maxUnavailable, per, ms(o.handoff.p50), writes)
+			}
+		}
+		p("\n")
+	}
+	if len(r.memory) >= 2 {
+		p("| Machines | VmRSS | VmRSS per 1,000 Machines | growth from the previous size per 1,000 Machines |\n|---:|---:|---:|---:|\n")
+		for i, m := range r.memory {
+			step := "-"
+			if i > 0 {
+				prev := r.memory[i-1]
+				if dm := m.machines - prev.machines; dm > 0 {
+					step = mib(uint64(max(float64(m.rss)-float64(prev.rss), 0) * 1000 / float64(dm)))
+				}
+			}
+			p("| %d | %s | %s | %s |\n", m.machines, mib(m.rss), mib(m.rss*1000/uint64(max(m.machines, 1))), step)
+		}
+		p("\n")
+	}
+}
+
+// perNode lists counts divided by machines, largest first.
+func perNode(counts map[string]int, machines int) string {
+	_, keys := writeTotals(counts)
+	var parts []string
+	for _, k := range keys {
+		if counts[k] == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f", k, float64(counts[k])/float64(max(machines, 1))))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func clientsText(n int) string {
+	if n == 1 {
+		return "1 client"
+	}
+	return fmt.Sprintf("%d clients", n)
+}
