@@ -135,7 +135,7 @@ bench: test-binaries ## Measure the hook server, orchestration, API writes per n
 	$(BIN)/capi-inplace-bench --out docs/benchmarks.md $(ARGS)
 
 FUZZTIME ?= 1m
-FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch
+FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch ./extension:FuzzHookBodies
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for $(FUZZTIME) (make test runs their seeds).
