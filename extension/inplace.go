@@ -279,15 +279,24 @@ func (h *InPlaceHooks) updaterFields(ctx context.Context, namespace, clusterName
 // resolveUpdater applies the one rule of every path: the Cluster's annotation, else the
 // ExtensionConfig's defaultUpdater setting, else the manager's --default-updater.
 func (h *InPlaceHooks) resolveUpdater(cluster *clusterv1.Cluster, settings map[string]string) (inplacev1.UpdaterReference, nodeupdater.UpdaterSource, error) {
-	var fromSettings *inplacev1.UpdaterReference
-	if v := strings.TrimSpace(settings[DefaultUpdaterSetting]); v != "" {
-		ref, err := inplacev1.ParseUpdaterReference(v)
-		if err != nil {
-			return inplacev1.UpdaterReference{}, "", fmt.Errorf("the ExtensionConfig's settings.%s: %w", DefaultUpdaterSetting, err)
-		}
-		fromSettings = &ref
+	fromSettings, err := updaterFromSettings(settings)
+	if err != nil {
+		return inplacev1.UpdaterReference{}, "", err
 	}
 	return nodeupdater.ResolveUpdater(cluster, fromSettings, h.DefaultUpdater)
+}
+
+// updaterFromSettings reads the ExtensionConfig's defaultUpdater setting; nil when unset.
+func updaterFromSettings(settings map[string]string) (*inplacev1.UpdaterReference, error) {
+	v := strings.TrimSpace(settings[DefaultUpdaterSetting])
+	if v == "" {
+		return nil, nil
+	}
+	ref, err := inplacev1.ParseUpdaterReference(v)
+	if err != nil {
+		return nil, fmt.Errorf("the ExtensionConfig's settings.%s: %w", DefaultUpdaterSetting, err)
+	}
+	return &ref, nil
 }
 
 // UpdateMachine implements CAPIHooks: the Machine controller asks to update a machine in
@@ -347,14 +356,10 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 		fail(resp, err)
 		return
 	}
-	var fromSettings *inplacev1.UpdaterReference
-	if v := strings.TrimSpace(req.Settings[DefaultUpdaterSetting]); v != "" {
-		ref, err := inplacev1.ParseUpdaterReference(v)
-		if err != nil {
-			fail(resp, fmt.Errorf("the ExtensionConfig's settings.%s: %w", DefaultUpdaterSetting, err))
-			return
-		}
-		fromSettings = &ref
+	fromSettings, err := updaterFromSettings(req.Settings)
+	if err != nil {
+		fail(resp, err)
+		return
 	}
 	decision, err := h.Requester.Request(ctx, upgraderequest.Request{
 		Namespace:   machine.Namespace,

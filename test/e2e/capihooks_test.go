@@ -9,8 +9,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,7 +21,6 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/hookclient"
 	"github.com/capi-inplace/capi-inplace/test/manager"
-	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
 // handlerFor returns the name discovery gives the handler of hook, as Cluster API's
@@ -57,19 +54,7 @@ var _ = Describe("Cluster API's in-place update hooks over HTTPS", Ordered, func
 		Expect(err).NotTo(HaveOccurred())
 		_, machines, err := fixtures.MachineDeployment(ctx, env.Client, ns, "kubeadm", "workers", "v1.35.2", 3)
 		Expect(err).NotTo(HaveOccurred())
-		admin, err := env.Kubeconfig()
-		Expect(err).NotTo(HaveOccurred())
-		Expect(env.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: workloadcluster.KubeconfigSecretName("kubeadm"), Namespace: ns},
-			Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: admin},
-		})).To(Succeed())
-		Expect(env.Client.Create(ctx, &inplacev1.JobUpdater{
-			ObjectMeta: metav1.ObjectMeta{Name: "nodes", Namespace: ns},
-			Spec:       inplacev1.JobUpdaterSpec{Image: "registry.example/kubeadm-upgrader:v1", Namespace: "kube-system"},
-		})).To(Succeed())
-		stop := make(chan struct{})
-		DeferCleanup(func() { close(stop) })
-		go completeJobs(stop, "kube-system")
+		jobUpdaterWorkload(ns, "kubeadm")
 		settings := map[string]string{extension.DefaultUpdaterSetting: "JobUpdater/nodes"}
 
 		By("discovery first, as Cluster API registers an extension")

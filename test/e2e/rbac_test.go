@@ -61,6 +61,26 @@ func impersonatingKubeconfig(path string) {
 	Expect(clientcmd.WriteToFile(*cfg, path)).To(Succeed())
 }
 
+// jobUpdaterWorkload makes this API server the workload cluster of Cluster cluster (its
+// kubeconfig Secret), creates JobUpdater/nodes, and completes the Jobs it creates until
+// the spec ends.
+func jobUpdaterWorkload(ns, cluster string) {
+	GinkgoHelper()
+	admin, err := env.Kubeconfig()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(env.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: workloadcluster.KubeconfigSecretName(cluster), Namespace: ns},
+		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: admin},
+	})).To(Succeed())
+	Expect(env.Client.Create(ctx, &inplacev1.JobUpdater{
+		ObjectMeta: metav1.ObjectMeta{Name: "nodes", Namespace: ns},
+		Spec:       inplacev1.JobUpdaterSpec{Image: "registry.example/kubeadm-upgrader:v1", Namespace: "kube-system"},
+	})).To(Succeed())
+	stop := make(chan struct{})
+	DeferCleanup(func() { close(stop) })
+	go completeJobs(stop, "kube-system")
+}
+
 // completeJobs plays the Job controller of the workload cluster: every Job the JobUpdater
 // creates in namespace succeeds after a moment.
 func completeJobs(stop <-chan struct{}, namespace string) {
@@ -119,19 +139,7 @@ var _ = Describe("The manager under its rendered RBAC", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		_, machines, err := fixtures.MachineDeployment(ctx, env.Client, ns, "kubeadm", "workers", "v1.35.2", 2)
 		Expect(err).NotTo(HaveOccurred())
-		admin, err := env.Kubeconfig()
-		Expect(err).NotTo(HaveOccurred())
-		Expect(env.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: workloadcluster.KubeconfigSecretName("kubeadm"), Namespace: ns},
-			Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: admin},
-		})).To(Succeed())
-		Expect(env.Client.Create(ctx, &inplacev1.JobUpdater{
-			ObjectMeta: metav1.ObjectMeta{Name: "nodes", Namespace: ns},
-			Spec:       inplacev1.JobUpdaterSpec{Image: "registry.example/kubeadm-upgrader:v1", Namespace: "kube-system"},
-		})).To(Succeed())
-		stop := make(chan struct{})
-		DeferCleanup(func() { close(stop) })
-		go completeJobs(stop, "kube-system")
+		jobUpdaterWorkload(ns, "kubeadm")
 
 		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.ExternalHookPort), must(manager.TLSConfig(certs.CAPEM)), externalCatalog())
 		req := &hooksv1.ExternalUpgradeRequestRequest{
