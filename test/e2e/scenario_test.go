@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,6 +15,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -190,6 +192,15 @@ type nodeUpdateWatch struct {
 	uids map[string]map[types.UID]bool
 }
 
+func (w *nodeUpdateWatch) record(n *inplacev1.NodeUpdate) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.uids[n.Spec.MachineName] == nil {
+		w.uids[n.Spec.MachineName] = map[types.UID]bool{}
+	}
+	w.uids[n.Spec.MachineName][n.UID] = true
+}
+
 func watchNodeUpdates(s *scenario.Scenario) *nodeUpdateWatch {
 	wc, err := client.NewWithWatch(s.Management.Config, client.Options{Scheme: s.Management.Scheme})
 	Expect(err).NotTo(HaveOccurred())
@@ -197,7 +208,8 @@ func watchNodeUpdates(s *scenario.Scenario) *nodeUpdateWatch {
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	DeferCleanup(func() { cancel(); <-done })
-	start := func(rv string) watch.Interface {
+	// start watches from rv; expired says the server no longer has rv (410 Gone).
+	start := func(rv string) (wi watch.Interface, expired bool) {
 		list := &inplacev1.NodeUpdateList{}
 		var opts []client.ListOption
 		opts = append(opts, client.InNamespace(s.Cluster.Namespace))
@@ -206,36 +218,56 @@ func watchNodeUpdates(s *scenario.Scenario) *nodeUpdateWatch {
 		}
 		wi, err := wc.Watch(wctx, list, opts...)
 		if err != nil {
-			return nil
+			return nil, apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
 		}
-		return wi
+		return wi, false
 	}
-	wi := start("")
+	// relist records every NodeUpdate there is and returns the list's resourceVersion.
+	relist := func() (string, bool) {
+		list := &inplacev1.NodeUpdateList{}
+		if err := wc.List(wctx, list, client.InNamespace(s.Cluster.Namespace)); err != nil {
+			return "", false
+		}
+		for i := range list.Items {
+			w.record(&list.Items[i])
+		}
+		return list.ResourceVersion, true
+	}
+	wi, _ := start("")
 	Expect(wi).NotTo(BeNil())
 	go func() {
 		defer close(done)
 		rv := ""
 		for {
+			expired := false
 			for ev := range wi.ResultChan() {
-				n, ok := ev.Object.(*inplacev1.NodeUpdate)
-				if !ok {
-					continue
-				}
-				rv = n.ResourceVersion
-				if ev.Type == watch.Added {
-					w.mu.Lock()
-					if w.uids[n.Spec.MachineName] == nil {
-						w.uids[n.Spec.MachineName] = map[types.UID]bool{}
+				switch o := ev.Object.(type) {
+				case *inplacev1.NodeUpdate:
+					rv = o.ResourceVersion
+					if ev.Type == watch.Added {
+						w.record(o)
 					}
-					w.uids[n.Spec.MachineName][n.UID] = true
-					w.mu.Unlock()
+				case *metav1.Status:
+					expired = o.Code == http.StatusGone
 				}
 			}
 			if wctx.Err() != nil {
 				return
 			}
-			// The server closed the watch: watch again from where it stopped.
-			for wi = start(rv); wi == nil; wi = start(rv) {
+			// The server closed the watch: watch again from where it stopped. A restarted
+			// API server no longer has that version (its watch cache starts afresh and
+			// answers 410 Gone): then record what a new list holds and watch from there.
+			for {
+				if expired {
+					if listRV, ok := relist(); ok {
+						rv, expired = listRV, false
+					}
+				}
+				if !expired {
+					if wi, expired = start(rv); wi != nil {
+						break
+					}
+				}
 				if wctx.Err() != nil {
 					return
 				}

@@ -124,6 +124,19 @@ func (p *Process) WaitReady(timeout time.Duration) error {
 	return fmt.Errorf("manager not ready after %s", timeout)
 }
 
+// Exited reports whether the manager process has ended on its own (a manager that loses
+// its leader election Lease exits, as controller-runtime's managers do), and the error
+// of its end (its exit status).
+func (p *Process) Exited() (bool, error) {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
 // Stop asks the manager to stop (SIGTERM) and waits for it.
 func (p *Process) Stop() error {
 	return p.signalAndWait(syscall.SIGTERM)

@@ -38,6 +38,10 @@ import (
 // Environment is a running test API server with the project's CRDs installed.
 type Environment struct {
 	env *envtest.Environment
+	// certDir is the API server's certificate directory, owned by the Environment (not by
+	// envtest, which would remove it and mint new certificates on every API server stop),
+	// so that RestartAPIServer keeps the serving and client CAs every kubeconfig trusts.
+	certDir string
 
 	// Config reaches the API server as a member of system:masters.
 	Config *rest.Config
@@ -120,7 +124,16 @@ func StartWithOptions(opts Options) (*Environment, error) {
 		return nil, fmt.Errorf("build test scheme: %w", err)
 	}
 
+	certDir, err := os.MkdirTemp("", "capi-inplace-apiserver-")
+	if err != nil {
+		return nil, fmt.Errorf("create the API server's certificate directory: %w", err)
+	}
+	apiServer := &envtest.APIServer{CertDir: certDir}
+	// On SIGTERM, end the open watches within this grace period: kube-apiserver's default
+	// (0) leaves them open until its HTTP server's shutdown times out, a minute later.
+	apiServer.Configure().Set("shutdown-watch-termination-grace-period", "2s")
 	env := &envtest.Environment{
+		ControlPlane:          envtest.ControlPlane{APIServer: apiServer},
 		BinaryAssetsDirectory: assets,
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths:              crdDirs,
@@ -132,19 +145,56 @@ func StartWithOptions(opts Options) (*Environment, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("start test control plane from %s: %w", assets, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		_ = env.Stop()
+		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("create test client: %w", err)
 	}
-	return &Environment{env: env, Config: cfg, Client: c, Scheme: scheme, RepoRoot: root}, nil
+	return &Environment{env: env, certDir: certDir, Config: cfg, Client: c, Scheme: scheme, RepoRoot: root}, nil
 }
 
 // Stop stops the API server and etcd.
 func (e *Environment) Stop() error {
-	return e.env.Stop()
+	err := e.env.Stop()
+	if e.certDir != "" {
+		err = errors.Join(err, os.RemoveAll(e.certDir))
+	}
+	return err
+}
+
+// StopAPIServer stops kube-apiserver as a rolling restart of a control plane does
+// (SIGTERM: open watches end, new connections are refused) and leaves etcd running.
+// Until StartAPIServer, every client of the Environment fails.
+func (e *Environment) StopAPIServer() error {
+	if err := e.env.ControlPlane.GetAPIServer().Stop(); err != nil {
+		return fmt.Errorf("stop kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the same address
+// and port, with the same certificates and the same etcd: every object survives, and
+// Config, Client and every kubeconfig written before stay valid. It returns once the
+// API server answers /healthz.
+func (e *Environment) StartAPIServer() error {
+	if err := e.env.ControlPlane.GetAPIServer().Start(); err != nil {
+		return fmt.Errorf("start kube-apiserver again: %w", err)
+	}
+	return nil
+}
+
+// RestartAPIServer is StopAPIServer, downFor, then StartAPIServer. The outage clients
+// see is downFor plus the time kube-apiserver takes to stop and to start again.
+func (e *Environment) RestartAPIServer(downFor time.Duration) error {
+	if err := e.StopAPIServer(); err != nil {
+		return err
+	}
+	time.Sleep(downFor)
+	return e.StartAPIServer()
 }
 
 // CRDs returns the CustomResourceDefinitions that were installed.
