@@ -48,14 +48,20 @@ var _ = BeforeSuite(func() {
 })
 
 var _ = AfterSuite(func() {
+	// Deferred: the API server and etcd are stopped even when the check below fails (as
+	// it does when BeforeSuite failed half-way), so that none is left running.
+	defer func() {
+		if workDir != "" {
+			_ = os.RemoveAll(workDir)
+		}
+	}()
+	defer func() {
+		if env != nil {
+			Expect(env.Stop()).To(Succeed())
+		}
+	}()
 	if env != nil && workDir != "" {
 		By("no log line or event of the suite carries secret material")
 		expectNoSecretsLeaked()
-	}
-	if env != nil {
-		Expect(env.Stop()).To(Succeed())
-	}
-	if workDir != "" {
-		_ = os.RemoveAll(workDir)
 	}
 })
