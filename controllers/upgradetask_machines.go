@@ -2,8 +2,11 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -99,6 +102,9 @@ func isDone(m *clusterv1.Machine) bool {
 // another task claimed in the meantime.
 func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.Machine, want machineWant, task *inplacev1.UpgradeTask) error {
 	claimValue := upgraderequest.LabelValue(task.Name)
+	if machineUpToDate(m, want, claimValue) {
+		return nil
+	}
 	orig := m.DeepCopy()
 	hasClaim := m.Labels[inplacev1.UpgradeTaskLabel] == claimValue
 	switch {
@@ -123,7 +129,6 @@ func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.M
 		}
 		if want.claim && !hasClaim {
 			ctrl.LoggerFrom(ctx).Info("claimed machine", "machine", klog.KObj(m))
-			r.Recorder.Eventf(m, task, corev1.EventTypeNormal, inplacev1.MachineClaimedReason, "Claim", "claimed for the in-place upgrade to %s by UpgradeTask %s", task.Spec.Version, task.Name)
 		}
 	}
 
@@ -143,6 +148,25 @@ func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.M
 	return nil
 }
 
+// machineUpToDate reports whether a Machine already carries what the task wants, so
+// that a reconcile of a task of hundreds of machines writes only those that changed.
+func machineUpToDate(m *clusterv1.Machine, want machineWant, claimValue string) bool {
+	if (m.Labels[inplacev1.UpgradeTaskLabel] == claimValue) != want.claim {
+		return false
+	}
+	if want.release != "" && m.Annotations[inplacev1.UpgradeReleaseAnnotation] != want.release {
+		return false
+	}
+	cond := meta.FindStatusCondition(m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
+	switch {
+	case want.condition != nil:
+		return cond != nil && cond.Status == want.condition.Status && cond.Reason == want.condition.Reason && cond.Message == want.condition.Message
+	case want.removeCondition:
+		return cond == nil
+	}
+	return true
+}
+
 // startNodeUpdate creates the machine's NodeUpdate under its deterministic name. When it
 // already exists (a restart after the create, before the status), the existing one is used.
 func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *member) (*inplacev1.NodeUpdate, error) {
@@ -155,6 +179,9 @@ func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScop
 				inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name),
 				inplacev1.ClusterNameLabel: task.Spec.ClusterName,
 			},
+			// Set at creation, where the NodeUpdate controller would add it on its first
+			// reconcile: one write less per node, and no moment without it.
+			Finalizers: []string{inplacev1.NodeUpdateFinalizer},
 		},
 		Spec: inplacev1.NodeUpdateSpec{
 			ClusterName:    task.Spec.ClusterName,
@@ -184,4 +211,64 @@ func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScop
 		return nil, fmt.Errorf("NodeUpdate %s/%s exists and belongs to another owner; delete it to let UpgradeTask %s start machine %s", nu.Namespace, nu.Name, task.Name, mem.name)
 	}
 	return existing, nil
+}
+
+// isClaimed reports whether the member's Machine carries the task's claim label.
+func (m *member) isClaimed(task *inplacev1.UpgradeTask) bool {
+	return m.machine != nil && m.machine.Labels[inplacev1.UpgradeTaskLabel] == upgraderequest.LabelValue(task.Name)
+}
+
+// maxClaimsNamed bounds the machines one MachineClaimed event names.
+const maxClaimsNamed = 20
+
+// recordClaims records one event on the task for the machines one reconcile claimed: a
+// task of hundreds of machines claims them in one go, and an event per Machine would be
+// as many writes (each Machine's InPlaceUpgradeUpToDate condition says it waits).
+func (r *UpgradeTaskReconciler) recordClaims(task *inplacev1.UpgradeTask, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	listed := strings.Join(names, ", ")
+	if len(names) > maxClaimsNamed {
+		listed = fmt.Sprintf("%s and %d more", strings.Join(names[:maxClaimsNamed], ", "), len(names)-maxClaimsNamed)
+	}
+	r.Recorder.Eventf(task, nil, corev1.EventTypeNormal, inplacev1.MachineClaimedReason, "Claim",
+		"claimed %d machine(s) for the in-place upgrade to %s: %s", len(names), task.Spec.Version, listed)
+}
+
+// machineWriteConcurrency bounds the Machine writes one reconcile of a task sends at
+// once: they are distinct objects, each written with its own resourceVersion, so their
+// order does not matter and their round trips can overlap.
+const machineWriteConcurrency = 8
+
+// forEachConcurrently calls fn for every member, at most machineWriteConcurrency at a
+// time, and returns every error it returned. fn must touch only its own member.
+func forEachConcurrently(members []*member, fn func(*member) error) error {
+	if len(members) == 0 {
+		return nil
+	}
+	if len(members) == 1 {
+		return fn(members[0])
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, machineWriteConcurrency)
+	)
+	for _, mem := range members {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := fn(mem); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

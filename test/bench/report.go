@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/capi-inplace/capi-inplace/controllers"
 )
 
 // Targets of issue #10.
@@ -181,17 +183,20 @@ func (r *report) renderLimits(w io.Writer) {
 	p("Cluster's NodeUpdates from the manager's cache (without copying them), where the reference only looks into a map in memory.\n")
 	p("- **Hand-off.** Every UpgradeTask reconcile reads all NodeUpdates of the Cluster from the API server and all Nodes of the workload ")
 	p("cluster, and patches the task's whole status (one entry per machine): its cost grows with the machines of the task, which is why the ")
-	p("time per machine grows with the size at maxUnavailable 1. Its writes are sequential, and one reconcile writes up to four objects ")
-	p("for every machine that ends or starts: with maxUnavailable 10 a success that comes while a reconcile runs waits for that whole ")
-	p("reconcile, then for the next one, which writes the machines that ended before it creates the next NodeUpdate. With node work that ")
-	p("takes no time the maxUnavailable nodes end almost together, the worst case for this; real nodes, which take minutes, end one by one.\n")
-	p("- **First node.** The first reconcile claims every machine of the task (a label and a condition, two writes each) before it starts ")
-	p("a node, so the first node starts after 2 × N writes.\n")
+	p("time per machine grows with the size at maxUnavailable 1. A reconcile starts the machines it picks first (one NodeUpdate after the ")
+	p("other, in the planned order), then writes the Machines that started or ended, eight at a time, then the status. With ")
+	p("maxUnavailable 10 a success that comes while a reconcile runs still waits for that whole reconcile before the next one starts its ")
+	p("successor. With node work that takes no time the maxUnavailable nodes end almost together, the worst case for this; real nodes, ")
+	p("which take minutes, end one by one. The API server is the shared resource: it runs on the same two cores, and most of its time ")
+	p("goes to decoding, validating and storing the Machines and the task's status (`--apiserver-cpuprofile`).\n")
+	p("- **First node.** A reconcile claims the machines it starts before it creates their NodeUpdates, and the other waiting machines ")
+	p("(a claim label and a Waiting condition) at most %d per reconcile, so the first node does not wait for the claims of all N.\n", controllers.WaitingMachinesPerReconcile)
 	p("- **Writes per node.** Per node the design asks for: the Machine's claim label, its InPlaceUpgradeUpToDate condition as Waiting, ")
-	p("InProgress and Done, its release annotation with the claim removed (five Machine writes); the NodeUpdate's creation, its finalizer ")
-	p("and its status (three); the task's status; and four Events (MachineClaimed, NodeStarted, the NodeUpdate's Succeeded, NodeUpgraded, ")
-	p("the last folded into Event series when several nodes end close together). An updater with steps adds one Machine condition write ")
-	p("per step (the InProgress message names the step).\n")
+	p("InProgress and Done, its release annotation with the claim removed (five Machine writes); the NodeUpdate's creation (with its ")
+	p("finalizer) and its status (two); the task's status (one per reconcile, shared by the nodes a reconcile handles); and three Events ")
+	p("(NodeStarted, the NodeUpdate's Succeeded, NodeUpgraded, the last folded into Event series when several nodes end close together), ")
+	p("with one MachineClaimed Event per reconcile that claims machines. An updater with steps adds one Machine condition write per step ")
+	p("(the InProgress message names the step).\n")
 	p("- **Memory.** The manager caches every Machine, MachineSet, MachineDeployment and Cluster of the management cluster (and its own ")
 	p("kinds), so its memory grows with the Machines; Nodes are read from the workload clusters without a cache.\n\n")
 }
