@@ -36,6 +36,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/dataengine"
+	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
@@ -199,7 +200,7 @@ func run(opts options) error {
 	// Every way of asking for an upgrade goes through the one Requester.
 	requester := &upgraderequest.Requester{
 		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: registry,
-		DefaultUpdater: opts.defaultUpdater, Recorder: mgr.GetEventRecorder("capi-inplace-requests"),
+		DefaultUpdater: opts.defaultUpdater, Recorder: faults.CountWarnings(mgr.GetEventRecorder("capi-inplace-requests")),
 	}
 	// The in-place-upgrade-to annotations on Clusters, control planes, MachineDeployments and Machines.
 	if err := (&controllers.UpgradeCascade{Requester: requester, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {

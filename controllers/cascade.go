@@ -14,9 +14,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/faults"
 )
 
 // The in-place-upgrade-to annotation cascade (DESIGN.md section 2C, docs/annotations.md).
@@ -71,6 +73,7 @@ func (c *UpgradeCascade) SetupWithManager(ctx context.Context, mgr ctrl.Manager,
 	if recorder == nil {
 		recorder = mgr.GetEventRecorder("inplace-upgrade-cascade")
 	}
+	recorder = faults.CountWarnings(recorder)
 	kinds := c.ControlPlaneKinds
 	if kinds == nil {
 		kinds = defaultControlPlaneKinds()
@@ -223,6 +226,13 @@ func describeObject(obj client.Object) string {
 		}
 	}
 	return kind + " " + obj.GetName()
+}
+
+// reportingErrors wraps a cascade reconciler whose requests name objects of newObject's
+// kind: an error it returns becomes a Warning event ReconcileError on that object. The
+// objects are Cluster API's, so no condition of theirs is written.
+func reportingErrors(r reconcile.Reconciler, c client.Client, recorder events.EventRecorder, newObject func() client.Object) reconcile.Reconciler {
+	return faults.ErrorReporter{Reconciler: r, Client: c, Recorder: recorder, NewObject: newObject}
 }
 
 // cascadeEvent is an event to record on an annotated object once its annotations are written.

@@ -59,7 +59,8 @@ func (r *clusterUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, options co
 		b = b.WatchesMetadata(metadataOf(gvk), handler.EnqueueRequestsFromMapFunc(clustersOfControlPlane(mgr.GetClient(), gvk.GroupKind())),
 			builder.WithPredicates(predicate.AnnotationChangedPredicate{}))
 	}
-	return b.WithOptions(options).Named("inplaceupgrade-cluster").Complete(r)
+	return b.WithOptions(options).Named("inplaceupgrade-cluster").
+		Complete(reportingErrors(r, r.Client, r.Recorder, func() client.Object { return &clusterv1.Cluster{} }))
 }
 
 // Reconcile implements reconcile.Reconciler.

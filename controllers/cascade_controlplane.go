@@ -45,7 +45,8 @@ func (r *controlPlaneUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, optio
 		b = b.WatchesMetadata(metadataOf(gvk), handler.EnqueueRequestsFromMapFunc(clustersOfControlPlane(mgr.GetClient(), gvk.GroupKind())),
 			builder.WithPredicates(asksInPlaceUpgrade()))
 	}
-	return b.WithOptions(options).Named("inplaceupgrade-controlplane").Complete(r)
+	return b.WithOptions(options).Named("inplaceupgrade-controlplane").
+		Complete(reportingErrors(r, r.upgrader.Client, r.upgrader.Recorder, func() client.Object { return &clusterv1.Cluster{} }))
 }
 
 // Reconcile implements reconcile.Reconciler for the control plane of the Cluster req names.

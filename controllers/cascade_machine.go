@@ -33,7 +33,7 @@ func (r *machineUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, options co
 		Watches(&inplacev1.UpgradeTask{}, handler.EnqueueRequestsFromMapFunc(taskToMachines)).
 		WithOptions(options).
 		Named("inplaceupgrade-machine").
-		Complete(r)
+		Complete(reportingErrors(r, r.upgrader.Client, r.upgrader.Recorder, func() client.Object { return &clusterv1.Machine{} }))
 }
 
 // Reconcile implements reconcile.Reconciler.

@@ -34,7 +34,7 @@ func (r *machineDeploymentUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, 
 		Watches(&inplacev1.UpgradeTask{}, handler.EnqueueRequestsFromMapFunc(taskToMachineDeployment)).
 		WithOptions(options).
 		Named("inplaceupgrade-machinedeployment").
-		Complete(r)
+		Complete(reportingErrors(r, r.upgrader.Client, r.upgrader.Recorder, func() client.Object { return &clusterv1.MachineDeployment{} }))
 }
 
 // Reconcile implements reconcile.Reconciler.

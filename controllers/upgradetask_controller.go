@@ -27,6 +27,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -84,6 +85,7 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("upgradetask-controller")
 	}
+	r.Recorder = faults.CountWarnings(r.Recorder)
 	if r.Workload == nil {
 		return fmt.Errorf("UpgradeTaskReconciler needs Workload to read the Nodes of workload clusters")
 	}
@@ -94,7 +96,7 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask)).
 		WithOptions(options).
 		Named("upgradetask").
-		Complete(r)
+		Complete(r.reportingErrors())
 }
 
 func (r *UpgradeTaskReconciler) defaults() {
@@ -153,7 +155,9 @@ func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
 		orig := task.DeepCopy()
 		controllerutil.AddFinalizer(task, inplacev1.UpgradeTaskFinalizer)
-		if err := r.Client.Patch(ctx, task, client.MergeFrom(orig)); err != nil {
+		// With the resourceVersion read: a merge patch replaces the whole finalizer list,
+		// and would drop a finalizer another controller added since.
+		if err := r.Client.Patch(ctx, task, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer to UpgradeTask %s: %w", req, err)
 		}
 	}
@@ -320,7 +324,7 @@ func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inpla
 	}
 	orig := task.DeepCopy()
 	controllerutil.RemoveFinalizer(task, inplacev1.UpgradeTaskFinalizer)
-	if err := r.Client.Patch(ctx, task, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.Client.Patch(ctx, task, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer of UpgradeTask %s: %w", klog.KObj(task), err)
 	}
 	r.Metrics.forgetTask(task.Namespace, task.Name)

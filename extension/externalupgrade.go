@@ -34,8 +34,9 @@ func NewExternalUpgradeHandler(requester *upgraderequest.Requester) *ExternalUpg
 // Status Success and a Decision; Status Failure means the request could not be processed
 // (the API server could not be asked), and the caller should retry.
 func (h *ExternalUpgradeHandler) ExternalUpgradeRequest(ctx context.Context, req *hooksv1.ExternalUpgradeRequestRequest, resp *hooksv1.ExternalUpgradeRequestResponse) {
-	defer recoverInto(ctx, resp, "ExternalUpgradeRequest")
-	if failIfWrongKindOf(resp, req.APIVersion, req.Kind, hooksv1.GroupVersion.String(), "ExternalUpgradeRequestRequest") {
+	call := startHook(ctx, "ExternalUpgradeRequest", resp)
+	defer call.end()
+	if call.failIfWrongKindOf(req.APIVersion, req.Kind, hooksv1.GroupVersion.String(), "ExternalUpgradeRequestRequest") {
 		return
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("hook", "ExternalUpgradeRequest", "cluster", klog.KObj(&req.Cluster))
@@ -67,8 +68,7 @@ func (h *ExternalUpgradeHandler) ExternalUpgradeRequest(ctx context.Context, req
 	})
 	if err != nil {
 		log.Error(err, "could not process upgrade request")
-		resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
-		resp.SetMessage(fmt.Sprintf("capi-inplace could not process the upgrade request: %v", err))
+		call.fail(HookReasonAPIError, fmt.Errorf("capi-inplace could not process the upgrade request: %w", err))
 		return
 	}
 	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
@@ -80,5 +80,6 @@ func (h *ExternalUpgradeHandler) ExternalUpgradeRequest(ctx context.Context, req
 	}
 	resp.Decision = hooksv1.DecisionDecline
 	resp.Reason = decision.Reason
+	call.declined(decision.Reason)
 	resp.SetMessage(decision.Message)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,8 +63,9 @@ var _ CAPIHooks = &InPlaceHooks{}
 // CanUpdateMachineSet implements CAPIHooks: the MachineDeployment controller asks whether
 // the change from the current to the desired MachineSet (and templates) can be done in place.
 func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehooksv1.CanUpdateMachineSetRequest, resp *runtimehooksv1.CanUpdateMachineSetResponse) {
-	defer recoverInto(ctx, resp, "CanUpdateMachineSet")
-	if failIfWrongKind(resp, req.APIVersion, req.Kind, "CanUpdateMachineSetRequest") {
+	call := startHook(ctx, "CanUpdateMachineSet", resp)
+	defer call.end()
+	if call.failIfWrongKind(req.APIVersion, req.Kind, "CanUpdateMachineSetRequest") {
 		return
 	}
 	current, desired := &req.Current.MachineSet, &req.Desired.MachineSet
@@ -85,7 +85,7 @@ func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehook
 		[2]namedRaw{{"current.bootstrapConfigTemplate", req.Current.BootstrapConfigTemplate}, {"desired.bootstrapConfigTemplate", req.Desired.BootstrapConfigTemplate}},
 		[2]namedRaw{{"current.infrastructureMachineTemplate", req.Current.InfrastructureMachineTemplate}, {"desired.infrastructureMachineTemplate", req.Desired.InfrastructureMachineTemplate}})
 	if err != nil {
-		fail(resp, err)
+		call.fail(ReasonOf(err), err)
 		return
 	}
 	resp.MachineSetPatch = patches.machine
@@ -99,8 +99,9 @@ func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehook
 // the current to the desired control plane Machine (and its objects) can be done in place.
 // Only control planes call it, so the control plane rule (no skipped minor version) applies.
 func (h *InPlaceHooks) CanUpdateMachine(ctx context.Context, req *runtimehooksv1.CanUpdateMachineRequest, resp *runtimehooksv1.CanUpdateMachineResponse) {
-	defer recoverInto(ctx, resp, "CanUpdateMachine")
-	if failIfWrongKind(resp, req.APIVersion, req.Kind, "CanUpdateMachineRequest") {
+	call := startHook(ctx, "CanUpdateMachine", resp)
+	defer call.end()
+	if call.failIfWrongKind(req.APIVersion, req.Kind, "CanUpdateMachineRequest") {
 		return
 	}
 	current, desired := &req.Current.Machine, &req.Desired.Machine
@@ -120,7 +121,7 @@ func (h *InPlaceHooks) CanUpdateMachine(ctx context.Context, req *runtimehooksv1
 		[2]namedRaw{{"current.bootstrapConfig", req.Current.BootstrapConfig}, {"desired.bootstrapConfig", req.Desired.BootstrapConfig}},
 		[2]namedRaw{{"current.infrastructureMachine", req.Current.InfrastructureMachine}, {"desired.infrastructureMachine", req.Desired.InfrastructureMachine}})
 	if err != nil {
-		fail(resp, err)
+		call.fail(ReasonOf(err), err)
 		return
 	}
 	resp.MachinePatch = patches.machine
@@ -157,10 +158,10 @@ type canUpdatePatches struct {
 func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current, desired any, bootstrap, infra [2]namedRaw) (canUpdatePatches, string, error) {
 	var out canUpdatePatches
 	if in.namespace == "" || in.name == "" {
-		return out, "", fmt.Errorf("the request's current %s has no namespace or name: Cluster API sends metadata.namespace and metadata.name of the object it plans to update", in.object)
+		return out, "", withReason(HookReasonInvalidRequest, fmt.Errorf("the request's current %s has no namespace or name: Cluster API sends metadata.namespace and metadata.name of the object it plans to update", in.object))
 	}
 	if in.clusterName == "" {
-		return out, "", fmt.Errorf("%s %s/%s names no Cluster (spec.clusterName is empty)", in.object, in.namespace, in.name)
+		return out, "", withReason(HookReasonInvalidRequest, fmt.Errorf("%s %s/%s names no Cluster (spec.clusterName is empty)", in.object, in.namespace, in.name))
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("hook", in.hook, strings.ToLower(in.object), klog.KRef(in.namespace, in.name), "cluster", klog.KRef(in.namespace, in.clusterName))
 
@@ -168,17 +169,17 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 	for _, nr := range append(bootstrap[:], infra[:]...) {
 		d, err := decodeObject(nr.field, nr.raw)
 		if err != nil {
-			return out, "", err
+			return out, "", withReason(HookReasonInvalidRequest, err)
 		}
 		docs[nr.field] = d
 	}
 	curDoc, err := typedDoc(current)
 	if err != nil {
-		return out, "", fmt.Errorf("encode current %s: %w", in.object, err)
+		return out, "", withReason(HookReasonInvalidRequest, fmt.Errorf("encode current %s: %w", in.object, err))
 	}
 	wantDoc, err := typedDoc(desired)
 	if err != nil {
-		return out, "", fmt.Errorf("encode desired %s: %w", in.object, err)
+		return out, "", withReason(HookReasonInvalidRequest, fmt.Errorf("encode desired %s: %w", in.object, err))
 	}
 
 	fields, ref, message, err := h.updaterFields(ctx, in.namespace, in.clusterName, in.settings)
@@ -202,7 +203,7 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 	var covered []string
 	var changed []string
 	if out.machine, changed, err = coverPatch(curDoc, wantDoc, in.prefix, machinePaths); err != nil {
-		return out, "", err
+		return out, "", withReason(HookReasonInvalidRequest, err)
 	}
 	covered = append(covered, prefixed(in.object, changed)...)
 
@@ -219,7 +220,7 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 		// A bootstrap config's or infrastructure machine's fields sit where the machine
 		// spec's do: under spec of an object, under spec.template.spec of a template.
 		if *pair.patch, changed, err = coverPatch(cur, want, in.prefix, paths); err != nil {
-			return out, "", err
+			return out, "", withReason(HookReasonInvalidRequest, err)
 		}
 		covered = append(covered, prefixed(cur.kind(), changed)...)
 	}
@@ -248,9 +249,9 @@ func (h *InPlaceHooks) updaterFields(ctx context.Context, namespace, clusterName
 	cluster := &clusterv1.Cluster{}
 	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: clusterName}, cluster); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, inplacev1.UpdaterReference{}, "", failuref("Cluster %s/%s not found", namespace, clusterName)
+			return nil, inplacev1.UpdaterReference{}, "", withReason(upgraderequest.ReasonClusterNotFound, failuref("Cluster %s/%s not found", namespace, clusterName))
 		}
-		return nil, inplacev1.UpdaterReference{}, "", fmt.Errorf("read Cluster %s/%s: %w", namespace, clusterName, err)
+		return nil, inplacev1.UpdaterReference{}, "", withReason(HookReasonAPIError, fmt.Errorf("read Cluster %s/%s: %w", namespace, clusterName, err))
 	}
 	ref, source, err := h.resolveUpdater(cluster, settings)
 	if err != nil {
@@ -258,14 +259,14 @@ func (h *InPlaceHooks) updaterFields(ctx context.Context, namespace, clusterName
 		if errors.As(err, &none) {
 			return nil, ref, "not in place: " + err.Error(), nil
 		}
-		return nil, ref, "", err
+		return nil, ref, "", withReason(upgraderequest.ReasonInvalidUpdater, err)
 	}
 	if err := nodeupdater.CheckUpdaterAvailable(ctx, h.Client, h.Registry, namespace, ref); err != nil {
 		var unavailable *nodeupdater.UnavailableUpdaterError
 		if errors.As(err, &unavailable) {
-			return nil, ref, "", fmt.Errorf("%s (named by %s); fix it, or remove it to let Cluster API replace machines", unavailable.Message, source)
+			return nil, ref, "", withReason(upgraderequest.ReasonUpdaterUnavailable, fmt.Errorf("%s (named by %s); fix it, or remove it to let Cluster API replace machines", unavailable.Message, source))
 		}
-		return nil, ref, "", err
+		return nil, ref, "", withReason(HookReasonAPIError, err)
 	}
 	var reg *nodeupdater.Registration
 	if h.Registry != nil {
@@ -309,33 +310,36 @@ func updaterFromSettings(settings map[string]string) (*inplacev1.UpdaterReferenc
 // runs, done when it succeeded, Failure with the node's own error when it failed. Repeated
 // calls change nothing more.
 func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.UpdateMachineRequest, resp *runtimehooksv1.UpdateMachineResponse) {
-	defer recoverInto(ctx, resp, "UpdateMachine")
-	if failIfWrongKind(resp, req.APIVersion, req.Kind, "UpdateMachineRequest") {
+	call := startHook(ctx, "UpdateMachine", resp)
+	defer call.end()
+	if call.failIfWrongKind(req.APIVersion, req.Kind, "UpdateMachineRequest") {
 		return
 	}
 	desired := &req.Desired.Machine
 	if desired.Namespace == "" || desired.Name == "" {
-		fail(resp, errors.New("the request's desired.machine has no namespace or name: Cluster API sends the Machine to update"))
+		call.fail(HookReasonInvalidRequest, errors.New("the request's desired.machine has no namespace or name: Cluster API sends the Machine to update"))
 		return
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("hook", "UpdateMachine", "machine", klog.KObj(desired))
 	ctx = ctrl.LoggerInto(ctx, log)
 	if strings.TrimSpace(desired.Spec.Version) == "" {
-		fail(resp, failuref("Machine %s/%s: desired.machine.spec.version is empty; capi-inplace upgrades machines to a Kubernetes version", desired.Namespace, desired.Name))
+		call.fail(upgraderequest.ReasonInvalidVersion, failuref("Machine %s/%s: desired.machine.spec.version is empty; capi-inplace upgrades machines to a Kubernetes version", desired.Namespace, desired.Name))
 		return
 	}
 
+	// Read-only until the steady state below has answered (most calls end there): the
+	// cache's own Machine, not a copy; it is copied before anything else uses it.
 	machine := &clusterv1.Machine{}
-	if err := h.Client.Get(ctx, client.ObjectKeyFromObject(desired), machine); err != nil {
+	if err := h.Client.Get(ctx, client.ObjectKeyFromObject(desired), machine, client.UnsafeDisableDeepCopy); err != nil {
 		if apierrors.IsNotFound(err) {
-			fail(resp, failuref("Machine %s/%s not found", desired.Namespace, desired.Name))
+			call.fail(HookReasonMachineNotFound, failuref("Machine %s/%s not found", desired.Namespace, desired.Name))
 			return
 		}
-		fail(resp, fmt.Errorf("read Machine %s/%s: %w", desired.Namespace, desired.Name, err))
+		call.fail(HookReasonAPIError, fmt.Errorf("read Machine %s/%s: %w", desired.Namespace, desired.Name, err))
 		return
 	}
 	if desired.Spec.ClusterName != "" && desired.Spec.ClusterName != machine.Spec.ClusterName {
-		fail(resp, failuref("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
+		call.fail(upgraderequest.ReasonNotPartOfCluster, failuref("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
 		return
 	}
 	version := desired.Spec.Version
@@ -343,22 +347,24 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	// Steady state: the machine's NodeUpdate for this version answers.
 	nu, err := h.latestNodeUpdate(ctx, machine, version)
 	if err != nil {
-		fail(resp, err)
+		call.fail(HookReasonAPIError, err)
 		return
 	}
 	if nu != nil && nu.Status.Phase != inplacev1.NodeUpdatePhaseAborted && nu.Spec.Phase != inplacev1.TaskActionAbort {
 		answerFromNodeUpdate(resp, machine, nu)
+		call.reason = HookReasonNodeUpdateFailed
 		return
 	}
+	machine = machine.DeepCopy()
 
 	target, err := h.ownerTarget(ctx, machine)
 	if err != nil {
-		fail(resp, err)
+		call.fail(ReasonOf(err), err)
 		return
 	}
 	fromSettings, err := updaterFromSettings(req.Settings)
 	if err != nil {
-		fail(resp, err)
+		call.fail(upgraderequest.ReasonInvalidUpdater, err)
 		return
 	}
 	decision, err := h.Requester.Request(ctx, upgraderequest.Request{
@@ -373,16 +379,16 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 		MaxUnavailable: ptrTo(intstr.FromString("100%")),
 	})
 	if err != nil {
-		fail(resp, fmt.Errorf("could not hand Machine %s/%s over: %w", machine.Namespace, machine.Name, err))
+		call.fail(HookReasonAPIError, fmt.Errorf("could not hand Machine %s/%s over: %w", machine.Namespace, machine.Name, err))
 		return
 	}
 	if !decision.Accepted {
-		fail(resp, fmt.Errorf("capi-inplace declines to update Machine %s/%s in place (%s): %s", machine.Namespace, machine.Name, decision.Reason, decision.Message))
+		call.fail(decision.Reason, fmt.Errorf("capi-inplace declines to update Machine %s/%s in place (%s): %s", machine.Namespace, machine.Name, decision.Reason, decision.Message))
 		return
 	}
 	task, err := h.Requester.HandOver(ctx, machine.Namespace, decision.TaskName, machine.Name)
 	if err != nil {
-		fail(resp, fmt.Errorf("could not hand Machine %s/%s over to UpgradeTask %s: %w", machine.Namespace, machine.Name, decision.TaskName, err))
+		call.fail(HookReasonHandOverFailed, fmt.Errorf("could not hand Machine %s/%s over to UpgradeTask %s: %w", machine.Namespace, machine.Name, decision.TaskName, err))
 		return
 	}
 	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
@@ -476,19 +482,19 @@ func (h *InPlaceHooks) ownerTarget(ctx context.Context, machine *clusterv1.Machi
 		if ref.Kind == "MachineSet" && groupOf(ref.APIVersion) == clusterv1.GroupVersion.Group {
 			ms := &clusterv1.MachineSet{}
 			if err := h.Client.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}, ms); err != nil {
-				return upgraderequest.Target{}, fmt.Errorf("read MachineSet %s/%s of Machine %s: %w", machine.Namespace, ref.Name, machine.Name, err)
+				return upgraderequest.Target{}, withReason(HookReasonAPIError, fmt.Errorf("read MachineSet %s/%s of Machine %s: %w", machine.Namespace, ref.Name, machine.Name, err))
 			}
 			for _, msRef := range ms.OwnerReferences {
 				if msRef.Kind == "MachineDeployment" && groupOf(msRef.APIVersion) == clusterv1.GroupVersion.Group {
 					return upgraderequest.Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: msRef.Name}}, nil
 				}
 			}
-			return upgraderequest.Target{}, failuref("Machine %s/%s belongs to MachineSet %s, which no MachineDeployment owns: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, ms.Name)
+			return upgraderequest.Target{}, withReason(HookReasonUnknownOwner, failuref("Machine %s/%s belongs to MachineSet %s, which no MachineDeployment owns: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, ms.Name))
 		}
 	}
 	cluster := &clusterv1.Cluster{}
 	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
-		return upgraderequest.Target{}, fmt.Errorf("read Cluster %s/%s of Machine %s: %w", machine.Namespace, machine.Spec.ClusterName, machine.Name, err)
+		return upgraderequest.Target{}, withReason(HookReasonAPIError, fmt.Errorf("read Cluster %s/%s of Machine %s: %w", machine.Namespace, machine.Spec.ClusterName, machine.Name, err))
 	}
 	cp := cluster.Spec.ControlPlaneRef
 	for _, ref := range machine.OwnerReferences {
@@ -496,37 +502,7 @@ func (h *InPlaceHooks) ownerTarget(ctx context.Context, machine *clusterv1.Machi
 			return upgraderequest.Target{ControlPlaneRef: &inplacev1.ControlPlaneReference{APIGroup: cp.APIGroup, Kind: cp.Kind, Name: cp.Name}}, nil
 		}
 	}
-	return upgraderequest.Target{}, failuref("Machine %s/%s is owned by neither a MachineDeployment nor the control plane of Cluster %s: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, cluster.Name)
-}
-
-// failIfWrongKind answers Failure when the body names another hook's request type. An
-// empty kind is accepted: the body was posted to this hook's path.
-func failIfWrongKind(resp runtimehooksv1.ResponseObject, apiVersion, kind, want string) bool {
-	return failIfWrongKindOf(resp, apiVersion, kind, runtimehooksv1.GroupVersion.String(), want)
-}
-
-func failIfWrongKindOf(resp runtimehooksv1.ResponseObject, apiVersion, kind, wantAPIVersion, want string) bool {
-	if (kind == "" || kind == want) && (apiVersion == "" || apiVersion == wantAPIVersion) {
-		return false
-	}
-	fail(resp, fmt.Errorf("the request body is a %s %s, but this hook takes a %s %s", apiVersion, kind, wantAPIVersion, want))
-	return true
-}
-
-// fail answers Failure with the error's text.
-func fail(resp runtimehooksv1.ResponseObject, err error) {
-	resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
-	resp.SetMessage(err.Error())
-}
-
-// recoverInto turns a panic in a handler into a Failure answer, so that a request that
-// trips a bug gets an answer instead of a dropped connection.
-func recoverInto(ctx context.Context, resp runtimehooksv1.ResponseObject, hook string) {
-	if r := recover(); r != nil {
-		ctrl.LoggerFrom(ctx).Error(fmt.Errorf("panic: %v", r), "hook handler panicked", "hook", hook, "stack", string(debug.Stack()))
-		resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
-		resp.SetMessage(fmt.Sprintf("capi-inplace could not process the %s request (internal error: %v); see the manager's log", hook, r))
-	}
+	return upgraderequest.Target{}, withReason(HookReasonUnknownOwner, failuref("Machine %s/%s is owned by neither a MachineDeployment nor the control plane of Cluster %s: capi-inplace upgrades machines of a control plane or a MachineDeployment", machine.Namespace, machine.Name, cluster.Name))
 }
 
 func firstNonEmpty(values ...string) string {

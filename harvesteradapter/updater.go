@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -418,7 +419,11 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind planKind) (boo
 	}
 	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) || current.Labels[LabelNodeUpdate] != want.Labels[LabelNodeUpdate] {
 		current.Spec = want.Spec
-		current.Labels = want.Labels
+		// Our labels only: labels another writer put on the Plan stay.
+		if current.Labels == nil {
+			current.Labels = map[string]string{}
+		}
+		maps.Copy(current.Labels, want.Labels)
 		if err := r.wc.Update(ctx, current); err != nil {
 			return false, "", fmt.Errorf("update SUC plan %s for node %s: %w", want.Name, r.nu.Spec.NodeName, err)
 		}

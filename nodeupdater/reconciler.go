@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/faults"
 )
 
 // Defaults of the Reconciler's tuning, used where a field is left zero.
@@ -122,6 +123,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("nodeupdate-controller")
 	}
+	r.Recorder = faults.CountWarnings(r.Recorder)
 	r.setDefaults()
 	if err := registerMetrics(); err != nil {
 		return fmt.Errorf("register nodeupdate metrics: %w", err)
@@ -143,7 +145,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 			phaseChanged,
 		))).
 		WithOptions(opts).
-		Complete(r)
+		Complete(faults.ErrorReporter{
+			Reconciler: r, Client: r.Client, Reader: r.APIReader, Recorder: r.Recorder,
+			NewObject: func() client.Object { return &inplacev1.NodeUpdate{} },
+			Conditions: func(obj client.Object) *[]metav1.Condition {
+				if nu, ok := obj.(*inplacev1.NodeUpdate); ok && !nu.Status.Phase.IsFinal() {
+					return &nu.Status.Conditions
+				}
+				return nil
+			},
+		})
 	if err != nil {
 		return fmt.Errorf("create nodeupdate controller: %w", err)
 	}
@@ -424,10 +435,12 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result,
 		done, err := s.reg.Updater.Abort(ctx, nu)
 		if err != nil {
 			log.Info("Abort failed, trying again", "error", err.Error())
-			r.event(nu, eventWarning, "AbortFailed", "Abort",
+			recordAbortError(s, err)
+			r.event(nu, eventWarning, EventAbortFailed, "Abort",
 				fmt.Sprintf("abort on node %s failed, trying again: %v", nu.Spec.NodeName, err))
 			return ctrl.Result{RequeueAfter: r.RetryBaseDelay}, nil
 		}
+		clearAbortError(s)
 		if !done {
 			return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 		}
@@ -442,6 +455,20 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result,
 	default:
 		r.finishAbort(s, "the updater is not available; nothing on the node was cleaned up")
 		return ctrl.Result{}, nil
+	}
+}
+
+// recordAbortError keeps the error of the updater's Abort in status.lastError, where the
+// Progressing condition of an abort shows it until the abort goes on.
+func recordAbortError(s *scope, err error) {
+	s.nu.Status.LastError = truncate(err.Error(), 10240)
+	s.nu.Status.LastAttemptTime = ptrMicroTime(s.now)
+}
+
+// clearAbortError forgets the error of an earlier Abort once Abort went through.
+func clearAbortError(s *scope) {
+	if abortError(&s.nu.Status) != "" {
+		s.nu.Status.LastError = ""
 	}
 }
 
@@ -494,10 +521,12 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nu *inplacev1.NodeUpda
 		}
 		done, err := s.reg.Updater.Abort(ctx, nu)
 		if err != nil {
-			r.event(nu, eventWarning, "AbortFailed", "Delete",
+			recordAbortError(s, err)
+			r.event(nu, eventWarning, EventAbortFailed, "Delete",
 				fmt.Sprintf("cleanup of node %s before deletion failed, trying again: %v", nu.Spec.NodeName, err))
 			return ctrl.Result{RequeueAfter: r.RetryBaseDelay}, r.writeStatus(ctx, s)
 		}
+		clearAbortError(s)
 		if !done {
 			return ctrl.Result{RequeueAfter: r.PollInterval}, r.writeStatus(ctx, s)
 		}

@@ -38,6 +38,9 @@ const (
 	EventStepAborted = "StepAborted"
 	// EventRetryScheduled: a step failed with a retryable error and is tried again later.
 	EventRetryScheduled = "RetryScheduled"
+	// EventAbortFailed: the updater's Abort (or its cleanup before deletion) failed and is
+	// tried again.
+	EventAbortFailed = "AbortFailed"
 )
 
 // computeStatus derives, in one place, what follows from the phase and steps the
@@ -67,9 +70,9 @@ func computeStatus(nu *inplacev1.NodeUpdate) {
 		switch {
 		case st.AbortStartTime != nil && st.FailureReason != "":
 			progressing.Reason, progressing.Message = inplacev1.AbortingReason,
-				fmt.Sprintf("%s: %s; waiting for the updater to clean up", st.FailureReason, st.FailureMessage)
+				fmt.Sprintf("%s: %s; waiting for the updater to clean up", st.FailureReason, st.FailureMessage)+abortError(st)
 		case st.AbortStartTime != nil:
-			progressing.Reason, progressing.Message = inplacev1.AbortingReason, "waiting for the updater to stop at a safe point and clean up"
+			progressing.Reason, progressing.Message = inplacev1.AbortingReason, "waiting for the updater to stop at a safe point and clean up"+abortError(st)
 		case st.NextRetryTime != nil:
 			progressing.Reason, progressing.Message = inplacev1.RetryingReason,
 				fmt.Sprintf("attempt %d of %s at %s after: %s", st.Attempts, stepLabel(st.CurrentStep),
@@ -92,6 +95,15 @@ func computeStatus(nu *inplacev1.NodeUpdate) {
 	progressing.Message = truncate(progressing.Message, 32768)
 	meta.SetStatusCondition(&st.Conditions, ready)
 	meta.SetStatusCondition(&st.Conditions, progressing)
+}
+
+// abortError is what to add to the message of an abort whose last attempt failed: the
+// error, when it came after the abort started.
+func abortError(st *inplacev1.NodeUpdateStatus) string {
+	if st.LastError == "" || st.LastAttemptTime == nil || st.AbortStartTime == nil || st.LastAttemptTime.Before(st.AbortStartTime) {
+		return ""
+	}
+	return "; the last attempt failed, trying again: " + st.LastError
 }
 
 func failureSummary(nu *inplacev1.NodeUpdate) string {
