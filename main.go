@@ -207,6 +207,9 @@ func run(opts options) error {
 		return fmt.Errorf("set up the in-place-upgrade-to controllers: %w", err)
 	}
 
+	if err := extension.IndexNodeUpdates(ctx, mgr.GetFieldIndexer()); err != nil {
+		return fmt.Errorf("index NodeUpdates by machine: %w", err)
+	}
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
 		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
 	}, &extension.InPlaceHooks{

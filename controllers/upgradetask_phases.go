@@ -126,7 +126,7 @@ func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskSco
 const (
 	// WaitingMachinesPerReconcile bounds the waiting machines (claim label, Waiting
 	// condition) one reconcile of a task writes.
-	WaitingMachinesPerReconcile = 25
+	WaitingMachinesPerReconcile = machineWriteConcurrency
 	// waitingWritesRequeue is how soon a task with waiting machines left to write is
 	// reconciled again.
 	waitingWritesRequeue = 50 * time.Millisecond

@@ -399,9 +399,12 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 // latestNodeUpdate returns the newest NodeUpdate of the machine for version, or nil.
 func (h *InPlaceHooks) latestNodeUpdate(ctx context.Context, machine *clusterv1.Machine, version string) (*inplacev1.NodeUpdate, error) {
 	list := &inplacev1.NodeUpdateList{}
-	// Read-only and called for every machine Cluster API updates, again and again:
-	// copying every NodeUpdate of the cluster out of the cache was most of its cost.
-	if err := h.Client.List(ctx, list, client.InNamespace(machine.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: machine.Spec.ClusterName}, client.UnsafeDisableDeepCopy); err != nil {
+	// Read-only and called for every machine Cluster API updates, again and again: the
+	// machine's own NodeUpdates through the cache's index (IndexNodeUpdates), not copied;
+	// a client without a cache asks the API server, where the field is selectable.
+	if err := h.Client.List(ctx, list, client.InNamespace(machine.Namespace),
+		client.MatchingLabels{inplacev1.ClusterNameLabel: machine.Spec.ClusterName},
+		client.MatchingFields{inplacev1.NodeUpdateMachineNameField: machine.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list NodeUpdates of Cluster %s/%s: %w", machine.Namespace, machine.Spec.ClusterName, err)
 	}
 	var latest *inplacev1.NodeUpdate
@@ -531,3 +534,15 @@ type failure string
 func (f failure) Error() string { return string(f) }
 
 func failuref(format string, args ...any) error { return failure(fmt.Sprintf(format, args...)) }
+
+// IndexNodeUpdates adds the cache index UpdateMachine reads NodeUpdates through (by
+// spec.machineName): the manager calls it once, before its cache starts.
+func IndexNodeUpdates(ctx context.Context, indexer client.FieldIndexer) error {
+	return indexer.IndexField(ctx, &inplacev1.NodeUpdate{}, inplacev1.NodeUpdateMachineNameField, func(obj client.Object) []string {
+		nu, ok := obj.(*inplacev1.NodeUpdate)
+		if !ok || nu.Spec.MachineName == "" {
+			return nil
+		}
+		return []string{nu.Spec.MachineName}
+	})
+}

@@ -210,3 +210,11 @@ const (
 	// was removed or a newer request for the same target superseded it.
 	InPlaceUpgradeAbortedReason = "InPlaceUpgradeAborted"
 )
+
+// Fields.
+const (
+	// NodeUpdateMachineNameField selects NodeUpdates by spec.machineName: a selectable
+	// field of the CRD (kubectl get nu --field-selector spec.machineName=m), and the name
+	// of the manager's cache index of the same field.
+	NodeUpdateMachineNameField = "spec.machineName"
+)

@@ -206,6 +206,7 @@ type NodeUpdateStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=nu,categories=cluster-api;capi-inplace
+// +kubebuilder:selectablefield:JSONPath=`.spec.machineName`
 // +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.clusterName`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`

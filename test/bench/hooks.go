@@ -154,6 +154,9 @@ func runHookBench(ctx context.Context, b *bench) (*hookBenchResult, error) {
 		}
 	}
 	requester := &upgraderequest.Requester{Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: registry, Recorder: mgr.GetEventRecorder("capi-inplace-requests")}
+	if err := extension.IndexNodeUpdates(ctx, mgr.GetFieldIndexer()); err != nil {
+		return nil, err
+	}
 	ours, err := extension.NewCAPIHookServer(extension.ServerOptions{Port: ports[0], CertDir: certs.Dir, TLSOpts: tlsOpts},
 		&extension.InPlaceHooks{Client: mgr.GetClient(), Requester: requester, Registry: registry})
 	if err != nil {
