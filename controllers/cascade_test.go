@@ -1,7 +1,6 @@
 package controllers
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -55,17 +54,7 @@ func startCascadeManager() (stop func()) {
 	}
 	// A long poll: the cascade must be driven by its watches, not by polling.
 	Expect((&UpgradeCascade{Requester: requester, PollInterval: time.Minute}).SetupWithManager(ctx, mgr, opts)).To(Succeed())
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(mctx)).To(Succeed())
-	}()
-	return func() {
-		cancel()
-		Eventually(done, 30*time.Second).Should(BeClosed())
-	}
+	return runManager(mgr)
 }
 
 // cascadeWorld is a Cluster "harvester" with a KubeadmControlPlane "cp" of 3 machines and

@@ -351,17 +351,7 @@ func startConflictManager(ns string, inj *conflictInjector) {
 		Recorder: mgr.GetEventRecorder("capi-inplace-requests"),
 	}
 	Expect((&UpgradeCascade{Requester: requester, PollInterval: time.Second}).SetupWithManager(ctx, mgr, opts)).To(Succeed())
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(mctx)).To(Succeed())
-	}()
-	DeferCleanup(func() {
-		cancel()
-		Eventually(done, 30*time.Second).Should(BeClosed())
-	})
+	DeferCleanup(runManager(mgr))
 }
 
 var _ = Describe("conflicts on every write", func() {

@@ -129,17 +129,7 @@ func (f *faultWorld) start() {
 		Recorder: faults.CountWarnings(mgr.GetEventRecorder("capi-inplace-requests")),
 	}
 	Expect((&UpgradeCascade{Requester: requester, PollInterval: time.Second}).SetupWithManager(ctx, mgr, opts)).To(Succeed())
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(mctx)).To(Succeed())
-	}()
-	DeferCleanup(func() {
-		cancel()
-		Eventually(done, 30*time.Second).Should(BeClosed())
-	})
+	DeferCleanup(runManager(mgr))
 }
 
 // task creates the UpgradeTask of the MachineDeployment with the given updater.

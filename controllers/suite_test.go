@@ -77,6 +77,12 @@ func startManager(clk clock.PassiveClock) (stop func()) {
 		PollInterval: 100 * time.Millisecond,
 	}
 	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
+	return runManager(mgr)
+}
+
+// runManager starts mgr; the returned stop ends it and waits until it has ended, as a
+// restart of the real manager would.
+func runManager(mgr ctrl.Manager) (stop func()) {
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
