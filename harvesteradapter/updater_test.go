@@ -337,7 +337,9 @@ func installDataEngineCRDs() {
 var _ = Describe("Aborting a node's upgrade", func() {
 	It("waits for the running SUC Job to end, then removes the node's Plans and uncordons it", func() {
 		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
-		c.suc.JobDuration = 1500 * time.Millisecond
+		// Long enough that the Job still runs when Abort is first asked, on a loaded machine
+		// too (1.5 s was not: the Job had ended and Abort rightly said done).
+		c.suc.JobDuration = 5 * time.Second
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		// Advance until the RKE2 Plan's Job runs on the node (the node is then cordoned and down).
@@ -356,7 +358,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 			done, err := c.updater.Abort(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
 			return done
-		}, 10*time.Second, 100*time.Millisecond).Should(BeTrue())
+		}, 20*time.Second, 100*time.Millisecond).Should(BeTrue())
 		Expect(ourPlans(c)).To(BeEmpty())
 		n := &corev1.Node{}
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
