@@ -24,6 +24,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 )
 
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch;patch
@@ -59,7 +60,7 @@ func (r *clusterUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, options co
 		b = b.WatchesMetadata(metadataOf(gvk), handler.EnqueueRequestsFromMapFunc(clustersOfControlPlane(mgr.GetClient(), gvk.GroupKind())),
 			builder.WithPredicates(predicate.AnnotationChangedPredicate{}))
 	}
-	return b.WithOptions(options).Named("inplaceupgrade-cluster").
+	return b.WithOptions(ctrlqueue.Options(options)).Named("inplaceupgrade-cluster").
 		Complete(reportingErrors(r, r.Client, r.Recorder, func() client.Object { return &clusterv1.Cluster{} }))
 }
 

@@ -22,6 +22,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 )
 
 // Control planes are read and annotated through unstructured access, whatever their kind.
@@ -45,7 +46,7 @@ func (r *controlPlaneUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, optio
 		b = b.WatchesMetadata(metadataOf(gvk), handler.EnqueueRequestsFromMapFunc(clustersOfControlPlane(mgr.GetClient(), gvk.GroupKind())),
 			builder.WithPredicates(asksInPlaceUpgrade()))
 	}
-	return b.WithOptions(options).Named("inplaceupgrade-controlplane").
+	return b.WithOptions(ctrlqueue.Options(options)).Named("inplaceupgrade-controlplane").
 		Complete(reportingErrors(r, r.upgrader.Client, r.upgrader.Recorder, func() client.Object { return &clusterv1.Cluster{} }))
 }
 

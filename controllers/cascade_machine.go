@@ -19,6 +19,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 )
 
 // machineUpgradeReconciler carries out in-place-upgrade-to on single Machines: a
@@ -31,7 +32,7 @@ func (r *machineUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, options co
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.Machine{}, builder.WithPredicates(asksInPlaceUpgrade())).
 		Watches(&inplacev1.UpgradeTask{}, handler.EnqueueRequestsFromMapFunc(taskToMachines)).
-		WithOptions(options).
+		WithOptions(ctrlqueue.Options(options)).
 		Named("inplaceupgrade-machine").
 		Complete(reportingErrors(r, r.upgrader.Client, r.upgrader.Recorder, func() client.Object { return &clusterv1.Machine{} }))
 }

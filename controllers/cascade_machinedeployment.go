@@ -18,6 +18,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 )
 
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch;patch
@@ -32,7 +33,7 @@ func (r *machineDeploymentUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, 
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.MachineDeployment{}, builder.WithPredicates(asksInPlaceUpgrade())).
 		Watches(&inplacev1.UpgradeTask{}, handler.EnqueueRequestsFromMapFunc(taskToMachineDeployment)).
-		WithOptions(options).
+		WithOptions(ctrlqueue.Options(options)).
 		Named("inplaceupgrade-machinedeployment").
 		Complete(reportingErrors(r, r.upgrader.Client, r.upgrader.Recorder, func() client.Object { return &clusterv1.MachineDeployment{} }))
 }

@@ -27,6 +27,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -94,7 +95,7 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		For(&inplacev1.UpgradeTask{}).
 		Owns(&inplacev1.NodeUpdate{}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask)).
-		WithOptions(options).
+		WithOptions(ctrlqueue.Options(options)).
 		Named("upgradetask").
 		Complete(r.reportingErrors())
 }

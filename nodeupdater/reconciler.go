@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 )
 
@@ -144,7 +145,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 			predicate.LabelChangedPredicate{},
 			phaseChanged,
 		))).
-		WithOptions(opts).
+		WithOptions(ctrlqueue.Options(opts)).
 		Complete(faults.ErrorReporter{
 			Reconciler: r, Client: r.Client, Reader: r.APIReader, Recorder: r.Recorder,
 			NewObject: func() client.Object { return &inplacev1.NodeUpdate{} },
