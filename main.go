@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
@@ -207,7 +209,15 @@ func run(opts options) error {
 		return fmt.Errorf("set up the in-place-upgrade-to controllers: %w", err)
 	}
 
-	if err := extension.IndexNodeUpdates(ctx, mgr.GetFieldIndexer()); err != nil {
+	// The index needs the API server's discovery; a manager started while the API server
+	// is away (restarted, upgraded) waits for it here instead of exiting.
+	if err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := extension.IndexNodeUpdates(ctx, mgr.GetFieldIndexer()); err != nil {
+			log.Info("waiting for the API server to index NodeUpdates by machine", "error", err.Error())
+			return false, nil
+		}
+		return true, nil
+	}); err != nil {
 		return fmt.Errorf("index NodeUpdates by machine: %w", err)
 	}
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
