@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -19,8 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -42,8 +46,9 @@ const DefaultPollInterval = 15 * time.Second
 type UpgradeTaskReconciler struct {
 	// Client reads (from the cache) and writes objects of the management cluster.
 	Client client.Client
-	// APIReader reads NodeUpdates straight from the API server: counting nodes in
-	// progress from a cache that has not seen the last create could start one too many.
+	// APIReader reads from the API server what the cache may not show yet: a task before
+	// its status is known to this manager, and NodeUpdates when the cache lags behind
+	// creates for long.
 	APIReader client.Reader
 	// Workload reads the Nodes of workload clusters.
 	Workload WorkloadClusters
@@ -59,6 +64,11 @@ type UpgradeTaskReconciler struct {
 	PollInterval time.Duration
 	// Metrics records Prometheus metrics; nil means NewMetrics on controller-runtime's registry.
 	Metrics *Metrics
+
+	// status writes the tasks' statuses in the background; set by SetupWithManager.
+	status *statusWriter
+	// created holds the NodeUpdates created that the cache may not show yet.
+	created createdNodeUpdates
 }
 
 // +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks,verbs=get;list;watch;create;update;patch;delete
@@ -91,10 +101,23 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		return fmt.Errorf("UpgradeTaskReconciler needs Workload to read the Nodes of workload clusters")
 	}
 	r.defaults()
+	// A task whose status could not be written is reconciled again at once, not at its
+	// next poll.
+	retry := make(chan event.TypedGenericEvent[*inplacev1.UpgradeTask], 128)
+	r.status = newStatusWriter(r.Client, func(key types.NamespacedName) {
+		select {
+		case retry <- event.TypedGenericEvent[*inplacev1.UpgradeTask]{Object: &inplacev1.UpgradeTask{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
+		default: // full: the task's poll comes soon enough
+		}
+	})
+	if err := mgr.Add(r.status); err != nil {
+		return fmt.Errorf("add the UpgradeTask status writer to the manager: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&inplacev1.UpgradeTask{}).
 		Owns(&inplacev1.NodeUpdate{}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask)).
+		WatchesRawSource(source.Channel(retry, &handler.TypedEnqueueRequestForObject[*inplacev1.UpgradeTask]{})).
 		WithOptions(ctrlqueue.Options(options)).
 		Named("upgradetask").
 		Complete(r.reportingErrors())
@@ -135,17 +158,21 @@ func (r *UpgradeTaskReconciler) machineToTask(ctx context.Context, obj client.Ob
 }
 
 // Reconcile implements reconcile.Reconciler.
-func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	r.defaults()
-	task := &inplacev1.UpgradeTask{}
-	// From the API server: a cached task can predate the status this controller just
-	// wrote, and deciding from it repeats events and metrics and conflicts on Machines.
-	if err := r.APIReader.Get(ctx, req.NamespacedName, task); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Metrics.forgetTask(req.Namespace, req.Name)
-			return ctrl.Result{}, nil
+	defer func() {
+		if retErr != nil {
+			// The error is reported on the task's conditions by another writer: the next
+			// reconcile starts from the task as the API server has it.
+			r.status.forget(ctx, req.NamespacedName)
 		}
-		return ctrl.Result{}, fmt.Errorf("read UpgradeTask %s: %w", req, err)
+	}()
+	if err := r.status.takeError(req.NamespacedName); err != nil {
+		return ctrl.Result{}, err
+	}
+	task, err := r.readTask(ctx, req.NamespacedName)
+	if err != nil || task == nil {
+		return ctrl.Result{}, err
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("upgradeTask", klog.KObj(task), "cluster", klog.KRef(task.Namespace, task.Spec.ClusterName))
 	ctx = ctrl.LoggerInto(ctx, log)
@@ -160,6 +187,11 @@ func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		// and would drop a finalizer another controller added since.
 		if err := r.Client.Patch(ctx, task, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer to UpgradeTask %s: %w", req, err)
+		}
+		// Go on from the task as the API server has it now.
+		r.status.forget(ctx, req.NamespacedName)
+		if task, err = r.readTask(ctx, req.NamespacedName); err != nil || task == nil {
+			return ctrl.Result{}, err
 		}
 	}
 	// A dry run's plan is refreshed, and a plan is carried out once dryRun is turned off;
@@ -183,6 +215,32 @@ func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return r.reconcileAbort(ctx, s)
 	}
 	return r.reconcileOngoing(ctx, s)
+}
+
+// readTask reads a task from the cache, with the status last handed to the status
+// writer; when none is kept for it, from the API server, as a cached task can predate the
+// status written last (deciding from it would repeat events and metrics, and conflict on
+// Machines). It returns nil when the task is gone.
+func (r *UpgradeTaskReconciler) readTask(ctx context.Context, key types.NamespacedName) (*inplacev1.UpgradeTask, error) {
+	task := &inplacev1.UpgradeTask{}
+	err := r.Client.Get(ctx, key, task)
+	if err == nil && r.status.overlay(task) {
+		return task, nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("read UpgradeTask %s: %w", key, err)
+	}
+	task = &inplacev1.UpgradeTask{}
+	if err := r.APIReader.Get(ctx, key, task); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Metrics.forgetTask(key.Namespace, key.Name)
+			r.status.forget(ctx, key)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read UpgradeTask %s: %w", key, err)
+	}
+	r.status.track(task)
+	return task, nil
 }
 
 // taskScope is everything one reconcile of a task reads, before it decides anything.
@@ -244,15 +302,14 @@ func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.U
 
 	// Every NodeUpdate of the Cluster, this task's and others': a node another task (or a
 	// hand-made NodeUpdate) is upgrading is unavailable too.
-	nus := &inplacev1.NodeUpdateList{}
-	if err := r.APIReader.List(ctx, nus, client.InNamespace(task.Namespace),
-		client.MatchingLabels{inplacev1.ClusterNameLabel: task.Spec.ClusterName}); err != nil {
-		return nil, fmt.Errorf("list NodeUpdates of Cluster %s/%s: %w", task.Namespace, task.Spec.ClusterName, err)
+	nus, err := r.listNodeUpdates(ctx, client.ObjectKeyFromObject(s.cluster))
+	if err != nil {
+		return nil, err
 	}
 	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
 	s.othersRunning = map[string]bool{}
-	for i := range nus.Items {
-		nu := &nus.Items[i]
+	for i := range nus {
+		nu := &nus[i]
 		switch {
 		case metav1IsControlledBy(nu, task):
 			s.nodeUpdates[nu.Spec.MachineName] = nu
@@ -298,6 +355,28 @@ func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.U
 	return s, nil
 }
 
+// listNodeUpdates lists the NodeUpdates of a Cluster from the cache, with those this
+// manager created that the cache does not show yet; from the API server when the cache
+// lags too far behind.
+func (r *UpgradeTaskReconciler) listNodeUpdates(ctx context.Context, cluster types.NamespacedName) ([]inplacev1.NodeUpdate, error) {
+	now := time.Now() // not r.Clock: how long the cache lags is real time
+	opts := []client.ListOption{client.InNamespace(cluster.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: cluster.Name}}
+	nus := &inplacev1.NodeUpdateList{}
+	if err := r.Client.List(ctx, nus, opts...); err != nil {
+		return nil, fmt.Errorf("list NodeUpdates of Cluster %s: %w", cluster, err)
+	}
+	if items, ok := r.created.merge(cluster, nus.Items, now, false); ok {
+		return items, nil
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("the cache does not show a NodeUpdate created a while ago; listing the API server")
+	nus = &inplacev1.NodeUpdateList{}
+	if err := r.APIReader.List(ctx, nus, opts...); err != nil {
+		return nil, fmt.Errorf("list NodeUpdates of Cluster %s: %w", cluster, err)
+	}
+	items, _ := r.created.merge(cluster, nus.Items, now, true)
+	return items, nil
+}
+
 func metav1IsControlledBy(obj client.Object, owner client.Object) bool {
 	for _, ref := range obj.GetOwnerReferences() {
 		if ref.Controller != nil && *ref.Controller && ref.UID == owner.GetUID() {
@@ -329,23 +408,21 @@ func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inpla
 		return fmt.Errorf("remove finalizer of UpgradeTask %s: %w", klog.KObj(task), err)
 	}
 	r.Metrics.forgetTask(task.Namespace, task.Name)
+	r.status.forget(ctx, client.ObjectKeyFromObject(task))
 	ctrl.LoggerFrom(ctx).Info("released the claims of a deleted UpgradeTask", "machines", len(machines.Items))
 	return nil
 }
 
 func (r *UpgradeTaskReconciler) writeProblem(ctx context.Context, task *inplacev1.UpgradeTask, problem string) error {
-	orig := task.DeepCopy()
 	if cond := meta.FindStatusCondition(task.Status.Conditions, inplacev1.ProgressingCondition); cond == nil || cond.Message != problem {
 		r.Recorder.Eventf(task, nil, corev1.EventTypeWarning, inplacev1.WaitingReason, "Hold", "%s", problem)
+		ctrl.LoggerFrom(ctx).Info("task cannot proceed", "problem", problem)
 	}
 	setCondition(task, inplacev1.ReadyCondition, false, inplacev1.WaitingReason, problem)
 	setCondition(task, inplacev1.ProgressingCondition, false, inplacev1.WaitingReason, problem)
 	if task.Status.Phase == "" {
 		task.Status.Phase = inplacev1.TaskPhasePending
 	}
-	if err := r.Client.Status().Patch(ctx, task, client.MergeFrom(orig)); err != nil {
-		return fmt.Errorf("write status of UpgradeTask %s: %w", klog.KObj(task), err)
-	}
-	ctrl.LoggerFrom(ctx).Info("task cannot proceed", "problem", problem)
+	r.status.submit(task)
 	return nil
 }

@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -196,8 +198,10 @@ func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScop
 	if err := controllerutil.SetControllerReference(task, nu, r.Client.Scheme()); err != nil {
 		return nil, fmt.Errorf("own NodeUpdate %s: %w", nu.Name, err)
 	}
+	cluster := types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName}
 	err := r.Client.Create(ctx, nu)
 	if err == nil {
+		r.created.add(cluster, nu, time.Now())
 		return nu, nil
 	}
 	if !apierrors.IsAlreadyExists(err) {
@@ -210,6 +214,7 @@ func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScop
 	if !metav1IsControlledBy(existing, task) {
 		return nil, fmt.Errorf("NodeUpdate %s/%s exists and belongs to another owner; delete it to let UpgradeTask %s start machine %s", nu.Namespace, nu.Name, task.Name, mem.name)
 	}
+	r.created.add(cluster, existing, time.Now())
 	return existing, nil
 }
 

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
+	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -22,13 +22,15 @@ import (
 func (r *UpgradeTaskReconciler) writeStatus(ctx context.Context, s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateResult) error {
 	task := s.task
 	prev := task.Status.DeepCopy()
-	orig := task.DeepCopy()
 	task.Status = computeStatus(s, phase, gate, prev)
-	if err := r.Client.Status().Patch(ctx, task, client.MergeFrom(orig)); err != nil {
-		return fmt.Errorf("write status of UpgradeTask %s: %w", klog.KObj(task), err)
-	}
+	r.status.submit(task)
 	r.recordTransitions(ctx, s, prev)
 	r.Metrics.observeTask(task)
+	if phase.IsFinal() && phase != inplacev1.TaskPhasePlanned {
+		// A task that ended is not looked at again: its last status is written before
+		// its last reconcile returns.
+		return r.status.flush(ctx, client.ObjectKeyFromObject(task))
+	}
 	return nil
 }
 
@@ -204,6 +206,16 @@ func (r *UpgradeTaskReconciler) recordTransitions(ctx context.Context, s *taskSc
 	for _, ms := range prev.Machines {
 		before[ms.Name] = ms
 	}
+	// Each node's event names its Machine as related: the events API folds events with
+	// the same reason, regarding and related object into one series that keeps the first
+	// note, so without it the second node upgraded within minutes would show as the
+	// first one's count.
+	machines := map[string]runtime.Object{}
+	for _, mem := range s.members {
+		if mem.machine != nil {
+			machines[mem.name] = mem.machine
+		}
+	}
 	for _, ms := range task.Status.Machines {
 		old, seen := before[ms.Name]
 		if seen && old.State == ms.State && old.Message == ms.Message {
@@ -212,15 +224,15 @@ func (r *UpgradeTaskReconciler) recordTransitions(ctx context.Context, s *taskSc
 		switch {
 		case ms.State == inplacev1.MachineStateUpgraded && old.State != ms.State:
 			log.Info("node upgraded", "machine", ms.Name, "node", ms.NodeName)
-			r.Recorder.Eventf(task, nil, corev1.EventTypeNormal, inplacev1.NodeUpgradedReason, "Upgrade", "machine %s (node %s) reached %s", ms.Name, ms.NodeName, task.Spec.Version)
+			r.Recorder.Eventf(task, machines[ms.Name], corev1.EventTypeNormal, inplacev1.NodeUpgradedReason, "Upgrade", "machine %s (node %s) reached %s", ms.Name, ms.NodeName, task.Spec.Version)
 			r.Metrics.observeNode(task, ms, "succeeded")
 		case ms.State == inplacev1.MachineStateFailed && old.State != ms.State:
 			log.Info("node failed; no further node is started", "machine", ms.Name, "node", ms.NodeName, "message", ms.Message)
-			r.Recorder.Eventf(task, nil, corev1.EventTypeWarning, inplacev1.NodeFailedReason, "Upgrade", "machine %s (node %s) failed: %s", ms.Name, ms.NodeName, ms.Message)
+			r.Recorder.Eventf(task, machines[ms.Name], corev1.EventTypeWarning, inplacev1.NodeFailedReason, "Upgrade", "machine %s (node %s) failed: %s", ms.Name, ms.NodeName, ms.Message)
 			r.Metrics.observeNode(task, ms, "failed")
 		case ms.State == inplacev1.MachineStateWaiting && isHeld(ms.Message) && !strings.HasPrefix(ms.Message, queueHoldPrefix):
 			log.Info("node held back by a preflight check", "machine", ms.Name, "node", ms.NodeName, "reason", ms.Message)
-			r.Recorder.Eventf(task, nil, corev1.EventTypeNormal, inplacev1.NodeHeldReason, "Preflight", "machine %s (node %s) %s", ms.Name, ms.NodeName, ms.Message)
+			r.Recorder.Eventf(task, machines[ms.Name], corev1.EventTypeNormal, inplacev1.NodeHeldReason, "Preflight", "machine %s (node %s) %s", ms.Name, ms.NodeName, ms.Message)
 		}
 	}
 	if prev.Phase != task.Status.Phase {
