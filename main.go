@@ -196,7 +196,13 @@ func run(opts options) error {
 	if err := (&nodeupdater.Reconciler{Registry: registry, PollInterval: opts.pollInterval}).SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
-	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: workloads, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	// The UpgradeTask controller reads every Node of a workload cluster at each reconcile:
+	// from a watch of them, per Cluster.
+	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads}
+	if err := mgr.Add(nodeCaches); err != nil {
+		return fmt.Errorf("add the workload clusters' Node caches: %w", err)
+	}
+	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.

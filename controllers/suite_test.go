@@ -220,6 +220,32 @@ func (w *world) events(reason string) []string {
 	return out
 }
 
+// eventsRelated returns, for each event of a reason, the name of the object it names as
+// related, and for a series, once per occurrence.
+func (w *world) eventsRelated(reason string) []string {
+	GinkgoHelper()
+	list := &eventsv1.EventList{}
+	Expect(k8s.List(ctx, list, client.InNamespace(w.ns))).To(Succeed())
+	var out []string
+	for _, e := range list.Items {
+		if e.Reason != reason {
+			continue
+		}
+		name := ""
+		if e.Related != nil {
+			name = e.Related.Name
+		}
+		n := 1
+		if e.Series != nil {
+			n = int(e.Series.Count)
+		}
+		for range n {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // recorder watches the NodeUpdates of a namespace and records what the API server saw:
 // the most NodeUpdates unfinished at once, and how many were ever created per machine,
 // in order. It is the test's independent witness of the controller's safety.

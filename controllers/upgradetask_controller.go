@@ -198,6 +198,7 @@ func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	// every other final phase is the end.
 	if task.Status.Phase.IsFinal() && task.Status.Phase != inplacev1.TaskPhasePlanned {
 		r.Metrics.observeTask(task)
+		r.status.forget(ctx, req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 

@@ -100,6 +100,10 @@ var _ = Describe("UpgradeTask controller", func() {
 				Expect(nu.Spec.Version).To(Equal(targetVersion))
 			}
 			Expect(w.events(inplacev1.NodeStartedReason)).To(HaveLen(5))
+			// One NodeUpgraded event per node, each naming its Machine: not folded into
+			// one series that would keep the first node's note.
+			Eventually(func() []string { return w.eventsRelated(inplacev1.NodeUpgradedReason) }, timeout, poll).Should(ConsistOf(
+				"workers-1", "workers-2", "workers-3", "workers-4", "workers-5"))
 			Expect(gauge("capi_inplace_upgradetask_phase", map[string]string{"namespace": w.ns, "name": "md", "phase": "Completed"})).To(Equal(1.0))
 			Expect(gauge("capi_inplace_upgradetask_phase", map[string]string{"namespace": w.ns, "name": "md", "phase": "InProgress"})).To(Equal(0.0))
 			Expect(gauge("capi_inplace_upgradetask_machines", map[string]string{"namespace": w.ns, "name": "md", "state": "upgraded"})).To(Equal(5.0))

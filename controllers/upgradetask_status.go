@@ -28,8 +28,11 @@ func (r *UpgradeTaskReconciler) writeStatus(ctx context.Context, s *taskScope, p
 	r.Metrics.observeTask(task)
 	if phase.IsFinal() && phase != inplacev1.TaskPhasePlanned {
 		// A task that ended is not looked at again: its last status is written before
-		// its last reconcile returns.
-		return r.status.flush(ctx, client.ObjectKeyFromObject(task))
+		// its last reconcile returns, and nothing more is kept about it.
+		key := client.ObjectKeyFromObject(task)
+		err := r.status.flush(ctx, key)
+		r.status.forget(ctx, key)
+		return err
 	}
 	return nil
 }

@@ -169,7 +169,8 @@ func (w *statusWriter) write(key types.NamespacedName, rec *statusRecord) {
 		w.mu.Lock()
 		switch {
 		case err == nil:
-			rec.base = written
+			// The latest status handed over is stored: an earlier failure is moot.
+			rec.base, rec.err = written, nil
 		case apierrors.IsConflict(err) || apierrors.IsNotFound(err) || w.ctx.Err() != nil:
 			// The task changed or went away meanwhile, or the manager stops: the next
 			// reconcile (if any) starts from the API server.

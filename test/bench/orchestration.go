@@ -100,7 +100,8 @@ func (r orchResult) writesPerNode() float64 {
 // runOrchestration upgrades a MachineDeployment of n machines with maxUnavailable mu
 // through the real UpgradeTask controller and NodeUpdate reconciler, wired as main.go
 // wires them (default poll intervals, --concurrency 10, workload clients from the
-// Cluster's kubeconfig Secret), with an updater that finishes every node at once.
+// Cluster's kubeconfig Secret, Nodes from a cache per workload cluster), with an updater
+// that finishes every node at once.
 func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, error) {
 	res := orchResult{machines: n, maxUnavailable: mu}
 	c := b.client
@@ -160,7 +161,11 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 	if err := (&nodeupdater.Reconciler{Registry: registry}).SetupWithManager(mgr, opts); err != nil {
 		return res, err
 	}
-	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: workloads}).SetupWithManager(ctx, mgr, opts); err != nil {
+	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads}
+	if err := mgr.Add(nodeCaches); err != nil {
+		return res, err
+	}
+	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: nodeCaches}).SetupWithManager(ctx, mgr, opts); err != nil {
 		return res, err
 	}
 	stop, err := startManager(ctx, mgr)
