@@ -3,6 +3,7 @@ package workloadcluster
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -32,9 +33,11 @@ const (
 // with the cluster. Every other read and write goes to the API server, as Clients does.
 //
 // A cache is started on the first read of a Cluster's Nodes, rebuilt when its kubeconfig
-// Secret changes, and stopped once unread for nodeCacheIdle. After a watch error, Nodes
-// are listed from the API server until the watch delivers a Node again: a cache never
-// answers for a workload cluster it may have lost sight of.
+// Secret changes, and stopped once unread for nodeCacheIdle. Once a request of the cache
+// failed (the workload API server refused, reset or timed out a connection, answered
+// 5xx, or the watch failed), Nodes are listed from the API server until the cluster
+// answers the cache again: a cache never answers for a workload cluster it may have lost
+// sight of.
 //
 // NodeCaches is a manager.Runnable: its caches end with the manager.
 type NodeCaches struct {
@@ -62,8 +65,8 @@ type nodeCache struct {
 	mu        sync.Mutex
 	checked   time.Time // kubeconfig Secret last read
 	lastRead  time.Time
-	lastError time.Time // last watch error
-	lastSeen  time.Time // last Node the watch delivered
+	lastError time.Time // last failed request or watch error
+	lastOK    time.Time // last request answered, or Node delivered
 	syncErr   error
 	stopped   bool
 	// firstErr receives the first watch error, which ends the wait for the first list.
@@ -177,7 +180,7 @@ func (n *NodeCaches) reader(ctx context.Context, cluster types.NamespacedName, c
 	}
 	c.mu.Lock()
 	c.lastRead = time.Now()
-	syncErr, live := c.syncErr, c.stopped || c.lastError.After(c.lastSeen)
+	syncErr, live := c.syncErr, c.stopped || c.lastError.After(c.lastOK)
 	c.mu.Unlock()
 	switch {
 	case syncErr != nil:
@@ -229,19 +232,17 @@ func (n *NodeCaches) current(ctx context.Context, cluster types.NamespacedName) 
 // start starts a Node cache of a workload cluster; it is synced when c.synced is closed.
 func (n *NodeCaches) start(cluster types.NamespacedName, e entry) (*nodeCache, error) {
 	c := &nodeCache{config: e.config, direct: e.client, synced: make(chan struct{}), firstErr: make(chan error, 1), checked: time.Now(), lastRead: time.Now()}
-	cache, err := ctrlcache.New(rest.CopyConfig(e.config), ctrlcache.Options{
+	// The reflector retries a refused connection by itself and reports no error for it:
+	// the cache's own requests say whether the workload cluster answers.
+	cfg := rest.CopyConfig(e.config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &healthTracking{next: rt, cache: c} })
+	cache, err := ctrlcache.New(cfg, ctrlcache.Options{
 		Scheme: n.Clients.Scheme,
 		ByObject: map[client.Object]ctrlcache.ByObject{
 			&corev1.Node{}: {Transform: c.seen},
 		},
 		DefaultWatchErrorHandler: func(_ context.Context, _ *toolscache.Reflector, err error) {
-			c.mu.Lock()
-			c.lastError = time.Now()
-			c.mu.Unlock()
-			select {
-			case c.firstErr <- err:
-			default:
-			}
+			c.failed(err)
 			ctrl.LoggerFrom(n.ctx).V(1).Info("watch of workload cluster Nodes failed; listing them from its API server until it recovers", "cluster", cluster, "reason", err.Error())
 		},
 	})
@@ -293,14 +294,53 @@ func (c *nodeCache) setSyncErr(err error) {
 // watch works, and drops what no reader here needs (the images a node holds, managed
 // fields), which is most of a Node's size.
 func (c *nodeCache) seen(obj any) (any, error) {
-	c.mu.Lock()
-	c.lastSeen = time.Now()
-	c.mu.Unlock()
+	c.ok()
 	if node, ok := obj.(*corev1.Node); ok {
 		node.ManagedFields = nil
 		node.Status.Images = nil
 	}
 	return obj, nil
+}
+
+// ok notes that the workload cluster answered.
+func (c *nodeCache) ok() {
+	c.mu.Lock()
+	c.lastOK = time.Now()
+	c.mu.Unlock()
+}
+
+// failed notes that a request of the cache failed: Nodes are listed live until the
+// cluster answers again, and a cache not synced yet gives up.
+func (c *nodeCache) failed(err error) {
+	c.mu.Lock()
+	c.lastError = time.Now()
+	c.mu.Unlock()
+	select {
+	case c.firstErr <- err:
+	default:
+	}
+}
+
+// healthTracking notes, for each request of a Node cache, whether the workload cluster
+// answered: a transport error or a 5xx is a failure, a 2xx an answer.
+type healthTracking struct {
+	next  http.RoundTripper
+	cache *nodeCache
+}
+
+func (h *healthTracking) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := h.next.RoundTrip(req)
+	switch {
+	case err != nil:
+		if req.Context().Err() == nil { // not the cache being stopped
+			h.cache.failed(err)
+		}
+	case resp.StatusCode >= 500:
+		h.cache.failed(fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status))
+	case resp.StatusCode < 300:
+		h.cache.ok()
+	}
+	return resp, err
 }
 
 // drop stops a cache that failed to sync, so that the next read tries again.
