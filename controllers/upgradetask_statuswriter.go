@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,6 +42,8 @@ type statusWriter struct {
 	client client.Client
 	// retry asks for a reconcile of a task whose status write failed.
 	retry func(key types.NamespacedName)
+	// interval is the least time between two writes of a task's status but for a flush.
+	interval time.Duration
 
 	started chan struct{}
 	ctx     context.Context
@@ -62,12 +65,17 @@ type statusRecord struct {
 	pending bool
 	// idle is closed when no write is pending or in flight; nil while none is.
 	idle chan struct{}
+	// hurry ends the wait for the interval after the last write: a flush waits for the
+	// latest status.
+	hurry chan struct{}
+	// lastSent is when the task's status was last written.
+	lastSent time.Time
 	// err is the error of the last write that failed, until a reconcile takes it.
 	err error
 }
 
 func newStatusWriter(c client.Client, retry func(types.NamespacedName)) *statusWriter {
-	return &statusWriter{client: c, retry: retry, started: make(chan struct{}), tasks: map[types.NamespacedName]*statusRecord{}}
+	return &statusWriter{client: c, retry: retry, interval: statusWriteInterval, started: make(chan struct{}), tasks: map[types.NamespacedName]*statusRecord{}}
 }
 
 // Start implements manager.Runnable: it lends the writes the manager's lifetime and, once
@@ -106,7 +114,7 @@ func (w *statusWriter) overlay(task *inplacev1.UpgradeTask) bool {
 func (w *statusWriter) track(task *inplacev1.UpgradeTask) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.tasks[client.ObjectKeyFromObject(task)] = &statusRecord{uid: task.UID, base: task.DeepCopy(), latest: task.Status.DeepCopy()}
+	w.tasks[client.ObjectKeyFromObject(task)] = &statusRecord{uid: task.UID, base: task.DeepCopy(), latest: task.Status.DeepCopy(), hurry: make(chan struct{}, 1)}
 }
 
 // takeError returns, once, the error of a failed background write of the task's status.
@@ -155,9 +163,26 @@ func (w *statusWriter) write(key types.NamespacedName, rec *statusRecord) {
 		if !rec.pending {
 			close(rec.idle)
 			rec.idle = nil
+			select { // a flush that came as the last write ended needs no hurry
+			case <-rec.hurry:
+			default:
+			}
 			w.mu.Unlock()
 			return
 		}
+		wait := time.Until(rec.lastSent.Add(w.interval))
+		w.mu.Unlock()
+		if wait > 0 {
+			// One write of a task's status per interval at most: the statuses computed
+			// meanwhile are folded into the next write. A flush does not wait.
+			select {
+			case <-time.After(wait):
+			case <-rec.hurry:
+			case <-w.ctx.Done():
+			}
+		}
+
+		w.mu.Lock()
 		rec.pending = false
 		obj := rec.base.DeepCopy()
 		obj.Status = *rec.latest.DeepCopy()
@@ -170,6 +195,9 @@ func (w *statusWriter) write(key types.NamespacedName, rec *statusRecord) {
 		switch {
 		case err == nil:
 			// The latest status handed over is stored: an earlier failure is moot.
+			if written != base {
+				rec.lastSent = time.Now()
+			}
 			rec.base, rec.err = written, nil
 		case apierrors.IsConflict(err) || apierrors.IsNotFound(err) || w.ctx.Err() != nil:
 			// The task changed or went away meanwhile, or the manager stops: the next
@@ -196,6 +224,13 @@ func (w *statusWriter) write(key types.NamespacedName, rec *statusRecord) {
 		}
 	}
 }
+
+// statusWriteInterval is the least time between two writes of a task's status, but for
+// its last status. The status of a task of 500 machines costs the API server about a
+// tenth of a second of CPU per write; a reconcile per node ended would write it ten times
+// a second with node work that takes no time, and slow down the writes that hand the next
+// node over.
+const statusWriteInterval = time.Second
 
 // update writes the status of obj over base and returns the task as written; when the
 // statuses do not differ as the API stores them (times to the second) it writes nothing.
@@ -225,6 +260,12 @@ func (w *statusWriter) flush(ctx context.Context, key types.NamespacedName) erro
 	var idle chan struct{}
 	if rec != nil {
 		idle = rec.idle
+		if idle != nil {
+			select {
+			case rec.hurry <- struct{}{}:
+			default:
+			}
+		}
 	}
 	w.mu.Unlock()
 	if rec == nil {

@@ -30,6 +30,8 @@ type statusWrites struct {
 	mu      sync.Mutex
 	sent    []inplacev1.UpgradeTaskStatus
 	results []error
+	// sentAt and answeredAt are when each update was sent and answered.
+	sentAt, answeredAt []time.Time
 
 	// holdFirst, when set, holds the first update until it is closed (and then sends
 	// it, or fails it with failFirst); firstHeld is closed once the first update is held.
@@ -50,6 +52,7 @@ func (s *statusWrites) client(c client.WithWatch) client.Client {
 			s.mu.Lock()
 			first := len(s.sent) == 0
 			s.sent = append(s.sent, *task.Status.DeepCopy())
+			s.sentAt = append(s.sentAt, time.Now())
 			s.mu.Unlock()
 			if first && s.holdFirst != nil {
 				close(s.firstHeld)
@@ -67,6 +70,7 @@ func (s *statusWrites) client(c client.WithWatch) client.Client {
 			}
 			s.mu.Lock()
 			s.results = append(s.results, err)
+			s.answeredAt = append(s.answeredAt, time.Now())
 			s.mu.Unlock()
 			return err
 		},
@@ -270,6 +274,34 @@ var _ = Describe("status writer", func() {
 			w.submit(withStatus(task, progressStatus(0, n)))
 			Expect(w.flush(ctx, key)).To(Succeed())
 			Expect(stored().Status).To(Equal(progressStatus(0, n)))
+		})
+
+		It("writes a task's status at most once per interval, but at once for a flush", func() {
+			Expect(w.interval).To(Equal(statusWriteInterval))
+			task := stored()
+			w.track(task)
+			w.submit(withStatus(task, progressStatus(1, 3)))
+			Eventually(writes.count, 10*time.Second, 10*time.Millisecond).Should(Equal(1))
+			w.submit(withStatus(task, progressStatus(2, 3)))
+			Eventually(writes.count, 10*time.Second, 10*time.Millisecond).Should(Equal(2), "the next status is written after the pause")
+			writes.mu.Lock()
+			paused := writes.sentAt[1].Sub(writes.answeredAt[0])
+			writes.mu.Unlock()
+			Expect(paused).To(BeNumerically(">=", statusWriteInterval), "the second write waits out the interval after the first")
+			Expect(stored().Status).To(Equal(progressStatus(2, 3)))
+		})
+
+		It("ends the pause after a write for a flush", func() {
+			w.interval = time.Hour // set before the first write reads it
+			task := stored()
+			w.track(task)
+			w.submit(withStatus(task, progressStatus(1, 3)))
+			Eventually(writes.count, 10*time.Second, 10*time.Millisecond).Should(Equal(1))
+			// The writer now pauses for an hour; a flush (a task's last status) ends it.
+			w.submit(withStatus(task, progressStatus(3, 3)))
+			Expect(w.flush(ctx, key)).To(Succeed())
+			Expect(writes.count()).To(Equal(2))
+			Expect(stored().Status).To(Equal(progressStatus(3, 3)))
 		})
 
 		It("sends no update for a status equal to the one stored", func() {
