@@ -69,6 +69,8 @@ type UpgradeTaskReconciler struct {
 	status *statusWriter
 	// created holds the NodeUpdates created that the cache may not show yet.
 	created createdNodeUpdates
+	// writtenMachines holds the Machines written that the cache may not show as written.
+	writtenMachines writtenMachines
 }
 
 // +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks,verbs=get;list;watch;create;update;patch;delete
@@ -296,6 +298,7 @@ func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.U
 	if s.targetMachines, err = upgraderequest.TargetMachines(ctx, r.Client, task.Namespace, task.Spec.ClusterName, upgraderequest.TargetOf(task)); err != nil {
 		return nil, err
 	}
+	r.writtenMachines.overlay(s.targetMachines, time.Now())
 	if s.maxUnavailable, err = preflight.ResolveMaxUnavailable(task.Spec.MaxUnavailable, len(s.targetMachines)); err != nil {
 		s.problem = err.Error()
 		return s, nil

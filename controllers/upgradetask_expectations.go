@@ -1,10 +1,13 @@
 package controllers
 
 import (
+	"slices"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 )
@@ -70,4 +73,73 @@ func (c *createdNodeUpdates) merge(cluster types.NamespacedName, items []inplace
 		delete(c.byCluster, cluster)
 	}
 	return items, true
+}
+
+// writtenExpiry is how long a Machine this manager wrote is shown as written while the
+// cache still shows it as it was.
+const writtenExpiry = time.Minute
+
+// writtenMachines remembers the Machines this manager wrote until its cache shows the
+// writes. A reconcile that follows the last one closely reads a Machine from a cache that
+// may not show the last write yet: deciding from it would write the Machine again with
+// a resourceVersion the API server has left behind, and conflict. The next reconcile sees
+// the Machine as it was written instead, as long as the cache shows it at a version the
+// write replaced; once the cache shows the written version, or any other (another writer
+// came after), the cache is right again.
+type writtenMachines struct {
+	mu      sync.Mutex
+	written map[types.NamespacedName]writtenMachine
+}
+
+type writtenMachine struct {
+	// replaced are the resourceVersions the writes replaced.
+	replaced []string
+	machine  *clusterv1.Machine
+	at       time.Time
+}
+
+// add remembers m as written over the resourceVersion from.
+func (w *writtenMachines) add(m *clusterv1.Machine, from string, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.written == nil {
+		w.written = map[types.NamespacedName]writtenMachine{}
+	}
+	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
+	prev := w.written[key]
+	replaced := append(slices.Clone(prev.replaced), from)
+	w.written[key] = writtenMachine{replaced: replaced, machine: m.DeepCopy(), at: now}
+	if len(w.written) > writtenSweepAt {
+		for k, e := range w.written {
+			if now.Sub(e.at) > writtenExpiry {
+				delete(w.written, k)
+			}
+		}
+	}
+}
+
+// writtenSweepAt is the number of Machines remembered above which those remembered for
+// longer than writtenExpiry are dropped.
+const writtenSweepAt = 1000
+
+// overlay replaces each Machine the cache shows at a version this manager's writes
+// replaced by the Machine as written, and forgets the others.
+func (w *writtenMachines) overlay(machines []clusterv1.Machine, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.written) == 0 {
+		return
+	}
+	for i := range machines {
+		key := types.NamespacedName{Namespace: machines[i].Namespace, Name: machines[i].Name}
+		e, ok := w.written[key]
+		if !ok {
+			continue
+		}
+		if now.Sub(e.at) <= writtenExpiry && slices.Contains(e.replaced, machines[i].ResourceVersion) {
+			machines[i] = *e.machine.DeepCopy()
+			continue
+		}
+		delete(w.written, key)
+	}
 }

@@ -108,6 +108,13 @@ func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.M
 		return nil
 	}
 	orig := m.DeepCopy()
+	// What this write replaces: the next reconcile reads the Machine as written even if its
+	// cache does not show the write yet.
+	defer func() {
+		if m.ResourceVersion != orig.ResourceVersion {
+			r.writtenMachines.add(m, orig.ResourceVersion, time.Now())
+		}
+	}()
 	hasClaim := m.Labels[inplacev1.UpgradeTaskLabel] == claimValue
 	switch {
 	case want.claim && !hasClaim:
@@ -135,6 +142,10 @@ func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.M
 	}
 
 	origStatus := m.DeepCopy()
+	if origStatus.ResourceVersion != orig.ResourceVersion {
+		r.writtenMachines.add(m, orig.ResourceVersion, time.Now())
+		orig = origStatus // the deferred add records what the status write replaces
+	}
 	changed := false
 	switch {
 	case want.condition != nil:
