@@ -409,20 +409,9 @@ func closedPort(t *testing.T) int {
 	return port
 }
 
+// unreachableKubeconfig is a kubeconfig of an API server no one listens for.
 func unreachableKubeconfig(port int) []byte {
-	return fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls-verify: true}
-users:
-- name: u
-  user: {token: abc}
-contexts:
-- name: c
-  context: {cluster: c, user: u}
-current-context: c
-`, port)
+	return kubeconfigFor(fmt.Sprintf("https://127.0.0.1:%d", port))
 }
 
 func TestNodeCacheUnreachableClusterFails(t *testing.T) {
