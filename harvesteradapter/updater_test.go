@@ -52,7 +52,7 @@ type harvesterCluster struct {
 
 var clusterSeq int
 
-func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader)) *harvesterCluster {
+func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.SUC)) *harvesterCluster {
 	GinkgoHelper()
 	clusterSeq++
 	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
@@ -80,6 +80,9 @@ func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.Har
 	runCtx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
 	c.suc = &sim.SUC{Client: workload.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+	for _, o := range simOptions {
+		o(c.suc) // before the simulator runs: it reads its settings without a lock
+	}
 	go func() { _ = c.suc.Run(runCtx) }()
 	c.repository = &sim.Repository{Client: workload.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
 	c.repository.Start(runCtx)
@@ -220,7 +223,7 @@ var _ = Describe("The Harvester updater", func() {
 		err := drive(c.updater, nu, 10*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("the node runs Harvester v1.4.2, but Harvester v1.6.0 installs only over v1.5.0 or newer: upgrade to v1.5.0 first")))
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRepository)).To(Equal(inplacev1.StepStateFailed))
-		Expect(c.rec.Runs()).To(BeEmpty(), "no Plan ran")
+		Expect(runsOn(c.rec, c.nodes[0])).To(BeEmpty(), "no Plan ran on the node")
 	})
 
 	It("deploys one repository for many nodes", func() {
@@ -336,17 +339,19 @@ func installDataEngineCRDs() {
 
 var _ = Describe("Aborting a node's upgrade", func() {
 	It("waits for the running SUC Job to end, then removes the node's Plans and uncordons it", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
 		// Long enough that the Job still runs when Abort is first asked, on a loaded machine
 		// too (1.5 s was not: the Job had ended and Abort rightly said done).
-		c.suc.JobDuration = 5 * time.Second
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
+			func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		// Advance until the RKE2 Plan's Job runs on the node (the node is then cordoned and down).
+		// Advance until the RKE2 Plan's Job runs on this node (the node is then cordoned and
+		// down). Runs on other nodes do not count: Plans that earlier specs left in the
+		// shared SUC namespace can run under this cluster's simulator too.
 		Eventually(func() []sim.PlanRun {
 			_, err := c.updater.Reconcile(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
-			return c.rec.Runs()
+			return runsOn(c.rec, node)
 		}, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
 
 		done, err := c.updater.Abort(ctx, nu)
@@ -363,6 +368,17 @@ var _ = Describe("Aborting a node's upgrade", func() {
 		n := &corev1.Node{}
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 		Expect(n.Spec.Unschedulable).To(BeFalse())
-		Consistently(func() int { return len(c.rec.Runs()) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
+		Consistently(func() int { return len(runsOn(c.rec, node)) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
 	})
 })
+
+// runsOn returns the runs a simulator recorded on one node.
+func runsOn(rec *sim.Record, node string) []sim.PlanRun {
+	var out []sim.PlanRun
+	for _, r := range rec.Runs() {
+		if r.Node == node {
+			out = append(out, r)
+		}
+	}
+	return out
+}
