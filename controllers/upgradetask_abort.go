@@ -37,13 +37,14 @@ func (r *UpgradeTaskReconciler) reconcileAbort(ctx context.Context, s *taskScope
 	}
 
 	phase := computePhase(s, true)
+	var members []*member
 	for _, mem := range s.members {
-		if mem.machine == nil || mem.claimedBy != "" {
-			continue
+		if mem.machine != nil && mem.claimedBy == "" {
+			members = append(members, mem)
 		}
-		if err := r.writeMachine(ctx, mem.machine, desiredMachine(s, mem, phase, false), task); err != nil {
-			return ctrl.Result{}, err
-		}
+	}
+	if err := r.writeMachinesNow(ctx, task, members, func(mem *member) machineWant { return desiredMachine(s, mem, phase, false) }); err != nil {
+		return ctrl.Result{}, err
 	}
 	if err := r.writeStatus(ctx, s, phase, preflight.GateResult{Open: true}); err != nil {
 		return ctrl.Result{}, err

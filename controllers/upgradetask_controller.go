@@ -67,6 +67,9 @@ type UpgradeTaskReconciler struct {
 
 	// status writes the tasks' statuses in the background; set by SetupWithManager.
 	status *statusWriter
+	// machines writes the bookkeeping of the tasks' Machines in the background; set by
+	// SetupWithManager.
+	machines *machineWriter
 	// created holds the NodeUpdates created that the cache may not show yet.
 	created createdNodeUpdates
 	// writtenMachines holds the Machines written that the cache may not show as written.
@@ -103,17 +106,26 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		return fmt.Errorf("UpgradeTaskReconciler needs Workload to read the Nodes of workload clusters")
 	}
 	r.defaults()
-	// A task whose status could not be written is reconciled again at once, not at its
-	// next poll.
+	// A task whose status or Machine could not be written is reconciled again at once, not
+	// at its next poll.
 	retry := make(chan event.TypedGenericEvent[*inplacev1.UpgradeTask], 128)
-	r.status = newStatusWriter(r.Client, func(key types.NamespacedName) {
+	sendRetry := func(key types.NamespacedName) {
 		select {
 		case retry <- event.TypedGenericEvent[*inplacev1.UpgradeTask]{Object: &inplacev1.UpgradeTask{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
 		default: // full: the task's poll comes soon enough
 		}
-	})
+	}
+	r.status = newStatusWriter(r.Client, sendRetry)
 	if err := mgr.Add(r.status); err != nil {
 		return fmt.Errorf("add the UpgradeTask status writer to the manager: %w", err)
+	}
+	r.machines = newMachineWriter(r.writeMachine,
+		func(m *clusterv1.Machine, task *inplacev1.UpgradeTask) *clusterv1.Machine {
+			return r.writtenMachines.latest(m, upgraderequest.LabelValue(task.Name), time.Now())
+		},
+		r.recordClaims, sendRetry)
+	if err := mgr.Add(r.machines); err != nil {
+		return fmt.Errorf("add the UpgradeTask Machine writer to the manager: %w", err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&inplacev1.UpgradeTask{}).
@@ -170,6 +182,9 @@ func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 	}()
 	if err := r.status.takeError(req.NamespacedName); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.machines.takeError(req.NamespacedName); err != nil {
 		return ctrl.Result{}, err
 	}
 	task, err := r.readTask(ctx, req.NamespacedName)
@@ -400,8 +415,16 @@ func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inpla
 		client.MatchingLabels{inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name)}); err != nil {
 		return fmt.Errorf("list machines claimed by UpgradeTask %s: %w", klog.KObj(task), err)
 	}
+	ms := make([]*clusterv1.Machine, len(machines.Items))
 	for i := range machines.Items {
-		m := &machines.Items[i]
+		ms[i] = &machines.Items[i]
+	}
+	// After the writes handed to the background: none of them claims a machine again.
+	ms, err := r.machines.settle(ctx, task, ms)
+	if err != nil {
+		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
+	}
+	for _, m := range ms {
 		if err := r.writeMachine(ctx, m, machineWant{claim: false, removeCondition: !isDone(m)}, task); err != nil {
 			return err
 		}

@@ -84,22 +84,33 @@ const writtenExpiry = time.Minute
 // may not show the last write yet: deciding from it would write the Machine again with
 // a resourceVersion the API server has left behind, and conflict. The next reconcile sees
 // the Machine as it was written instead, as long as the cache shows it at a version the
-// write replaced; once the cache shows the written version, or any other (another writer
-// came after), the cache is right again.
+// write replaced. A Machine the cache shows at another version was written by someone
+// else after this manager: the cache is right, and the writes are forgotten. Once the
+// cache shows the written version they are kept a while still: a background write handed
+// over with the Machine as an earlier reconcile read it (machineWriter) starts from the
+// Machine as last written.
 type writtenMachines struct {
 	mu      sync.Mutex
 	written map[types.NamespacedName]writtenMachine
 }
 
 type writtenMachine struct {
-	// replaced are the resourceVersions the writes replaced.
-	replaced []string
-	machine  *clusterv1.Machine
-	at       time.Time
+	// over are the resourceVersions the writes replaced, oldest first.
+	over    []writtenOver
+	machine *clusterv1.Machine
+	at      time.Time
 }
 
-// add remembers m as written over the resourceVersion from.
-func (w *writtenMachines) add(m *clusterv1.Machine, from string, now time.Time) {
+// writtenOver is a resourceVersion a write replaced, and who wrote over it.
+type writtenOver struct {
+	rv string
+	// by is the claim label value of the task that wrote.
+	by string
+}
+
+// add remembers m as written by the task whose claim label value is by, over the
+// resourceVersion from.
+func (w *writtenMachines) add(m *clusterv1.Machine, from, by string, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.written == nil {
@@ -107,8 +118,8 @@ func (w *writtenMachines) add(m *clusterv1.Machine, from string, now time.Time) 
 	}
 	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
 	prev := w.written[key]
-	replaced := append(slices.Clone(prev.replaced), from)
-	w.written[key] = writtenMachine{replaced: replaced, machine: m.DeepCopy(), at: now}
+	over := append(slices.Clone(prev.over), writtenOver{rv: from, by: by})
+	w.written[key] = writtenMachine{over: over, machine: m.DeepCopy(), at: now}
 	if len(w.written) > writtenSweepAt {
 		for k, e := range w.written {
 			if now.Sub(e.at) > writtenExpiry {
@@ -118,12 +129,19 @@ func (w *writtenMachines) add(m *clusterv1.Machine, from string, now time.Time) 
 	}
 }
 
+// replacedAt returns the position of a resourceVersion among those the writes replaced,
+// or -1.
+func (e writtenMachine) replacedAt(rv string) int {
+	return slices.IndexFunc(e.over, func(o writtenOver) bool { return o.rv == rv })
+}
+
 // writtenSweepAt is the number of Machines remembered above which those remembered for
 // longer than writtenExpiry are dropped.
 const writtenSweepAt = 1000
 
 // overlay replaces each Machine the cache shows at a version this manager's writes
-// replaced by the Machine as written, and forgets the others.
+// replaced by the Machine as written, and forgets the writes of a Machine the cache shows
+// at a version this manager did not write.
 func (w *writtenMachines) overlay(machines []clusterv1.Machine, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -136,10 +154,37 @@ func (w *writtenMachines) overlay(machines []clusterv1.Machine, now time.Time) {
 		if !ok {
 			continue
 		}
-		if now.Sub(e.at) <= writtenExpiry && slices.Contains(e.replaced, machines[i].ResourceVersion) {
+		switch {
+		case now.Sub(e.at) > writtenExpiry:
+			delete(w.written, key)
+		case e.replacedAt(machines[i].ResourceVersion) >= 0:
 			machines[i] = *e.machine.DeepCopy()
-			continue
+		case machines[i].ResourceVersion != e.machine.ResourceVersion:
+			delete(w.written, key)
 		}
-		delete(w.written, key)
 	}
+}
+
+// latest returns m as this manager last wrote it when m is at a version that writes of
+// the task whose claim label value is by replaced, and only that task wrote since; else m
+// itself. What a task decided from m holds for the Machine as the task itself wrote it
+// since, not as another task did: a claim decided from a Machine that another task claimed
+// since must conflict, not take the claim.
+func (w *writtenMachines) latest(m *clusterv1.Machine, by string, now time.Time) *clusterv1.Machine {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e, ok := w.written[types.NamespacedName{Namespace: m.Namespace, Name: m.Name}]
+	if !ok || now.Sub(e.at) > writtenExpiry {
+		return m
+	}
+	i := e.replacedAt(m.ResourceVersion)
+	if i < 0 {
+		return m
+	}
+	for _, o := range e.over[i:] {
+		if o.by != by {
+			return m
+		}
+	}
+	return e.machine.DeepCopy()
 }

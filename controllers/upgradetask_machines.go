@@ -112,7 +112,7 @@ func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.M
 	// cache does not show the write yet.
 	defer func() {
 		if m.ResourceVersion != orig.ResourceVersion {
-			r.writtenMachines.add(m, orig.ResourceVersion, time.Now())
+			r.writtenMachines.add(m, orig.ResourceVersion, claimValue, time.Now())
 		}
 	}()
 	hasClaim := m.Labels[inplacev1.UpgradeTaskLabel] == claimValue
@@ -143,7 +143,7 @@ func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.M
 
 	origStatus := m.DeepCopy()
 	if origStatus.ResourceVersion != orig.ResourceVersion {
-		r.writtenMachines.add(m, orig.ResourceVersion, time.Now())
+		r.writtenMachines.add(m, orig.ResourceVersion, claimValue, time.Now())
 		orig = origStatus // the deferred add records what the status write replaces
 	}
 	changed := false
@@ -229,6 +229,55 @@ func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScop
 	return existing, nil
 }
 
+// settleMembers waits for the background writes of the members' Machines, drops those
+// pending, and goes on from the Machines as the task last wrote them: the reconcile writes
+// them itself.
+func (r *UpgradeTaskReconciler) settleMembers(ctx context.Context, task *inplacev1.UpgradeTask, members []*member) error {
+	var machines []*clusterv1.Machine
+	var with []*member
+	for _, mem := range members {
+		if mem.machine != nil {
+			machines = append(machines, mem.machine)
+			with = append(with, mem)
+		}
+	}
+	if len(machines) == 0 {
+		return nil
+	}
+	latest, err := r.machines.settle(ctx, task, machines)
+	if err != nil {
+		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
+	}
+	for i, mem := range with {
+		mem.machine = latest[i]
+	}
+	return nil
+}
+
+// writeMachinesNow writes the members' Machines before it returns, after any write of
+// them handed to the background, and records the machines it claimed.
+func (r *UpgradeTaskReconciler) writeMachinesNow(ctx context.Context, task *inplacev1.UpgradeTask, members []*member, want func(*member) machineWant) error {
+	if err := r.settleMembers(ctx, task, members); err != nil {
+		return err
+	}
+	var claimedMu sync.Mutex
+	var claimed []string
+	err := forEachConcurrently(members, func(mem *member) error {
+		wasClaimed := mem.isClaimed(task)
+		if err := r.writeMachine(ctx, mem.machine, want(mem), task); err != nil {
+			return err
+		}
+		if !wasClaimed && mem.isClaimed(task) {
+			claimedMu.Lock()
+			claimed = append(claimed, mem.name)
+			claimedMu.Unlock()
+		}
+		return nil
+	})
+	r.recordClaims(task, claimed)
+	return err
+}
+
 // isClaimed reports whether the member's Machine carries the task's claim label.
 func (m *member) isClaimed(task *inplacev1.UpgradeTask) bool {
 	return m.machine != nil && m.machine.Labels[inplacev1.UpgradeTaskLabel] == upgraderequest.LabelValue(task.Name)
@@ -253,12 +302,7 @@ func (r *UpgradeTaskReconciler) recordClaims(task *inplacev1.UpgradeTask, names 
 		"claimed %d machine(s) for the in-place upgrade to %s: %s", len(names), task.Spec.Version, listed)
 }
 
-// machineWriteConcurrency bounds the Machine writes one reconcile of a task sends at
-// once: they are distinct objects, each written with its own resourceVersion, so their
-// order does not matter and their round trips can overlap.
-const machineWriteConcurrency = 8
-
-// forEachConcurrently calls fn for every member, at most machineWriteConcurrency at a
+// forEachConcurrently calls fn for every member, at most MachineWriteConcurrency at a
 // time, and returns every error it returned. fn must touch only its own member.
 func forEachConcurrently(members []*member, fn func(*member) error) error {
 	if len(members) == 0 {
@@ -271,7 +315,7 @@ func forEachConcurrently(members []*member, fn func(*member) error) error {
 		wg   sync.WaitGroup
 		mu   sync.Mutex
 		errs []error
-		sem  = make(chan struct{}, machineWriteConcurrency)
+		sem  = make(chan struct{}, MachineWriteConcurrency)
 	)
 	for _, mem := range members {
 		wg.Add(1)

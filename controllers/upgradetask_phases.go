@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,7 +9,6 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
-	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
 
 // reconcileOngoing carries an Ongoing task on: decide what to start from what was read,
@@ -25,10 +23,10 @@ func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskSco
 	r.selectNextMachines(ctx, s, gate, stoppedBy)
 	phase := computePhase(s, false)
 
-	// Hand-off comes first: a machine that may start is started before the machines that
-	// ended are written, so the next node waits for no write about the last one. A
-	// machine is claimed before its NodeUpdate exists: the claim, written with the
-	// resourceVersion read, is what keeps two tasks from starting the same machine.
+	// Hand-off comes first: a machine that may start is started before any other machine
+	// is written, so the next node waits for no write about the last one. A machine is
+	// claimed before its NodeUpdate exists: the claim, written with the resourceVersion
+	// read, is what keeps two tasks from starting the same machine.
 	if !task.Spec.DryRun {
 		var picked []*member
 		for _, mem := range s.members {
@@ -36,12 +34,16 @@ func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskSco
 				picked = append(picked, mem)
 			}
 		}
+		if err := r.settleMembers(ctx, task, picked); err != nil {
+			return ctrl.Result{}, err
+		}
 		var claimed []string
 		for _, mem := range picked {
 			if mem.isClaimed(task) {
 				continue
 			}
-			if err := r.writeMachine(ctx, mem.machine, desiredMachine(s, mem, phase, true), task); err != nil {
+			// The claim alone: its InProgress condition is written in the background.
+			if err := r.writeMachine(ctx, mem.machine, machineWant{claim: true}, task); err != nil {
 				return ctrl.Result{}, err
 			}
 			claimed = append(claimed, mem.name)
@@ -62,49 +64,23 @@ func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskSco
 	}
 
 	// A dry run touches no machine that has not started; machines started before
-	// dryRun was turned on are still followed to their end. Machines whose node started
-	// or ended are written in every reconcile; waiting
-	// machines (their claim and Waiting condition, all of them at a task's start) at most
-	// WaitingMachinesPerReconcile at a time, so that no reconcile, and no hand-off queued
-	// behind it, waits for hundreds of writes. The rest follow in the next reconciles.
-	var toWrite []*member
-	waitingLeft := WaitingMachinesPerReconcile
-	moreWaiting := false
-	claimValue := upgraderequest.LabelValue(task.Name)
+	// dryRun was turned on are still followed to their end. While the task runs the
+	// machines are written in the background; a task that ended has written them (its
+	// claims released) before its status says so.
+	var members []*member
 	for _, mem := range s.members {
 		if mem.machine == nil || mem.claimedBy != "" || (task.Spec.DryRun && mem.nu == nil) {
 			continue
 		}
-		want := desiredMachine(s, mem, phase, true)
-		if machineUpToDate(mem.machine, want, claimValue) {
-			continue
-		}
-		if mem.state == inplacev1.MachineStateWaiting && !mem.picked && !phase.IsFinal() {
-			if waitingLeft == 0 {
-				moreWaiting = true
-				continue
-			}
-			waitingLeft--
-		}
-		toWrite = append(toWrite, mem)
+		members = append(members, mem)
 	}
-	var claimedMu sync.Mutex
-	var claimed []string
-	err := forEachConcurrently(toWrite, func(mem *member) error {
-		wasClaimed := mem.isClaimed(task)
-		if err := r.writeMachine(ctx, mem.machine, desiredMachine(s, mem, phase, true), task); err != nil {
-			return err
+	want := func(mem *member) machineWant { return desiredMachine(s, mem, phase, true) }
+	if phase.IsFinal() {
+		if err := r.writeMachinesNow(ctx, task, members, want); err != nil {
+			return ctrl.Result{}, err
 		}
-		if !wasClaimed && mem.isClaimed(task) {
-			claimedMu.Lock()
-			claimed = append(claimed, mem.name)
-			claimedMu.Unlock()
-		}
-		return nil
-	})
-	r.recordClaims(task, claimed)
-	if err != nil {
-		return ctrl.Result{}, err
+	} else {
+		r.machines.submit(task, members, want)
 	}
 
 	if err := r.writeStatus(ctx, s, phase, gate); err != nil {
@@ -114,23 +90,11 @@ func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskSco
 		return ctrl.Result{}, nil
 	}
 	requeue := r.PollInterval
-	if moreWaiting {
-		requeue = waitingWritesRequeue
-	}
 	if !gate.Open && gate.RetryAfter > 0 && gate.RetryAfter < requeue {
 		requeue = gate.RetryAfter
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
-
-const (
-	// WaitingMachinesPerReconcile bounds the waiting machines (claim label, Waiting
-	// condition) one reconcile of a task writes.
-	WaitingMachinesPerReconcile = machineWriteConcurrency
-	// waitingWritesRequeue is how soon a task with waiting machines left to write is
-	// reconciled again.
-	waitingWritesRequeue = 50 * time.Millisecond
-)
 
 // computePhase derives the task's phase from its members.
 func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
