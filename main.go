@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -173,6 +174,9 @@ func run(opts options) error {
 		LeaderElection:          opts.leaderElect,
 		LeaderElectionID:        "capi-inplace-manager.inplace.cluster.x-k8s.io",
 		LeaderElectionNamespace: opts.leaderElectionNamespace,
+		// Nothing reads managed fields (writes are merge patches and status updates): not
+		// keeping them halves what every cached Machine costs to hold and to copy.
+		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)

@@ -74,8 +74,9 @@ type machineWriter struct {
 type machineSlot struct {
 	// pending is the write to make next; nil when none.
 	pending *machineJob
-	// inFlight says a worker writes the Machine now.
+	// inFlight says a worker writes the Machine now; current is that write.
 	inFlight bool
+	current  *machineJob
 	// idle is closed once no write of the Machine is pending or in flight.
 	idle chan struct{}
 }
@@ -174,6 +175,10 @@ func (w *machineWriter) submit(task *inplacev1.UpgradeTask, members []*member, w
 		if !ok && machineUpToDate(mem.machine, wanted, claimValue) {
 			continue
 		}
+		if ok && slot.handedOver(task.UID, wanted) {
+			// A reconcile that came before the write ended handed it over already.
+			continue
+		}
 		batch.left++
 		job := &machineJob{machine: mem.machine.DeepCopy(), want: wanted, task: ref, batch: batch}
 		if !ok {
@@ -209,7 +214,7 @@ func (w *machineWriter) work() {
 
 		w.mu.Lock()
 		w.finishLocked(job, err == nil && !wasClaimed && m.Labels[inplacev1.UpgradeTaskLabel] == claimValue)
-		slot.inFlight = false
+		slot.inFlight, slot.current = false, nil
 		if slot.pending != nil {
 			w.queue = append(w.queue, key)
 		} else {
@@ -261,9 +266,27 @@ func (w *machineWriter) nextLocked() (types.NamespacedName, *machineSlot, *machi
 			continue
 		}
 		job := slot.pending
-		slot.pending, slot.inFlight = nil, true
+		slot.pending, slot.inFlight, slot.current = nil, true, job
 		return key, slot, job
 	}
+}
+
+// handedOver reports whether the last write handed over for the Machine, pending or in
+// flight, is the task's and wants the same.
+func (slot *machineSlot) handedOver(task types.UID, want machineWant) bool {
+	last := slot.pending
+	if last == nil {
+		last = slot.current
+	}
+	return last != nil && last.task.UID == task && sameWant(last.want, want)
+}
+
+// sameWant reports whether two wants ask for the same Machine.
+func sameWant(a, b machineWant) bool {
+	if a.claim != b.claim || a.removeCondition != b.removeCondition || a.release != b.release || (a.condition == nil) != (b.condition == nil) {
+		return false
+	}
+	return a.condition == nil || (a.condition.Status == b.condition.Status && a.condition.Reason == b.condition.Reason && a.condition.Message == b.condition.Message)
 }
 
 // finishLocked counts a job of a hand-over as ended, and records the machines the

@@ -825,3 +825,41 @@ func TestWrittenMachinesLatest(t *testing.T) {
 		t.Errorf("the remembered Machine changed through latest: %v", again.Labels)
 	}
 }
+
+// A hand-over that asks for what the last one asked for, pending or in flight, is the
+// same write: it is not handed over again (nor the Machine copied again).
+func TestMachineSlotHandedOver(t *testing.T) {
+	waiting := machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.WaitingReason, "queued")}
+	job := func(uid types.UID, want machineWant) *machineJob {
+		return &machineJob{want: want, task: &inplacev1.UpgradeTask{ObjectMeta: metav1.ObjectMeta{UID: uid}}}
+	}
+	inProgress := machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.InProgressReason, "started")}
+	otherMessage := machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.WaitingReason, "held")}
+
+	inFlight := &machineSlot{inFlight: true, current: job("a", waiting)}
+	if !inFlight.handedOver("a", waiting) {
+		t.Error("the same want as the write in flight: want handed over")
+	}
+	for name, tc := range map[string]struct {
+		uid  types.UID
+		want machineWant
+	}{
+		"another task":      {"b", waiting},
+		"another condition": {"a", inProgress},
+		"another message":   {"a", otherMessage},
+		"no claim":          {"a", machineWant{condition: waiting.condition}},
+		"a release":         {"a", machineWant{claim: true, condition: waiting.condition, release: "v1"}},
+	} {
+		if inFlight.handedOver(tc.uid, tc.want) {
+			t.Errorf("%s: want not handed over", name)
+		}
+	}
+	// The pending write, not the one in flight, is the last one handed over.
+	pending := &machineSlot{inFlight: true, current: job("a", waiting), pending: job("a", inProgress)}
+	if pending.handedOver("a", waiting) || !pending.handedOver("a", inProgress) {
+		t.Error("with a write pending, only its want is handed over")
+	}
+	if (&machineSlot{}).handedOver("a", waiting) {
+		t.Error("a slot with no write: want nothing handed over")
+	}
+}

@@ -253,7 +253,8 @@ func (r *Reconciler) event(nu *inplacev1.NodeUpdate, eventType, reason, action, 
 // cache, so that they are right after a restart without any state of their own.
 func (r *Reconciler) updateGauges(ctx context.Context) {
 	list := &inplacev1.NodeUpdateList{}
-	if err := r.Client.List(ctx, list); err != nil {
+	// Read only, on every phase change of every NodeUpdate: no copy of the cached objects.
+	if err := r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).V(4).Info("Cannot list NodeUpdates for the gauges", "error", err.Error())
 		return
 	}

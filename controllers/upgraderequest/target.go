@@ -67,21 +67,23 @@ func (t Target) Same(o Target) bool {
 // TargetMachines lists the Machines of a target, sorted by name: for a control plane the
 // machines it owns, for a MachineDeployment the machines of the MachineSets it owns.
 func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName string, t Target) ([]clusterv1.Machine, error) {
+	// The Cluster's Machines as the cache holds them, not copied: only those of the target
+	// are copied, below.
 	machines := &clusterv1.MachineList{}
-	if err := c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}); err != nil {
+	if err := c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list machines of Cluster %s/%s: %w", namespace, clusterName, err)
 	}
 	var out []clusterv1.Machine
 	switch {
 	case t.ControlPlaneRef != nil:
-		for _, m := range machines.Items {
-			if ownedBy(m.OwnerReferences, t.ControlPlaneRef.APIGroup, t.ControlPlaneRef.Kind, t.ControlPlaneRef.Name) {
-				out = append(out, m)
+		for i := range machines.Items {
+			if m := &machines.Items[i]; ownedBy(m.OwnerReferences, t.ControlPlaneRef.APIGroup, t.ControlPlaneRef.Kind, t.ControlPlaneRef.Name) {
+				out = append(out, *m.DeepCopy())
 			}
 		}
 	case t.MachineDeploymentRef != nil:
 		sets := &clusterv1.MachineSetList{}
-		if err := c.List(ctx, sets, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}); err != nil {
+		if err := c.List(ctx, sets, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list machine sets of Cluster %s/%s: %w", namespace, clusterName, err)
 		}
 		ownSets := map[string]bool{}
@@ -90,10 +92,11 @@ func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName
 				ownSets[ms.Name] = true
 			}
 		}
-		for _, m := range machines.Items {
+		for i := range machines.Items {
+			m := &machines.Items[i]
 			for _, ref := range m.OwnerReferences {
 				if ref.Kind == "MachineSet" && groupOf(ref.APIVersion) == clusterv1.GroupVersion.Group && ownSets[ref.Name] {
-					out = append(out, m)
+					out = append(out, *m.DeepCopy())
 					break
 				}
 			}

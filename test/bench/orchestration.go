@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -75,6 +76,9 @@ type orchResult struct {
 	// handoff is, for every NodeUpdate that succeeded while machines still waited, the
 	// time from its success to the creation of the NodeUpdate that took its place.
 	handoff latencies
+	// nextStart is, for the same successes, the time to the first creation at or after
+	// it: how soon the controller starts a node once one ended, whichever place it fills.
+	nextStart latencies
 	// maxRunning is the most NodeUpdates unfinished at once, as the watch saw them.
 	maxRunning int
 	// writes and reads are the manager's requests to the management API server by verb
@@ -150,7 +154,7 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 		// main.go caches every namespace. Here earlier runs' objects sit in other
 		// namespaces; caching only this run's keeps each run on its own, as on a
 		// management cluster where nothing else is being upgraded.
-		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}, DefaultTransform: cache.TransformStripManagedFields()},
 	})
 	if err != nil {
 		return res, err
@@ -243,6 +247,7 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 		res.firstStart = created[0].Sub(t0)
 	}
 	res.handoff = summarize(handoffs(created, succeeded, mu))
+	res.nextStart = summarize(nextStarts(created, succeeded, mu))
 	if res.finished && res.upgraded != n {
 		return res, fmt.Errorf("the task completed with %d of %d NodeUpdates succeeded", res.upgraded, n)
 	}
@@ -262,6 +267,23 @@ func handoffs(created, succeeded []time.Time, mu int) []time.Duration {
 			break
 		}
 		out = append(out, max(created[mu+k].Sub(s), 0))
+	}
+	return out
+}
+
+// nextStarts is, for each success that handoffs pairs, the time to the first creation
+// at or after it. created is in time order.
+func nextStarts(created, succeeded []time.Time, mu int) []time.Duration {
+	var out []time.Duration
+	for k, s := range succeeded {
+		if mu+k >= len(created) {
+			break
+		}
+		i := sort.Search(len(created), func(i int) bool { return !created[i].Before(s) })
+		if i == len(created) {
+			break
+		}
+		out = append(out, created[i].Sub(s))
 	}
 	return out
 }
