@@ -174,8 +174,8 @@ func run(opts options) error {
 		LeaderElection:          opts.leaderElect,
 		LeaderElectionID:        "capi-inplace-manager.inplace.cluster.x-k8s.io",
 		LeaderElectionNamespace: opts.leaderElectionNamespace,
-		// Nothing reads managed fields (writes are merge patches and status updates): not
-		// keeping them halves what every cached Machine costs to hold and to copy.
+		// Nothing reads managed fields (writes are merge patches and status updates): without
+		// them every cached object is smaller to hold and cheaper to copy.
 		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 	})
 	if err != nil {

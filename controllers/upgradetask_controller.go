@@ -410,21 +410,19 @@ func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inpla
 	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
 		return nil
 	}
+	// Once the writes the task handed to the background ended (none of them claims a
+	// machine after this), its claims as the API server has them: the cache may not show
+	// the last claims yet.
+	if err := r.machines.settleTask(ctx, task.UID); err != nil {
+		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
+	}
 	machines := &clusterv1.MachineList{}
-	if err := r.Client.List(ctx, machines, client.InNamespace(task.Namespace),
+	if err := r.APIReader.List(ctx, machines, client.InNamespace(task.Namespace),
 		client.MatchingLabels{inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name)}); err != nil {
 		return fmt.Errorf("list machines claimed by UpgradeTask %s: %w", klog.KObj(task), err)
 	}
-	ms := make([]*clusterv1.Machine, len(machines.Items))
 	for i := range machines.Items {
-		ms[i] = &machines.Items[i]
-	}
-	// After the writes handed to the background: none of them claims a machine again.
-	ms, err := r.machines.settle(ctx, task, ms)
-	if err != nil {
-		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
-	}
-	for _, m := range ms {
+		m := &machines.Items[i]
 		if err := r.writeMachine(ctx, m, machineWant{claim: false, removeCondition: !isDone(m)}, task); err != nil {
 			return err
 		}

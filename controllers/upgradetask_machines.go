@@ -254,9 +254,13 @@ func (r *UpgradeTaskReconciler) settleMembers(ctx context.Context, task *inplace
 	return nil
 }
 
-// writeMachinesNow writes the members' Machines before it returns, after any write of
-// them handed to the background, and records the machines it claimed.
+// writeMachinesNow writes the members' Machines before it returns, after every write the
+// task handed to the background (of its members or of machines that are no longer), and
+// records the machines it claimed.
 func (r *UpgradeTaskReconciler) writeMachinesNow(ctx context.Context, task *inplacev1.UpgradeTask, members []*member, want func(*member) machineWant) error {
+	if err := r.machines.settleTask(ctx, task.UID); err != nil {
+		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
+	}
 	if err := r.settleMembers(ctx, task, members); err != nil {
 		return err
 	}

@@ -149,8 +149,9 @@ func (w *machineWriter) NeedLeaderElection() bool { return false }
 
 // submit hands the writes of members' Machines for task over, each as want says; those
 // it claims are named in one MachineClaimed event once they all ended. A Machine that
-// carries what the task wants and has no write pending is left alone; one that has a
-// write pending gets this one in its place, even when it carries what the task wants
+// carries what the task wants and has no write pending is left alone, and so is one whose
+// last write handed over (pending or in flight) asks for the same. Otherwise this write
+// takes the place of the pending one, even when the Machine carries what the task wants
 // now: the last hand-over wins.
 func (w *machineWriter) submit(task *inplacev1.UpgradeTask, members []*member, want func(*member) machineWant) {
 	if len(members) == 0 {
@@ -338,6 +339,36 @@ func (w *machineWriter) settle(ctx context.Context, task *inplacev1.UpgradeTask,
 		out[i] = w.latest(m, task)
 	}
 	return out, nil
+}
+
+// settleTask drops every pending write of a task's and waits for its writes in flight:
+// after it, no write the task handed over is made.
+func (w *machineWriter) settleTask(ctx context.Context, task types.UID) error {
+	var idle []chan struct{}
+	w.mu.Lock()
+	for key, slot := range w.machines {
+		if slot.pending != nil && slot.pending.task.UID == task {
+			w.finishLocked(slot.pending, false)
+			slot.pending = nil
+			if !slot.inFlight {
+				delete(w.machines, key)
+				close(slot.idle)
+				continue
+			}
+		}
+		if slot.inFlight && slot.current.task.UID == task {
+			idle = append(idle, slot.idle)
+		}
+	}
+	w.mu.Unlock()
+	for _, ch := range idle {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // takeError returns, once, the error of the last failed background write of one of the

@@ -711,6 +711,45 @@ var _ = Describe("machine writer", func() {
 		})
 	})
 
+	Context("started, settling a task", func() {
+		BeforeEach(func() { startWriter(mw) })
+
+		// settleTask is how a task that ends or goes away takes back every write it handed
+		// over, of any Machine: it waits for those in flight and drops those waiting, so no
+		// claim is written for a task after its end. Another task's writes go on.
+		It("waits for the task's writes in flight, drops its waiting ones, and leaves other tasks' writes alone", func() {
+			// Every worker's write is held: task A's first, then another task's.
+			release := patches.holdMany(MachineWriteConcurrency)
+			DeferCleanup(release)
+			inFlight := stored(w.machines[0].Name)
+			mw.submit(task, membersOf(inFlight), waiting("in flight"))
+			// The other workers take another task's Machines; task A's last one is queued
+			// behind them (first handed over, first written).
+			other := &inplacev1.UpgradeTask{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "task-b", UID: "uid-of-task-b"}, Spec: task.Spec}
+			var others []*clusterv1.Machine
+			for _, m := range w.machines[1 : len(w.machines)-1] {
+				others = append(others, stored(m.Name))
+			}
+			mw.submit(other, membersOf(others...), waiting("task b"))
+			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed(), "every worker's write is held")
+			last := stored(w.machines[len(w.machines)-1].Name)
+			mw.submit(task, membersOf(last), waiting("dropped"))
+
+			result := make(chan error, 1)
+			go func() { result <- mw.settleTask(ctx, task.UID) }()
+			Consistently(result, 300*time.Millisecond, 20*time.Millisecond).ShouldNot(Receive(), "settleTask waits for the task's write in flight")
+
+			release()
+			Eventually(result, 10*time.Second).Should(Receive(Succeed()))
+			Expect(storedMessage(inFlight.Name)()).To(Equal("in flight"))
+			for _, m := range others {
+				Eventually(storedMessage(m.Name), 10*time.Second).Should(Equal("task b"), "another task's writes go on")
+			}
+			Consistently(storedMessage(last.Name), 300*time.Millisecond, 50*time.Millisecond).Should(BeEmpty(), "the task's waiting write is never sent")
+			Expect(storedClaim(last.Name)()).To(BeEmpty())
+		})
+	})
+
 	// The writer lives as long as the manager: once its context is cancelled, Start
 	// returns and nothing handed over is written any more.
 	It("writes nothing once stopped", func() {

@@ -49,16 +49,26 @@ func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskSco
 			claimed = append(claimed, mem.name)
 		}
 		r.recordClaims(task, claimed)
-		// One after the other, in the planned order: nodes start in spec.nodeOrder.
-		for _, mem := range picked {
+		// The nodes picked in one round start together: the planned order (spec.nodeOrder
+		// first) decides which nodes a round picks, not which of them is created first.
+		err := forEachConcurrently(picked, func(mem *member) error {
 			nu, err := r.startNodeUpdate(ctx, s, mem)
 			if err != nil {
-				return ctrl.Result{}, err
+				return err
 			}
 			mem.nu, mem.state, mem.message = nu, inplacev1.MachineStateInProgress, ""
-			log.Info("started node", "machine", mem.name, "node", mem.nodeName, "nodeUpdate", nu.Name)
+			return nil
+		})
+		for _, mem := range picked {
+			if mem.nu == nil {
+				continue
+			}
+			log.Info("started node", "machine", mem.name, "node", mem.nodeName, "nodeUpdate", mem.nu.Name)
 			r.Recorder.Eventf(task, mem.machine, corev1.EventTypeNormal, inplacev1.NodeStartedReason, "Start",
-				"started the in-place upgrade of machine %s (node %s) to %s: NodeUpdate %s", mem.name, mem.nodeName, task.Spec.Version, nu.Name)
+				"started the in-place upgrade of machine %s (node %s) to %s: NodeUpdate %s", mem.name, mem.nodeName, task.Spec.Version, mem.nu.Name)
+		}
+		if err != nil {
+			return ctrl.Result{}, err
 		}
 		phase = computePhase(s, false)
 	}

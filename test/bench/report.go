@@ -186,7 +186,7 @@ func (r *report) renderLimits(w io.Writer) {
 	p("(those it wrote taken as written until the cache shows the write), the NodeUpdates (those it created and the cache does not ")
 	p("show yet counted in, as the ReplicaSet controller counts the Pods it created) and the workload cluster's Nodes (a watch per ")
 	p("workload cluster). On its path to the next node it writes only the claim of each machine it picks and the machine's NodeUpdate ")
-	p("(one after the other, in the planned order). The rest is handed to writers in the background: the Machines' conditions, ")
+	p("(the NodeUpdates of one round created together). The rest is handed to writers in the background: the Machines' conditions, ")
 	p("release annotations and the claims of waiting machines (at most %d writes in flight; the last hand-over of a Machine wins), ", controllers.MachineWriteConcurrency)
 	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second. Only a task's ")
 	p("end, an abort or a deletion writes its Machines before it returns. What remains is the API server: on the same two cores it ")
@@ -203,7 +203,7 @@ func (r *report) renderLimits(w io.Writer) {
 	p("of claims. A Machine whose Waiting or InProgress condition is replaced before it was written is written once. An updater with steps adds one Machine condition write per step ")
 	p("(the InProgress message names the step).\n")
 	p("- **Memory.** The manager caches every Machine, MachineSet, MachineDeployment and Cluster of the management cluster (and its own ")
-	p("kinds), so its memory grows with the Machines; it caches the Nodes of a workload cluster (without their image lists and managed ")
+	p("kinds), without their managed fields, so its memory grows with the Machines; it caches the Nodes of a workload cluster (without their image lists and managed ")
 	p("fields) while an UpgradeTask of that Cluster is reconciled, and for 10 minutes after the last read.\n\n")
 }
 
