@@ -328,6 +328,23 @@ var _ = Describe("machine writer", func() {
 		return out
 	}
 
+	// busyWorkers takes every worker's turn with a held write of one of the first
+	// MachineWriteConcurrency Machines (busy) and returns the Machine left (last), whose
+	// write then waits for its turn until release.
+	busyWorkers := func() (busy []*clusterv1.Machine, last *clusterv1.Machine, release func()) {
+		GinkgoHelper()
+		n := MachineWriteConcurrency
+		release = patches.holdMany(n)
+		DeferCleanup(release)
+		for _, m := range w.machines[:n] {
+			busy = append(busy, stored(m.Name))
+		}
+		last = stored(w.machines[n].Name)
+		mw.submit(task, membersOf(busy...), waiting("busy"))
+		Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed(), "every turn is taken by a held write")
+		return busy, last, release
+	}
+
 	BeforeEach(func() {
 		// One machine more than the writes the writer makes at once.
 		w = newMDWorld(MachineWriteConcurrency + 1)
@@ -485,16 +502,7 @@ var _ = Describe("machine writer", func() {
 		// other Machines) has not begun: a later hand-over for its Machine replaces it.
 		It("replaces a write waiting for its turn with a later hand-over", func() {
 			n := MachineWriteConcurrency
-			release := patches.holdMany(n)
-			DeferCleanup(release)
-			var busy []*clusterv1.Machine
-			for _, m := range w.machines[:n] {
-				busy = append(busy, stored(m.Name))
-			}
-			last := stored(w.machines[n].Name)
-
-			mw.submit(task, membersOf(busy...), waiting("busy"))
-			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed(), "every turn is taken by a held write")
+			busy, last, release := busyWorkers()
 			mw.submit(task, membersOf(last), waiting("first"))
 			mw.submit(task, membersOf(last.DeepCopy()), waiting("second"))
 			Consistently(patches.count, 300*time.Millisecond, 20*time.Millisecond).Should(Equal(n), "the last Machine waits for its turn")
@@ -514,17 +522,7 @@ var _ = Describe("machine writer", func() {
 		// settle drops a write waiting for its turn and has nothing to wait for: the writes
 		// in flight are of other Machines.
 		It("settles a Machine whose write waits for its turn without waiting for other Machines' writes", func() {
-			n := MachineWriteConcurrency
-			release := patches.holdMany(n)
-			DeferCleanup(release)
-			var busy []*clusterv1.Machine
-			for _, m := range w.machines[:n] {
-				busy = append(busy, stored(m.Name))
-			}
-			last := stored(w.machines[n].Name)
-
-			mw.submit(task, membersOf(busy...), waiting("busy"))
-			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed())
+			busy, last, release := busyWorkers()
 			mw.submit(task, membersOf(last), waiting("pending"))
 
 			done := make(chan []*clusterv1.Machine, 1)
