@@ -33,8 +33,9 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/controllers"
+	"github.com/capi-inplace/capi-inplace/controllers/cascade"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -206,7 +207,7 @@ func run(opts options) error {
 	if err := mgr.Add(nodeCaches); err != nil {
 		return fmt.Errorf("add the workload clusters' Node caches: %w", err)
 	}
-	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.
@@ -215,7 +216,7 @@ func run(opts options) error {
 		DefaultUpdater: opts.defaultUpdater, Recorder: faults.CountWarnings(mgr.GetEventRecorder("capi-inplace-requests")),
 	}
 	// The in-place-upgrade-to annotations on Clusters, control planes, MachineDeployments and Machines.
-	if err := (&controllers.UpgradeCascade{Requester: requester, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	if err := (&cascade.UpgradeCascade{Requester: requester, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the in-place-upgrade-to controllers: %w", err)
 	}
 

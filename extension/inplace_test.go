@@ -28,8 +28,8 @@ import (
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/controllers"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/capisim"
@@ -470,7 +470,7 @@ func startTaskController(ns string) {
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &controllers.UpgradeTaskReconciler{Workload: controllers.SameCluster{Management: k8s}, Registry: inPlaceRegistry(), PollInterval: 100 * time.Millisecond}
+	r := &upgradetask.Reconciler{Workload: upgradetask.SameCluster{Management: k8s}, Registry: inPlaceRegistry(), PollInterval: 100 * time.Millisecond}
 	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -18,7 +18,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/controllers"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -43,7 +43,7 @@ func startLifecycle(c *harvesterCluster, withTasks ...bool) {
 	r := &nodeupdater.Reconciler{Registry: registry, PollInterval: 50 * time.Millisecond, RetryBaseDelay: 50 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	if len(withTasks) > 0 && withTasks[0] {
-		tasks := &controllers.UpgradeTaskReconciler{Registry: registry, Workload: c.updater.Workloads.(*workloadcluster.Clients), PollInterval: 100 * time.Millisecond}
+		tasks := &upgradetask.Reconciler{Registry: registry, Workload: c.updater.Workloads.(*workloadcluster.Clients), PollInterval: 100 * time.Millisecond}
 		Expect(tasks.SetupWithManager(ctx, mgr, controller.Options{})).To(Succeed())
 	}
 	mctx, cancel := context.WithCancel(ctx)

@@ -30,8 +30,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/controllers"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
@@ -169,7 +169,7 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 	if err := mgr.Add(nodeCaches); err != nil {
 		return res, err
 	}
-	if err := (&controllers.UpgradeTaskReconciler{Registry: registry, Workload: nodeCaches}).SetupWithManager(ctx, mgr, opts); err != nil {
+	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches}).SetupWithManager(ctx, mgr, opts); err != nil {
 		return res, err
 	}
 	stop, err := startManager(ctx, mgr)

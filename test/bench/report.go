@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capi-inplace/capi-inplace/controllers"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 )
 
 // Targets of issue #10.
@@ -187,7 +187,7 @@ func (r *report) renderLimits(w io.Writer) {
 	p("show yet counted in, as the ReplicaSet controller counts the Pods it created) and the workload cluster's Nodes (a watch per ")
 	p("workload cluster). On its path to the next node it writes only the claim of each machine it picks and the machine's NodeUpdate ")
 	p("(the NodeUpdates of one round created together). The rest is handed to writers in the background: the Machines' conditions, ")
-	p("release annotations and the claims of waiting machines (at most %d writes in flight; the last hand-over of a Machine wins), ", controllers.MachineWriteConcurrency)
+	p("release annotations and the claims of waiting machines (at most %d writes in flight; the last hand-over of a Machine wins), ", upgradetask.MachineWriteConcurrency)
 	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second. Only a task's ")
 	p("end, an abort or a deletion writes its Machines before it returns. What remains is the API server: on the same two cores it ")
 	p("spends most of its time decoding, validating and storing Machines (`--apiserver-cpuprofile`; at maxUnavailable 10 it uses most ")

@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 
 // writeStatus computes the whole status from the members, in one place, writes it, and
 // records the events and metrics of what changed since the status last written.
-func (r *UpgradeTaskReconciler) writeStatus(ctx context.Context, s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateResult) error {
+func (r *Reconciler) writeStatus(ctx context.Context, s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateResult) error {
 	task := s.task
 	prev := task.Status.DeepCopy()
 	task.Status = computeStatus(s, phase, gate, prev)
@@ -202,7 +202,7 @@ func completionTime(s *taskScope, mem *member) *metav1.Time {
 
 // recordTransitions emits one event per decision that changed since the last status:
 // a node ended, a node is newly held by a check, the task ended or is paused.
-func (r *UpgradeTaskReconciler) recordTransitions(ctx context.Context, s *taskScope, prev *inplacev1.UpgradeTaskStatus) {
+func (r *Reconciler) recordTransitions(ctx context.Context, s *taskScope, prev *inplacev1.UpgradeTaskStatus) {
 	log := ctrl.LoggerFrom(ctx)
 	task := s.task
 	before := map[string]inplacev1.MachineUpgradeStatus{}

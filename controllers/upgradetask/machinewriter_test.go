@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -231,7 +231,7 @@ var _ = Describe("machine writer", func() {
 		patches *machinePatches
 		claims  *claimCalls
 		asked   *retryCalls
-		rec     *UpgradeTaskReconciler
+		rec     *Reconciler
 		mw      *machineWriter
 		// writeCalls counts the calls of the writer's write func.
 		writeCalls atomic.Int32
@@ -289,7 +289,7 @@ var _ = Describe("machine writer", func() {
 		GinkgoHelper()
 		base, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme, Mapper: k8s.RESTMapper()})
 		Expect(err).NotTo(HaveOccurred())
-		r := &UpgradeTaskReconciler{Client: patches.client(base)}
+		r := &Reconciler{Client: patches.client(base)}
 		rec = r
 		write := func(ctx context.Context, m *clusterv1.Machine, want machineWant, task *inplacev1.UpgradeTask) error {
 			writeCalls.Add(1)

@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -43,7 +43,7 @@ import (
 // with the manager. What is lost when it stops with writes pending is bookkeeping the
 // next reconcile computes again.
 type machineWriter struct {
-	// write brings a Machine to what a task wants (UpgradeTaskReconciler.writeMachine).
+	// write brings a Machine to what a task wants (Reconciler.writeMachine).
 	write func(ctx context.Context, m *clusterv1.Machine, want machineWant, task *inplacev1.UpgradeTask) error
 	// latest returns a Machine as task last wrote it, if that is newer and no other task
 	// wrote it since (writtenMachines.latest).

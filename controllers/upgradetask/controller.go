@@ -1,7 +1,7 @@
-// Package controllers holds capi-inplace's controllers: the UpgradeTask controller, which
-// upgrades the machines of a control plane or MachineDeployment node by node under
-// maxUnavailable and preflight checks, and the annotation cascade controllers.
-package controllers
+// Package upgradetask holds the UpgradeTask controller, which upgrades the machines of a
+// control plane or MachineDeployment node by node under maxUnavailable and preflight
+// checks, handing each node to a NodeUpdate.
+package upgradetask
 
 import (
 	"context"
@@ -40,10 +40,10 @@ import (
 // watches changed: Nodes of the workload cluster are not watched.
 const DefaultPollInterval = 15 * time.Second
 
-// UpgradeTaskReconciler carries out extension-paced and externally paced UpgradeTasks:
+// Reconciler carries out extension-paced and externally paced UpgradeTasks:
 // it claims the target's machines, starts their NodeUpdates under maxUnavailable once
 // every preflight check passes, follows them, and stops on a failure or an abort.
-type UpgradeTaskReconciler struct {
+type Reconciler struct {
 	// Client reads (from the cache) and writes objects of the management cluster.
 	Client client.Client
 	// APIReader reads from the API server what the cache may not show yet: a task before
@@ -91,7 +91,7 @@ type UpgradeTaskReconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller with the manager and fills defaults of unset fields.
-func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
@@ -103,7 +103,7 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}
 	r.Recorder = faults.CountWarnings(r.Recorder)
 	if r.Workload == nil {
-		return fmt.Errorf("UpgradeTaskReconciler needs Workload to read the Nodes of workload clusters")
+		return fmt.Errorf("Reconciler needs Workload to read the Nodes of workload clusters")
 	}
 	r.defaults()
 	// A task whose status or Machine could not be written is reconciled again at once, not
@@ -137,7 +137,7 @@ func (r *UpgradeTaskReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Complete(r.reportingErrors())
 }
 
-func (r *UpgradeTaskReconciler) defaults() {
+func (r *Reconciler) defaults() {
 	if r.Checks == nil {
 		r.Checks = preflight.Default(r.Registry)
 	}
@@ -153,7 +153,7 @@ func (r *UpgradeTaskReconciler) defaults() {
 }
 
 // machineToTask maps a claimed Machine to the task that claims it.
-func (r *UpgradeTaskReconciler) machineToTask(ctx context.Context, obj client.Object) []reconcile.Request {
+func (r *Reconciler) machineToTask(ctx context.Context, obj client.Object) []reconcile.Request {
 	claim := obj.GetLabels()[inplacev1.UpgradeTaskLabel]
 	if claim == "" {
 		return nil
@@ -172,7 +172,7 @@ func (r *UpgradeTaskReconciler) machineToTask(ctx context.Context, obj client.Ob
 }
 
 // Reconcile implements reconcile.Reconciler.
-func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	r.defaults()
 	defer func() {
 		if retErr != nil {
@@ -239,7 +239,7 @@ func (r *UpgradeTaskReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 // writer; when none is kept for it, from the API server, as a cached task can predate the
 // status written last (deciding from it would repeat events and metrics, and conflict on
 // Machines). It returns nil when the task is gone.
-func (r *UpgradeTaskReconciler) readTask(ctx context.Context, key types.NamespacedName) (*inplacev1.UpgradeTask, error) {
+func (r *Reconciler) readTask(ctx context.Context, key types.NamespacedName) (*inplacev1.UpgradeTask, error) {
 	task := &inplacev1.UpgradeTask{}
 	err := r.Client.Get(ctx, key, task)
 	if err == nil && r.status.overlay(task) {
@@ -289,7 +289,7 @@ type taskScope struct {
 	problem string
 }
 
-func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {
+func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {
 	s := &taskScope{task: task, now: r.Clock.Now()}
 	v, err := version.ParseSemantic(task.Spec.Version)
 	if err != nil {
@@ -377,7 +377,7 @@ func (r *UpgradeTaskReconciler) readScope(ctx context.Context, task *inplacev1.U
 // listNodeUpdates lists the NodeUpdates of a Cluster from the cache, with those this
 // manager created that the cache does not show yet; from the API server when the cache
 // lags too far behind.
-func (r *UpgradeTaskReconciler) listNodeUpdates(ctx context.Context, cluster types.NamespacedName) ([]inplacev1.NodeUpdate, error) {
+func (r *Reconciler) listNodeUpdates(ctx context.Context, cluster types.NamespacedName) ([]inplacev1.NodeUpdate, error) {
 	now := time.Now() // not r.Clock: how long the cache lags is real time
 	opts := []client.ListOption{client.InNamespace(cluster.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: cluster.Name}}
 	nus := &inplacev1.NodeUpdateList{}
@@ -406,7 +406,7 @@ func metav1IsControlledBy(obj client.Object, owner client.Object) bool {
 }
 
 // reconcileDelete releases the task's claims before the task goes away.
-func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inplacev1.UpgradeTask) error {
+func (r *Reconciler) reconcileDelete(ctx context.Context, task *inplacev1.UpgradeTask) error {
 	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
 		return nil
 	}
@@ -438,7 +438,7 @@ func (r *UpgradeTaskReconciler) reconcileDelete(ctx context.Context, task *inpla
 	return nil
 }
 
-func (r *UpgradeTaskReconciler) writeProblem(ctx context.Context, task *inplacev1.UpgradeTask, problem string) error {
+func (r *Reconciler) writeProblem(ctx context.Context, task *inplacev1.UpgradeTask, problem string) error {
 	if cond := meta.FindStatusCondition(task.Status.Conditions, inplacev1.ProgressingCondition); cond == nil || cond.Message != problem {
 		r.Recorder.Eventf(task, nil, corev1.EventTypeWarning, inplacev1.WaitingReason, "Hold", "%s", problem)
 		ctrl.LoggerFrom(ctx).Info("task cannot proceed", "problem", problem)

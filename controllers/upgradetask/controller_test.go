@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"time"
@@ -17,12 +17,14 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 const (
 	timeout       = 40 * time.Second
 	poll          = 100 * time.Millisecond
 	targetVersion = "v1.34.1+rke2r1"
+	fromVersion   = "v1.33.3+rke2r1"
 )
 
 // expectStartedInRounds asserts that machines started in the planned order, as rounds of
@@ -42,9 +44,9 @@ func expectStartedInRounds(started, planned []string, maxUnavailable int) {
 // expectUpgraded asserts that every machine of the world reached the version through
 // exactly one NodeUpdate of the task, carries Done and the release annotation, and is no
 // longer claimed.
-func expectUpgraded(w *world, taskName string, rec *recorder, v string) {
+func expectUpgraded(w *world, taskName string, rec *sim.NodeUpdateWitness, v string) {
 	GinkgoHelper()
-	creations := rec.creations()
+	creations := rec.Creations()
 	for _, m := range w.machines {
 		Expect(creations[m.Name]).To(Equal(1), "machine %s must be started exactly once", m.Name)
 		got := w.machine(m.Name)
@@ -103,9 +105,9 @@ var _ = Describe("UpgradeTask controller", func() {
 			Expect(k8s.Create(ctx, task)).To(Succeed())
 
 			Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
-			Expect(rec.max()).To(Equal(maxUnavailable), "most NodeUpdates running at once")
+			Expect(rec.MaxRunning()).To(Equal(maxUnavailable), "most NodeUpdates running at once")
 			expectUpgraded(w, "md", rec, targetVersion)
-			expectStartedInRounds(rec.startOrder(), []string{"workers-1", "workers-2", "workers-3", "workers-4", "workers-5"}, maxUnavailable)
+			expectStartedInRounds(rec.StartOrder(), []string{"workers-1", "workers-2", "workers-3", "workers-4", "workers-5"}, maxUnavailable)
 
 			for _, nu := range w.nodeUpdates() {
 				Expect(nu.Labels).To(HaveKeyWithValue(inplacev1.UpgradeTaskLabel, "md"))
@@ -143,8 +145,8 @@ var _ = Describe("UpgradeTask controller", func() {
 		}
 		Expect(k8s.Create(ctx, task)).To(Succeed())
 		Eventually(w.phaseOf("cp"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
-		Expect(rec.max()).To(Equal(1))
-		Expect(rec.startOrder()).To(Equal([]string{"cp-3", "cp-1", "cp-2"}))
+		Expect(rec.MaxRunning()).To(Equal(1))
+		Expect(rec.StartOrder()).To(Equal([]string{"cp-3", "cp-1", "cp-2"}))
 		expectUpgraded(w, "cp", rec, targetVersion)
 	})
 
@@ -159,7 +161,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		// others go one at a time, and workers-1 is never started while NotReady.
 		Eventually(func() int32 { return w.task("md").Status.Upgraded }, timeout, poll).Should(Equal(int32(2)))
 		Consistently(func() *inplacev1.NodeUpdate { return w.nodeUpdateOf("workers-1") }, time.Second, poll).Should(BeNil())
-		Expect(rec.max()).To(Equal(1), "a NotReady node counts against maxUnavailable")
+		Expect(rec.MaxRunning()).To(Equal(1), "a NotReady node counts against maxUnavailable")
 
 		ms := w.machineStatus("md", "workers-1")
 		Expect(ms.State).To(Equal(inplacev1.MachineStateWaiting))
@@ -198,7 +200,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		Expect(k8s.Status().Update(ctx, foreign)).To(Succeed())
 		simulate(w.ns, 100*time.Millisecond)
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
-		Expect(rec.max()).To(Equal(1))
+		Expect(rec.MaxRunning()).To(Equal(1))
 	})
 
 	It("releases its claims when it is deleted", func() {
@@ -221,11 +223,11 @@ var _ = Describe("UpgradeTask controller", func() {
 		w := newMDWorld(4)
 		rec := watchNodeUpdates(w.ns)
 		sim := simulate(w.ns, 300*time.Millisecond)
-		sim.failMachine("workers-2", "rke2 upgrade job failed: BackoffLimitExceeded")
+		sim.FailMachine("workers-2", "rke2 upgrade job failed: BackoffLimitExceeded")
 		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
 
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseFailed))
-		Consistently(func() map[string]int { return rec.creations() }, 1500*time.Millisecond, poll).Should(Equal(map[string]int{"workers-1": 1, "workers-2": 1}))
+		Consistently(func() map[string]int { return rec.Creations() }, 1500*time.Millisecond, poll).Should(Equal(map[string]int{"workers-1": 1, "workers-2": 1}))
 
 		t := w.task("md")
 		Expect(t.Status.Failed).To(Equal(int32(1)))
@@ -254,7 +256,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		w := newMDWorld(3)
 		rec := watchNodeUpdates(w.ns)
 		sim := simulate(w.ns, time.Hour)
-		sim.abortDelay = time.Second
+		sim.SetAbortDelay(time.Second)
 		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
 		Eventually(func() inplacev1.NodeUpdatePhase {
 			if nu := w.nodeUpdateOf("workers-1"); nu != nil {
@@ -268,7 +270,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborting))
 		Expect(w.nodeUpdateOf("workers-1").Spec.Phase).To(Equal(inplacev1.TaskActionAbort))
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
-		Consistently(func() map[string]int { return rec.creations() }, time.Second, poll).Should(Equal(map[string]int{"workers-1": 1}))
+		Consistently(func() map[string]int { return rec.Creations() }, time.Second, poll).Should(Equal(map[string]int{"workers-1": 1}))
 
 		for _, m := range w.machines {
 			Expect(w.machine(m.Name).Labels).NotTo(HaveKey(inplacev1.UpgradeTaskLabel))
@@ -286,7 +288,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		installExternalUpdater(w.ns)
 		rec := watchNodeUpdates(w.ns)
 		sim := simulate(w.ns, 800*time.Millisecond)
-		sim.abortDelay = 500 * time.Millisecond
+		sim.SetAbortDelay(500 * time.Millisecond)
 		requester := &upgraderequest.Requester{Client: k8s, DefaultUpdater: "ExternalUpgrader/default"}
 		request := func(v string) upgraderequest.Decision {
 			GinkgoHelper()
@@ -307,7 +309,7 @@ var _ = Describe("UpgradeTask controller", func() {
 
 		Eventually(w.phaseOf(old.TaskName), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
 		Eventually(w.phaseOf(takeover.TaskName), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
-		Expect(rec.max()).To(Equal(1), "the old and the new task together never ran two nodes at once")
+		Expect(rec.MaxRunning()).To(Equal(1), "the old and the new task together never ran two nodes at once")
 		for _, m := range w.machines {
 			Expect(w.machine(m.Name).Annotations).To(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, "v1.34.2+rke2r1"))
 			Expect(w.machine(m.Name).Labels).NotTo(HaveKey(inplacev1.UpgradeTaskLabel))
@@ -326,7 +328,7 @@ var _ = Describe("UpgradeTask controller", func() {
 			t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(3))
 		}))).To(Succeed())
 		Eventually(func() int32 { return w.task("ext").Status.Upgraded }, timeout, poll).Should(Equal(int32(1)))
-		Consistently(func() map[string]int { return rec.creations() }, time.Second, poll).Should(Equal(map[string]int{"workers-2": 1}))
+		Consistently(func() map[string]int { return rec.Creations() }, time.Second, poll).Should(Equal(map[string]int{"workers-2": 1}))
 		t := w.task("ext")
 		Expect(t.Status.Phase).To(Equal(inplacev1.TaskPhaseInProgress), "two machines still wait for Cluster API")
 		Expect(t.Status.Total).To(Equal(int32(3)))
@@ -442,7 +444,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		// The first round (maxUnavailable 2) starts the nodeOrder node and the next in the
 		// plan together; without nodeOrder it would have been workers-1 and workers-2.
-		Expect(rec.startOrder()[:2]).To(ConsistOf("workers-3", "workers-1"))
+		Expect(rec.StartOrder()[:2]).To(ConsistOf("workers-3", "workers-1"))
 		expectUpgraded(w, "md", rec, targetVersion)
 	})
 
@@ -451,7 +453,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		rec := watchNodeUpdates(w.ns)
 		simulate(w.ns, 600*time.Millisecond)
 		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(2)) }))).To(Succeed())
-		Eventually(func() int { return len(rec.creations()) }, timeout, poll).Should(BeNumerically(">=", 2))
+		Eventually(func() int { return len(rec.Creations()) }, timeout, poll).Should(BeNumerically(">=", 2))
 
 		stop()
 		stop = nil
@@ -460,7 +462,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		stop = startManager(clk)
 
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
-		Expect(rec.max()).To(Equal(2))
+		Expect(rec.MaxRunning()).To(Equal(2))
 		expectUpgraded(w, "md", rec, targetVersion)
 	})
 })

@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -102,7 +102,7 @@ func isDone(m *clusterv1.Machine) bool {
 // writeMachine brings a Machine to what the task wants, patching only what differs. Both
 // patches carry the resourceVersion read: a claim must never be taken from a Machine that
 // another task claimed in the meantime.
-func (r *UpgradeTaskReconciler) writeMachine(ctx context.Context, m *clusterv1.Machine, want machineWant, task *inplacev1.UpgradeTask) error {
+func (r *Reconciler) writeMachine(ctx context.Context, m *clusterv1.Machine, want machineWant, task *inplacev1.UpgradeTask) error {
 	claimValue := upgraderequest.LabelValue(task.Name)
 	if machineUpToDate(m, want, claimValue) {
 		return nil
@@ -182,7 +182,7 @@ func machineUpToDate(m *clusterv1.Machine, want machineWant, claimValue string) 
 
 // startNodeUpdate creates the machine's NodeUpdate under its deterministic name. When it
 // already exists (a restart after the create, before the status), the existing one is used.
-func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *member) (*inplacev1.NodeUpdate, error) {
+func (r *Reconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *member) (*inplacev1.NodeUpdate, error) {
 	task := s.task
 	nu := &inplacev1.NodeUpdate{
 		ObjectMeta: metav1.ObjectMeta{
@@ -232,7 +232,7 @@ func (r *UpgradeTaskReconciler) startNodeUpdate(ctx context.Context, s *taskScop
 // settleMembers waits for the background writes of the members' Machines, drops those
 // pending, and goes on from the Machines as the task last wrote them: the reconcile writes
 // them itself.
-func (r *UpgradeTaskReconciler) settleMembers(ctx context.Context, task *inplacev1.UpgradeTask, members []*member) error {
+func (r *Reconciler) settleMembers(ctx context.Context, task *inplacev1.UpgradeTask, members []*member) error {
 	var machines []*clusterv1.Machine
 	var with []*member
 	for _, mem := range members {
@@ -257,7 +257,7 @@ func (r *UpgradeTaskReconciler) settleMembers(ctx context.Context, task *inplace
 // writeMachinesNow writes the members' Machines before it returns, after every write the
 // task handed to the background (of its members or of machines that are no longer), and
 // records the machines it claimed.
-func (r *UpgradeTaskReconciler) writeMachinesNow(ctx context.Context, task *inplacev1.UpgradeTask, members []*member, want func(*member) machineWant) error {
+func (r *Reconciler) writeMachinesNow(ctx context.Context, task *inplacev1.UpgradeTask, members []*member, want func(*member) machineWant) error {
 	if err := r.machines.settleTask(ctx, task.UID); err != nil {
 		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
 	}
@@ -293,7 +293,7 @@ const maxClaimsNamed = 20
 // recordClaims records one event on the task for the machines one reconcile claimed: a
 // task of hundreds of machines claims them in one go, and an event per Machine would be
 // as many writes (each Machine's InPlaceUpgradeUpToDate condition says it waits).
-func (r *UpgradeTaskReconciler) recordClaims(task *inplacev1.UpgradeTask, names []string) {
+func (r *Reconciler) recordClaims(task *inplacev1.UpgradeTask, names []string) {
 	if len(names) == 0 {
 		return
 	}

@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -27,6 +27,7 @@ import (
 
 	hooksv1 "github.com/capi-inplace/capi-inplace/api/hooks/v1alpha1"
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/cascade"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
@@ -122,13 +123,13 @@ func (f *faultWorld) start() {
 		Registry: f.registry, PollInterval: 100 * time.Millisecond, UpdaterRecheckInterval: 200 * time.Millisecond,
 		RetryBaseDelay: 200 * time.Millisecond, RetryMaxDelay: time.Second, MaxAttempts: 100,
 	}).SetupWithManager(mgr, opts)).To(Succeed())
-	Expect((&UpgradeTaskReconciler{Registry: f.registry, Workload: f.workload, PollInterval: 200 * time.Millisecond}).
+	Expect((&Reconciler{Registry: f.registry, Workload: f.workload, PollInterval: 200 * time.Millisecond}).
 		SetupWithManager(ctx, mgr, opts)).To(Succeed())
 	requester := &upgraderequest.Requester{
 		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: f.registry,
 		Recorder: faults.CountWarnings(mgr.GetEventRecorder("capi-inplace-requests")),
 	}
-	Expect((&UpgradeCascade{Requester: requester, PollInterval: time.Second}).SetupWithManager(ctx, mgr, opts)).To(Succeed())
+	Expect((&cascade.UpgradeCascade{Requester: requester, PollInterval: time.Second}).SetupWithManager(ctx, mgr, opts)).To(Succeed())
 	DeferCleanup(runManager(mgr))
 }
 
@@ -335,7 +336,7 @@ var _ = Describe("every failure path is observable", func() {
 		}),
 		Entry("the upgrade asked by annotation is refused", faultCase{
 			act: func(f *faultWorld) {
-				annotate(&clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "workers"}}, inplacev1.UpgradeToAnnotation, "v1.32.0")
+				Expect(fixtures.Annotate(ctx, k8s, &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "workers"}}, inplacev1.UpgradeToAnnotation, "v1.32.0")).To(Succeed())
 			},
 			underlying: "in-place downgrades are not supported",
 			expect:     []observed{{kind: "MachineDeployment", reason: inplacev1.InPlaceUpgradeFailedReason}},

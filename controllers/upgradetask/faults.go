@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,7 +12,7 @@ import (
 // reportingErrors is the reconciler the controller runs: r, whose returned errors (a
 // NodeUpdate of another owner in the way, a write the API server refuses) become a
 // Warning event ReconcileError on the task and its Ready condition, not only a log line.
-func (r *UpgradeTaskReconciler) reportingErrors() reconcile.Reconciler {
+func (r *Reconciler) reportingErrors() reconcile.Reconciler {
 	return faults.ErrorReporter{
 		Reconciler: r,
 		Client:     r.Client,

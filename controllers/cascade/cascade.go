@@ -1,4 +1,6 @@
-package controllers
+// Package cascade holds the in-place-upgrade-to annotation cascade controllers: Cluster,
+// control plane, MachineDeployment and Machine.
+package cascade
 
 import (
 	"context"

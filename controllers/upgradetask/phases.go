@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // reconcileOngoing carries an Ongoing task on: decide what to start from what was read,
 // claim the picked machines and create their NodeUpdates, then write the other machines
 // (claims, conditions, release annotations), and write the status.
-func (r *UpgradeTaskReconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	task := s.task
 

@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -184,7 +184,7 @@ func displayName(m *member) string {
 	return "machine " + m.name
 }
 
-func (r *UpgradeTaskReconciler) preflightInput(s *taskScope) *preflight.Input {
+func (r *Reconciler) preflightInput(s *taskScope) *preflight.Input {
 	in := &preflight.Input{
 		Cluster:        s.cluster,
 		Version:        s.task.Spec.Version,
@@ -207,7 +207,7 @@ func (r *UpgradeTaskReconciler) preflightInput(s *taskScope) *preflight.Input {
 // check, with each pick counted as unavailable for the checks of the next. In a dry run
 // it records every check's result for every waiting member and picks nothing. It
 // records on each member why it waits.
-func (r *UpgradeTaskReconciler) selectNextMachines(ctx context.Context, s *taskScope, gate preflight.GateResult, stoppedBy *member) {
+func (r *Reconciler) selectNextMachines(ctx context.Context, s *taskScope, gate preflight.GateResult, stoppedBy *member) {
 	in := r.preflightInput(s)
 	dryRun := s.task.Spec.DryRun
 	position := 0

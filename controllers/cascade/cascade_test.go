@@ -1,7 +1,6 @@
-package controllers
+package cascade
 
 import (
-	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,6 +23,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 )
 
@@ -32,6 +31,9 @@ const (
 	cascadeTimeout = 90 * time.Second
 	fromVersion    = "v1.33.3+rke2r1"
 	nextVersion    = "v1.34.2+rke2r1"
+	targetVersion  = "v1.34.1+rke2r1"
+	poll           = 100 * time.Millisecond
+	timeout        = 40 * time.Second
 )
 
 // startCascadeManager runs a manager with the UpgradeTask controller and the annotation
@@ -47,7 +49,7 @@ func startCascadeManager() (stop func()) {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	opts := controller.Options{MaxConcurrentReconciles: 2}
-	tasks := &UpgradeTaskReconciler{Workload: SameCluster{Management: k8s}, PollInterval: 100 * time.Millisecond}
+	tasks := &upgradetask.Reconciler{Workload: upgradetask.SameCluster{Management: k8s}, PollInterval: 100 * time.Millisecond}
 	Expect(tasks.SetupWithManager(ctx, mgr, opts)).To(Succeed())
 	requester := &upgraderequest.Requester{
 		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("capi-inplace-requests"),
@@ -113,13 +115,7 @@ func (w *cascadeWorld) machineObj(name string) client.Object {
 // `kubectl annotate` does: a merge patch of the annotation alone.
 func annotate(obj client.Object, key, value string) {
 	GinkgoHelper()
-	var v any
-	if value != "" {
-		v = value
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{key: v}}})
-	Expect(err).NotTo(HaveOccurred())
-	Expect(k8s.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))).To(Succeed())
+	Expect(fixtures.Annotate(ctx, k8s, obj, key, value)).To(Succeed())
 }
 
 // annotationsOf reads obj's annotations from the API server.
@@ -471,7 +467,7 @@ var _ = Describe("in-place-upgrade-to cascade", func() {
 		tl := watchTimeline(w.ns)
 		witness := watchMachines(w.ns)
 		sim := simulate(w.ns, 250*time.Millisecond)
-		sim.failMachine("cp-2", "kubeadm upgrade apply: etcd member cp-2 is unhealthy")
+		sim.FailMachine("cp-2", "kubeadm upgrade apply: etcd member cp-2 is unhealthy")
 
 		annotate(w.cluster(), inplacev1.UpgradeToAnnotation, targetVersion)
 		Eventually(statusOf(w.cluster()), cascadeTimeout, poll).Should(Equal(inplacev1.UpgradeStatusFailed))
@@ -515,7 +511,7 @@ var _ = Describe("in-place-upgrade-to cascade", func() {
 		tl := watchTimeline(w.ns)
 		witness := watchMachines(w.ns)
 		sim := simulate(w.ns, time.Hour)
-		sim.abortDelay = 500 * time.Millisecond
+		sim.SetAbortDelay(500 * time.Millisecond)
 
 		annotate(w.cluster(), inplacev1.UpgradeToAnnotation, targetVersion)
 		Eventually(func() []int { return tl.indexes("cp-", "", "start") }, cascadeTimeout, poll).Should(HaveLen(1))
@@ -549,7 +545,7 @@ var _ = Describe("in-place-upgrade-to cascade", func() {
 		w := newCascadeWorld(true)
 		tl := watchTimeline(w.ns)
 		sim := simulate(w.ns, 800*time.Millisecond)
-		sim.abortDelay = 300 * time.Millisecond
+		sim.SetAbortDelay(300 * time.Millisecond)
 
 		annotate(w.cluster(), inplacev1.UpgradeToAnnotation, targetVersion)
 		Eventually(func() []int { return tl.indexes("workers-a-", targetVersion, "start") }, cascadeTimeout, poll).ShouldNot(BeEmpty())
@@ -586,7 +582,7 @@ var _ = Describe("in-place-upgrade-to cascade", func() {
 		tl := watchTimeline(w.ns)
 		witness := watchMachines(w.ns)
 		sim := simulate(w.ns, 600*time.Millisecond)
-		sim.abortDelay = 300 * time.Millisecond
+		sim.SetAbortDelay(300 * time.Millisecond)
 
 		annotate(w.kcp(), inplacev1.UpgradeToAnnotation, targetVersion)
 		Eventually(func() []int { return tl.indexes("cp-", targetVersion, "start") }, cascadeTimeout, poll).ShouldNot(BeEmpty())

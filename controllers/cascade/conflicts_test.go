@@ -1,4 +1,4 @@
-package controllers
+package cascade
 
 import (
 	"context"
@@ -35,6 +35,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -344,7 +345,7 @@ func startConflictManager(ns string, inj *conflictInjector) {
 		Registry: registry, PollInterval: 50 * time.Millisecond, UpdaterRecheckInterval: 200 * time.Millisecond,
 		RetryBaseDelay: 100 * time.Millisecond, RetryMaxDelay: time.Second,
 	}).SetupWithManager(mgr, opts)).To(Succeed())
-	Expect((&UpgradeTaskReconciler{Registry: registry, Workload: SameCluster{Management: k8s}, PollInterval: 200 * time.Millisecond}).
+	Expect((&upgradetask.Reconciler{Registry: registry, Workload: upgradetask.SameCluster{Management: k8s}, PollInterval: 200 * time.Millisecond}).
 		SetupWithManager(ctx, mgr, opts)).To(Succeed())
 	requester := &upgraderequest.Requester{
 		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: registry,
@@ -407,9 +408,11 @@ var _ = Describe("conflicts on every write", func() {
 			Expect(meta.IsStatusConditionTrue(m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)).To(BeTrue(), name)
 			Expect(m.Labels).NotTo(HaveKey(inplacev1.UpgradeTaskLabel), "the claim of %s is released", name)
 		}
-		Expect(rec.creations()).To(HaveLen(len(machines)))
-		Expect(rec.creations()).To(HaveEach(1), "exactly one NodeUpdate per machine")
-		for _, nu := range (&world{ns: ns}).nodeUpdates() {
+		Expect(rec.Creations()).To(HaveLen(len(machines)))
+		Expect(rec.Creations()).To(HaveEach(1), "exactly one NodeUpdate per machine")
+		nus := &inplacev1.NodeUpdateList{}
+		Expect(k8s.List(ctx, nus, client.InNamespace(ns))).To(Succeed())
+		for _, nu := range nus.Items {
 			Expect(nu.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseSucceeded), nu.Name)
 		}
 
@@ -439,10 +442,10 @@ var _ = Describe("conflicts on every write", func() {
 			Expect(byKind[kind].disturbed).To(BeNumerically(">", 0), "no write of a %s was disturbed", kind)
 		}
 		// NodeUpdates are written by the manager only with status patches of its own
-		// (see controllers/conflicts_test.go's report), which carry no resourceVersion.
+		// (see this file's report), which carry no resourceVersion.
 		for _, kind := range []string{"Machine", "UpgradeTask", "Cluster", "KubeadmControlPlane", "MachineDeployment"} {
 			Expect(byKind[kind].conflicted).To(BeNumerically(">", 0), "no write of a %s conflicted", kind)
 		}
-		Expect((&world{ns: ns}).events(faults.ReconcileErrorReason)).To(BeEmpty(), "a conflict is retried, not reported as an error")
+		Expect(eventNotes(ns, faults.ReconcileErrorReason)).To(BeEmpty(), "a conflict is retried, not reported as an error")
 	})
 })

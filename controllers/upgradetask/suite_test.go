@@ -1,10 +1,7 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
-	"fmt"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,11 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -32,6 +25,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -71,7 +65,7 @@ func startManager(clk clock.PassiveClock) (stop func()) {
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &UpgradeTaskReconciler{
+	r := &Reconciler{
 		Workload:     SameCluster{Management: k8s},
 		Clock:        clk,
 		PollInterval: 100 * time.Millisecond,
@@ -246,174 +240,23 @@ func (w *world) eventsRelated(reason string) []string {
 	return out
 }
 
-// recorder watches the NodeUpdates of a namespace and records what the API server saw:
-// the most NodeUpdates unfinished at once, and how many were ever created per machine,
-// in order. It is the test's independent witness of the controller's safety.
-type recorder struct {
-	mu         sync.Mutex
-	phase      map[string]inplacev1.NodeUpdatePhase
-	created    map[string]int
-	order      []string
-	maxRunning int
-	stop       func()
-}
-
-func watchNodeUpdates(ns string) *recorder {
+// watchNodeUpdates starts a sim.NodeUpdateWitness of the NodeUpdates of ns until the spec ends.
+func watchNodeUpdates(ns string) *sim.NodeUpdateWitness {
 	GinkgoHelper()
 	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	Expect(err).NotTo(HaveOccurred())
-	w, err := wc.Watch(ctx, &inplacev1.NodeUpdateList{}, client.InNamespace(ns))
+	rec, err := sim.WatchNodeUpdates(ctx, wc, ns)
 	Expect(err).NotTo(HaveOccurred())
-	rec := &recorder{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, stop: w.Stop}
-	go func() {
-		for ev := range w.ResultChan() {
-			nu, ok := ev.Object.(*inplacev1.NodeUpdate)
-			if !ok {
-				continue
-			}
-			rec.mu.Lock()
-			switch ev.Type {
-			case watch.Added:
-				if _, known := rec.phase[nu.Name]; !known {
-					rec.created[nu.Spec.MachineName]++
-					rec.order = append(rec.order, nu.Spec.MachineName)
-				}
-				rec.phase[nu.Name] = nu.Status.Phase
-			case watch.Modified:
-				rec.phase[nu.Name] = nu.Status.Phase
-			case watch.Deleted:
-				delete(rec.phase, nu.Name)
-			}
-			running := 0
-			for _, p := range rec.phase {
-				if !p.IsFinal() {
-					running++
-				}
-			}
-			rec.maxRunning = max(rec.maxRunning, running)
-			rec.mu.Unlock()
-		}
-	}()
-	DeferCleanup(w.Stop)
+	DeferCleanup(rec.Stop)
 	return rec
 }
 
-func (r *recorder) max() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.maxRunning
-}
-
-func (r *recorder) creations() map[string]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range r.created {
-		out[k] = v
-	}
-	return out
-}
-
-func (r *recorder) startOrder() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.order)
-}
-
-// simulator plays the nodes and the updater: a new NodeUpdate takes its node NotReady
-// and runs for hold; then the node comes back Ready and the NodeUpdate succeeds, or fails
-// with the message given for its machine. An aborted NodeUpdate stops after abortDelay.
-type simulator struct {
-	ns         string
-	hold       time.Duration
-	abortDelay time.Duration
-	mu         sync.Mutex
-	fail       map[string]string
-	seen       map[string]time.Time
-	abortSeen  map[string]time.Time
-}
-
-func simulate(ns string, hold time.Duration) *simulator {
-	s := &simulator{ns: ns, hold: hold, abortDelay: 300 * time.Millisecond, fail: map[string]string{}, seen: map[string]time.Time{}, abortSeen: map[string]time.Time{}}
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			s.step(sctx)
-		}
-	}()
-	DeferCleanup(func() { cancel(); <-done })
+// simulate runs the external updater simulator (sim.ExternalUpdater) on the NodeUpdates
+// of ns, each holding its node for hold, until the spec ends.
+func simulate(ns string, hold time.Duration) *sim.ExternalUpdater {
+	s := sim.RunExternalUpdater(ctx, k8s, ns, hold, func(format string, args ...any) { GinkgoWriter.Printf(format+"\n", args...) })
+	DeferCleanup(s.Stop)
 	return s
-}
-
-func (s *simulator) failMachine(machine, message string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.fail[machine] = message
-}
-
-func (s *simulator) step(ctx context.Context) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	list := &inplacev1.NodeUpdateList{}
-	if err := k8s.List(ctx, list, client.InNamespace(s.ns)); err != nil {
-		return
-	}
-	now := time.Now()
-	for i := range list.Items {
-		nu := &list.Items[i]
-		if nu.Status.Phase.IsFinal() {
-			continue
-		}
-		if nu.Spec.Phase == inplacev1.TaskActionAbort {
-			if _, ok := s.abortSeen[nu.Name]; !ok {
-				s.abortSeen[nu.Name] = now
-			}
-			if now.Sub(s.abortSeen[nu.Name]) >= s.abortDelay {
-				_ = fixtures.SetNodeReady(ctx, k8s, nu.Spec.NodeName, true)
-				s.finish(ctx, nu, inplacev1.NodeUpdatePhaseAborted, "")
-			}
-			continue
-		}
-		started, ok := s.seen[nu.Name]
-		if !ok {
-			s.seen[nu.Name] = now
-			_ = fixtures.SetNodeReady(ctx, k8s, nu.Spec.NodeName, false)
-			nu.Status.Phase = inplacev1.NodeUpdatePhaseInProgress
-			nu.Status.CurrentStep = "KubernetesUpgrade"
-			nu.Status.StartTime = ptr.To(metav1.Now())
-			_ = k8s.Status().Update(ctx, nu)
-			continue
-		}
-		if now.Sub(started) < s.hold {
-			continue
-		}
-		if msg, failing := s.fail[nu.Spec.MachineName]; failing {
-			s.finish(ctx, nu, inplacev1.NodeUpdatePhaseFailed, msg)
-			continue
-		}
-		_ = fixtures.SetNodeReady(ctx, k8s, nu.Spec.NodeName, true)
-		s.finish(ctx, nu, inplacev1.NodeUpdatePhaseSucceeded, "")
-	}
-}
-
-func (s *simulator) finish(ctx context.Context, nu *inplacev1.NodeUpdate, phase inplacev1.NodeUpdatePhase, message string) {
-	nu.Status.Phase = phase
-	nu.Status.CompletionTime = ptr.To(metav1.Now())
-	if phase == inplacev1.NodeUpdatePhaseFailed {
-		nu.Status.FailureReason = inplacev1.StepFailedReason
-		nu.Status.FailureMessage = message
-	}
-	if err := k8s.Status().Update(ctx, nu); err != nil {
-		GinkgoWriter.Println(fmt.Sprintf("simulator: finish %s: %v", nu.Name, err))
-	}
 }
 
 func condition(conds []metav1.Condition, t string) metav1.Condition {
@@ -427,36 +270,10 @@ func condition(conds []metav1.Condition, t string) metav1.Condition {
 
 var _ = corev1.NodeReady
 
-// installExternalUpdater installs the kind ExternalUpgrader as an updater served outside
-// the manager (its CRD carries the node-updater label) and creates ExternalUpgrader/default.
+// installExternalUpdater installs ExternalUpgrader/default (fixtures.ExternalUpdater) in ns.
 func installExternalUpdater(ns string) {
 	GinkgoHelper()
-	crd := &apiextensionsv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:   "externalupgraders.updaters.example.com",
-			Labels: map[string]string{inplacev1.NodeUpdaterCRDLabel: inplacev1.NodeUpdaterContractVersion},
-		},
-		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-			Group: "updaters.example.com",
-			Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: "ExternalUpgrader", ListKind: "ExternalUpgraderList", Plural: "externalupgraders", Singular: "externalupgrader"},
-			Scope: apiextensionsv1.NamespaceScoped,
-			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-				Name: "v1", Served: true, Storage: true,
-				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
-					Type: "object", XPreserveUnknownFields: ptr.To(true),
-				}},
-			}},
-		},
-	}
-	if err := k8s.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
-		Expect(err).NotTo(HaveOccurred())
-	}
-	obj := &unstructured.Unstructured{}
-	obj.SetAPIVersion("updaters.example.com/v1")
-	obj.SetKind("ExternalUpgrader")
-	obj.SetNamespace(ns)
-	obj.SetName("default")
-	Eventually(func() error { return k8s.Create(ctx, obj) }, 30*time.Second, 200*time.Millisecond).Should(Succeed())
+	Expect(fixtures.ExternalUpdater(ctx, k8s, ns)).To(Succeed())
 }
 
 // metricSample finds a sample of a metric family in controller-runtime's registry whose

@@ -1,4 +1,4 @@
-package controllers
+package upgradetask
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // to abort and waits for them; once none runs it releases the claims, removes the
 // condition of machines never started, and the task is Aborted. Nodes already upgraded
 // stay upgraded.
-func (r *UpgradeTaskReconciler) reconcileAbort(ctx context.Context, s *taskScope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileAbort(ctx context.Context, s *taskScope) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	task := s.task
 	for _, mem := range s.members {
