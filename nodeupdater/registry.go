@@ -1,6 +1,7 @@
 package nodeupdater
 
 import (
+	"context"
 	"fmt"
 	"sort"
 
@@ -85,4 +86,22 @@ func (r *Registry) Kinds() []schema.GroupKind {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
+}
+
+// AtTarget asks the updater target.UpdaterRef names whether the node already runs the
+// target, for a node whose kubelet reports it. An updater that is not a TargetJudge, or
+// that the manager does not run, leaves the kubelet version as the answer: true.
+func (r *Registry) AtTarget(ctx context.Context, target PreflightTarget) (bool, string, error) {
+	if r == nil {
+		return true, "", nil
+	}
+	reg, found, err := r.Lookup(target.UpdaterRef)
+	if err != nil || !found {
+		return true, "", err
+	}
+	judge, ok := reg.Updater.(TargetJudge)
+	if !ok {
+		return true, "", nil
+	}
+	return judge.AtTarget(ctx, target)
 }

@@ -54,6 +54,26 @@ type PreflightTarget struct {
 	UpdaterRef inplacev1.UpdaterReference
 	// ControlPlane is true for a control plane machine.
 	ControlPlane bool
+	// Disrupted names the cluster's nodes, other than this one, that are down or going
+	// down now: NotReady, being deleted, cordoned by someone else or in maintenance mode,
+	// or upgraded by a NodeUpdate of any task that has not ended. Sorted.
+	Disrupted []string
+	// Picked names the nodes this round already picked to start together with this one.
+	// Checks that protect something spread over nodes (storage replicas) judge it against
+	// Disrupted, Picked and this node down at once. Sorted.
+	Picked []string
+}
+
+// TargetJudge is implemented by an Updater that knows better than the kubelet version
+// whether a node already runs the target: the Harvester updater also compares the
+// operating system release. Selection, retries and UpdateMachine ask it about a machine
+// whose kubelet already reports the target but that no NodeUpdate of this version
+// finished well, so that a node whose kubelet was upgraded and whose OS step failed is
+// upgraded again rather than counted as done.
+type TargetJudge interface {
+	// AtTarget reports whether the node of target runs target.Version as this updater
+	// upgrades it; when it does not, why, in words an operator can check.
+	AtTarget(ctx context.Context, target PreflightTarget) (atTarget bool, why string, err error)
 }
 
 // CheckResult is the outcome of one named preflight check for one node.

@@ -189,6 +189,18 @@ const (
 	MachineClaimedReason = "MachineClaimed"
 	// SupersededReason: a newer request for the same target aborted this task.
 	SupersededReason = "Superseded"
+	// MachineDeletedReason: the machine is being deleted (scale down, remediation); its
+	// NodeUpdate is aborted at a safe point, and that is not a failure of the task.
+	MachineDeletedReason = "MachineDeleted"
+	// TaskAbortedReason: the NodeUpdate's UpgradeTask was aborted.
+	TaskAbortedReason = "TaskAborted"
+	// TaskDeletedReason: the NodeUpdate's UpgradeTask was deleted.
+	TaskDeletedReason = "TaskDeleted"
+	// VersionSkewReason: a worker task waits until its control plane runs the target, so
+	// that no kubelet is newer than the API server.
+	VersionSkewReason = "VersionSkew"
+	// DuplicateTaskReason: another live task has the same target; this one waits for it.
+	DuplicateTaskReason = "DuplicateTask"
 )
 
 // Annotations and event reasons of the in-place-upgrade-to annotation cascade

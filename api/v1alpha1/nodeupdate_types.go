@@ -120,6 +120,14 @@ type NodeUpdateSpec struct {
 	// +optional
 	// +kubebuilder:default=Ongoing
 	Phase TaskAction `json:"phase,omitempty"`
+
+	// abortReason says why an abort was asked, for example MachineDeleted (the Machine is
+	// being deleted), TaskAborted, TaskDeleted or Superseded. It is set with phase Abort
+	// and shown on the aborted NodeUpdate's conditions and events.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9]*$`
+	AbortReason string `json:"abortReason,omitempty"`
 }
 
 // NodeUpdateStatus tells the story of the node's upgrade.
