@@ -13,6 +13,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 // Target is the control plane or MachineDeployment an upgrade is for.
@@ -176,4 +177,19 @@ func nodeKubeletVersion(m *clusterv1.Machine) string {
 // sameRelease reports whether two versions are the same release, build metadata included.
 func sameRelease(a, b *version.Version) bool {
 	return a.EqualTo(b) && a.BuildMetadata() == b.BuildMetadata()
+}
+
+// AtTarget reports whether machine m runs target as its updater upgrades it. The release
+// annotation, written when a NodeUpdate of capi-inplace finished well, is the record of
+// that. A kubelet that reports the target without that record (a machine never upgraded
+// in place, or one whose kubelet was upgraded and whose later step failed) counts only if
+// the updater, when it judges (nodeupdater.TargetJudge), agrees; why says what is missing.
+func AtTarget(ctx context.Context, registry *nodeupdater.Registry, target nodeupdater.PreflightTarget, m *clusterv1.Machine, v *version.Version) (bool, string, error) {
+	if rel, err := version.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation]); err == nil && sameRelease(rel, v) {
+		return true, "", nil
+	}
+	if !ReachedInPlace(m, v) {
+		return false, "", nil
+	}
+	return registry.AtTarget(ctx, target)
 }
