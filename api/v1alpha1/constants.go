@@ -110,8 +110,21 @@ const (
 // InPlaceUpgradeUpToDateCondition is capi-inplace's own condition on a CAPI Machine: False
 // while the machine waits for or undergoes an in-place upgrade (reasons Waiting,
 // InProgress, Failed), True with reason Done once it reached the version. CAPI's own
-// UpToDate condition stays CAPI's. A MachineHealthCheck can remediate on reason Failed.
+// UpToDate condition stays CAPI's. It is False for queued and running machines too, so a
+// MachineHealthCheck must not match it: use InPlaceUpgradeFailedCondition.
 const InPlaceUpgradeUpToDateCondition = "InPlaceUpgradeUpToDate"
+
+// InPlaceUpgradeFailedCondition is capi-inplace's Machine condition that is True only
+// while the machine's last in-place upgrade failed (reason Failed, the node's own error as
+// message), and absent otherwise: a MachineHealthCheck, which matches a condition's type,
+// status and timeout only, can remediate on it (docs/upgradetask.md).
+const InPlaceUpgradeFailedCondition = "InPlaceUpgradeFailed"
+
+// SkipRemediationSetByAnnotation marks a Machine on which capi-inplace set Cluster API's
+// cluster.x-k8s.io/skip-remediation while its NodeUpdate runs (its node reboots, and a
+// MachineHealthCheck must not replace it for that); its value is the task's claim. Only a
+// skip-remediation capi-inplace set is removed when the NodeUpdate ends.
+const SkipRemediationSetByAnnotation = AnnotationPrefix + "skip-remediation-set-by"
 
 // Condition reasons.
 const (

@@ -8,6 +8,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -18,6 +19,8 @@ const (
 	AvailabilityName        = "Availability"
 	ControlPlaneHealthyName = "ControlPlaneHealthy"
 	UpdaterChecksName       = "UpdaterChecks"
+	NodeSchedulableName     = "NodeSchedulable"
+	ControlPlaneQuorumName  = "ControlPlaneQuorum"
 )
 
 // NodeReady holds a node that does not exist or is not Ready: upgrading a node that is
@@ -55,6 +58,56 @@ func (NotDeleting) Check(_ context.Context, _ *Input, c MachineNode) Result {
 		return failed(NotDeletingName, "node %s is being deleted", c.Node.Name)
 	}
 	return passed(NotDeletingName)
+}
+
+// NodeSchedulable holds a node that someone else cordoned or put in Harvester maintenance
+// mode: the operator is doing something with it, and capi-inplace does not take it over
+// (nor undo the cordon when it ends).
+type NodeSchedulable struct{}
+
+// Name implements Check.
+func (NodeSchedulable) Name() string { return NodeSchedulableName }
+
+// Check implements Check.
+func (NodeSchedulable) Check(_ context.Context, _ *Input, c MachineNode) Result {
+	switch {
+	case c.Node == nil:
+		return passed(NodeSchedulableName)
+	case c.Node.Annotations[disruption.HarvesterMaintainStatusAnnotation] != "":
+		return failed(NodeSchedulableName, "node %s is in Harvester maintenance mode (%s=%s); take it out of maintenance mode to let it be upgraded",
+			c.Node.Name, disruption.HarvesterMaintainStatusAnnotation, c.Node.Annotations[disruption.HarvesterMaintainStatusAnnotation])
+	case c.Node.Spec.Unschedulable:
+		return failed(NodeSchedulableName, "node %s is cordoned by someone else; uncordon it to let it be upgraded, or list it in spec.pauseNodes", c.Node.Name)
+	}
+	return passed(NodeSchedulableName)
+}
+
+// ControlPlaneQuorum holds a control plane node while any other control plane node of
+// the Cluster is disrupted (upgraded by any task or path, NotReady, cordoned, in
+// maintenance mode, being deleted) or picked this round: one control plane node at a
+// time keeps etcd and the API server's quorum, whatever maxUnavailable or pacing says.
+type ControlPlaneQuorum struct{}
+
+// Name implements Check.
+func (ControlPlaneQuorum) Name() string { return ControlPlaneQuorumName }
+
+// Check implements Check.
+func (ControlPlaneQuorum) Check(_ context.Context, in *Input, c MachineNode) Result {
+	if !in.ControlPlane {
+		return passed(ControlPlaneQuorumName)
+	}
+	var down []string
+	if in.Budget != nil {
+		down = in.Budget.DisruptedControlPlane(c.Machine.Name)
+	}
+	for _, p := range in.Picked {
+		down = append(down, p.NodeName()+" (starts in this round)")
+	}
+	if len(down) > 0 {
+		return failed(ControlPlaneQuorumName, "control plane node(s) already disrupted: %s; one control plane node at a time keeps etcd and API server quorum",
+			joinLimited(down, 5))
+	}
+	return passed(ControlPlaneQuorumName)
 }
 
 // Availability holds a node when starting it would make more nodes of the target
@@ -150,6 +203,8 @@ func (u UpdaterChecks) Check(ctx context.Context, in *Input, c MachineNode) Resu
 		Version:      in.Version,
 		UpdaterRef:   in.UpdaterRef,
 		ControlPlane: in.ControlPlane,
+		Disrupted:    in.disruptedExcept(c),
+		Picked:       in.pickedNodes(),
 	}
 	for _, r := range reg.Updater.Preflight(ctx, target) {
 		if !r.Passed {

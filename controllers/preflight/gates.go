@@ -32,24 +32,53 @@ type GateInput struct {
 	Now time.Time
 	// LastNodeCompletion is when the last node of the task ended; zero when none has.
 	LastNodeCompletion time.Time
+	// HeldBy names an older live task of the same target that this task waits for.
+	HeldBy string
+	// ControlPlaneBehind describes, for a MachineDeployment's task, the control plane
+	// machines that do not run the target yet.
+	ControlPlaneBehind []string
 }
 
 // Gate names.
 const (
-	PausedGateName = "Paused"
-	WindowGateName = "Window"
-	SoakGateName   = "PostNodeDelay"
+	DuplicateGateName   = "DuplicateTask"
+	VersionSkewGateName = "VersionSkew"
+	PausedGateName      = "Paused"
+	WindowGateName      = "Window"
+	SoakGateName        = "PostNodeDelay"
 )
 
 // Gates evaluates, in order, spec.paused, the maintenance window and the soak delay, and
 // returns the first that is closed, or an open result when all let nodes start.
 func Gates(in GateInput) GateResult {
-	for _, g := range []func(GateInput) GateResult{pausedGate, windowGate, soakGate} {
+	for _, g := range []func(GateInput) GateResult{duplicateGate, versionSkewGate, pausedGate, windowGate, soakGate} {
 		if r := g(in); !r.Open {
 			return r
 		}
 	}
 	return GateResult{Open: true}
+}
+
+// duplicateGate keeps a task from starting nodes while an older live task of the same
+// target runs: one live task per target, whichever path created them.
+func duplicateGate(in GateInput) GateResult {
+	if in.HeldBy == "" {
+		return GateResult{Name: DuplicateGateName, Open: true}
+	}
+	return GateResult{Name: DuplicateGateName, Reason: inplacev1.DuplicateTaskReason,
+		Message: fmt.Sprintf("UpgradeTask %s of the same target has not ended; this task starts no node until it has (abort or delete one of them)", in.HeldBy)}
+}
+
+// versionSkewGate keeps a MachineDeployment's task from starting nodes while its control
+// plane runs an older version than the target: a kubelet must never be newer than the
+// API server it talks to.
+func versionSkewGate(in GateInput) GateResult {
+	if len(in.ControlPlaneBehind) == 0 {
+		return GateResult{Name: VersionSkewGateName, Open: true}
+	}
+	return GateResult{Name: VersionSkewGateName, Reason: inplacev1.VersionSkewReason,
+		Message: fmt.Sprintf("the control plane is not at %s yet (%s); workers wait so that no kubelet is newer than the API server",
+			in.Spec.Version, joinLimited(in.ControlPlaneBehind, 5))}
 }
 
 func pausedGate(in GateInput) GateResult {

@@ -7,6 +7,7 @@ package preflight
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -57,6 +59,29 @@ type Input struct {
 	Unavailable []string
 	// ControlPlaneMachines are every machine of the control plane, when ControlPlane is true.
 	ControlPlaneMachines []MachineNode
+	// Budget is what is disrupted in the whole Cluster now, across every task and path;
+	// nil means nothing is known to be.
+	Budget *disruption.Budget
+	// Picked are the machines this round already picked to start with the candidate.
+	Picked []MachineNode
+}
+
+// disruptedExcept names the Cluster's disrupted nodes other than the candidate's.
+func (in *Input) disruptedExcept(c MachineNode) []string {
+	if in.Budget == nil {
+		return nil
+	}
+	return in.Budget.DisruptedNodes(c.Machine.Name)
+}
+
+// pickedNodes names the nodes picked earlier this round.
+func (in *Input) pickedNodes() []string {
+	out := make([]string, 0, len(in.Picked))
+	for _, p := range in.Picked {
+		out = append(out, p.NodeName())
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Check is one named preflight check of a candidate node.
@@ -71,7 +96,7 @@ type Check interface {
 // are reported: node checks first, then availability, control plane health and the
 // updater's own checks (which may be the most expensive, so they run last).
 func Default(registry *nodeupdater.Registry) []Check {
-	return []Check{NodeReady{}, NotDeleting{}, Availability{}, ControlPlaneHealthy{}, UpdaterChecks{Registry: registry}}
+	return []Check{NodeReady{}, NotDeleting{}, NodeSchedulable{}, Availability{}, ControlPlaneHealthy{}, ControlPlaneQuorum{}, UpdaterChecks{Registry: registry}}
 }
 
 // Run runs every check for a candidate and returns every result, in order.

@@ -65,6 +65,16 @@ func (t Target) Same(o Target) bool {
 	return false
 }
 
+// ClusterMachines lists every Machine of a Cluster as the cache holds them, not copied:
+// the caller only reads them (the disruption budget of the whole Cluster).
+func ClusterMachines(ctx context.Context, c client.Reader, namespace, clusterName string) ([]clusterv1.Machine, error) {
+	machines := &clusterv1.MachineList{}
+	if err := c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list machines of Cluster %s/%s: %w", namespace, clusterName, err)
+	}
+	return machines.Items, nil
+}
+
 // TargetMachines lists the Machines of a target, sorted by name: for a control plane the
 // machines it owns, for a MachineDeployment the machines of the MachineSets it owns.
 func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName string, t Target) ([]clusterv1.Machine, error) {

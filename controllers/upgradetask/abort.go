@@ -19,21 +19,16 @@ import (
 // condition of machines never started, and the task is Aborted. Nodes already upgraded
 // stay upgraded.
 func (r *Reconciler) reconcileAbort(ctx context.Context, s *taskScope) (ctrl.Result, error) {
-	log := ctrl.LoggerFrom(ctx)
 	task := s.task
 	for _, mem := range s.members {
 		mem.message = abortMessage(mem)
-		if mem.nu == nil || mem.nu.Status.Phase.IsFinal() || mem.nu.Spec.Phase == inplacev1.TaskActionAbort {
-			continue
+		reason := inplacev1.TaskAbortedReason
+		if mem.removed {
+			reason = inplacev1.MachineDeletedReason
 		}
-		orig := mem.nu.DeepCopy()
-		mem.nu.Spec.Phase = inplacev1.TaskActionAbort
-		if err := r.Client.Patch(ctx, mem.nu, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("abort NodeUpdate %s: %w", klog.KObj(mem.nu), err)
+		if err := r.abortNodeUpdate(ctx, task, mem, reason); err != nil {
+			return ctrl.Result{}, err
 		}
-		log.Info("aborting node", "machine", mem.name, "node", mem.nodeName, "nodeUpdate", mem.nu.Name)
-		r.Recorder.Eventf(task, mem.nu, corev1.EventTypeWarning, inplacev1.AbortingReason, "Abort",
-			"aborting the in-place upgrade of machine %s (node %s): NodeUpdate %s stops at its next safe point", mem.name, mem.nodeName, mem.nu.Name)
 	}
 
 	phase := computePhase(s, true)
@@ -63,4 +58,37 @@ func abortMessage(mem *member) string {
 		return "aborting: waiting for the NodeUpdate to stop at a safe point"
 	}
 	return mem.message
+}
+
+// abortNodeUpdate asks a member's NodeUpdate that has not ended to stop at its next safe
+// point, saying why; a NodeUpdate already asked is left as it is.
+func (r *Reconciler) abortNodeUpdate(ctx context.Context, task *inplacev1.UpgradeTask, mem *member, reason string) error {
+	nu := mem.nu
+	if nu == nil || nu.Status.Phase.IsFinal() || nu.Spec.Phase == inplacev1.TaskActionAbort {
+		return nil
+	}
+	orig := nu.DeepCopy()
+	nu.Spec.Phase = inplacev1.TaskActionAbort
+	nu.Spec.AbortReason = reason
+	if err := r.Client.Patch(ctx, nu, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("abort NodeUpdate %s: %w", klog.KObj(nu), err)
+	}
+	ctrl.LoggerFrom(ctx).Info("aborting node", "machine", mem.name, "node", mem.nodeName, "nodeUpdate", nu.Name, "reason", reason)
+	r.Recorder.Eventf(task, nu, corev1.EventTypeWarning, inplacev1.AbortingReason, "Abort",
+		"aborting the in-place upgrade of machine %s (node %s) (%s): NodeUpdate %s stops at its next safe point", mem.name, mem.nodeName, reason, nu.Name)
+	return nil
+}
+
+// abortRemoved aborts the NodeUpdates of machines that are being deleted or gone (a scale
+// down, a remediation): nothing is gained by upgrading a node that goes away, and its
+// updater must stop at a safe point and remove what it created.
+func (r *Reconciler) abortRemoved(ctx context.Context, s *taskScope) error {
+	for _, mem := range s.members {
+		if mem.removed {
+			if err := r.abortNodeUpdate(ctx, s.task, mem, inplacev1.MachineDeletedReason); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -29,6 +29,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
@@ -195,7 +196,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	ctx = ctrl.LoggerInto(ctx, log)
 
 	if !task.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.reconcileDelete(ctx, task)
+		return r.reconcileDelete(ctx, task)
 	}
 	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
 		orig := task.DeepCopy()
@@ -273,11 +274,18 @@ type taskScope struct {
 	nodes map[string]*corev1.Node
 	// nodeUpdates are this task's NodeUpdates by machine name.
 	nodeUpdates map[string]*inplacev1.NodeUpdate
-	// othersRunning names the machines whose node an unfinished NodeUpdate of another
-	// task is upgrading.
-	othersRunning map[string]bool
+	// budget is what is disrupted in the whole Cluster now, for every task and path.
+	budget *disruption.Budget
+	// controlPlaneBehind describes, for a MachineDeployment's task, the control plane
+	// machines that do not run the target yet.
+	controlPlaneBehind []string
 	// liveClaims maps the claim label value of every other live task to its name.
 	liveClaims map[string]string
+	// heldBy names an older live task of the same target that this task waits for.
+	heldBy string
+	// atTarget says, for a machine whose kubelet reports the target, whether its updater
+	// agrees it is there (nodeupdater.TargetJudge), and when not, why.
+	atTarget map[string]judgement
 	// members are the task's machines, with their derived state, in the planned order.
 	members []*member
 	// pendingHandover counts target machines that require the upgrade but that Cluster
@@ -318,6 +326,15 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 		s.problem = err.Error()
 		return s, nil
 	}
+	if task.Spec.ControlPlaneRef != nil {
+		// One control plane node at a time keeps etcd and the API server's quorum,
+		// whatever maxUnavailable or pacing says.
+		s.maxUnavailable = 1
+	}
+	clusterMachines, err := upgraderequest.ClusterMachines(ctx, r.Client, task.Namespace, task.Spec.ClusterName)
+	if err != nil {
+		return nil, err
+	}
 
 	// Every NodeUpdate of the Cluster, this task's and others': a node another task (or a
 	// hand-made NodeUpdate) is upgrading is unavailable too.
@@ -326,14 +343,9 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 		return nil, err
 	}
 	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
-	s.othersRunning = map[string]bool{}
 	for i := range nus {
-		nu := &nus[i]
-		switch {
-		case metav1IsControlledBy(nu, task):
+		if nu := &nus[i]; metav1IsControlledBy(nu, task) {
 			s.nodeUpdates[nu.Spec.MachineName] = nu
-		case !nu.Status.Phase.IsFinal():
-			s.othersRunning[nu.Spec.MachineName] = true
 		}
 	}
 
@@ -342,9 +354,14 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 		return nil, fmt.Errorf("list UpgradeTasks in namespace %s: %w", task.Namespace, err)
 	}
 	s.liveClaims = map[string]string{}
-	for _, t := range tasks.Items {
-		if t.Name != task.Name && !t.Status.Phase.IsFinal() && t.DeletionTimestamp.IsZero() {
-			s.liveClaims[upgraderequest.LabelValue(t.Name)] = t.Name
+	for i := range tasks.Items {
+		t := &tasks.Items[i]
+		if t.Name == task.Name || !isLive(t) {
+			continue
+		}
+		s.liveClaims[upgraderequest.LabelValue(t.Name)] = t.Name
+		if holds(t, task) && (s.heldBy == "" || t.Name < s.heldBy) {
+			s.heldBy = t.Name
 		}
 	}
 
@@ -368,6 +385,13 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 			s.nodes[nodes.Items[i].Name] = &nodes.Items[i]
 		}
 	}
+	s.budget = disruption.Compute(clusterMachines, s.nodes, nus)
+	if task.Spec.MachineDeploymentRef != nil {
+		s.controlPlaneBehind = controlPlaneBehind(clusterMachines, s.version)
+	}
+	if s.atTarget, err = r.judgeAtTarget(ctx, s); err != nil {
+		return nil, err
+	}
 
 	s.members, s.pendingHandover = collectMembers(s)
 	orderMembers(s.members, task.Spec.NodeOrder, task.Spec.ControlPlaneRef != nil)
@@ -379,12 +403,14 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 // lags too far behind.
 func (r *Reconciler) listNodeUpdates(ctx context.Context, cluster types.NamespacedName) ([]inplacev1.NodeUpdate, error) {
 	now := time.Now() // not r.Clock: how long the cache lags is real time
-	opts := []client.ListOption{client.InNamespace(cluster.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: cluster.Name}}
+	// Every NodeUpdate of the namespace, kept by spec.clusterName rather than by label: a
+	// hand-made NodeUpdate without the cluster label still holds its node.
+	opts := []client.ListOption{client.InNamespace(cluster.Namespace)}
 	nus := &inplacev1.NodeUpdateList{}
 	if err := r.Client.List(ctx, nus, opts...); err != nil {
 		return nil, fmt.Errorf("list NodeUpdates of Cluster %s: %w", cluster, err)
 	}
-	if items, ok := r.created.merge(cluster, nus.Items, now, false); ok {
+	if items, ok := r.created.merge(cluster, ofCluster(nus.Items, cluster.Name), now, false); ok {
 		return items, nil
 	}
 	ctrl.LoggerFrom(ctx).V(1).Info("the cache does not show a NodeUpdate created a while ago; listing the API server")
@@ -392,8 +418,19 @@ func (r *Reconciler) listNodeUpdates(ctx context.Context, cluster types.Namespac
 	if err := r.APIReader.List(ctx, nus, opts...); err != nil {
 		return nil, fmt.Errorf("list NodeUpdates of Cluster %s: %w", cluster, err)
 	}
-	items, _ := r.created.merge(cluster, nus.Items, now, true)
+	items, _ := r.created.merge(cluster, ofCluster(nus.Items, cluster.Name), now, true)
 	return items, nil
+}
+
+// ofCluster keeps the NodeUpdates of one Cluster.
+func ofCluster(nus []inplacev1.NodeUpdate, clusterName string) []inplacev1.NodeUpdate {
+	out := nus[:0]
+	for i := range nus {
+		if nus[i].Spec.ClusterName == clusterName {
+			out = append(out, nus[i])
+		}
+	}
+	return out
 }
 
 func metav1IsControlledBy(obj client.Object, owner client.Object) bool {
@@ -405,37 +442,59 @@ func metav1IsControlledBy(obj client.Object, owner client.Object) bool {
 	return false
 }
 
-// reconcileDelete releases the task's claims before the task goes away.
-func (r *Reconciler) reconcileDelete(ctx context.Context, task *inplacev1.UpgradeTask) error {
+// reconcileDelete stops the task's nodes at their safe points and, once none of its
+// NodeUpdates runs, releases its claims before the task goes away: a deleted task never
+// leaves a node being upgraded that no task holds.
+func (r *Reconciler) reconcileDelete(ctx context.Context, task *inplacev1.UpgradeTask) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(task, inplacev1.UpgradeTaskFinalizer) {
-		return nil
+		return ctrl.Result{}, nil
+	}
+	nus, err := r.listNodeUpdates(ctx, types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName})
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var running []string
+	for i := range nus {
+		nu := &nus[i]
+		if !metav1IsControlledBy(nu, task) || nu.Status.Phase.IsFinal() {
+			continue
+		}
+		running = append(running, nu.Name)
+		mem := &member{name: nu.Spec.MachineName, nodeName: nu.Spec.NodeName, nu: nu}
+		if err := r.abortNodeUpdate(ctx, task, mem, inplacev1.TaskDeletedReason); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if len(running) > 0 {
+		ctrl.LoggerFrom(ctx).Info("deleted UpgradeTask keeps its claims until its NodeUpdates stop", "running", running)
+		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 	}
 	// Once the writes the task handed to the background ended (none of them claims a
 	// machine after this), its claims as the API server has them: the cache may not show
 	// the last claims yet.
 	if err := r.machines.settleTask(ctx, task.UID); err != nil {
-		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
+		return ctrl.Result{}, fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
 	}
 	machines := &clusterv1.MachineList{}
 	if err := r.APIReader.List(ctx, machines, client.InNamespace(task.Namespace),
 		client.MatchingLabels{inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name)}); err != nil {
-		return fmt.Errorf("list machines claimed by UpgradeTask %s: %w", klog.KObj(task), err)
+		return ctrl.Result{}, fmt.Errorf("list machines claimed by UpgradeTask %s: %w", klog.KObj(task), err)
 	}
 	for i := range machines.Items {
 		m := &machines.Items[i]
 		if err := r.writeMachine(ctx, m, machineWant{claim: false, removeCondition: !isDone(m)}, task); err != nil {
-			return err
+			return ctrl.Result{}, err
 		}
 	}
 	orig := task.DeepCopy()
 	controllerutil.RemoveFinalizer(task, inplacev1.UpgradeTaskFinalizer)
 	if err := r.Client.Patch(ctx, task, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("remove finalizer of UpgradeTask %s: %w", klog.KObj(task), err)
+		return ctrl.Result{}, fmt.Errorf("remove finalizer of UpgradeTask %s: %w", klog.KObj(task), err)
 	}
 	r.Metrics.forgetTask(task.Namespace, task.Name)
 	r.status.forget(ctx, client.ObjectKeyFromObject(task))
 	ctrl.LoggerFrom(ctx).Info("released the claims of a deleted UpgradeTask", "machines", len(machines.Items))
-	return nil
+	return ctrl.Result{}, nil
 }
 
 func (r *Reconciler) writeProblem(ctx context.Context, task *inplacev1.UpgradeTask, problem string) error {

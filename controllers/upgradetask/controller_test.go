@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -427,7 +428,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		for _, ms := range t.Status.Machines {
 			order = append(order, ms.Name)
 			Expect(ms.Order).To(Equal(int32(len(order))))
-			Expect(ms.Preflight).To(HaveLen(5), "every check's result for %s", ms.Name)
+			Expect(ms.Preflight).To(HaveLen(len(preflight.Default(nil))), "every check's result for %s", ms.Name)
 		}
 		Expect(order).To(Equal([]string{"workers-3", "workers-1", "workers-2"}))
 		Expect(t.Status.Machines[0].Preflight).To(HaveEach(HaveField("Passed", true)))

@@ -35,6 +35,11 @@ type machineWant struct {
 	removeCondition bool
 	// release, when set, is the in-place-upgrade-release annotation.
 	release string
+	// failed, when set, is the InPlaceUpgradeFailed condition; otherwise it is removed.
+	failed *metav1.Condition
+	// skipRemediation keeps a MachineHealthCheck off the machine while its NodeUpdate
+	// runs; when false, a skip-remediation capi-inplace set is removed.
+	skipRemediation bool
 }
 
 // desiredMachine says what a member's Machine carries in the task's phase: claimed and
@@ -64,10 +69,11 @@ func desiredMachine(s *taskScope, mem *member, phase inplacev1.TaskPhase, mayCla
 		if mem.message != "" {
 			msg += " (" + mem.message + ")"
 		}
-		return machineWant{claim: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.InProgressReason, msg)}
+		return machineWant{claim: true, skipRemediation: true, condition: machineCondition(metav1.ConditionFalse, inplacev1.InProgressReason, msg)}
 	case inplacev1.MachineStateFailed:
-		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.FailedReason,
-			fmt.Sprintf("in-place upgrade to %s failed: %s", s.task.Spec.Version, mem.message))}
+		msg := fmt.Sprintf("in-place upgrade to %s failed: %s", s.task.Spec.Version, mem.message)
+		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.FailedReason, msg),
+			failed: &metav1.Condition{Type: inplacev1.InPlaceUpgradeFailedCondition, Status: metav1.ConditionTrue, Reason: inplacev1.FailedReason, Message: msg}}
 	case inplacev1.MachineStateAborted:
 		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.AbortedReason,
 			fmt.Sprintf("in-place upgrade to %s was aborted; the node may be partly upgraded", s.task.Spec.Version))}
@@ -131,8 +137,10 @@ func (r *Reconciler) writeMachine(ctx context.Context, m *clusterv1.Machine, wan
 		}
 		m.Annotations[inplacev1.UpgradeReleaseAnnotation] = want.release
 	}
+	setSkipRemediation(m, want.skipRemediation, claimValue)
 	if m.Labels[inplacev1.UpgradeTaskLabel] != orig.Labels[inplacev1.UpgradeTaskLabel] ||
-		m.Annotations[inplacev1.UpgradeReleaseAnnotation] != orig.Annotations[inplacev1.UpgradeReleaseAnnotation] {
+		m.Annotations[inplacev1.UpgradeReleaseAnnotation] != orig.Annotations[inplacev1.UpgradeReleaseAnnotation] ||
+		!skipRemediationAs(m, orig) {
 		if err := r.Client.Patch(ctx, m, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 			return fmt.Errorf("update claim of machine %s for UpgradeTask %s: %w", klog.KObj(m), task.Name, err)
 		}
@@ -153,6 +161,11 @@ func (r *Reconciler) writeMachine(ctx context.Context, m *clusterv1.Machine, wan
 	case want.removeCondition:
 		changed = meta.RemoveStatusCondition(&m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
 	}
+	if want.failed != nil {
+		changed = meta.SetStatusCondition(&m.Status.Conditions, *want.failed) || changed
+	} else {
+		changed = meta.RemoveStatusCondition(&m.Status.Conditions, inplacev1.InPlaceUpgradeFailedCondition) || changed
+	}
 	if changed {
 		if err := r.Client.Status().Patch(ctx, m, client.MergeFromWithOptions(origStatus, client.MergeFromWithOptimisticLock{})); err != nil {
 			return fmt.Errorf("set condition %s of machine %s: %w", inplacev1.InPlaceUpgradeUpToDateCondition, klog.KObj(m), err)
@@ -170,6 +183,16 @@ func machineUpToDate(m *clusterv1.Machine, want machineWant, claimValue string) 
 	if want.release != "" && m.Annotations[inplacev1.UpgradeReleaseAnnotation] != want.release {
 		return false
 	}
+	if hasSkipRemediationOf(m, claimValue) != want.skipRemediation {
+		return false
+	}
+	failedCond := meta.FindStatusCondition(m.Status.Conditions, inplacev1.InPlaceUpgradeFailedCondition)
+	switch {
+	case want.failed == nil && failedCond != nil:
+		return false
+	case want.failed != nil && (failedCond == nil || failedCond.Status != want.failed.Status || failedCond.Message != want.failed.Message):
+		return false
+	}
 	cond := meta.FindStatusCondition(m.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
 	switch {
 	case want.condition != nil:
@@ -178,6 +201,43 @@ func machineUpToDate(m *clusterv1.Machine, want machineWant, claimValue string) 
 		return cond == nil
 	}
 	return true
+}
+
+// hasSkipRemediationOf reports whether capi-inplace set skip-remediation on the machine
+// for the task whose claim is claimValue.
+func hasSkipRemediationOf(m *clusterv1.Machine, claimValue string) bool {
+	_, skip := m.Annotations[clusterv1.MachineSkipRemediationAnnotation]
+	return skip && m.Annotations[inplacev1.SkipRemediationSetByAnnotation] == claimValue
+}
+
+// setSkipRemediation sets Cluster API's skip-remediation on the machine for the task, or
+// removes it when the task set it. A skip-remediation someone else set stays as it is:
+// capi-inplace neither takes it over nor removes it.
+func setSkipRemediation(m *clusterv1.Machine, want bool, claimValue string) {
+	_, present := m.Annotations[clusterv1.MachineSkipRemediationAnnotation]
+	ours := m.Annotations[inplacev1.SkipRemediationSetByAnnotation]
+	switch {
+	case want && !present:
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[clusterv1.MachineSkipRemediationAnnotation] = ""
+		m.Annotations[inplacev1.SkipRemediationSetByAnnotation] = claimValue
+	case want && ours != "" && ours != claimValue:
+		// Set by an earlier task of capi-inplace: this task owns it now.
+		m.Annotations[inplacev1.SkipRemediationSetByAnnotation] = claimValue
+	case !want && ours == claimValue:
+		delete(m.Annotations, clusterv1.MachineSkipRemediationAnnotation)
+		delete(m.Annotations, inplacev1.SkipRemediationSetByAnnotation)
+	}
+}
+
+// skipRemediationAs reports whether two versions of a machine carry the same
+// skip-remediation annotations.
+func skipRemediationAs(a, b *clusterv1.Machine) bool {
+	_, sa := a.Annotations[clusterv1.MachineSkipRemediationAnnotation]
+	_, sb := b.Annotations[clusterv1.MachineSkipRemediationAnnotation]
+	return sa == sb && a.Annotations[inplacev1.SkipRemediationSetByAnnotation] == b.Annotations[inplacev1.SkipRemediationSetByAnnotation]
 }
 
 // startNodeUpdate creates the machine's NodeUpdate under its deterministic name. When it

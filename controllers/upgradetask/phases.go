@@ -9,6 +9,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
 
 // reconcileOngoing carries an Ongoing task on: decide what to start from what was read,
@@ -18,7 +19,11 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 	log := ctrl.LoggerFrom(ctx)
 	task := s.task
 
-	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s)})
+	if err := r.abortRemoved(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s),
+		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind})
 	stoppedBy := firstFailed(s.members)
 	r.selectNextMachines(ctx, s, gate, stoppedBy)
 	phase := computePhase(s, false)
@@ -39,14 +44,19 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		}
 		var claimed []string
 		for _, mem := range picked {
-			if mem.isClaimed(task) {
+			if mem.isClaimed(task) && hasSkipRemediationOf(mem.machine, upgraderequest.LabelValue(task.Name)) {
 				continue
 			}
+			wasClaimed := mem.isClaimed(task)
 			// The claim alone: its InProgress condition is written in the background.
-			if err := r.writeMachine(ctx, mem.machine, machineWant{claim: true}, task); err != nil {
+			// With skip-remediation: the node may go NotReady (drain, reboot) as soon as
+			// its NodeUpdate exists, and a MachineHealthCheck must not replace it for that.
+			if err := r.writeMachine(ctx, mem.machine, machineWant{claim: true, skipRemediation: true}, task); err != nil {
 				return ctrl.Result{}, err
 			}
-			claimed = append(claimed, mem.name)
+			if !wasClaimed {
+				claimed = append(claimed, mem.name)
+			}
 		}
 		r.recordClaims(task, claimed)
 		// The nodes picked in one round start together: the planned order (spec.nodeOrder
@@ -118,7 +128,7 @@ func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
 			inProgress++
 		case mem.state == inplacev1.MachineStateWaiting:
 			waiting++
-		case mem.state == inplacev1.MachineStateFailed || mem.state == inplacev1.MachineStateAborted:
+		case mem.failedForTask():
 			failed++
 		}
 	}
@@ -145,7 +155,7 @@ func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
 // task): the task starts no node after it.
 func firstFailed(members []*member) *member {
 	for _, mem := range members {
-		if mem.state == inplacev1.MachineStateFailed || mem.state == inplacev1.MachineStateAborted {
+		if mem.failedForTask() {
 			return mem
 		}
 	}

@@ -25,6 +25,12 @@ type member struct {
 	nu       *inplacev1.NodeUpdate
 	// claimedBy names another live task that holds the machine; the task does not touch it.
 	claimedBy string
+	// busyWith names the NodeUpdate of another task (or a hand-made one) that has not
+	// ended on the machine: the machine is not started before it ends.
+	busyWith string
+	// removed is true when the machine is being deleted or is gone: its NodeUpdate is
+	// aborted, and its end is not a failure of the task.
+	removed   bool
 	state     inplacev1.MachineState
 	message   string
 	preflight []preflight.Result
@@ -72,28 +78,46 @@ func collectMembers(s *taskScope) ([]*member, int) {
 				requires = !upgraderequest.ReachedInPlace(m, s.version)
 			}
 		}
+		if j, judged := s.atTarget[m.Name]; judged && !j.at {
+			// Its kubelet runs the target, its updater says the rest does not (an OS
+			// step that failed after the kubelet was upgraded): upgrade it again.
+			requires = true
+		}
 		if nu == nil && !claimedByUs && (!inScope || !requires) {
 			continue
 		}
-		mem := &member{name: m.Name, machine: m, nu: nu, nodeName: m.Status.NodeRef.Name}
+		mem := &member{name: m.Name, machine: m, nu: nu, nodeName: m.Status.NodeRef.Name, removed: !m.DeletionTimestamp.IsZero()}
 		if mem.nodeName != "" {
 			mem.node = s.nodes[mem.nodeName]
 		}
 		if claim := m.Labels[inplacev1.UpgradeTaskLabel]; claim != "" && claim != claimValue {
 			mem.claimedBy = s.liveClaims[claim]
 		}
+		if live := s.budget.LiveNodeUpdate(m.Name); live != nil && !metav1IsControlledBy(live, task) {
+			mem.busyWith = live.Name
+		}
 		members = append(members, mem)
 		seen[m.Name] = true
 	}
 	for name, nu := range s.nodeUpdates {
 		if !seen[name] {
-			members = append(members, &member{name: name, nu: nu, nodeName: nu.Spec.NodeName, node: s.nodes[nu.Spec.NodeName]})
+			members = append(members, &member{name: name, nu: nu, nodeName: nu.Spec.NodeName, node: s.nodes[nu.Spec.NodeName], removed: true})
 		}
 	}
 	for _, mem := range members {
 		mem.state, mem.message = stateFromNodeUpdate(mem.nu)
+		if mem.removed && mem.nu != nil && mem.state != inplacev1.MachineStateUpgraded {
+			mem.message = "the machine is being deleted or is gone; its NodeUpdate is aborted at a safe point (" + inplacev1.MachineDeletedReason + ")"
+		}
 	}
 	return members, pending
+}
+
+// failedForTask reports whether a member's end stops the task: its node failed or was
+// aborted outside the task. A machine deleted in the middle (scale down, remediation) is
+// Cluster API's decision, not a failure of the upgrade.
+func (m *member) failedForTask() bool {
+	return !m.removed && (m.state == inplacev1.MachineStateFailed || m.state == inplacev1.MachineStateAborted)
 }
 
 // stateFromNodeUpdate is a machine's state as its NodeUpdate tells it.
@@ -148,41 +172,36 @@ func orderMembers(members []*member, nodeOrder []string, controlPlane bool) {
 	})
 }
 
-// unavailableNodes names the target's nodes that are unavailable now: being upgraded by
-// this task or another, or NotReady, missing or being deleted.
+// unavailableNodes names the target's nodes that are disrupted now (disruption.Budget):
+// upgraded by any task, NotReady, missing, cordoned, in maintenance mode or being deleted.
 func unavailableNodes(s *taskScope) []string {
 	var out []string
 	seen := map[string]bool{}
-	for _, mem := range s.members {
-		if mem.state == inplacev1.MachineStateInProgress {
-			out = append(out, displayName(mem))
-			seen[mem.name] = true
-		}
-	}
 	for i := range s.targetMachines {
 		m := &s.targetMachines[i]
-		if seen[m.Name] {
-			continue
+		seen[m.Name] = true
+		if _, down := s.budget.Disrupted(m.Name); down {
+			out = append(out, displayMachine(m.Name, m.Status.NodeRef.Name))
 		}
-		node := s.nodes[m.Status.NodeRef.Name]
-		if s.othersRunning[m.Name] || !m.Status.NodeRef.IsDefined() || node == nil || !preflight.NodeIsReady(node) || !node.DeletionTimestamp.IsZero() {
-			name := m.Status.NodeRef.Name
-			if name == "" {
-				name = "machine " + m.Name
-			}
-			out = append(out, name)
+	}
+	// A machine of this task that is gone still holds its node until its NodeUpdate ends.
+	for _, mem := range s.members {
+		if !seen[mem.name] && mem.state == inplacev1.MachineStateInProgress {
+			out = append(out, displayName(mem))
 		}
 	}
 	slices.Sort(out)
 	return out
 }
 
-func displayName(m *member) string {
-	if m.nodeName != "" {
-		return m.nodeName
+func displayMachine(machine, node string) string {
+	if node != "" {
+		return node
 	}
-	return "machine " + m.name
+	return "machine " + machine
 }
+
+func displayName(m *member) string { return displayMachine(m.name, m.nodeName) }
 
 func (r *Reconciler) preflightInput(s *taskScope) *preflight.Input {
 	in := &preflight.Input{
@@ -192,6 +211,7 @@ func (r *Reconciler) preflightInput(s *taskScope) *preflight.Input {
 		ControlPlane:   s.task.Spec.ControlPlaneRef != nil,
 		MaxUnavailable: s.maxUnavailable,
 		Unavailable:    unavailableNodes(s),
+		Budget:         s.budget,
 	}
 	if in.ControlPlane {
 		for i := range s.targetMachines {
@@ -219,6 +239,12 @@ func (r *Reconciler) selectNextMachines(ctx context.Context, s *taskScope, gate 
 		switch {
 		case mem.claimedBy != "":
 			mem.message = fmt.Sprintf("claimed by UpgradeTask %s, which has not ended; waits for it", mem.claimedBy)
+			continue
+		case mem.busyWith != "":
+			mem.message = fmt.Sprintf("NodeUpdate %s of another task is upgrading node %s; waits until it ends", mem.busyWith, displayName(mem))
+			continue
+		case mem.removed:
+			mem.message = "the machine is being deleted"
 			continue
 		case mem.machine == nil:
 			mem.message = "the machine no longer exists"
@@ -252,6 +278,7 @@ func (r *Reconciler) selectNextMachines(ctx context.Context, s *taskScope, gate 
 		mem.picked = true
 		mem.message = ""
 		in.Unavailable = append(in.Unavailable, displayName(mem))
+		in.Picked = append(in.Picked, preflight.MachineNode{Machine: mem.machine, Node: mem.node})
 	}
 }
 

@@ -52,6 +52,7 @@ func computeStatus(s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateR
 	aborting := phase == inplacev1.TaskPhaseAborting || phase == inplacev1.TaskPhaseAborted
 	var current, held []string
 	var failedMember *member
+	removedEnded := 0
 	for i, mem := range s.members {
 		ms := inplacev1.MachineUpgradeStatus{
 			Name:     mem.name,
@@ -90,7 +91,11 @@ func computeStatus(s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateR
 			st.InProgress++
 			current = append(current, displayName(mem))
 		case inplacev1.MachineStateFailed, inplacev1.MachineStateAborted:
-			if mem.state == inplacev1.MachineStateFailed || (mem.state == inplacev1.MachineStateAborted && !aborting) {
+			if mem.removed && mem.state == ms.State {
+				// A machine deleted in the middle is not counted: it is not the task's to upgrade any more.
+				removedEnded++
+			}
+			if mem.failedForTask() && (mem.state == inplacev1.MachineStateFailed || !aborting) {
 				st.Failed++
 				if failedMember == nil {
 					failedMember = mem
@@ -112,7 +117,7 @@ func computeStatus(s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateR
 	if len(held) > maxHeldListed {
 		held = append(held[:maxHeldListed], fmt.Sprintf("and %d more", len(held)-maxHeldListed))
 	}
-	st.Total = int32(len(s.members) + s.pendingHandover)
+	st.Total = int32(len(s.members) + s.pendingHandover - removedEnded)
 	st.Waiting += int32(s.pendingHandover)
 	st.Progress = fmt.Sprintf("%d/%d", st.Upgraded, st.Total)
 	st.CurrentNodes = truncate(strings.Join(current, ","), 4096)

@@ -24,6 +24,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -58,6 +59,13 @@ var _ = AfterSuite(func() {
 // called; stop waits for the manager to end, as a restart of the real manager would.
 func startManager(clk clock.PassiveClock) (stop func()) {
 	GinkgoHelper()
+	return startManagerWith(clk, nil)
+}
+
+// startManagerWith is startManager with the updaters of registry (for their preflight
+// checks and their word on whether a node is at the target).
+func startManagerWith(clk clock.PassiveClock, registry *nodeupdater.Registry) (stop func()) {
+	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -67,6 +75,7 @@ func startManager(clk clock.PassiveClock) (stop func()) {
 	Expect(err).NotTo(HaveOccurred())
 	r := &Reconciler{
 		Workload:     SameCluster{Management: k8s},
+		Registry:     registry,
 		Clock:        clk,
 		PollInterval: 100 * time.Millisecond,
 	}

@@ -26,6 +26,9 @@ type ExternalUpdater struct {
 	hold       time.Duration
 	abortDelay time.Duration
 	logf       func(format string, args ...any)
+	// nodesStayReady keeps the nodes Ready while their NodeUpdates run, as in the first
+	// steps of a real node upgrade (repository, image preload) before the drain.
+	nodesStayReady bool
 
 	mu        sync.Mutex
 	fail      map[string]string
@@ -68,6 +71,15 @@ func (s *ExternalUpdater) SetAbortDelay(d time.Duration) {
 	s.abortDelay = d
 }
 
+// KeepNodesReady makes the NodeUpdates run without taking their nodes NotReady, as the
+// first steps of a real node upgrade do (repository, image preload): only the
+// NodeUpdates, not the nodes' readiness, then tell that the nodes are being upgraded.
+func (s *ExternalUpdater) KeepNodesReady() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nodesStayReady = true
+}
+
 // FailMachine makes the NodeUpdate of machine fail with message once it has run.
 func (s *ExternalUpdater) FailMachine(machine, message string) {
 	s.mu.Lock()
@@ -101,7 +113,9 @@ func (s *ExternalUpdater) step(ctx context.Context) {
 		started, ok := s.seen[nu.Name]
 		if !ok {
 			s.seen[nu.Name] = now
-			_ = fixtures.SetNodeReady(ctx, s.client, nu.Spec.NodeName, false)
+			if !s.nodesStayReady {
+				_ = fixtures.SetNodeReady(ctx, s.client, nu.Spec.NodeName, false)
+			}
 			nu.Status.Phase = inplacev1.NodeUpdatePhaseInProgress
 			nu.Status.CurrentStep = "KubernetesUpgrade"
 			nu.Status.StartTime = ptr.To(metav1.Now())

@@ -21,7 +21,13 @@ type NodeUpdateWitness struct {
 	phase      map[string]inplacev1.NodeUpdatePhase
 	created    map[string]int
 	order      []string
+	machineOf  map[string]string
 	maxRunning int
+	// twice names the machines that ever had two NodeUpdates running at once.
+	twice map[string]bool
+	// maxRunningOf counts, for the sets given to CountRunning, the most running at once.
+	groups     map[string]map[string]bool
+	maxOfGroup map[string]int
 	stop       func()
 }
 
@@ -31,7 +37,8 @@ func WatchNodeUpdates(ctx context.Context, c client.WithWatch, namespace string)
 	if err != nil {
 		return nil, fmt.Errorf("watch NodeUpdates in %s: %w", namespace, err)
 	}
-	rec := &NodeUpdateWitness{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, stop: w.Stop}
+	rec := &NodeUpdateWitness{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, machineOf: map[string]string{},
+		twice: map[string]bool{}, groups: map[string]map[string]bool{}, maxOfGroup: map[string]int{}, stop: w.Stop}
 	go func() {
 		for ev := range w.ResultChan() {
 			if nu, ok := ev.Object.(*inplacev1.NodeUpdate); ok {
@@ -57,13 +64,60 @@ func (r *NodeUpdateWitness) observe(t watch.EventType, nu *inplacev1.NodeUpdate)
 	case watch.Deleted:
 		delete(r.phase, nu.Name)
 	}
+	r.machineOf[nu.Name] = nu.Spec.MachineName
 	running := 0
-	for _, p := range r.phase {
-		if !p.IsFinal() {
-			running++
+	perMachine := map[string]int{}
+	perGroup := map[string]int{}
+	for name, p := range r.phase {
+		if p.IsFinal() {
+			continue
+		}
+		running++
+		m := r.machineOf[name]
+		perMachine[m]++
+		if perMachine[m] > 1 {
+			r.twice[m] = true
+		}
+		for g, members := range r.groups {
+			if members[m] {
+				perGroup[g]++
+			}
 		}
 	}
 	r.maxRunning = max(r.maxRunning, running)
+	for g, n := range perGroup {
+		r.maxOfGroup[g] = max(r.maxOfGroup[g], n)
+	}
+}
+
+// CountRunning makes the witness count, from now on, the most NodeUpdates running at once
+// on the machines of a named group (for example the control plane).
+func (r *NodeUpdateWitness) CountRunning(group string, machines ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.groups[group] = map[string]bool{}
+	for _, m := range machines {
+		r.groups[group][m] = true
+	}
+}
+
+// MaxRunningOf is the most NodeUpdates seen running at once on the machines of a group.
+func (r *NodeUpdateWitness) MaxRunningOf(group string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxOfGroup[group]
+}
+
+// RunTwice names the machines that ever had two NodeUpdates running at the same time.
+func (r *NodeUpdateWitness) RunTwice() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.twice))
+	for m := range r.twice {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Stop ends the watch.

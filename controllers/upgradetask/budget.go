@@ -1,0 +1,98 @@
+package upgradetask
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/util/version"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// isLive reports whether a task still holds its machines: it has not ended, or it is a
+// dry run's plan (Planned), which a newer request aborts like any running task.
+func isLive(t *inplacev1.UpgradeTask) bool {
+	return !t.Status.Phase.IsFinal() || t.Status.Phase == inplacev1.TaskPhasePlanned
+}
+
+// holds reports whether the live task older keeps task from starting: both are for the
+// same target, older was created first, and they are not both externally paced (Cluster
+// API paces those itself, and may hand a later machine to a newer version's task while an
+// older task finishes a machine it had handed over). A hand-made second task for a target
+// waits for the first; a request's new task waits until the task it superseded has
+// stopped at its safe point.
+func holds(older, task *inplacev1.UpgradeTask) bool {
+	if older.Spec.ClusterName != task.Spec.ClusterName || !upgraderequest.TargetOf(older).Same(upgraderequest.TargetOf(task)) {
+		return false
+	}
+	if older.Spec.Pacing == inplacev1.PacingExternal && task.Spec.Pacing == inplacev1.PacingExternal {
+		return false
+	}
+	if !older.CreationTimestamp.Equal(&task.CreationTimestamp) {
+		return older.CreationTimestamp.Before(&task.CreationTimestamp)
+	}
+	return older.Name < task.Name
+}
+
+// controlPlaneBehind describes the Cluster's control plane machines (not being deleted)
+// that do not run target yet, as "machine (version)": a worker must never run a kubelet
+// newer than the API server.
+func controlPlaneBehind(machines []clusterv1.Machine, target *version.Version) []string {
+	var out []string
+	for i := range machines {
+		m := &machines[i]
+		if !disruption.IsControlPlane(m) || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if upgraderequest.RequiresUpgrade(m, target) {
+			out = append(out, fmt.Sprintf("%s (%s)", m.Name, upgraderequest.CurrentVersion(m)))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// judgement is the updater's word on whether a machine whose kubelet reports the target
+// runs it as the updater upgrades it.
+type judgement struct {
+	at  bool
+	why string
+}
+
+// judgeAtTarget asks the task's updater about every target machine whose kubelet reports
+// the target without the release annotation a NodeUpdate of capi-inplace writes when it
+// ends well: a node whose kubelet was upgraded and whose later step failed is not done.
+func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[string]judgement, error) {
+	out := map[string]judgement{}
+	for i := range s.targetMachines {
+		m := &s.targetMachines[i]
+		if !upgraderequest.ReachedInPlace(m, s.version) || releaseIs(m, s.version) {
+			continue
+		}
+		if nu := s.nodeUpdates[m.Name]; nu != nil && nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded {
+			continue
+		}
+		at, why, err := r.Registry.AtTarget(ctx, nodeupdater.PreflightTarget{
+			Namespace: s.task.Namespace, ClusterName: s.task.Spec.ClusterName, MachineName: m.Name,
+			NodeName: m.Status.NodeRef.Name, Version: s.task.Spec.Version, UpdaterRef: s.task.Spec.UpdaterRef,
+			ControlPlane: s.task.Spec.ControlPlaneRef != nil,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ask updater %s whether machine %s runs %s: %w", s.task.Spec.UpdaterRef, m.Name, s.task.Spec.Version, err)
+		}
+		out[m.Name] = judgement{at: at, why: why}
+	}
+	return out, nil
+}
+
+// releaseIs reports whether the machine's release annotation records target.
+func releaseIs(m *clusterv1.Machine, target *version.Version) bool {
+	rel, err := version.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation])
+	return err == nil && rel.EqualTo(target) && rel.BuildMetadata() == target.BuildMetadata()
+}
