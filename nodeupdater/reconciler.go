@@ -284,9 +284,9 @@ func (r *Reconciler) reconcileUpdater(ctx context.Context, s *scope) (ctrl.Resul
 		if reason == "" {
 			reason = inplacev1.StepFailedReason
 		}
-		log.Info("Node update failed with a permanent error", "reason", reason, "error", err.Error())
-		r.fail(s, reason, err.Error())
-		return ctrl.Result{}, nil
+		log.Info("Node update failed with a permanent error, cleaning up", "reason", reason, "error", err.Error())
+		r.startFailure(s, reason, err.Error())
+		return r.reconcileAbort(ctx, s)
 	}
 	if err != nil {
 		return r.scheduleRetry(ctx, s, err, deadline)
@@ -325,10 +325,10 @@ func (r *Reconciler) scheduleRetry(ctx context.Context, s *scope, err error, dea
 		return ctrl.Result{RequeueAfter: capAt(delay, deadline.Sub(s.now))}, nil
 	}
 	if nu.Status.Attempts >= r.MaxAttempts {
-		ctrl.LoggerFrom(ctx).Info("Node update failed: retries exhausted", "step", step, "attempts", nu.Status.Attempts, "error", err.Error())
-		r.fail(s, inplacev1.RetriesExhaustedReason,
+		ctrl.LoggerFrom(ctx).Info("Node update failed: retries exhausted, cleaning up", "step", step, "attempts", nu.Status.Attempts, "error", err.Error())
+		r.startFailure(s, inplacev1.RetriesExhaustedReason,
 			fmt.Sprintf("%s failed %d times, last with: %v", stepLabel(step), nu.Status.Attempts, err))
-		return ctrl.Result{}, nil
+		return r.reconcileAbort(ctx, s)
 	}
 	delay := RetryDelay(nu.Status.Attempts, r.RetryBaseDelay, r.RetryMaxDelay)
 	nu.Status.Attempts++
@@ -412,8 +412,29 @@ func (r *Reconciler) startTimeout(s *scope, deadline time.Time) {
 	}
 }
 
+// startFailure records that the node's update failed for good: the running step fails
+// with the message, and the updater is asked to stop at its safe point and remove what
+// it created before the NodeUpdate is final, so that nothing it left (a SUC Plan, a Job)
+// goes on upgrading the node outside every budget. A set failureReason with a set
+// abortStartTime is all a restarted manager needs to go on cleaning up.
+func (r *Reconciler) startFailure(s *scope, reason, message string) {
+	nu := s.nu
+	message = truncate(message, 10240)
+	endRunningSteps(nu, inplacev1.StepStateFailed, message)
+	nu.Status.FailureReason = reason
+	nu.Status.FailureMessage = message
+	nu.Status.NextRetryTime = nil
+	// The step's last error is part of the failure message; from now on lastError is
+	// the error of Abort, which the Progressing condition shows.
+	nu.Status.LastError = ""
+	nu.Status.LastAttemptTime = nil
+	if nu.Status.AbortStartTime == nil {
+		nu.Status.AbortStartTime = ptrMicroTime(s.now)
+	}
+}
+
 // reconcileAbort stops the node's update at a safe point, on request or after a
-// timeout: the updater's Abort is called until it reports done.
+// failure or timeout: the updater's Abort is called until it reports done.
 func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	nu := s.nu
@@ -473,7 +494,8 @@ func clearAbortError(s *scope) {
 	}
 }
 
-// finishAbort ends an abort: Failed when it was a timeout, else Aborted.
+// finishAbort ends an abort: Failed when it cleaned up after a failure (a permanent
+// error, exhausted retries, a timeout), else Aborted.
 func (r *Reconciler) finishAbort(s *scope, note string) {
 	nu := s.nu
 	if nu.Status.FailureReason != "" {
@@ -482,9 +504,13 @@ func (r *Reconciler) finishAbort(s *scope, note string) {
 			nu.Status.FailureMessage = truncate(nu.Status.FailureMessage+"; "+note, 10240)
 		}
 	} else {
+		why := abortCause(nu)
+		if why != "" && note != "" {
+			why += "; "
+		}
 		msg := "aborted"
-		if note != "" {
-			msg += ": " + note
+		if why+note != "" {
+			msg += ": " + why + note
 		}
 		endRunningSteps(nu, inplacev1.StepStateAborted, msg)
 		nu.Status.Phase = inplacev1.NodeUpdatePhaseAborted
@@ -493,16 +519,28 @@ func (r *Reconciler) finishAbort(s *scope, note string) {
 	nu.Status.CompletionTime = ptrTime(s.now)
 }
 
-// fail ends the NodeUpdate as Failed at once, with the step that was running failed.
-func (r *Reconciler) fail(s *scope, reason, message string) {
-	nu := s.nu
-	message = truncate(message, 10240)
-	endRunningSteps(nu, inplacev1.StepStateFailed, message)
-	nu.Status.Phase = inplacev1.NodeUpdatePhaseFailed
-	nu.Status.FailureReason = reason
-	nu.Status.FailureMessage = message
-	nu.Status.NextRetryTime = nil
-	nu.Status.CompletionTime = ptrTime(s.now)
+// abortCause says, for the messages of an aborted NodeUpdate, why the abort was asked:
+// spec.abortReason in words an operator reads, with the reason itself to search for.
+// Empty when no abort was asked or no reason was given.
+func abortCause(nu *inplacev1.NodeUpdate) string {
+	reason := nu.Spec.AbortReason
+	if reason == "" || nu.Spec.Phase != inplacev1.TaskActionAbort {
+		return ""
+	}
+	var what string
+	switch reason {
+	case inplacev1.MachineDeletedReason:
+		what = "the machine is being deleted"
+	case inplacev1.TaskAbortedReason:
+		what = "its UpgradeTask was aborted"
+	case inplacev1.TaskDeletedReason:
+		what = "its UpgradeTask was deleted"
+	case inplacev1.SupersededReason:
+		what = "a newer request for the same target superseded it"
+	default:
+		return reason
+	}
+	return what + " (" + reason + ")"
 }
 
 // reconcileDelete lets the updater clean up on the node before the NodeUpdate goes.

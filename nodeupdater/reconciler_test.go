@@ -215,10 +215,16 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		Expect(got.Status.CurrentStep).To(Equal("Prepare"))
 		Expect(got.Status.NextRetryTime).To(BeNil())
 		Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Failed", "Upgrade=Pending", "Finish=Pending"}))
+		Expect(got.Status.AbortStartTime).NotTo(BeNil(), "the updater was asked to clean up")
 		Consistently(func() int { return u.count("error", "Prepare") }, 400*time.Millisecond).Should(Equal(4))
+		calls := u.snapshot()
+		Expect(calls).NotTo(BeEmpty())
+		last := calls[len(calls)-1]
+		Expect(last.op).To(Equal("abort"), "Abort is the updater's last call, after the fourth error")
+		Expect(u.count("abort", "")).To(Equal(1), "Abort is called until it reports done, and not after")
 	})
 
-	It("fails at once on a permanent error and shows which step failed and why", func() {
+	It("fails on a permanent error without retrying, and shows which step failed and why", func() {
 		startManager(ns, r)
 		failuresBefore := metricValue("capi_inplace_nodeupdate_step_failures_total", map[string]string{"updater": "ConfigMap", "step": "Upgrade"})
 		u.openGate("Prepare")
@@ -455,6 +461,189 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		Consistently(phaseOf(nu), 300*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhasePending))
 		// One event for the condition, not one per recheck.
 		Expect(eventsOf(nu)(Default)).To(HaveLen(1))
+	})
+})
+
+var _ = Describe("NodeUpdate reconciler cleaning up after a failure", func() {
+	var (
+		ns string
+		u  *scriptedUpdater
+		r  *nodeupdater.Reconciler
+	)
+	const failure = "cannot upgrade from v1.34.1 to v1.36.3: more than one minor version"
+
+	BeforeEach(func() {
+		ns = newNamespace()
+		createUpdaterConfig(ns, configRef.Name)
+		u = newScriptedUpdater("Prepare", "Upgrade", "Finish")
+		r = fastReconciler(u)
+	})
+
+	It("calls Abort after a permanent error and fails only once Abort reports done", func() {
+		u.holdAbort()
+		startManager(ns, r)
+		u.openGate("Prepare")
+		u.queueErrors("Upgrade", nodeupdater.Permanentf("IneligibleVersion", failure))
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			g.Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+			g.Expect(got.Status.FailureReason).To(Equal("IneligibleVersion"))
+			g.Expect(got.Status.FailureMessage).To(Equal(failure))
+			g.Expect(got.Status.AbortStartTime).NotTo(BeNil())
+			g.Expect(got.Status.CompletionTime).To(BeNil())
+			progressing := meta.FindStatusCondition(got.Status.Conditions, inplacev1.ProgressingCondition)
+			g.Expect(progressing).NotTo(BeNil())
+			g.Expect(progressing.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(progressing.Reason).To(Equal(inplacev1.AbortingReason))
+			g.Expect(progressing.Message).To(Equal("IneligibleVersion: " + failure + "; waiting for the updater to clean up"))
+			ready := meta.FindStatusCondition(got.Status.Conditions, inplacev1.ReadyCondition)
+			g.Expect(ready).NotTo(BeNil())
+			g.Expect(ready.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(ready.Message).To(Equal(progressing.Message), "Ready says it is cleaning up after the failure too")
+		}, wait).Should(Succeed())
+		Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Succeeded", "Upgrade=Failed", "Finish=Pending"}))
+		Consistently(phaseOf(nu), 300*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseInProgress),
+			"the NodeUpdate is final only once Abort reports done")
+		Expect(u.count("abort", "")).To(BeNumerically(">", 1), "Abort is called again until it reports done")
+
+		u.releaseAbort()
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+		got := get(nu)
+		Expect(got.Status.FailureReason).To(Equal("IneligibleVersion"))
+		Expect(got.Status.FailureMessage).To(Equal(failure))
+		Expect(got.Status.CompletionTime).NotTo(BeNil())
+		Expect(got.Status.CurrentStep).To(Equal("Upgrade"))
+		Expect(conditionOf(got, inplacev1.ReadyCondition).Reason).To(Equal(inplacev1.FailedReason))
+		aborts := u.count("abort", "")
+		Consistently(func() int { return u.count("abort", "") }, 300*time.Millisecond).Should(Equal(aborts),
+			"Abort is not called after it reported done")
+
+		// Nothing of the update runs once the failure began its cleanup.
+		aborting := false
+		for _, c := range u.snapshot() {
+			if c.op == "abort" {
+				aborting = true
+				continue
+			}
+			Expect(aborting).To(BeFalse(), "the updater's %s of step %s ran after the cleanup started", c.op, c.step)
+		}
+		Expect(u.count("error", "Upgrade")).To(Equal(1))
+		Expect(u.count("run", "Finish")).To(BeZero())
+		Eventually(eventsOf(nu), wait).Should(ContainElements(
+			"Warning IneligibleVersion: "+failure+"; stopping the updater and cleaning up",
+			"Warning IneligibleVersion: step Upgrade failed (IneligibleVersion): "+failure,
+		))
+	})
+
+	It("tries a failing Abort again, showing its error, and stays not final until Abort goes through", func() {
+		r.RetryBaseDelay = 300 * time.Millisecond
+		u.queueAbortErrors(errors.New("delete SUC plan: connection reset"), errors.New("delete SUC plan: connection reset"))
+		startManager(ns, r)
+		u.openGate("Prepare")
+		u.queueErrors("Upgrade", nodeupdater.Permanentf("IneligibleVersion", failure))
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			g.Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+			g.Expect(got.Status.LastError).To(Equal("delete SUC plan: connection reset"))
+			c := meta.FindStatusCondition(got.Status.Conditions, inplacev1.ProgressingCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(inplacev1.AbortingReason))
+			g.Expect(c.Message).To(HaveSuffix("; the last attempt failed, trying again: delete SUC plan: connection reset"))
+		}, wait).Should(Succeed())
+
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+		Expect(u.count("abort", "")).To(Equal(3), "two failed calls of Abort and the one that went through")
+		got := get(nu)
+		Expect(got.Status.LastError).To(BeEmpty(), "the abort's error is forgotten once Abort went through")
+		Expect(got.Status.FailureReason).To(Equal("IneligibleVersion"))
+		Expect(got.Status.FailureMessage).To(Equal(failure))
+		Eventually(eventsOf(nu), wait).Should(ContainElement(
+			"Warning AbortFailed: abort on node " + nu.Spec.NodeName + " failed, trying again: delete SUC plan: connection reset"))
+	})
+
+	It("carries on cleaning up after a failure across a restart of the manager", func() {
+		u.holdAbort()
+		u.queueErrors("Prepare", nodeupdater.Permanentf("BadConfig", "the JobUpdater names no image"))
+		first := startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			g.Expect(got.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+			g.Expect(got.Status.FailureReason).To(Equal("BadConfig"))
+			g.Expect(got.Status.AbortStartTime).NotTo(BeNil())
+		}, wait).Should(Succeed())
+		Eventually(func() int { return u.count("abort", "") }, wait).Should(BeNumerically(">=", 1))
+		const cleanupEvent = "Warning BadConfig: the JobUpdater names no image; stopping the updater and cleaning up"
+		// Events are sent in the background: let the first manager's go out before it stops.
+		Eventually(eventsOf(nu), wait).Should(ContainElement(cleanupEvent))
+		first.stop()
+		abortStarted := get(nu).Status.AbortStartTime
+		abortsBefore := u.count("abort", "")
+
+		startManager(ns, fastReconciler(u))
+		Eventually(func() int { return u.count("abort", "") }, wait).Should(BeNumerically(">", abortsBefore),
+			"the new manager goes on asking the updater to clean up")
+		Expect(phaseOf(nu)(Default)).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+		u.releaseAbort()
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
+
+		got := get(nu)
+		Expect(got.Status.FailureReason).To(Equal("BadConfig"))
+		Expect(got.Status.FailureMessage).To(Equal("the JobUpdater names no image"))
+		Expect(got.Status.AbortStartTime.Equal(abortStarted)).To(BeTrue(), "the cleanup's start survives the restart")
+		Expect(stepStates(nu)(Default)).To(Equal([]string{"Prepare=Failed", "Upgrade=Pending", "Finish=Pending"}))
+		Expect(u.count("error", "Prepare")).To(Equal(1), "the failed step is not tried again after the restart")
+		Expect(u.count("run", "Upgrade")).To(BeZero())
+		Eventually(eventsOf(nu), wait).Should(ContainElement(HavePrefix("Warning BadConfig: step Prepare failed")))
+		cleanupEvents := 0
+		for _, e := range eventsOf(nu)(Default) {
+			if e == cleanupEvent {
+				cleanupEvents++
+			}
+		}
+		Expect(cleanupEvents).To(Equal(1), "the restart does not tell the start of the cleanup twice")
+	})
+
+	It("says why a NodeUpdate was aborted when spec.abortReason says it", func() {
+		u.holdAbort()
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(ContainElement("Prepare=Running"))
+
+		requestAbortFor(nu, inplacev1.MachineDeletedReason)
+		const why = "the machine is being deleted (MachineDeleted)"
+		Eventually(func(g Gomega) {
+			got := &inplacev1.NodeUpdate{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), got)).To(Succeed())
+			c := meta.FindStatusCondition(got.Status.Conditions, inplacev1.ProgressingCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(inplacev1.AbortingReason))
+			g.Expect(c.Message).To(Equal("aborting: " + why + "; waiting for the updater to stop at a safe point and clean up"))
+		}, wait).Should(Succeed())
+
+		u.releaseAbort()
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
+		got := get(nu)
+		Expect(got.Status.Steps[0].State).To(Equal(inplacev1.StepStateAborted))
+		Expect(got.Status.Steps[0].Message).To(Equal("aborted: " + why))
+		Expect(conditionOf(got, inplacev1.ReadyCondition).Message).To(Equal("the node update was aborted: " + why))
+		Expect(conditionOf(got, inplacev1.ProgressingCondition).Message).To(Equal("the node update was aborted: " + why))
+		Eventually(eventsOf(nu), wait).Should(ContainElements(
+			"Normal Aborting: abort requested: "+why+"; stopping at a safe point and cleaning up",
+			"Normal StepAborted: step Prepare Aborted: aborted: "+why,
+			"Normal Aborted: node update of "+nu.Spec.NodeName+" aborted: "+why,
+		))
 	})
 })
 

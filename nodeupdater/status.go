@@ -63,7 +63,10 @@ func computeStatus(nu *inplacev1.NodeUpdate) {
 		progressing.Reason, progressing.Message = st.FailureReason, failureSummary(nu)
 	case inplacev1.NodeUpdatePhaseAborted:
 		ready.Reason, ready.Message = inplacev1.AbortedReason, "the node update was aborted"
-		progressing.Reason = inplacev1.AbortedReason
+		if why := abortCause(nu); why != "" {
+			ready.Message += ": " + why
+		}
+		progressing.Reason, progressing.Message = inplacev1.AbortedReason, ready.Message
 	case inplacev1.NodeUpdatePhaseInProgress:
 		ready.Reason, ready.Message = inplacev1.InProgressReason, progressMessage(nu)
 		progressing.Status = metav1.ConditionTrue
@@ -72,13 +75,22 @@ func computeStatus(nu *inplacev1.NodeUpdate) {
 			progressing.Reason, progressing.Message = inplacev1.AbortingReason,
 				fmt.Sprintf("%s: %s; waiting for the updater to clean up", st.FailureReason, st.FailureMessage)+abortError(st)
 		case st.AbortStartTime != nil:
-			progressing.Reason, progressing.Message = inplacev1.AbortingReason, "waiting for the updater to stop at a safe point and clean up"+abortError(st)
+			msg := "waiting for the updater to stop at a safe point and clean up"
+			if why := abortCause(nu); why != "" {
+				msg = "aborting: " + why + "; " + msg
+			}
+			progressing.Reason, progressing.Message = inplacev1.AbortingReason, msg+abortError(st)
 		case st.NextRetryTime != nil:
 			progressing.Reason, progressing.Message = inplacev1.RetryingReason,
 				fmt.Sprintf("attempt %d of %s at %s after: %s", st.Attempts, stepLabel(st.CurrentStep),
 					st.NextRetryTime.UTC().Format(time.RFC3339), st.LastError)
 		default:
 			progressing.Reason, progressing.Message = inplacev1.InProgressReason, progressMessage(nu)
+		}
+		if st.AbortStartTime != nil {
+			// The step's own progress no longer matters: what the node waits for is the
+			// updater's cleanup, after a failure or on request.
+			ready.Message = progressing.Message
 		}
 	default:
 		ready.Reason, ready.Message = inplacev1.WaitingReason, "the updater has not started on the node"
@@ -216,7 +228,11 @@ func (r *Reconciler) recordTransitions(ctx context.Context, before, after *inpla
 			r.event(after, eventWarning, as.FailureReason, "Abort",
 				fmt.Sprintf("%s; stopping the updater and cleaning up", as.FailureMessage))
 		} else {
-			r.event(after, eventNormal, inplacev1.AbortingReason, "Abort", "abort requested; stopping at a safe point and cleaning up")
+			note := "abort requested"
+			if why := abortCause(after); why != "" {
+				note += ": " + why
+			}
+			r.event(after, eventNormal, inplacev1.AbortingReason, "Abort", note+"; stopping at a safe point and cleaning up")
 		}
 	}
 
@@ -228,7 +244,11 @@ func (r *Reconciler) recordTransitions(ctx context.Context, before, after *inpla
 		case inplacev1.NodeUpdatePhaseFailed:
 			r.event(after, eventWarning, as.FailureReason, "Update", failureSummary(after))
 		case inplacev1.NodeUpdatePhaseAborted:
-			r.event(after, eventNormal, inplacev1.AbortedReason, "Abort", fmt.Sprintf("node update of %s aborted", after.Spec.NodeName))
+			note := fmt.Sprintf("node update of %s aborted", after.Spec.NodeName)
+			if why := abortCause(after); why != "" {
+				note += ": " + why
+			}
+			r.event(after, eventNormal, inplacev1.AbortedReason, "Abort", note)
 		}
 		if as.StartTime != nil {
 			nodeUpdateDuration.WithLabelValues(kind, string(as.Phase)).Observe(duration(after).Seconds())

@@ -218,3 +218,24 @@ func TestEndRunningSteps(t *testing.T) {
 		t.Errorf("a finished step is left alone: %+v", b)
 	}
 }
+
+func TestAbortCause(t *testing.T) {
+	for _, tc := range []struct {
+		phase  inplacev1.TaskAction
+		reason string
+		want   string
+	}{
+		{inplacev1.TaskActionAbort, "", ""},
+		{inplacev1.TaskActionAbort, inplacev1.MachineDeletedReason, "the machine is being deleted (MachineDeleted)"},
+		{inplacev1.TaskActionAbort, inplacev1.TaskAbortedReason, "its UpgradeTask was aborted (TaskAborted)"},
+		{inplacev1.TaskActionAbort, inplacev1.TaskDeletedReason, "its UpgradeTask was deleted (TaskDeleted)"},
+		{inplacev1.TaskActionAbort, inplacev1.SupersededReason, "a newer request for the same target superseded it (Superseded)"},
+		{inplacev1.TaskActionAbort, "ByHand", "ByHand"},
+		{"", inplacev1.MachineDeletedReason, ""},
+	} {
+		nu := &inplacev1.NodeUpdate{Spec: inplacev1.NodeUpdateSpec{Phase: tc.phase, AbortReason: tc.reason}}
+		if got := abortCause(nu); got != tc.want {
+			t.Errorf("abortCause(phase %q, reason %q) = %q, want %q", tc.phase, tc.reason, got, tc.want)
+		}
+	}
+}

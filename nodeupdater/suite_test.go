@@ -281,8 +281,12 @@ type scriptedUpdater struct {
 	errs       map[string][]error
 	abortAfter int
 	aborts     int
-	timeout    time.Duration
-	calls      []call
+	// abortHeld keeps Abort from reporting done, as an updater waiting for its safe point.
+	abortHeld bool
+	// abortErrs are returned by the next calls of Abort, one each.
+	abortErrs []error
+	timeout   time.Duration
+	calls     []call
 }
 
 type call struct {
@@ -334,7 +338,31 @@ func (u *scriptedUpdater) Abort(_ context.Context, nu *inplacev1.NodeUpdate) (bo
 	defer u.mu.Unlock()
 	u.aborts++
 	u.record("abort", nu.Status.CurrentStep)
-	return u.aborts >= u.abortAfter, nil
+	if len(u.abortErrs) > 0 {
+		err := u.abortErrs[0]
+		u.abortErrs = u.abortErrs[1:]
+		return false, err
+	}
+	return !u.abortHeld && u.aborts >= u.abortAfter, nil
+}
+
+// holdAbort keeps Abort from reporting done until releaseAbort.
+func (u *scriptedUpdater) holdAbort() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.abortHeld = true
+}
+
+func (u *scriptedUpdater) releaseAbort() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.abortHeld = false
+}
+
+func (u *scriptedUpdater) queueAbortErrors(errs ...error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.abortErrs = append(u.abortErrs, errs...)
 }
 
 func (u *scriptedUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
@@ -386,12 +414,20 @@ func (u *scriptedUpdater) snapshot() []call {
 // conflict with the reconciler's own writes.
 func requestAbort(nu *inplacev1.NodeUpdate) {
 	GinkgoHelper()
+	requestAbortFor(nu, "")
+}
+
+// requestAbortFor sets spec.phase Abort with spec.abortReason, as the UpgradeTask
+// controller does when it says why.
+func requestAbortFor(nu *inplacev1.NodeUpdate, reason string) {
+	GinkgoHelper()
 	Eventually(func() error {
 		got := &inplacev1.NodeUpdate{}
 		if err := k8s.Get(ctx, client.ObjectKeyFromObject(nu), got); err != nil {
 			return err
 		}
 		got.Spec.Phase = inplacev1.TaskActionAbort
+		got.Spec.AbortReason = reason
 		return k8s.Update(ctx, got)
 	}, 10*time.Second).Should(Succeed())
 }

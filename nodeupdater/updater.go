@@ -18,11 +18,14 @@ type Updater interface {
 	// Reconcile advances one NodeUpdate by as much as it can without blocking, recording
 	// its steps in nu.Status.Steps. It is idempotent: it is called again after a restart
 	// with the status as last persisted. An error wrapped by Permanent fails the
-	// NodeUpdate at once; any other error is retried with backoff.
+	// NodeUpdate without a retry, once Abort has cleaned up; any other error is retried
+	// with backoff.
 	Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (Result, error)
 
 	// Abort stops the work on the node at a safe point and removes what the updater
-	// created for it. It is called until it reports done.
+	// created for it. It is called until it reports done: after a failure (a permanent
+	// error, retries exhausted), on timeout, on abort and before the NodeUpdate is
+	// deleted, and the NodeUpdate is final only then.
 	Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (done bool, err error)
 
 	// Preflight runs the updater's own checks of whether a node may be started now.
@@ -87,7 +90,8 @@ type CheckResult struct {
 }
 
 // PermanentError is an error that retrying cannot mend: a bad configuration, an
-// ineligible version. It fails the NodeUpdate at once with Reason.
+// ineligible version. It fails the NodeUpdate with Reason without a retry, once the
+// updater's Abort has cleaned up.
 type PermanentError struct {
 	// Reason is a short CamelCase reason, for example IneligibleVersion.
 	Reason string

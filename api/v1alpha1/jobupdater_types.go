@@ -61,10 +61,20 @@ type JobUpdaterSpec struct {
 	BackoffLimit *int32 `json:"backoffLimit,omitempty"`
 
 	// nodeTimeout is how long the upgrade of one node may take, from its start until the
-	// Job succeeds, for example 45m. When it passes, the Job is deleted and the
-	// NodeUpdate fails with reason TimedOut. The manager's default (2h) when unset.
+	// Job succeeds, for example 45m. When it passes, the NodeUpdate fails with reason
+	// TimedOut once the Job has ended and been deleted (at once with force). The
+	// manager's default (2h) when unset.
 	// +optional
 	NodeTimeout *metav1.Duration `json:"nodeTimeout,omitempty"`
+
+	// force deletes a node's running Job at once when its NodeUpdate is aborted, times
+	// out, fails or is deleted. By default capi-inplace waits until the Job has ended
+	// (succeeded or failed) and deletes it then, because a Job killed half-way, such as a
+	// kubeadm upgrade stopped in the middle, can leave the node half upgraded. Set it
+	// only when that is acceptable, for example when a Job can never end because its
+	// node is gone for good.
+	// +optional
+	Force bool `json:"force,omitempty"`
 
 	// tolerations of the Job's pod. The pod is pinned to its node by name, past the
 	// scheduler, so only NoExecute taints matter. When empty the pod tolerates every

@@ -160,9 +160,13 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 	return nodeupdater.Result{RequeueAfter: u.pollInterval()}, nil
 }
 
-// Abort deletes the node's Job (its pods go in the background) and reports done once
-// the Job is gone. A workload cluster whose kubeconfig Secret is gone has nothing left
-// to clean up.
+// Abort stops the node's Job at its safe point, which is the Job's end: a running Job
+// is left to succeed or fail, because a node upgrade killed half-way (a kubeadm upgrade
+// stopped in the middle) can leave the node half upgraded. Once the Job has ended it is
+// deleted, its pods with it, and Abort reports done when it is gone; with the
+// JobUpdater's force it is deleted at once. A failed Job of a NodeUpdate that failed
+// stays for its logs until the NodeUpdate is deleted: it has ended and does nothing
+// more. A workload cluster whose kubeconfig Secret is gone has nothing left to clean up.
 func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, error) {
 	cfg, err := u.config(ctx, nu)
 	if err != nil {
@@ -177,15 +181,42 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		}
 		return false, fmt.Errorf("reach workload cluster %s: %w", nu.Spec.ClusterName, err)
 	}
-	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: cfg.Spec.Namespace, Name: JobName(nu)}}
-	err = wc.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	key := client.ObjectKey{Namespace: cfg.Spec.Namespace, Name: JobName(nu)}
+	log := ctrl.LoggerFrom(ctx).WithValues("job", klog.KRef(key.Namespace, key.Name))
+
+	job := &batchv1.Job{}
+	if err := wc.Get(ctx, key, job); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, fmt.Errorf("read Job %s on the workload cluster: %w", key, err)
+	}
+	if !job.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	failed := jobCondition(job, batchv1.JobFailed) != nil
+	ended := failed || jobCondition(job, batchv1.JobComplete) != nil
+	if !ended && !cfg.Spec.Force {
+		if nodeupdater.StepState(nu, StepName) == inplacev1.StepStateRunning {
+			nodeupdater.SetStepMessage(nu, StepName, fmt.Sprintf(
+				"aborting: waiting for Job %s to end before deleting it (spec.force of JobUpdater %s deletes it at once)", key, cfg.Name))
+		}
+		log.V(4).Info("Waiting for the node update Job to end before deleting it")
+		return false, nil
+	}
+	if failed && nu.Status.FailureReason != "" && nu.DeletionTimestamp.IsZero() {
+		return true, nil
+	}
+	err = wc.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground),
+		// Only the Job that was seen to end, never one created since under the same name.
+		client.Preconditions{UID: &job.UID})
 	switch {
 	case apierrors.IsNotFound(err):
 		return true, nil
 	case err != nil:
-		return false, fmt.Errorf("delete Job %s on the workload cluster: %w", client.ObjectKeyFromObject(job), err)
+		return false, fmt.Errorf("delete Job %s on the workload cluster: %w", key, err)
 	default:
-		ctrl.LoggerFrom(ctx).Info("Deleted node update Job", "job", klog.KObj(job))
+		log.Info("Deleted node update Job", "ended", ended, "force", cfg.Spec.Force)
 		return false, nil
 	}
 }

@@ -97,6 +97,41 @@ var _ = Describe("JobUpdater", func() {
 		Expect(k8s.Status().Update(ctx, job)).To(Succeed())
 	}
 
+	// jobOf reads the NodeUpdate's Job as it is now, to finish it with its latest version.
+	jobOf := func(nu *inplacev1.NodeUpdate) *batchv1.Job {
+		GinkgoHelper()
+		job := &batchv1.Job{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: jobNS, Name: jobupdater.JobName(nu)}, job)).To(Succeed())
+		return job
+	}
+
+	// stepRunning waits until the NodeUpdate's Job step runs.
+	stepRunning := func(nu *inplacev1.NodeUpdate) {
+		GinkgoHelper()
+		Eventually(func() inplacev1.StepState {
+			got := getNU(nu)
+			if len(got.Status.Steps) == 0 {
+				return ""
+			}
+			return got.Status.Steps[0].State
+		}, wait).Should(Equal(inplacev1.StepStateRunning))
+	}
+
+	// aborting waits until the reconciler has started to abort the NodeUpdate.
+	aborting := func(nu *inplacev1.NodeUpdate) {
+		GinkgoHelper()
+		Eventually(func() *metav1.MicroTime { return getNU(nu).Status.AbortStartTime }, wait).ShouldNot(BeNil())
+	}
+
+	requestAbort := func(nu *inplacev1.NodeUpdate) {
+		GinkgoHelper()
+		Eventually(func() error {
+			got := getNU(nu)
+			got.Spec.Phase = inplacev1.TaskActionAbort
+			return k8s.Update(ctx, got)
+		}, wait).Should(Succeed())
+	}
+
 	jobGone := func(nu *inplacev1.NodeUpdate) func() bool {
 		return func() bool {
 			err := k8s.Get(ctx, client.ObjectKey{Namespace: jobNS, Name: jobupdater.JobName(nu)}, &batchv1.Job{})
@@ -191,25 +226,46 @@ var _ = Describe("JobUpdater", func() {
 		Expect(jobGone(nu)()).To(BeFalse(), "the failed Job stays for its logs until the NodeUpdate is deleted")
 	})
 
-	It("deletes the Job on abort and ends Aborted", func() {
+	It("on abort waits for the running Job to end, then deletes it and ends Aborted", func() {
 		Expect(k8s.Create(ctx, updater)).To(Succeed())
 		createKubeconfigSecret(ns, "kubeadm-cluster")
 		startManager(ns, nil)
 		nu := newNodeUpdate("kubeadm-cluster")
 		Expect(k8s.Create(ctx, nu)).To(Succeed())
 		waitForJob(nu)
+		stepRunning(nu)
 
-		Eventually(func() error {
-			got := getNU(nu)
-			got.Spec.Phase = inplacev1.TaskActionAbort
-			return k8s.Update(ctx, got)
-		}, wait).Should(Succeed())
+		requestAbort(nu)
+		aborting(nu)
+		Consistently(func(g Gomega) {
+			g.Expect(jobGone(nu)()).To(BeFalse(), "a running Job is not killed half-way")
+			g.Expect(getNU(nu).Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+		}, time.Second, 50*time.Millisecond).Should(Succeed())
+		Expect(getNU(nu).Status.Steps[0].Message).To(ContainSubstring("waiting for Job " + jobNS + "/" + jobupdater.JobName(nu) + " to end"))
+
+		finishJob(jobOf(nu), true, "", "")
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
+		Expect(jobGone(nu)()).To(BeTrue(), "the Job is deleted once it has ended")
+		Expect(getNU(nu).Status.Steps[0].State).To(Equal(inplacev1.StepStateAborted))
+	})
+
+	It("with force deletes the running Job at once on abort", func() {
+		updater.Spec.Force = true
+		Expect(k8s.Create(ctx, updater)).To(Succeed())
+		createKubeconfigSecret(ns, "kubeadm-cluster")
+		startManager(ns, nil)
+		nu := newNodeUpdate("kubeadm-cluster")
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		waitForJob(nu)
+		stepRunning(nu)
+
+		requestAbort(nu)
 		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
 		Expect(jobGone(nu)()).To(BeTrue())
 		Expect(getNU(nu).Status.Steps[0].State).To(Equal(inplacev1.StepStateAborted))
 	})
 
-	It("times out after the JobUpdater's nodeTimeout and deletes the Job", func() {
+	It("times out after the JobUpdater's nodeTimeout, waits for the Job to end and deletes it", func() {
 		updater.Spec.NodeTimeout = &metav1.Duration{Duration: 2 * time.Second}
 		Expect(k8s.Create(ctx, updater)).To(Succeed())
 		createKubeconfigSecret(ns, "kubeadm-cluster")
@@ -218,11 +274,42 @@ var _ = Describe("JobUpdater", func() {
 		Expect(k8s.Create(ctx, nu)).To(Succeed())
 		waitForJob(nu)
 
+		Eventually(func() string { return getNU(nu).Status.FailureReason }, wait).Should(Equal(inplacev1.TimedOutReason))
+		Consistently(func(g Gomega) {
+			g.Expect(jobGone(nu)()).To(BeFalse(), "a running Job is not killed half-way")
+			g.Expect(getNU(nu).Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseInProgress))
+		}, time.Second, 50*time.Millisecond).Should(Succeed())
+
+		// The upgrade finished after the node's time was up.
+		finishJob(jobOf(nu), true, "", "")
 		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseFailed))
 		got := getNU(nu)
 		Expect(got.Status.FailureReason).To(Equal(inplacev1.TimedOutReason))
 		Expect(got.Status.FailureMessage).To(HavePrefix("node update did not finish within 2s"))
 		Expect(jobGone(nu)()).To(BeTrue())
+	})
+
+	It("keeps a deleted NodeUpdate until its running Job has ended, then deletes both", func() {
+		Expect(k8s.Create(ctx, updater)).To(Succeed())
+		createKubeconfigSecret(ns, "kubeadm-cluster")
+		startManager(ns, nil)
+		nu := newNodeUpdate("kubeadm-cluster")
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		waitForJob(nu)
+		stepRunning(nu)
+
+		Expect(k8s.Delete(ctx, getNU(nu))).To(Succeed())
+		aborting(nu)
+		Consistently(func(g Gomega) {
+			g.Expect(jobGone(nu)()).To(BeFalse(), "a running Job is not killed half-way")
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(nu), &inplacev1.NodeUpdate{})).To(Succeed())
+		}, time.Second, 50*time.Millisecond).Should(Succeed())
+
+		finishJob(jobOf(nu), false, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+		Eventually(jobGone(nu), wait).Should(BeTrue())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(nu), &inplacev1.NodeUpdate{}))
+		}, wait).Should(BeTrue())
 	})
 
 	It("retries, saying why, while the workload cluster's kubeconfig Secret is missing", func() {
