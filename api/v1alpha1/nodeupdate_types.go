@@ -176,7 +176,8 @@ type NodeUpdateStatus struct {
 	NextRetryTime *metav1.MicroTime `json:"nextRetryTime,omitempty"`
 
 	// abortStartTime is when the manager started to abort the NodeUpdate, on request
-	// (spec.phase Abort), on timeout, or on deletion.
+	// (spec.phase Abort), on timeout, on deletion, or to clean up after a failure
+	// (failureReason set): the NodeUpdate is final once the updater has cleaned up.
 	// +optional
 	AbortStartTime *metav1.MicroTime `json:"abortStartTime,omitempty"`
 
