@@ -308,7 +308,7 @@ func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, 
 }
 
 func (u *Updater) skipOS(_ context.Context, r *nodeRun) (string, error) {
-	if p := r.cfg.Spec.UpgradeOS; p != nil && !*p {
+	if !upgradesOS(r.cfg) {
 		return "upgradeOS is false in the HarvesterUpgrader", nil
 	}
 	return "", nil
@@ -324,7 +324,7 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 		return false, "", err
 	}
 	want := "Harvester " + r.cfg.Spec.Release.Version
-	if !nodeReady(node) || node.Status.NodeInfo.OSImage != want {
+	if !nodeReady(node) || !osAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
 	}
 	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil
