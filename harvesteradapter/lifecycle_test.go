@@ -57,7 +57,7 @@ var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() 
 		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
 		startLifecycle(c)
 		bad := c.nodes[1]
-		c.suc.FailNode("capi-inplace-os-"+bad, bad, "elemental upgrade failed with return code: 33")
+		c.suc.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "os"}, bad, "elemental upgrade failed with return code: 33")
 
 		good := c.nodeUpdate(c.nodes[0])
 		failed := c.nodeUpdate(bad)
@@ -75,8 +75,8 @@ var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() 
 		Expect(nodeupdater.StepState(failed, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStateSucceeded))
 		Expect(nodeupdater.StepState(failed, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStateFailed))
 		Expect(nodeupdater.StepState(failed, harvesteradapter.StepFinish)).To(Equal(inplacev1.StepStatePending))
-		for _, node := range c.nodes {
-			Expect(c.rec.RunsOf("capi-inplace-rke2-"+node)).To(Equal(map[string]int{node: 1}), "no step runs twice under the reconciler")
+		for _, nu := range []*inplacev1.NodeUpdate{good, failed} {
+			Expect(c.rec.RunsOf(harvesteradapter.PlanName("rke2", nu))).To(Equal(map[string]int{nu.Spec.NodeName: 1}), "no step runs twice under the reconciler")
 		}
 	})
 })
@@ -94,7 +94,7 @@ var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 			Expect(err).NotTo(HaveOccurred())
 		}
 		second := machines[1].Status.NodeRef.Name
-		c.suc.FailNode("capi-inplace-os-"+second, second, "elemental upgrade failed with return code: 33")
+		c.suc.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "os"}, second, "elemental upgrade failed with return code: 33")
 		startLifecycle(c, true)
 
 		task := &inplacev1.UpgradeTask{
@@ -120,7 +120,7 @@ var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 		Expect(states[machines[0].Name]).To(Equal(inplacev1.MachineStateUpgraded))
 		Expect(states[machines[1].Name]).To(Equal(inplacev1.MachineStateFailed))
 		Expect(states[machines[2].Name]).NotTo(BeElementOf(inplacev1.MachineStateInProgress, inplacev1.MachineStateUpgraded), "no node starts after a failure")
-		Expect(c.rec.RunsOf("capi-inplace-rke2-" + machines[2].Status.NodeRef.Name)).To(BeEmpty())
+		Expect(runsOn(c.rec, machines[2].Status.NodeRef.Name)).To(BeEmpty(), "no Plan ran on the third node")
 
 		m := &clusterv1.Machine{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(machines[1]), m)).To(Succeed())

@@ -3,6 +3,7 @@ package harvesteradapter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -15,12 +16,25 @@ import (
 // LonghornNamespace is where Longhorn keeps its objects on a Harvester cluster.
 const LonghornNamespace = "longhorn-system"
 
-// Names of the Harvester updater's preflight checks.
+// Names of the Harvester updater's Longhorn preflight checks. Each judges the candidate
+// node together with the nodes down or going down and this round's other picks.
 const (
-	CheckLonghornVolumesHealthy     = "LonghornVolumesHealthy"
+	// CheckLonghornVolumesHealthy: every attached volume is healthy.
+	CheckLonghornVolumesHealthy = "LonghornVolumesHealthy"
+	// CheckLonghornV1ReplicaElsewhere: every v1 volume keeps a healthy replica on a node
+	// that stays up.
+	CheckLonghornV1ReplicaElsewhere = "LonghornV1ReplicaElsewhere"
+	// CheckLonghornV2ReplicaElsewhere: every v2 volume keeps a healthy replica on a node
+	// that stays up.
 	CheckLonghornV2ReplicaElsewhere = "LonghornV2ReplicaElsewhere"
-	CheckLonghornV2NotSingleNode    = "LonghornV2NotSingleNode"
-	CheckLonghornV2SwapAvailable    = "LonghornV2SwapAvailable"
+	// CheckLonghornV2NotSingleReplica: no attached v2 volume on the node has a single
+	// replica, which Longhorn's live data engine upgrade cannot carry.
+	CheckLonghornV2NotSingleReplica = "LonghornV2NotSingleReplica"
+	// CheckLonghornV2NotSingleNode: a live v2 swap has another Longhorn node to go to.
+	CheckLonghornV2NotSingleNode = "LonghornV2NotSingleNode"
+	// CheckLonghornV2SwapAvailable: a node with attached v2 volumes is swapped live, or
+	// the HarvesterUpgrader accepts the interruption.
+	CheckLonghornV2SwapAvailable = "LonghornV2SwapAvailable"
 )
 
 // longhornState is what the preflight and the data engine step read of Longhorn, with
@@ -79,26 +93,90 @@ func replicaHealthy(r *longhornv1.Replica) bool {
 	return r.Spec.HealthyAt != "" && r.Spec.FailedAt == ""
 }
 
-// v2VolumesOnlyHealthyOn lists the v2 volumes whose only healthy replicas are on node.
-func (s *longhornState) v2VolumesOnlyHealthyOn(node string) []string {
-	healthyOn := map[string]map[string]bool{}
+// describe lists the down set, candidate first, each with why it counts, for messages.
+func (d downSet) describe() string {
+	parts := []string{d.candidate + " (this node)"}
+	for _, n := range d.disrupted {
+		parts = append(parts, n+" (down)")
+	}
+	for _, n := range d.picked {
+		parts = append(parts, n+" (picked this round)")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (d downSet) contains(node string) bool {
+	return node == d.candidate || slices.Contains(d.disrupted, node) || slices.Contains(d.picked, node)
+}
+
+// dataEngineOf is the data engine of a volume's replica: the volume's own when it is
+// known, else the replica's; Longhorn leaves it empty on volumes older than v2, which
+// are v1.
+func (s *longhornState) dataEngineOf(r *longhornv1.Replica) longhornv1.DataEngineType {
+	engine := r.Spec.DataEngine
+	if v := s.volume(r.Spec.VolumeName); v != nil && v.Spec.DataEngine != "" {
+		engine = v.Spec.DataEngine
+	}
+	if engine == "" {
+		return longhornv1.DataEngineTypeV1
+	}
+	return engine
+}
+
+// healthyReplicaNodes maps each volume of a data engine to the sorted nodes of its
+// healthy replicas.
+func (s *longhornState) healthyReplicaNodes(engine longhornv1.DataEngineType) map[string][]string {
+	out := map[string][]string{}
 	for i := range s.replicas {
 		r := &s.replicas[i]
-		if r.Spec.DataEngine != longhornv1.DataEngineTypeV2 || !replicaHealthy(r) {
+		if s.dataEngineOf(r) != engine || !replicaHealthy(r) {
 			continue
 		}
-		if healthyOn[r.Spec.VolumeName] == nil {
-			healthyOn[r.Spec.VolumeName] = map[string]bool{}
+		if !slices.Contains(out[r.Spec.VolumeName], r.Spec.NodeID) {
+			out[r.Spec.VolumeName] = append(out[r.Spec.VolumeName], r.Spec.NodeID)
 		}
-		healthyOn[r.Spec.VolumeName][r.Spec.NodeID] = true
 	}
+	for _, nodes := range out {
+		sort.Strings(nodes)
+	}
+	return out
+}
+
+// volumesLeftWithoutReplica lists the volumes of a data engine, attached or not, that
+// hold data in a healthy replica today and would have none on a node outside down: with
+// all of down's nodes down at once, nothing could serve them. A volume with no healthy
+// replica anywhere is not listed: taking nodes down costs it nothing (an attached one is
+// LonghornVolumesHealthy's business).
+func (s *longhornState) volumesLeftWithoutReplica(down downSet, engine longhornv1.DataEngineType) []string {
 	var out []string
-	for vol, nodes := range healthyOn {
-		if len(nodes) == 1 && nodes[node] {
-			out = append(out, vol)
+	for vol, nodes := range s.healthyReplicaNodes(engine) {
+		if !slices.ContainsFunc(nodes, func(n string) bool { return !down.contains(n) }) {
+			out = append(out, fmt.Sprintf("%s (healthy replicas on %s)", vol, strings.Join(nodes, ", ")))
 		}
 	}
 	sort.Strings(out)
+	return out
+}
+
+// v2SingleReplicaOn lists the attached v2 volumes with an engine or replica on node that
+// have fewer than two healthy replicas. Longhorn's live data engine upgrade moves a
+// volume's engine to a node holding another healthy replica and detaches the replicas
+// on the node; its proposal lists a single replica of such a volume as a setup that
+// fails to upgrade, wherever that replica is (longhorn/longhorn PR #9807, head 722fe84,
+// enhancements/20241114-v2-data-engine-live-upgrade.md, "Test Plan" 2, cases 1 and 2),
+// and the design that replaced it fails at once without a replica outside the node
+// (shared/facts/longhorn-v2-live-upgrade.md, facts 17 and 19).
+func (s *longhornState) v2SingleReplicaOn(node string) []string {
+	healthy := s.healthyReplicaNodes(longhornv1.DataEngineTypeV2)
+	var out []string
+	for _, vol := range s.attachedV2On(node) {
+		switch nodes := healthy[vol]; len(nodes) {
+		case 0:
+			out = append(out, vol+" (no healthy replica)")
+		case 1:
+			out = append(out, fmt.Sprintf("%s (one healthy replica, on %s)", vol, nodes[0]))
+		}
+	}
 	return out
 }
 
@@ -128,36 +206,61 @@ func (s *longhornState) attachedV2On(node string) []string {
 	return out
 }
 
-// longhornChecks are the Harvester updater's Longhorn preflight checks for one node.
-// swapServed says whether the workload cluster serves Longhorn's live data engine
-// upgrade API; skipSwap is the HarvesterUpgrader's longhornV2Swap: Skip.
-func (s *longhornState) longhornChecks(node string, swapServed, skipSwap bool) []nodeupdater.CheckResult {
-	results := make([]nodeupdater.CheckResult, 0, 4)
-	add := func(name string, problems []string, message string) {
+// downSet is what a preflight judges storage against: the candidate node together with
+// the cluster's nodes that are down or going down and the nodes this round already
+// picked, since all of them can be down at the same time.
+type downSet struct {
+	candidate string
+	disrupted []string
+	picked    []string
+}
+
+// longhornChecks are the Harvester updater's Longhorn preflight checks for the candidate
+// node of down. swapServed says whether the workload cluster serves Longhorn's live data
+// engine upgrade API; skipSwap is the HarvesterUpgrader's longhornV2Swap: Skip.
+func (s *longhornState) longhornChecks(down downSet, swapServed, skipSwap bool) []nodeupdater.CheckResult {
+	node := down.candidate
+	results := make([]nodeupdater.CheckResult, 0, 6)
+	add := func(name string, problems []string, message func(list string) string) {
 		r := nodeupdater.CheckResult{Name: name, Passed: len(problems) == 0}
 		if !r.Passed {
-			r.Message = fmt.Sprintf(message, strings.Join(problems, ", "))
+			r.Message = message(strings.Join(problems, ", "))
 		}
 		results = append(results, r)
 	}
-	add(CheckLonghornVolumesHealthy, s.unhealthyVolumes(),
-		"Longhorn volumes are not healthy: %s; wait until Longhorn has rebuilt their replicas")
-	add(CheckLonghornV2ReplicaElsewhere, s.v2VolumesOnlyHealthyOn(node),
-		"v2 volumes have their only healthy replica on node "+node+": %s; add a replica on another node first")
+	add(CheckLonghornVolumesHealthy, s.unhealthyVolumes(), func(list string) string {
+		return "Longhorn volumes are not healthy: " + list + "; wait until Longhorn has rebuilt their replicas"
+	})
+	leftWithout := func(engine string) func(list string) string {
+		return func(list string) string {
+			return fmt.Sprintf("%s volumes would have no healthy replica outside the nodes down together, %s: %s; wait until those nodes are back, or add a replica on another node first",
+				engine, down.describe(), list)
+		}
+	}
+	add(CheckLonghornV1ReplicaElsewhere, s.volumesLeftWithoutReplica(down, longhornv1.DataEngineTypeV1), leftWithout("v1"))
+	add(CheckLonghornV2ReplicaElsewhere, s.volumesLeftWithoutReplica(down, longhornv1.DataEngineTypeV2), leftWithout("v2"))
 
 	onNode := s.attachedV2On(node)
-	var single, unavailable []string
+	var single, singleReplica, unavailable []string
 	if len(onNode) > 0 && !skipSwap {
 		if len(s.nodes) <= 1 {
 			single = onNode
 		}
+		singleReplica = s.v2SingleReplicaOn(node)
 		if !swapServed {
 			unavailable = onNode
 		}
 	}
-	add(CheckLonghornV2NotSingleNode, single,
-		"a live v2 data engine swap needs another Longhorn node, and this cluster has one; attached v2 volumes on it: %s")
-	add(CheckLonghornV2SwapAvailable, unavailable,
-		"the cluster's Longhorn does not serve the live data engine upgrade API, so upgrading node "+node+" would interrupt its attached v2 volumes: %s; detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept the interruption")
+	add(CheckLonghornV2NotSingleNode, single, func(list string) string {
+		return "a live v2 data engine swap needs another Longhorn node, and this cluster has one; attached v2 volumes on it: " + list
+	})
+	add(CheckLonghornV2NotSingleReplica, singleReplica, func(list string) string {
+		return "Longhorn's live v2 data engine upgrade cannot carry a volume with a single replica, and attached v2 volumes on node " + node + " have one: " + list +
+			"; give them a second replica (numberOfReplicas 2 or more), detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept interrupting them"
+	})
+	add(CheckLonghornV2SwapAvailable, unavailable, func(list string) string {
+		return "the cluster's Longhorn does not serve the live data engine upgrade API, so upgrading node " + node + " would interrupt its attached v2 volumes: " + list +
+			"; detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept the interruption"
+	})
 	return results
 }

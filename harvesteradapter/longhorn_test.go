@@ -1,6 +1,7 @@
 package harvesteradapter
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -89,14 +90,14 @@ func TestLonghornChecks(t *testing.T) {
 			wantMessage: "would interrupt its attached v2 volumes: pvc-v2; detach them, or set longhornV2Swap: Skip"},
 		{name: "v2 without the live swap API, swap skipped", state: v2Cluster(), node: "node-1", skipSwap: true},
 		{name: "node without v2 is not held", state: v2Cluster(), node: "node-3"},
-		{name: "only healthy v2 replica on the node", node: "node-1", swapServed: true, failing: []string{CheckLonghornV2ReplicaElsewhere},
-			wantMessage: "only healthy replica on node node-1: pvc-v2",
+		{name: "only healthy v2 replica on the node", node: "node-1", swapServed: true, failing: []string{CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
+			wantMessage: "v2 volumes would have no healthy replica outside the nodes down together, node-1 (this node): pvc-v2 (healthy replicas on node-1)",
 			state: func() *longhornState {
 				s := v2Cluster()
 				s.replicas[1] = replica("pvc-v2", "node-2", longhornv1.DataEngineTypeV2, false)
 				return s
 			}()},
-		{name: "single-node Longhorn with v2", node: "node-1", swapServed: true, failing: []string{CheckLonghornV2NotSingleNode, CheckLonghornV2ReplicaElsewhere},
+		{name: "single-node Longhorn with v2", node: "node-1", swapServed: true, failing: []string{CheckLonghornV2NotSingleNode, CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
 			wantMessage: "needs another Longhorn node",
 			state: func() *longhornState {
 				s := v2Cluster()
@@ -106,8 +107,8 @@ func TestLonghornChecks(t *testing.T) {
 			}()},
 	}
 	for _, tt := range tests {
-		results := tt.state.longhornChecks(tt.node, tt.swapServed, tt.skipSwap)
-		if len(results) != 4 {
+		results := tt.state.longhornChecks(downSet{candidate: tt.node}, tt.swapServed, tt.skipSwap)
+		if len(results) != 6 {
 			t.Errorf("%s: %d results, want one per check", tt.name, len(results))
 		}
 		for _, r := range results {
@@ -121,5 +122,172 @@ func TestLonghornChecks(t *testing.T) {
 				t.Errorf("%s: message %q, want it to contain %q", tt.name, msg, tt.wantMessage)
 			}
 		}
+	}
+}
+
+// lhLayout is a Longhorn layout as the live-upgrade proposal's test plan draws it: where
+// each attached volume's engine runs and where its healthy replicas are.
+type lhLayout struct {
+	engines  map[string]string   // volume -> node of its engine
+	replicas map[string][]string // volume -> nodes of its healthy replicas
+}
+
+func (l lhLayout) state(engine longhornv1.DataEngineType, nodes ...string) *longhornState {
+	s := &longhornState{nodes: lhNodes(nodes...)}
+	for _, vol := range slices.Sorted(maps.Keys(l.replicas)) {
+		v := volume(vol, engine, longhornv1.VolumeRobustnessHealthy)
+		v.Spec.NumberOfReplicas = len(l.replicas[vol])
+		s.volumes = append(s.volumes, v)
+		for _, n := range l.replicas[vol] {
+			s.replicas = append(s.replicas, replica(vol, n, engine, true))
+		}
+		if n, ok := l.engines[vol]; ok {
+			e := longhornv1.Engine{ObjectMeta: metav1.ObjectMeta{Name: vol + "-e"}}
+			e.Spec.VolumeName, e.Spec.NodeID, e.Spec.DataEngine = vol, n, engine
+			s.engines = append(s.engines, e)
+		}
+	}
+	return s
+}
+
+// TestLonghornLiveUpgradeLayouts runs the five layouts of the test plan of Longhorn's v2
+// data engine live upgrade proposal (longhorn/longhorn PR #9807, head 722fe84,
+// enhancements/20241114-v2-data-engine-live-upgrade.md, "Test Plan" 2 and 3): the two
+// "setups that fail to upgrade" must hold node 1, the three "setups that succeed" must
+// let it go. Node 1 is the node upgraded; the cluster serves the live upgrade API, so
+// only the layout can hold the node.
+func TestLonghornLiveUpgradeLayouts(t *testing.T) {
+	all := []string{"node-1", "node-2", "node-3"}
+	tests := []struct {
+		name   string
+		layout lhLayout
+		held   []string // checks that must hold node 1; every other check must pass
+	}{
+		{
+			name: "fail 1: engine and single replica on the node",
+			layout: lhLayout{
+				engines:  map[string]string{"vol-1": "node-1", "vol-2": "node-1", "vol-3": "node-1"},
+				replicas: map[string][]string{"vol-1": {"node-1"}, "vol-2": all, "vol-3": all},
+			},
+			held: []string{CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
+		},
+		{
+			name: "fail 2: engine on the node, single replica elsewhere",
+			layout: lhLayout{
+				engines:  map[string]string{"vol-1": "node-1", "vol-2": "node-1", "vol-3": "node-1"},
+				replicas: map[string][]string{"vol-1": {"node-2"}, "vol-2": all, "vol-3": all},
+			},
+			held: []string{CheckLonghornV2NotSingleReplica},
+		},
+		{
+			name: "pass 1: engines on the node, a replica on every node",
+			layout: lhLayout{
+				engines:  map[string]string{"vol-1": "node-1", "vol-2": "node-1", "vol-3": "node-1"},
+				replicas: map[string][]string{"vol-1": all, "vol-2": all, "vol-3": all},
+			},
+		},
+		{
+			name: "pass 2: engines on the node, replicas on the two other nodes",
+			layout: lhLayout{
+				engines:  map[string]string{"vol-1": "node-1", "vol-2": "node-1", "vol-3": "node-1"},
+				replicas: map[string][]string{"vol-1": {"node-2", "node-3"}, "vol-2": {"node-2", "node-3"}, "vol-3": {"node-2", "node-3"}},
+			},
+		},
+		{
+			name: "pass 3: one engine on each node, a replica on every node",
+			layout: lhLayout{
+				engines:  map[string]string{"vol-1": "node-1", "vol-2": "node-2", "vol-3": "node-3"},
+				replicas: map[string][]string{"vol-1": all, "vol-2": all, "vol-3": all},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			results := tt.layout.state(longhornv1.DataEngineTypeV2, all...).longhornChecks(downSet{candidate: "node-1"}, true, false)
+			for _, name := range tt.held {
+				if r := resultOf(results, name); r.Passed || !strings.Contains(r.Message, "vol-1") {
+					t.Errorf("check %s: passed=%v message %q; want it to hold node-1 for vol-1", name, r.Passed, r.Message)
+				}
+			}
+			for _, r := range results {
+				if !r.Passed && !slices.Contains(tt.held, r.Name) {
+					t.Errorf("check %s holds node-1: %s", r.Name, r.Message)
+				}
+			}
+		})
+	}
+}
+
+// TestLonghornChecksAcrossDownNodes judges every volume against the candidate, the
+// nodes already down and this round's other picks at once.
+func TestLonghornChecksAcrossDownNodes(t *testing.T) {
+	withReplicas := func(engine longhornv1.DataEngineType, nodes ...string) *longhornState {
+		return lhLayout{replicas: map[string][]string{"pvc-a": nodes}}.state(engine, "node-1", "node-2", "node-3")
+	}
+	detached := func(s *longhornState) *longhornState {
+		s.volumes[0].Status.State = longhornv1.VolumeStateDetached
+		s.volumes[0].Status.Robustness = longhornv1.VolumeRobustnessUnknown
+		return s
+	}
+	tests := []struct {
+		name        string
+		state       *longhornState
+		down        downSet
+		held        string // the check that must hold the node, or "" when none may
+		wantMessage []string
+	}{
+		{name: "v1: the other replica's node is down", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2"),
+			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere,
+			wantMessage: []string{"pvc-a (healthy replicas on node-1, node-2)", "node-1 (this node)", "node-2 (down)"}},
+		{name: "v1: the other replica's node is picked this round", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2"),
+			down: downSet{candidate: "node-1", picked: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere,
+			wantMessage: []string{"pvc-a", "node-2 (picked this round)"}},
+		{name: "v1: an unrelated node is down", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2"),
+			down: downSet{candidate: "node-1", disrupted: []string{"node-3"}}},
+		{name: "v1: single replica on the candidate", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1"),
+			down: downSet{candidate: "node-1"}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a (healthy replicas on node-1)"}},
+		{name: "v1: single replica on another node", state: withReplicas(longhornv1.DataEngineTypeV1, "node-2"),
+			down: downSet{candidate: "node-1"}},
+		{name: "v1: detached volume loses its replicas too", state: detached(withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2")),
+			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a"}},
+		{name: "v1: a failed replica elsewhere does not count", down: downSet{candidate: "node-1"}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a"},
+			state: func() *longhornState {
+				s := withReplicas(longhornv1.DataEngineTypeV1, "node-1")
+				s.replicas = append(s.replicas, replica("pvc-a", "node-3", longhornv1.DataEngineTypeV1, false))
+				return s
+			}()},
+		{name: "v1: a volume never written has nothing to lose", down: downSet{candidate: "node-1"},
+			state: func() *longhornState {
+				s := detached(withReplicas(longhornv1.DataEngineTypeV1, "node-1"))
+				s.replicas[0].Spec.HealthyAt = ""
+				return s
+			}()},
+		{name: "v2: the other replica's node is down", state: detached(withReplicas(longhornv1.DataEngineTypeV2, "node-1", "node-2")),
+			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}, held: CheckLonghornV2ReplicaElsewhere,
+			wantMessage: []string{"pvc-a (healthy replicas on node-1, node-2)", "node-2 (down)"}},
+		{name: "v2: a replica stays on a node that is up", state: detached(withReplicas(longhornv1.DataEngineTypeV2, "node-1", "node-2", "node-3")),
+			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			results := tt.state.longhornChecks(tt.down, true, false)
+			for _, r := range results {
+				if !r.Passed && r.Name != tt.held {
+					t.Errorf("check %s holds the node: %s", r.Name, r.Message)
+				}
+			}
+			if tt.held == "" {
+				return
+			}
+			r := resultOf(results, tt.held)
+			if r.Passed {
+				t.Fatalf("check %s passed; want it to hold %s", tt.held, tt.down.candidate)
+			}
+			for _, want := range tt.wantMessage {
+				if !strings.Contains(r.Message, want) {
+					t.Errorf("check %s message %q, want it to contain %q", tt.held, r.Message, want)
+				}
+			}
+		})
 	}
 }

@@ -43,15 +43,24 @@ const (
 // post-drain (install the operating system and reboot).
 const upgradeScript = "upgrade_node.sh"
 
-// planName is the deterministic name of a node's Plan of one kind. SUC labels the node
-// plan.upgrade.cattle.io/<plan name>, so the name must fit a label key's 63 characters.
-func planName(kind planKind, node string) string {
-	name := fmt.Sprintf("capi-inplace-%s-%s", kind, node)
-	if len(name) <= 63 {
-		return name
+// planName is the deterministic name of one NodeUpdate's Plan of one kind:
+// capi-inplace-<kind>-<node>-<hash>, the hash taken of the node and the NodeUpdate's UID.
+// The NodeUpdate is in the name because SUC deletes a running Job when its Plan changes
+// (shared/facts/suc.md, facts 43 and 49): with Plans named per node only, a second
+// NodeUpdate for the same node, or one recreated under the same name, would rewrite the
+// first one's Plan and kill its upgrade half-way. The UID, not the name, so that a
+// recreated NodeUpdate never meets the Plans of its predecessor. SUC labels the node
+// plan.upgrade.cattle.io/<plan name>, so the name must fit a label key's 63 characters
+// (facts 25, 46): a long node name is shortened, and the hash, which covers it whole,
+// keeps names apart. The kind comes first; test/scenario reads it from there.
+func planName(kind planKind, nu *inplacev1.NodeUpdate) string {
+	sum := sha256.Sum256([]byte(nu.Spec.NodeName + "/" + string(nu.UID)))
+	suffix := "-" + hex.EncodeToString(sum[:])[:10]
+	base := fmt.Sprintf("capi-inplace-%s-%s", kind, nu.Spec.NodeName)
+	if len(base)+len(suffix) > 63 {
+		base = strings.TrimRight(base[:63-len(suffix)], "-.")
 	}
-	sum := sha256.Sum256([]byte(node))
-	return strings.TrimRight(name[:52], "-.") + "-" + hex.EncodeToString(sum[:])[:10]
+	return base + suffix
 }
 
 // planForNode builds the SUC Plan of one kind for the node of a NodeUpdate. The Plan
@@ -68,7 +77,7 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 	}
 	plan := &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        planName(kind, nu.Spec.NodeName),
+			Name:        planName(kind, nu),
 			Namespace:   spec.SystemUpgradeController.Namespace,
 			Labels:      map[string]string{LabelNodeUpdate: string(nu.UID), LabelPlanKind: string(kind)},
 			Annotations: map[string]string{AnnotationNode: nu.Spec.NodeName},

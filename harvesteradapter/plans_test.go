@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -32,19 +33,35 @@ func testNodeUpdate(node string) *inplacev1.NodeUpdate {
 }
 
 func TestPlanName(t *testing.T) {
-	if got := planName(planKubernetes, "node-1"); got != "capi-inplace-rke2-node-1" {
-		t.Errorf("planName = %q", got)
+	nu := testNodeUpdate("node-1")
+	got := planName(planKubernetes, nu)
+	if !strings.HasPrefix(got, "capi-inplace-rke2-node-1-") || len(got) != len("capi-inplace-rke2-node-1-")+10 {
+		t.Errorf("planName = %q, want capi-inplace-rke2-node-1-<10 hex digits>", got)
 	}
+	if got != planName(planKubernetes, testNodeUpdate("node-1")) {
+		t.Errorf("plan name is not deterministic")
+	}
+	other := testNodeUpdate("node-1")
+	other.UID = "5e2d1f7c-8a4b-4c3d-9e0f-1a2b3c4d5e6f"
+	if planName(planKubernetes, other) == got {
+		t.Errorf("two NodeUpdates of node-1 share the plan name %q", got)
+	}
+	if planName(planOS, nu) == got {
+		t.Errorf("two kinds share the plan name %q", got)
+	}
+
 	long := strings.Repeat("n", 80)
-	a, b := planName(planOS, long), planName(planOS, long+"x")
+	a, b := planName(planOS, testNodeUpdate(long)), planName(planOS, testNodeUpdate(long+"x"))
 	if len(a) > 63 || len(b) > 63 {
 		t.Errorf("names longer than a label key allows: %d, %d", len(a), len(b))
 	}
 	if a == b {
 		t.Errorf("two long node names gave the same plan name %q", a)
 	}
-	if a != planName(planOS, long) {
-		t.Errorf("plan name is not deterministic")
+	for _, name := range []string{got, a, b, planName(planPreload, testNodeUpdate("node-1.example.com"))} {
+		if errs := validation.IsQualifiedName("plan.upgrade.cattle.io/" + name); len(errs) > 0 {
+			t.Errorf("SUC's node label for plan %q is not a valid label key: %v", name, errs)
+		}
 	}
 }
 

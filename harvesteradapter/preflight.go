@@ -56,7 +56,7 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 	if err != nil {
 		return append(results, nodeupdater.CheckResult{Name: CheckLonghornV2SwapAvailable, Message: err.Error()})
 	}
-	return append(results, state.longhornChecks(target.NodeName, swap != nil, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
+	return append(results, state.longhornChecks(downSet{candidate: target.NodeName, disrupted: target.Disrupted, picked: target.Picked}, swap != nil, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
 }
 
 func sucInstalled(ctx context.Context, wc client.Client, suc harvesterv1.SystemUpgradeController) nodeupdater.CheckResult {

@@ -308,7 +308,7 @@ func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, 
 }
 
 func (u *Updater) skipOS(_ context.Context, r *nodeRun) (string, error) {
-	if p := r.cfg.Spec.UpgradeOS; p != nil && !*p {
+	if !upgradesOS(r.cfg) {
 		return "upgradeOS is false in the HarvesterUpgrader", nil
 	}
 	return "", nil
@@ -324,7 +324,7 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 		return false, "", err
 	}
 	want := "Harvester " + r.cfg.Spec.Release.Version
-	if !nodeReady(node) || node.Status.NodeInfo.OSImage != want {
+	if !nodeReady(node) || !osAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
 	}
 	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil
@@ -376,26 +376,58 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 	return true, fmt.Sprintf("node %s is in service; its Plans are removed", r.nu.Spec.NodeName), nil
 }
 
+// cleanup removes what the updater created for the node (its Plans and data engine
+// upgrade) and lifts the cordon its Plans may have left: SUC uncordons after a Job that
+// succeeded, not after one that failed (shared/facts/suc.md, facts 45 and 46). The Plans
+// go whether or not the node still exists.
 func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
-	node, err := u.node(ctx, r)
-	if err != nil {
+	if err := u.uncordonIfOurs(ctx, r); err != nil {
 		return err
-	}
-	if node.Spec.Unschedulable {
-		patch := client.MergeFrom(node.DeepCopy())
-		node.Spec.Unschedulable = false
-		if err := r.wc.Patch(ctx, node, patch); err != nil {
-			return fmt.Errorf("uncordon node %s: %w", node.Name, err)
-		}
 	}
 	if err := r.wc.DeleteAllOf(ctx, &sucv1.Plan{}, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace),
 		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete the Plans of node %s: %w", node.Name, err)
+		return fmt.Errorf("delete the Plans of node %s: %w", r.nu.Spec.NodeName, err)
 	}
 	if swap, err := chooseDataEngineSwap(r.wc); err != nil {
 		return err
 	} else if swap != nil {
 		return swap.Cleanup(ctx, r.wc, r.nu)
+	}
+	return nil
+}
+
+// cordoningSteps are the steps whose Plans cordon the node.
+var cordoningSteps = []string{StepKubernetesUpgrade, StepOSUpgrade}
+
+// uncordonIfOurs uncordons the node when one of the steps whose Plans cordon it has
+// started: only then can the cordon be ours. A node cordoned while the node was still in
+// an earlier step (the preflight does not pick a cordoned node) was cordoned by someone
+// else and stays so. A node that is gone has nothing to restore.
+func (u *Updater) uncordonIfOurs(ctx context.Context, r *nodeRun) error {
+	ours := false
+	for _, name := range cordoningSteps {
+		switch nodeupdater.StepState(r.nu, name) {
+		case inplacev1.StepStateRunning, inplacev1.StepStateSucceeded, inplacev1.StepStateFailed:
+			ours = true
+		}
+	}
+	if !ours {
+		return nil
+	}
+	node := &corev1.Node{}
+	if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("get node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	if !node.Spec.Unschedulable {
+		return nil
+	}
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Spec.Unschedulable = false
+	if err := r.wc.Patch(ctx, node, patch); err != nil {
+		return fmt.Errorf("uncordon node %s: %w", node.Name, err)
 	}
 	return nil
 }
@@ -468,7 +500,11 @@ func nodeReady(node *corev1.Node) bool {
 
 // Abort stops the node's upgrade at a safe point: it waits until no Job of this node's
 // Plans is running (an RKE2 or OS upgrade interrupted half-way could leave the node
-// unusable), then removes the Plans and the data engine upgrade and uncordons the node.
+// unusable), then removes the Plans and the data engine upgrade and uncordons the node
+// if its Plans may have cordoned it. A failed Job has ended: SUC keeps it until its TTL
+// and starts no other until the Plan changes (shared/facts/suc.md, facts 45 and 48), so
+// the Plans go at once. On a node that is gone nothing can be interrupted: its Plans go
+// without waiting.
 func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, error) {
 	r, err := u.prepare(ctx, nu)
 	if err != nil {
@@ -481,15 +517,11 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 	if err := r.wc.List(ctx, plans, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace), client.MatchingLabels{LabelNodeUpdate: string(nu.UID)}); err != nil {
 		return false, fmt.Errorf("list the Plans of node %s: %w", nu.Spec.NodeName, err)
 	}
-	for _, p := range plans.Items {
-		jobs := &batchv1.JobList{}
-		if err := r.wc.List(ctx, jobs, client.InNamespace(p.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": p.Name, "upgrade.cattle.io/node": nu.Spec.NodeName}); err != nil {
-			return false, fmt.Errorf("list jobs of plan %s: %w", p.Name, err)
-		}
-		for _, job := range jobs.Items {
-			if !jobFinished(&job) {
-				return false, nil
-			}
+	nodeGone := apierrors.IsNotFound(r.wc.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, &corev1.Node{}))
+	if !nodeGone {
+		running, err := planJobRunning(ctx, r.wc, nu.Spec.NodeName, plans.Items)
+		if err != nil || running {
+			return false, err
 		}
 	}
 	if err := u.cleanup(ctx, r); err != nil {
@@ -499,6 +531,22 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		return false, err
 	}
 	return true, nil
+}
+
+// planJobRunning reports whether a Job of one of plans runs on node.
+func planJobRunning(ctx context.Context, wc client.Client, node string, plans []sucv1.Plan) (bool, error) {
+	for _, p := range plans {
+		jobs := &batchv1.JobList{}
+		if err := wc.List(ctx, jobs, client.InNamespace(p.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": p.Name, "upgrade.cattle.io/node": node}); err != nil {
+			return false, fmt.Errorf("list jobs of plan %s: %w", p.Name, err)
+		}
+		for i := range jobs.Items {
+			if !jobFinished(&jobs.Items[i]) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 func jobFinished(job *batchv1.Job) bool {

@@ -192,8 +192,9 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(node.Spec.Unschedulable).To(BeFalse())
 		}
 		for _, kind := range []string{"preload", "rke2", "os"} {
-			for _, node := range c.nodes {
-				Expect(c.rec.RunsOf("capi-inplace-"+kind+"-"+node)).To(Equal(map[string]int{node: 1}), "plan %s ran once, on its node only", kind)
+			for _, nu := range results {
+				node := nu.Spec.NodeName
+				Expect(c.rec.RunsOf(harvesteradapter.PlanName(kind, nu))).To(Equal(map[string]int{node: 1}), "plan %s ran once, on its node only", kind)
 			}
 		}
 		Expect(c.rec.MaxDown()).To(Equal(1), "one node down at a time")
@@ -203,8 +204,8 @@ var _ = Describe("The Harvester updater", func() {
 	It("fails the Kubernetes step with the SUC Job's reason when the RKE2 upgrade fails on a node", func() {
 		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
 		node := c.nodes[0]
-		c.suc.FailNode("capi-inplace-rke2-"+node, node, "rke2 failed to start: etcd member not healthy")
 		nu := c.nodeUpdate(node)
+		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
 		err := drive(c.updater, nu, 30*time.Second)
 		Expect(err).To(HaveOccurred())
 		perm, ok := nodeupdater.AsPermanent(err)
@@ -214,7 +215,7 @@ var _ = Describe("The Harvester updater", func() {
 		Expect(step.State).To(Equal(inplacev1.StepStateFailed))
 		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: rke2 failed to start: etcd member not healthy"))
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStatePending), "nothing after the failed step runs")
-		Expect(c.rec.RunsOf("capi-inplace-os-" + node)).To(BeEmpty())
+		Expect(c.rec.RunsOf(harvesteradapter.PlanName("os", nu))).To(BeEmpty())
 	})
 
 	It("refuses a release the node's Harvester version cannot be upgraded to, before touching the node", func() {

@@ -474,11 +474,9 @@ func (s *Scenario) FailNode(node, message string) error {
 	if !ok {
 		return fmt.Errorf("no node or machine named %q; the nodes are %s", node, strings.Join(s.NodeNames(), ", "))
 	}
-	plan := "capi-inplace-os-" + n.Name
-	if len(plan) > 63 {
-		plan = "" // the updater shortens long Plan names; fail every Plan of the node instead
-	}
-	s.SUC.FailNode(plan, n.Name, message)
+	// The OS Plan's name carries the NodeUpdate, which does not exist yet: the Plan is
+	// found by the kind the updater labels it with.
+	s.SUC.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "os"}, n.Name, message)
 	return nil
 }
 

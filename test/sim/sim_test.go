@@ -156,4 +156,22 @@ var _ = Describe("The SUC simulator", func() {
 		Expect(c.rec.RunsOf("rke2")).To(Equal(map[string]int{node: 1}), "only the selected node runs, and only once")
 		Consistently(func() int { return len(c.rec.Runs()) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "a failed Job is not retried for the same hash")
 	})
+
+	It("fails a node's Job of the Plans carrying the given labels, and only of those", func() {
+		c := newCluster(1)
+		node := c.pool + "-node-1"
+		c.suc.FailNodeLabelled(map[string]string{"example.com/kind": "os"}, node, "elemental upgrade failed")
+		labelled := func(name, kind string) *sucv1.Plan {
+			p := &sucv1.Plan{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns, Labels: map[string]string{"example.com/kind": kind}},
+				Spec: sucv1.PlanSpec{Concurrency: 1, NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelHostname: node}},
+					Version: "v1.33.3+rke2r1", Upgrade: &sucv1.ContainerSpec{Image: "rancher/rke2-upgrade"}},
+			}
+			Expect(env.Client.Create(ctx, p)).To(Succeed())
+			return p
+		}
+		rke2, osPlan := labelled("upgrade-rke2-"+c.pool, "rke2"), labelled("upgrade-os-"+c.pool, "os")
+		Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/"))
+		Eventually(planComplete(osPlan), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+	})
 })

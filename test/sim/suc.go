@@ -60,9 +60,10 @@ type SUC struct {
 	// rebooted it), or "" for a Plan that does not change it. Default: DefaultOSImage.
 	OSImage func(*sucv1.Plan) string
 
-	mu    sync.Mutex
-	fails map[string]string
-	runs  map[string]int // job name -> index in Record
+	mu            sync.Mutex
+	fails         map[string]string
+	labelledFails []labelledFailure
+	runs          map[string]int // job name -> index in Record
 }
 
 // DefaultKubeletVersion is the Plan's version when its upgrade image is an rke2-upgrade
@@ -102,11 +103,31 @@ func (s *SUC) FailNode(plan, node, message string) {
 	s.fails[plan+"/"+node] = message
 }
 
-func (s *SUC) failure(plan, node string) (string, bool) {
+// labelledFailure is a failure told by FailNodeLabelled.
+type labelledFailure struct {
+	planLabels    labels.Set
+	node, message string
+}
+
+// FailNodeLabelled makes the Jobs on node of every Plan whose labels include planLabels
+// fail with message, as FailNode does for a named Plan. It is for Plans whose names a
+// test cannot know in advance, such as names that carry the NodeUpdate they belong to.
+func (s *SUC) FailNodeLabelled(planLabels map[string]string, node, message string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if m, ok := s.fails[plan+"/"+node]; ok {
+	s.labelledFails = append(s.labelledFails, labelledFailure{planLabels: labels.Set(planLabels), node: node, message: message})
+}
+
+func (s *SUC) failure(plan *sucv1.Plan, node string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.fails[plan.Name+"/"+node]; ok {
 		return m, true
+	}
+	for _, f := range s.labelledFails {
+		if f.node == node && labels.SelectorFromSet(f.planLabels).Matches(labels.Set(plan.Labels)) {
+			return f.message, true
+		}
 	}
 	m, ok := s.fails["/"+node]
 	return m, ok
@@ -283,7 +304,7 @@ func (s *SUC) startRun(ctx context.Context, plan *sucv1.Plan, node, hash string)
 }
 
 func (s *SUC) finishRun(ctx context.Context, plan *sucv1.Plan, job *batchv1.Job, node, hash string) error {
-	message, fail := s.failure(plan.Name, node)
+	message, fail := s.failure(plan, node)
 	if takesNodeDown(plan) {
 		if !fail {
 			v, osImage := s.kubeletVersion(plan), s.osImage(plan)

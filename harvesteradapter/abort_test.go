@@ -1,0 +1,89 @@
+package harvesteradapter_test
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// abortUntilDone calls Abort the way the NodeUpdate reconciler does, until it is done.
+func abortUntilDone(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
+	GinkgoHelper()
+	Eventually(func() bool {
+		done, err := c.updater.Abort(ctx, nu)
+		Expect(err).NotTo(HaveOccurred())
+		return done
+	}, 20*time.Second, 50*time.Millisecond).Should(BeTrue())
+}
+
+// expectNoPlanOf asserts that no Plan of the NodeUpdate is left, by its label or by the
+// names the updater gives its Plans.
+func expectNoPlanOf(nu *inplacev1.NodeUpdate) {
+	GinkgoHelper()
+	Expect(plansOf(nu)).To(BeEmpty())
+	for _, kind := range []string{"preload", "rke2", "os"} {
+		err := workload.Client.Get(ctx, client.ObjectKey{Namespace: "cattle-system", Name: harvesteradapter.PlanName(kind, nu)}, &sucv1.Plan{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Plan %s: %v", kind, err)
+	}
+}
+
+func unschedulable(node string) bool {
+	GinkgoHelper()
+	n := &corev1.Node{}
+	Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+	return n.Spec.Unschedulable
+}
+
+var _ = Describe("Aborting a node that failed", func() {
+	It("after a failed SUC Job removes every Plan of the NodeUpdate and uncordons the node SUC left cordoned", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
+		err := drive(c.updater, nu, 30*time.Second)
+		perm, ok := nodeupdater.AsPermanent(err)
+		Expect(ok).To(BeTrue(), "%v", err)
+		Expect(perm.Reason).To(Equal("PlanJobFailed"))
+		Expect(plansOf(nu)).To(HaveLen(2), "the preload Plan that succeeded and the RKE2 Plan whose Job failed")
+		Expect(unschedulable(node)).To(BeTrue(), "SUC uncordons only after a Job that succeeded (shared/facts/suc.md, facts 45, 46)")
+
+		abortUntilDone(c, nu)
+		expectNoPlanOf(nu)
+		Expect(unschedulable(node)).To(BeFalse())
+	})
+
+	It("whose node is gone still removes every Plan of the NodeUpdate", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		reconcileUntilPlan(c, nu)
+		Expect(workload.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})).To(Succeed())
+
+		abortUntilDone(c, nu)
+		expectNoPlanOf(nu)
+	})
+
+	It("before any step that cordons keeps a cordon someone else set meanwhile", func() {
+		c := newHarvesterCluster(1, "Harvester v1.4.2", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(c.kubelet.SetUnschedulable(ctx, node, true)).To(Succeed(), "an operator cordons the node for work of their own")
+		Expect(drive(c.updater, nu, 10*time.Second)).To(MatchError(ContainSubstring("installs only over v1.5.0 or newer")))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending))
+
+		abortUntilDone(c, nu)
+		Expect(unschedulable(node)).To(BeTrue(), "the updater never cordoned the node, so it does not uncordon it")
+	})
+})
