@@ -328,7 +328,14 @@ var _ = Describe("every failure path is observable", func() {
 		}),
 		Entry("the task cannot create a machine's NodeUpdate (its name is taken): a reconcile error", faultCase{
 			arrange: func(f *faultWorld) {
-				f.nodeUpdate(upgraderequest.NodeUpdateName("upgrade", f.machine), "NoSuchUpgrader/default")
+				// An ended hand-made NodeUpdate: a running one would hold the machine instead
+				// (a machine another NodeUpdate upgrades is never started).
+				name := upgraderequest.NodeUpdateName("upgrade", f.machine)
+				f.nodeUpdate(name, "NoSuchUpgrader/default")
+				nu := &inplacev1.NodeUpdate{}
+				Expect(k8s.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: name}, nu)).To(Succeed())
+				nu.Status.Phase = inplacev1.NodeUpdatePhaseFailed
+				Expect(k8s.Status().Update(ctx, nu)).To(Succeed())
 			},
 			act:        func(f *faultWorld) { f.task("ConfigMap/updater") },
 			underlying: "exists and belongs to another owner",
