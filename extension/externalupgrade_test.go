@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -83,6 +84,35 @@ func (w *world) withDefault(ref string) *world {
 	return w
 }
 
+// controlPlaneRuns records that every control plane machine reached v in place, so that
+// workers may follow (no kubelet newer than the control plane).
+func (w *world) controlPlaneRuns(v string) {
+	GinkgoHelper()
+	for _, m := range w.cps {
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			got := &clusterv1.Machine{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+				return err
+			}
+			if got.Annotations == nil {
+				got.Annotations = map[string]string{}
+			}
+			got.Annotations[inplacev1.UpgradeReleaseAnnotation] = v
+			return k8s.Update(ctx, got)
+		})).To(Succeed())
+	}
+}
+
+// phases maps each UpgradeTask of the namespace to what its spec asks (Ongoing, Abort).
+func (w *world) phases() map[string]inplacev1.TaskAction {
+	GinkgoHelper()
+	out := map[string]inplacev1.TaskAction{}
+	for _, t := range w.tasks() {
+		out[t.Name] = t.Spec.Phase
+	}
+	return out
+}
+
 func (w *world) mdRequest(version string) *hooksv1.ExternalUpgradeRequestRequest {
 	return &hooksv1.ExternalUpgradeRequestRequest{
 		Cluster:              clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "harvester"}},
@@ -126,6 +156,7 @@ var annotated = map[string]string{inplacev1.UpdaterAnnotation: updaterAnnotation
 var _ = Describe("ExternalUpgradeRequest", func() {
 	It("accepts a valid request with the created UpgradeTask, and the same request twice creates one task", func() {
 		w := newWorld(annotated)
+		w.controlPlaneRuns("v1.34.1+rke2r1")
 		req := w.mdRequest("v1.34.1+rke2r1")
 		req.Options = hooksv1.UpgradeOptions{MaxUnavailable: ptr.To(intstr.FromInt32(2)), PauseNodes: []string{"n1"}}
 		resp := w.call(req)
@@ -153,6 +184,7 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 
 	It("creates one task when the same request arrives several times at once", func() {
 		w := newWorld(annotated)
+		w.controlPlaneRuns("v1.34.1+rke2r1")
 		names := make(chan string, 5)
 		var wg sync.WaitGroup
 		for range 5 {
@@ -178,10 +210,11 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 
 	It("aborts the older unfinished task of the same target when a new request comes, and leaves other targets alone", func() {
 		w := newWorld(annotated)
+		By("the workers may ask for the version a live task upgrades the control plane to")
+		cp := w.call(w.cpRequest("v1.34.2+rke2r1"))
+		Expect(cp.Decision).To(Equal(hooksv1.DecisionAccept), cp.Message)
 		first := w.call(w.mdRequest("v1.34.1+rke2r1"))
-		Expect(first.Decision).To(Equal(hooksv1.DecisionAccept))
-		cp := w.call(w.cpRequest("v1.34.1+rke2r1"))
-		Expect(cp.Decision).To(Equal(hooksv1.DecisionAccept))
+		Expect(first.Decision).To(Equal(hooksv1.DecisionAccept), first.Message)
 
 		second := w.call(w.mdRequest("v1.34.2+rke2r1"))
 		Expect(second.Decision).To(Equal(hooksv1.DecisionAccept))
@@ -200,6 +233,7 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 
 	It("retries the same request under a new name once its task failed", func() {
 		w := newWorld(annotated)
+		w.controlPlaneRuns("v1.34.1+rke2r1")
 		first := w.call(w.mdRequest("v1.34.1+rke2r1"))
 		t := &inplacev1.UpgradeTask{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: first.UpgradeTaskName}, t)).To(Succeed())
@@ -214,6 +248,7 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 
 	It("takes the updater from the request, then from --default-updater, when the Cluster names none", func() {
 		w := newWorld(nil)
+		w.controlPlaneRuns("v1.34.1+rke2r1")
 		req := w.mdRequest("v1.34.1+rke2r1")
 		req.UpdaterRef = &inplacev1.UpdaterReference{Kind: "ConfigMap", Name: "upgrader"}
 		Expect(w.call(req).Decision).To(Equal(hooksv1.DecisionAccept))
@@ -261,6 +296,67 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 			},
 			func(*world) string {
 				return "version v1.34.1+rke2r1 is older than v1.34.2+rke2r1, which machine workers-2 already runs: in-place downgrades are not supported"
+			}),
+		Entry("a downgrade of the distribution's build (+rke2rN ordered by N)", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest { return w.mdRequest("v1.33.3+rke2r0") },
+			func(*world) string {
+				return "version v1.33.3+rke2r0 is older than v1.33.3+rke2r1, which machine workers-1 already runs: in-place downgrades are not supported"
+			}),
+		Entry("a downgrade of a control plane's K3s build", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest {
+				for _, m := range w.cps {
+					got := &clusterv1.Machine{}
+					Expect(k8s.Get(ctx, client.ObjectKeyFromObject(m), got)).To(Succeed())
+					got.Annotations = map[string]string{inplacev1.UpgradeReleaseAnnotation: "v1.33.3+k3s10"}
+					Expect(k8s.Update(ctx, got)).To(Succeed())
+				}
+				return w.cpRequest("v1.33.3+k3s9")
+			},
+			func(*world) string {
+				return "version v1.33.3+k3s9 is older than v1.33.3+k3s10, which machine cp-1 already runs: in-place downgrades are not supported"
+			}),
+		Entry("build metadata that has no order", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest { return w.mdRequest("v1.33.3+foo") },
+			func(*world) string {
+				return "version v1.33.3+foo and v1.33.3+rke2r1, which machine workers-1 runs, cannot be ordered: they differ only in build metadata (+foo and +rke2r1), which has no order: capi-inplace orders only +rke2rN and +k3sN, by N, between two versions of the same form. Ask for a version with a higher MAJOR.MINOR.PATCH, or for the machine's build form with a higher N (for example v1.33.3+rke2r2)"
+			}),
+		Entry("build metadata dropped", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest { return w.mdRequest("v1.33.3") },
+			func(*world) string {
+				return "version v1.33.3 and v1.33.3+rke2r1, which machine workers-1 runs, cannot be ordered: they differ only in build metadata (none and +rke2r1), which has no order: capi-inplace orders only +rke2rN and +k3sN, by N, between two versions of the same form. Ask for a version with a higher MAJOR.MINOR.PATCH, or for the machine's build form with a higher N (for example v1.33.3+rke2r2)"
+			}),
+		Entry("workers newer than the control plane", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest { return w.mdRequest("v1.34.1+rke2r1") },
+			func(w *world) string {
+				return fmt.Sprintf("version v1.34.1+rke2r1 is newer than v1.33.3+rke2r1, which control plane machine cp-1 of Cluster %s/harvester runs, and no UpgradeTask upgrades KubeadmControlPlane cp to v1.34.1+rke2r1 or newer: a worker's kubelet must never be newer than its control plane. Upgrade the control plane first (or annotate the Cluster with inplace.cluster.x-k8s.io/in-place-upgrade-to, which upgrades the control plane, then the workers)", w.ns)
+			}),
+		Entry("one worker machine newer than the control plane", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest {
+				w.controlPlaneRuns("v1.34.0+rke2r1")
+				req := w.mdRequest("v1.34.1+rke2r1")
+				req.MachinesRequiringUpgrade = []string{"workers-2"}
+				return req
+			},
+			func(w *world) string {
+				return fmt.Sprintf("version v1.34.1+rke2r1 is newer than v1.34.0+rke2r1, which control plane machine cp-1 of Cluster %s/harvester runs, and no UpgradeTask upgrades KubeadmControlPlane cp to v1.34.1+rke2r1 or newer: a worker's kubelet must never be newer than its control plane. Upgrade the control plane first (or annotate the Cluster with inplace.cluster.x-k8s.io/in-place-upgrade-to, which upgrades the control plane, then the workers)", w.ns)
+			}),
+		Entry("a control plane with maxUnavailable 2", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest {
+				req := w.cpRequest("v1.34.1+rke2r1")
+				req.Options.MaxUnavailable = ptr.To(intstr.FromInt32(2))
+				return req
+			},
+			func(*world) string {
+				return "maxUnavailable 2 would let 2 of the 3 machines of KubeadmControlPlane cp be upgraded at once: capi-inplace upgrades a control plane one node at a time, so that etcd and the API servers keep quorum. Set maxUnavailable to 1 or leave it out"
+			}),
+		Entry("a control plane with maxUnavailable 67%", annotated,
+			func(w *world) *hooksv1.ExternalUpgradeRequestRequest {
+				req := w.cpRequest("v1.34.1+rke2r1")
+				req.Options.MaxUnavailable = ptr.To(intstr.FromString("67%"))
+				return req
+			},
+			func(*world) string {
+				return "maxUnavailable 67% would let 2 of the 3 machines of KubeadmControlPlane cp be upgraded at once: capi-inplace upgrades a control plane one node at a time, so that etcd and the API servers keep quorum. Set maxUnavailable to 1 or leave it out"
 			}),
 		Entry("a control plane skipping a minor version", annotated,
 			func(w *world) *hooksv1.ExternalUpgradeRequestRequest { return w.cpRequest("v1.35.0+rke2r1") },
@@ -340,6 +436,7 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 
 	It("declines when a task of another origin holds the name the request would get", func() {
 		w := newWorld(annotated)
+		w.controlPlaneRuns("v1.34.1+rke2r1")
 		first := w.call(w.mdRequest("v1.34.1+rke2r1"))
 		Expect(first.Decision).To(Equal(hooksv1.DecisionAccept))
 		t := &inplacev1.UpgradeTask{}
@@ -355,8 +452,83 @@ var _ = Describe("ExternalUpgradeRequest", func() {
 			fmt.Sprintf("UpgradeTask %s/%s exists and was not created by this request; delete it or rename it", w.ns, first.UpgradeTaskName))
 	})
 
+	It("accepts a control plane at maxUnavailable 1 or a percentage that is one node, and a worker's maxUnavailable above 1", func() {
+		w := newWorld(annotated)
+		for _, mu := range []intstr.IntOrString{intstr.FromInt32(1), intstr.FromString("50%")} {
+			req := w.cpRequest("v1.34.1+rke2r1")
+			req.Options.MaxUnavailable = ptr.To(mu)
+			resp := w.call(req)
+			Expect(resp.Decision).To(Equal(hooksv1.DecisionAccept), "%s: %s", mu.String(), resp.Message)
+		}
+		w.controlPlaneRuns("v1.34.1+rke2r1")
+		req := w.mdRequest("v1.34.1+rke2r1")
+		req.Options.MaxUnavailable = ptr.To(intstr.FromInt32(3))
+		resp := w.call(req)
+		Expect(resp.Decision).To(Equal(hooksv1.DecisionAccept), resp.Message)
+	})
+
+	It("declines a control plane maxUnavailable above 1 without aborting the live task of that control plane", func() {
+		w := newWorld(annotated)
+		first := w.call(w.cpRequest("v1.34.1+rke2r1"))
+		Expect(first.Decision).To(Equal(hooksv1.DecisionAccept), first.Message)
+		before := w.phases()
+		req := w.cpRequest("v1.34.2+rke2r1")
+		req.Options.MaxUnavailable = ptr.To(intstr.FromInt32(3))
+		resp := w.call(req)
+		expectDecline(resp, "maxUnavailable 3 would let 3 of the 3 machines of KubeadmControlPlane cp be upgraded at once: capi-inplace upgrades a control plane one node at a time, so that etcd and the API servers keep quorum. Set maxUnavailable to 1 or leave it out")
+		Expect(resp.Reason).To(Equal("ControlPlaneMaxUnavailable"))
+		Expect(w.phases()).To(Equal(before), "a refused request creates and aborts nothing")
+		Expect(before).To(Equal(map[string]inplacev1.TaskAction{first.UpgradeTaskName: inplacev1.TaskActionOngoing}))
+	})
+
+	It("declines workers newer than the control plane with reason VersionSkew, and changes nothing", func() {
+		w := newWorld(annotated)
+		By("a live task upgrading the control plane to an older version than the workers' does not count")
+		cp := w.call(w.cpRequest("v1.34.0+rke2r1"))
+		Expect(cp.Decision).To(Equal(hooksv1.DecisionAccept), cp.Message)
+		before := w.phases()
+		resp := w.call(w.mdRequest("v1.34.1+rke2r1"))
+		Expect(resp.Decision).To(Equal(hooksv1.DecisionDecline), resp.Message)
+		Expect(resp.Reason).To(Equal(inplacev1.VersionSkewReason))
+		Expect(w.phases()).To(Equal(before), "a refused request creates and aborts nothing")
+
+		By("neither does a dry run of the control plane's upgrade")
+		dry := w.cpRequest("v1.34.1+rke2r1")
+		dry.Options.DryRun = true
+		Expect(w.call(dry).Decision).To(Equal(hooksv1.DecisionAccept))
+		before = w.phases()
+		resp = w.call(w.mdRequest("v1.34.1+rke2r1"))
+		Expect(resp.Reason).To(Equal(inplacev1.VersionSkewReason), resp.Message)
+		Expect(w.phases()).To(Equal(before))
+	})
+
+	It("counts a Planned dry run as live: the same request finds it, a newer request aborts it", func() {
+		w := newWorld(annotated)
+		w.controlPlaneRuns("v1.34.2+rke2r1")
+		dry := w.mdRequest("v1.34.1+rke2r1")
+		dry.Options.DryRun = true
+		first := w.call(dry)
+		Expect(first.Decision).To(Equal(hooksv1.DecisionAccept), first.Message)
+		t := &inplacev1.UpgradeTask{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: first.UpgradeTaskName}, t)).To(Succeed())
+		t.Status.Phase = inplacev1.TaskPhasePlanned
+		Expect(k8s.Status().Update(ctx, t)).To(Succeed())
+
+		again := w.call(w.mdRequestWith(dry))
+		Expect(again.UpgradeTaskName).To(Equal(first.UpgradeTaskName), "the same dry run again is the same task")
+		Expect(w.tasks()).To(HaveLen(1))
+
+		second := w.call(w.mdRequest("v1.34.2+rke2r1"))
+		Expect(second.Decision).To(Equal(hooksv1.DecisionAccept), second.Message)
+		Expect(w.phases()).To(Equal(map[string]inplacev1.TaskAction{
+			first.UpgradeTaskName:  inplacev1.TaskActionAbort,
+			second.UpgradeTaskName: inplacev1.TaskActionOngoing,
+		}))
+	})
+
 	It("aborts the older task even when it declines the new request", func() {
 		w := newWorld(annotated)
+		w.controlPlaneRuns("v1.34.1+rke2r1")
 		first := w.call(w.mdRequest("v1.34.1+rke2r1"))
 		Expect(first.Decision).To(Equal(hooksv1.DecisionAccept))
 		resp := w.call(w.mdRequest("v1.32.0"))

@@ -9,16 +9,22 @@ import (
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/version"
+
+	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 )
 
 // FuzzJudgeVersion checks the in-place verdict on a version change for any pair of
-// strings: no panic, and a covered change is always a real upgrade by semantic version
-// (build metadata included), never decided by comparing strings.
+// strings: no panic, and a covered change is always a real upgrade by kubeversion.Compare
+// (build metadata included: +rke2rN and +k3sN by N, any other build difference never),
+// never decided by comparing strings.
 func FuzzJudgeVersion(f *testing.F) {
 	for _, seed := range [][2]string{
 		{"v1.33.3+rke2r1", "v1.34.1+rke2r1"}, {"v1.34.1+rke2r1", "v1.33.3+rke2r1"},
 		{"v1.9.0", "v1.10.0"}, {"v1.10.0", "v1.9.0"}, {"v1.33.3+rke2r1", "v1.33.3+rke2r2"},
 		{"v1.33.3", "1.34"}, {"", "v1.2.3"}, {"v1.33.3-rc.1", "v1.33.3"}, {"v1.33.3", "v1.35.0"},
+		{"v1.33.3+rke2r2", "v1.33.3+rke2r1"}, {"v1.33.3+rke2r9", "v1.33.3+rke2r10"}, {"v1.33.3+k3s2", "v1.33.3+k3s1"},
+		{"v1.33.3+foo", "v1.33.3+bar"}, {"v1.33.3", "v1.33.3+rke2r1"}, {"v1.33.3+rke2r1", "v1.33.3"},
+		{"v1.33.3+rke2r1", "v1.33.3+k3s1"}, {"v1.33.3+rke2r1", "v1.33.3+rke2r01"},
 	} {
 		f.Add(seed[0], seed[1], true)
 		f.Add(seed[0], seed[1], false)
@@ -44,6 +50,11 @@ func FuzzJudgeVersion(f *testing.F) {
 		}
 		if want.LessThan(cur) {
 			t.Fatalf("covered a downgrade %q -> %q", current, desired)
+		}
+		if want.EqualTo(cur) && want.BuildMetadata() != cur.BuildMetadata() {
+			if order, err := kubeversion.Compare(want, cur); err != nil || order <= 0 {
+				t.Fatalf("covered a build change that is not an upgrade: %q -> %q (order %d, %v)", current, desired, order, err)
+			}
 		}
 		if controlPlane && (want.Major() != cur.Major() || want.Minor() > cur.Minor()+1) {
 			t.Fatalf("covered a control plane minor skip %q -> %q", current, desired)

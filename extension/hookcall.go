@@ -30,6 +30,10 @@ const (
 	HookReasonHandOverFailed = "HandOverFailed"
 	// HookReasonNodeUpdateFailed: the machine's NodeUpdate failed; the answer carries its error.
 	HookReasonNodeUpdateFailed = "NodeUpdateFailed"
+	// HookReasonNotMarked: UpdateMachine's machine lacks Cluster API's in-place update marks.
+	HookReasonNotMarked = "NotMarked"
+	// HookReasonTaskCompleted: the machine's task completed without upgrading it.
+	HookReasonTaskCompleted = "TaskCompleted"
 	// HookReasonPanic: the handler panicked (a bug); the manager's log has the stack.
 	HookReasonPanic = "Panic"
 )

@@ -4,18 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimecatalog "sigs.k8s.io/cluster-api/api/runtime/catalog"
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
@@ -304,11 +308,15 @@ func updaterFromSettings(settings map[string]string) (*inplacev1.UpdaterReferenc
 // place, and calls again until the answer is done or failed. The machine's spec already
 // carries the desired version (Cluster API writes it before it calls).
 //
+// Only a machine Cluster API marked for an in-place update (update-in-progress, and
+// UpdateMachine pending) is considered; any other answers Failure and changes nothing.
 // The first calls find or create the externally paced UpgradeTask of the machine's control
 // plane or MachineDeployment and hand the machine over; the task controller creates its
 // NodeUpdate once preflight allows. Later calls answer from that NodeUpdate: retry while it
-// runs, done when it succeeded, Failure with the node's own error when it failed. Repeated
-// calls change nothing more.
+// runs, done when it succeeded, Failure with the node's own error when it failed. A machine
+// already at the version is done without a task; a machine is handed to one task per
+// version; a node upgrade that an annotation or an ExternalUpgradeRequest started on the
+// same target is waited for, never aborted. Repeated calls change nothing more.
 func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.UpdateMachineRequest, resp *runtimehooksv1.UpdateMachineResponse) {
 	call := startHook(ctx, "UpdateMachine", resp)
 	defer call.end()
@@ -342,6 +350,11 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 		call.fail(upgraderequest.ReasonNotPartOfCluster, failuref("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
 		return
 	}
+	if !markedForUpdate(machine) {
+		call.fail(HookReasonNotMarked, failuref("Machine %s/%s is not marked for an in-place update by Cluster API: it needs the annotation %s and %s in its %s annotation, which Cluster API sets before it calls this hook; capi-inplace changed nothing",
+			machine.Namespace, machine.Name, clusterv1.UpdateInProgressAnnotation, updateMachineHook, runtimev1.PendingHooksAnnotation))
+		return
+	}
 	version := desired.Spec.Version
 
 	// Steady state: the machine's NodeUpdate for this version answers.
@@ -367,19 +380,62 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 		call.fail(upgraderequest.ReasonInvalidUpdater, err)
 		return
 	}
+	done, err := h.atTarget(ctx, machine, target, version, req.Settings)
+	if err != nil {
+		call.fail(HookReasonAPIError, err)
+		return
+	}
+	if done {
+		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+		resp.SetRetryAfterSeconds(0)
+		resp.SetMessage(fmt.Sprintf("Machine %s/%s already runs %s: nothing to update in place", machine.Namespace, machine.Name, version))
+		return
+	}
+	handed, err := h.handedTo(ctx, machine, version)
+	if err != nil {
+		call.fail(HookReasonAPIError, err)
+		return
+	}
+	switch {
+	case handed != nil && upgraderequest.IsLive(handed):
+		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+		resp.SetRetryAfterSeconds(retryWhileWaiting)
+		resp.SetMessage(waitingMessage(handed, machine.Name))
+		return
+	case handed != nil && handed.Status.Phase == inplacev1.TaskPhaseCompleted:
+		// Another task would judge the machine as this one did; handing it over again
+		// would only repeat that, one task after another.
+		call.fail(HookReasonTaskCompleted, fmt.Errorf("UpgradeTask %s/%s completed without upgrading Machine %s, whose node does not run %s yet: capi-inplace does not hand a machine to a second task for the same version. See the task's status; delete the task to hand the machine over again",
+			handed.Namespace, handed.Name, machine.Name, version))
+		return
+	}
+
+	// Cluster API paces the machines (maxUnavailable, maxSurge, KCP one at a time); the
+	// task's own checks still hold a node that is not safe to start. A control plane
+	// task says 1 all the same: a control plane is upgraded one node at a time.
+	maxUnavailable := intstr.FromString("100%")
+	if target.IsControlPlane() {
+		maxUnavailable = intstr.FromInt32(1)
+	}
 	decision, err := h.Requester.Request(ctx, upgraderequest.Request{
-		Namespace:   machine.Namespace,
-		ClusterName: machine.Spec.ClusterName,
-		Target:      target,
-		Version:     version,
-		UpdaterRef:  fromSettings,
-		Pacing:      inplacev1.PacingExternal,
-		// Cluster API paces the machines (maxUnavailable, maxSurge, KCP one at a time);
-		// the task's own checks still hold a node that is not safe to start.
-		MaxUnavailable: ptrTo(intstr.FromString("100%")),
+		Namespace:        machine.Namespace,
+		ClusterName:      machine.Spec.ClusterName,
+		Target:           target,
+		Version:          version,
+		UpdaterRef:       fromSettings,
+		Pacing:           inplacev1.PacingExternal,
+		MaxUnavailable:   &maxUnavailable,
+		KeepRunningNodes: true,
 	})
 	if err != nil {
 		call.fail(HookReasonAPIError, fmt.Errorf("could not hand Machine %s/%s over: %w", machine.Namespace, machine.Name, err))
+		return
+	}
+	if w := decision.Wait; w != nil {
+		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
+		resp.SetRetryAfterSeconds(retryWhileWaiting)
+		resp.SetMessage(fmt.Sprintf("waiting for UpgradeTask %s/%s (%s) to finish node %s (NodeUpdate %s): capi-inplace never aborts a node upgrade in progress; Machine %s is handed over once none of that task's NodeUpdates runs",
+			machine.Namespace, w.Task, pacedBy(w.Pacing), w.Node, w.NodeUpdate, machine.Name))
 		return
 	}
 	if !decision.Accepted {
@@ -394,6 +450,92 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
 	resp.SetRetryAfterSeconds(retryWhileWaiting)
 	resp.SetMessage(waitingMessage(task, machine.Name))
+}
+
+// updateMachineHook is the name Cluster API lists in a Machine's pending-hooks annotation
+// when it wants UpdateMachine called.
+var updateMachineHook = runtimecatalog.HookName(runtimehooksv1.UpdateMachine)
+
+// markedForUpdate reports whether Cluster API marked the machine for an in-place update,
+// as its Machine controller requires before it calls UpdateMachine
+// (shared/facts/capi-inplace-updates.md, E.16-19): the update-in-progress annotation, and
+// UpdateMachine in the comma-separated pending-hooks annotation.
+func markedForUpdate(m *clusterv1.Machine) bool {
+	if _, ok := m.Annotations[clusterv1.UpdateInProgressAnnotation]; !ok {
+		return false
+	}
+	for _, hook := range strings.Split(m.Annotations[runtimev1.PendingHooksAnnotation], ",") {
+		if strings.TrimSpace(hook) == updateMachineHook {
+			return true
+		}
+	}
+	return false
+}
+
+// atTarget reports whether the machine already runs version as its updater upgrades it
+// (upgraderequest.AtTarget). A cluster whose updater cannot be resolved, or a version
+// that does not parse, is not at target here: the Requester then declines with the reason.
+func (h *InPlaceHooks) atTarget(ctx context.Context, machine *clusterv1.Machine, target upgraderequest.Target, v string, settings map[string]string) (bool, error) {
+	want, err := utilversion.ParseSemantic(v)
+	if err != nil {
+		return false, nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("read Cluster %s/%s of Machine %s: %w", machine.Namespace, machine.Spec.ClusterName, machine.Name, err)
+	}
+	ref, _, err := h.resolveUpdater(cluster, settings)
+	if err != nil {
+		return false, nil
+	}
+	at, why, err := upgraderequest.AtTarget(ctx, h.Registry, nodeupdater.PreflightTarget{
+		Namespace: machine.Namespace, ClusterName: machine.Spec.ClusterName, MachineName: machine.Name,
+		NodeName: machine.Status.NodeRef.Name, Version: v, UpdaterRef: ref, ControlPlane: target.IsControlPlane(),
+	}, machine, want)
+	if err != nil {
+		return false, fmt.Errorf("ask updater %s whether the node of Machine %s/%s runs %s: %w", ref, machine.Namespace, machine.Name, v, err)
+	}
+	if !at && why != "" {
+		ctrl.LoggerFrom(ctx).V(4).Info("machine not at target", "why", why)
+	}
+	return at, nil
+}
+
+// handedTo returns the externally paced task of version the machine was handed to, the
+// newest first, or nil. A machine is handed to one task per version: while that task is
+// live it answers for the machine, and once it completed another would judge the machine
+// the same way. A failed or aborted task lets the next attempt take the machine.
+func (h *InPlaceHooks) handedTo(ctx context.Context, machine *clusterv1.Machine, v string) (*inplacev1.UpgradeTask, error) {
+	list := &inplacev1.UpgradeTaskList{}
+	if err := h.Client.List(ctx, list, client.InNamespace(machine.Namespace), client.MatchingLabels{inplacev1.ClusterNameLabel: machine.Spec.ClusterName}); err != nil {
+		return nil, fmt.Errorf("list UpgradeTasks of Cluster %s/%s: %w", machine.Namespace, machine.Spec.ClusterName, err)
+	}
+	var found *inplacev1.UpgradeTask
+	for i := range list.Items {
+		t := &list.Items[i]
+		if t.Spec.Pacing != inplacev1.PacingExternal || t.Spec.Version != v || !slices.Contains(t.Spec.Machines, machine.Name) {
+			continue
+		}
+		if !upgraderequest.IsLive(t) && t.Status.Phase != inplacev1.TaskPhaseCompleted {
+			continue
+		}
+		// A live task answers before a completed one.
+		if found == nil || (upgraderequest.IsLive(t) && !upgraderequest.IsLive(found)) {
+			found = t
+		}
+	}
+	return found, nil
+}
+
+// pacedBy says, in a message, who paces a task and so which path asked for it.
+func pacedBy(p inplacev1.Pacing) string {
+	if p == inplacev1.PacingExternal {
+		return "paced by Cluster API"
+	}
+	return "paced by capi-inplace: an in-place-upgrade-to annotation or an ExternalUpgradeRequest"
 }
 
 // latestNodeUpdate returns the newest NodeUpdate of the machine for version, or nil.
@@ -516,8 +658,6 @@ func firstNonEmpty(values ...string) string {
 	}
 	return ""
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 func groupOf(apiVersion string) string {
 	gv, err := schema.ParseGroupVersion(apiVersion)

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,8 +26,11 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimecatalog "sigs.k8s.io/cluster-api/api/runtime/catalog"
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
+	hooksv1 "github.com/capi-inplace/capi-inplace/api/hooks/v1alpha1"
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
@@ -308,10 +312,18 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 			`capi-inplace cannot do this change in place: the desired version "1.34" is not a valid semantic version (MAJOR.MINOR.PATCH, for example v1.33.3+rke2r1); Cluster API rolls it out by replacing machines`),
 		Entry("a downgrade that string comparison would call an upgrade", "v1.10.0", "v1.9.0",
 			"capi-inplace cannot do this change in place: v1.10.0 to v1.9.0 is a downgrade; in-place downgrades are not supported; Cluster API rolls it out by replacing machines"),
+		Entry("a downgrade of the RKE2 build", "v1.33.3+rke2r2", "v1.33.3+rke2r1",
+			"capi-inplace cannot do this change in place: v1.33.3+rke2r2 to v1.33.3+rke2r1 is a downgrade; in-place downgrades are not supported; Cluster API rolls it out by replacing machines"),
+		Entry("a downgrade of the K3s build", "v1.33.3+k3s10", "v1.33.3+k3s9",
+			"capi-inplace cannot do this change in place: v1.33.3+k3s10 to v1.33.3+k3s9 is a downgrade; in-place downgrades are not supported; Cluster API rolls it out by replacing machines"),
+		Entry("build metadata that has no order", "v1.33.3+foo", "v1.33.3+bar",
+			"capi-inplace cannot do this change in place: v1.33.3+foo to v1.33.3+bar cannot be ordered: they differ only in build metadata (+foo and +bar), which has no order: capi-inplace orders only +rke2rN and +k3sN, by N, between two versions of the same form; Cluster API rolls it out by replacing machines"),
+		Entry("build metadata added", "v1.33.3", "v1.33.3+rke2r1",
+			"capi-inplace cannot do this change in place: v1.33.3 to v1.33.3+rke2r1 cannot be ordered: they differ only in build metadata (none and +rke2r1), which has no order: capi-inplace orders only +rke2rN and +k3sN, by N, between two versions of the same form; Cluster API rolls it out by replacing machines"),
 	)
 
 	It("covers a worker's version skipping a minor (kubelet skew allows it) and a build-metadata-only bump", func() {
-		for _, to := range []string{"v1.35.0+rke2r1", "v1.33.3+rke2r2"} {
+		for _, to := range []string{"v1.35.0+rke2r1", "v1.33.3+rke2r2", "v1.33.3+rke2r10"} {
 			req := canUpdateMachineSetRequest(w.ns, fromVersion, to, nil, nil)
 			resp := callSet(req)
 			inPlace, left, err := capisim.VerdictMachineSet(req, resp)
@@ -486,16 +498,31 @@ func startTaskController(ns string) {
 	})
 }
 
-// setDesiredVersion does what Cluster API does before it calls UpdateMachine: it writes
-// the desired version into the Machine's spec.
+// setDesiredVersion does what Cluster API does before it calls UpdateMachine
+// (shared/facts/capi-inplace-updates.md, E.17-19): it marks the Machine with the
+// update-in-progress annotation, writes the desired version into its spec, and marks the
+// UpdateMachine hook pending.
 func setDesiredVersion(m *clusterv1.Machine, v string) *clusterv1.Machine {
+	GinkgoHelper()
+	return editMachine(m, func(got *clusterv1.Machine) {
+		got.Annotations[clusterv1.UpdateInProgressAnnotation] = ""
+		got.Annotations[runtimev1.PendingHooksAnnotation] = runtimecatalog.HookName(runtimehooksv1.UpdateMachine)
+		got.Spec.Version = v
+	})
+}
+
+// editMachine changes the Machine as it is stored (its annotations never nil) and returns it.
+func editMachine(m *clusterv1.Machine, edit func(*clusterv1.Machine)) *clusterv1.Machine {
 	GinkgoHelper()
 	got := &clusterv1.Machine{}
 	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
 			return err
 		}
-		got.Spec.Version = v
+		if got.Annotations == nil {
+			got.Annotations = map[string]string{}
+		}
+		edit(got)
 		return k8s.Update(ctx, got)
 	})).To(Succeed())
 	return got
@@ -577,6 +604,7 @@ var _ = Describe("UpdateMachine", func() {
 	}
 
 	It("hands the machine to one externally paced task, creates one NodeUpdate however often it is called, and answers from it until done", func() {
+		w.controlPlaneRuns(toVersion)
 		m := setDesiredVersion(w.workers[1], toVersion)
 		req := updateMachineRequest(m, nil)
 
@@ -610,6 +638,7 @@ var _ = Describe("UpdateMachine", func() {
 		Expect(task.Spec.Machines).To(Equal([]string{m.Name}))
 		Expect(task.Spec.Version).To(Equal(toVersion))
 		Expect(task.Spec.UpdaterRef).To(Equal(inplacev1.UpdaterReference{Kind: "ConfigMap", Name: "upgrader"}))
+		Expect(task.Spec.MaxUnavailable).To(Equal(ptr.To(intstr.FromString("100%"))), "Cluster API paces a MachineDeployment")
 		nu := w.nodeUpdatesOf(m.Name)[0]
 		Expect(nu.Name).To(Equal(upgraderequest.NodeUpdateName(task.Name, m.Name)))
 		for _, other := range []*clusterv1.Machine{w.workers[0], w.workers[2]} {
@@ -652,6 +681,7 @@ var _ = Describe("UpdateMachine", func() {
 		Expect(call(req).Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
 		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
 		Expect(w.tasks()[0].Spec.ControlPlaneRef).NotTo(BeNil())
+		Expect(w.tasks()[0].Spec.MaxUnavailable).To(Equal(ptr.To(intstr.FromInt32(1))), "a control plane goes one node at a time")
 		w.setNodeUpdateStatus(m.Name, running("KubernetesUpgrade"))
 		w.setNodeUpdateStatus(m.Name, func(s *inplacev1.NodeUpdateStatus) {
 			s.Phase = inplacev1.NodeUpdatePhaseFailed
@@ -670,6 +700,7 @@ var _ = Describe("UpdateMachine", func() {
 	})
 
 	It("answers retry with the preflight check that holds the node, and starts it once the check passes", func() {
+		w.controlPlaneRuns(toVersion)
 		m := setDesiredVersion(w.workers[0], toVersion)
 		node := fixtures.NodeName(w.ns, m.Name)
 		Expect(fixtures.SetNodeReady(ctx, k8s, node, false)).To(Succeed())
@@ -690,6 +721,7 @@ var _ = Describe("UpdateMachine", func() {
 	})
 
 	It("answers Failure with a clear message, and creates nothing, for a request it cannot carry out", func() {
+		setDesiredVersion(w.workers[0], w.workers[0].Spec.Version)
 		before := snapshot(w.ns)
 		ghost := w.workers[0].DeepCopy()
 		ghost.Name = "ghost"
@@ -731,5 +763,183 @@ var _ = Describe("UpdateMachine", func() {
 		Expect(w2.tasks()).To(BeEmpty())
 		Expect(snapshot(w.ns)).To(Equal(before))
 		Expect(strings.Count(fmt.Sprint(before), "UpgradeTaskList")).To(BeZero())
+	})
+})
+
+// runningNodeUpdate creates, as the task controller would, the NodeUpdate of task for
+// machine, in progress.
+func (w *world) runningNodeUpdate(task, machine string) *inplacev1.NodeUpdate {
+	GinkgoHelper()
+	nu := &inplacev1.NodeUpdate{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: w.ns, Name: upgraderequest.NodeUpdateName(task, machine),
+			Labels: map[string]string{inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task), inplacev1.ClusterNameLabel: "harvester"},
+		},
+		Spec: inplacev1.NodeUpdateSpec{
+			ClusterName: "harvester", MachineName: machine, NodeName: fixtures.NodeName(w.ns, machine), Version: toVersion,
+			UpdaterRef: inplacev1.UpdaterReference{Kind: "ConfigMap", Name: "upgrader"}, Phase: inplacev1.TaskActionOngoing,
+		},
+	}
+	Expect(k8s.Create(ctx, nu)).To(Succeed())
+	w.setNodeUpdateStatus(machine, running("KubernetesUpgrade"))
+	return nu
+}
+
+// The guards of UpdateMachine, without the task controller: what the hook itself decides.
+var _ = Describe("UpdateMachine guards", func() {
+	var (
+		w     *world
+		hooks *extension.InPlaceHooks
+	)
+	BeforeEach(func() {
+		w = newWorld(map[string]string{inplacev1.UpdaterAnnotation: updaterAnnotation})
+		hooks = newInPlaceHooks("")
+	})
+
+	call := func(req *runtimehooksv1.UpdateMachineRequest) *runtimehooksv1.UpdateMachineResponse {
+		resp := &runtimehooksv1.UpdateMachineResponse{}
+		hooks.UpdateMachine(ctx, req, resp)
+		return viaWire(resp)
+	}
+
+	It("answers Failure and changes nothing for a machine Cluster API has not marked for an in-place update", func() {
+		w.controlPlaneRuns(toVersion)
+		want := fmt.Sprintf("Machine %s/workers-1 is not marked for an in-place update by Cluster API: it needs the annotation in-place-updates.internal.cluster.x-k8s.io/update-in-progress and UpdateMachine in its runtime.cluster.x-k8s.io/pending-hooks annotation, which Cluster API sets before it calls this hook; capi-inplace changed nothing", w.ns)
+		for name, marks := range map[string]map[string]string{
+			"no marks":                     {},
+			"update-in-progress only":      {clusterv1.UpdateInProgressAnnotation: ""},
+			"UpdateMachine not pending":    {clusterv1.UpdateInProgressAnnotation: "", runtimev1.PendingHooksAnnotation: "AfterClusterUpgrade"},
+			"pending without the progress": {runtimev1.PendingHooksAnnotation: "UpdateMachine"},
+		} {
+			m := editMachine(w.workers[0], func(m *clusterv1.Machine) {
+				delete(m.Annotations, clusterv1.UpdateInProgressAnnotation)
+				delete(m.Annotations, runtimev1.PendingHooksAnnotation)
+				for k, v := range marks {
+					m.Annotations[k] = v
+				}
+				m.Spec.Version = toVersion
+			})
+			before := snapshot(w.ns)
+			resp := call(updateMachineRequest(m, nil))
+			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure), name)
+			Expect(resp.Message).To(Equal(want), name)
+			Expect(snapshot(w.ns)).To(Equal(before), name)
+		}
+		Expect(w.tasks()).To(BeEmpty())
+
+		By("a pending-hooks list that names UpdateMachine among others is a mark")
+		m := setDesiredVersion(w.workers[0], toVersion)
+		editMachine(m, func(m *clusterv1.Machine) {
+			m.Annotations[runtimev1.PendingHooksAnnotation] = "AfterClusterUpgrade,UpdateMachine"
+		})
+		resp := call(updateMachineRequest(m, nil))
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+	})
+
+	It("answers done, and creates no task, for a machine already at the target", func() {
+		By("its release annotation says so")
+		m := setDesiredVersion(w.workers[0], toVersion)
+		m = editMachine(m, func(m *clusterv1.Machine) { m.Annotations[inplacev1.UpgradeReleaseAnnotation] = toVersion })
+		before := snapshot(w.ns)
+		for range 3 {
+			resp := call(updateMachineRequest(m, nil))
+			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+			Expect(resp.RetryAfterSeconds).To(BeZero(), resp.Message)
+			Expect(resp.Message).To(Equal(fmt.Sprintf("Machine %s/workers-1 already runs %s: nothing to update in place", w.ns, toVersion)))
+		}
+		Expect(snapshot(w.ns)).To(Equal(before))
+
+		By("its kubelet says so, and the updater does not judge otherwise")
+		m2 := setDesiredVersion(w.workers[1], toVersion)
+		m2.Status.NodeInfo = &corev1.NodeSystemInfo{KubeletVersion: toVersion}
+		Expect(k8s.Status().Update(ctx, m2)).To(Succeed())
+		Eventually(func() *corev1.NodeSystemInfo {
+			got := &clusterv1.Machine{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(m2), got)).To(Succeed())
+			return got.Status.NodeInfo
+		}).ShouldNot(BeNil())
+		resp := call(updateMachineRequest(m2, nil))
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+		Expect(resp.RetryAfterSeconds).To(BeZero(), resp.Message)
+		Expect(w.tasks()).To(BeEmpty())
+	})
+
+	It("declines workers newer than the control plane (VersionSkew) and creates nothing", func() {
+		m := setDesiredVersion(w.workers[0], toVersion)
+		before := snapshot(w.ns)
+		resp := call(updateMachineRequest(m, nil))
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
+		Expect(resp.Message).To(HavePrefix(fmt.Sprintf("capi-inplace declines to update Machine %s/workers-1 in place (VersionSkew): version %s is newer than %s, which control plane machine cp-1", w.ns, toVersion, fromVersion)))
+		Expect(snapshot(w.ns)).To(Equal(before))
+	})
+
+	It("hands a machine to one task per version: a live task it was handed to answers, a completed one is not replaced", func() {
+		w.controlPlaneRuns(toVersion)
+		m := setDesiredVersion(w.workers[0], toVersion)
+		resp := call(updateMachineRequest(m, nil))
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+		tasks := w.tasks()
+		Expect(tasks).To(HaveLen(1))
+		first := tasks[0]
+		Expect(first.Spec.Machines).To(Equal([]string{"workers-1"}))
+
+		By("the ExtensionConfig's settings change while the machine waits in its task")
+		resp = call(updateMachineRequest(m, map[string]string{extension.DefaultUpdaterSetting: "ConfigMap/upgrader"}))
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+		Expect(resp.RetryAfterSeconds).To(BeNumerically(">", 0))
+		Expect(resp.Message).To(ContainSubstring("UpgradeTask " + first.Name))
+		Expect(w.tasks()).To(HaveLen(1), "the machine is not handed to a second task")
+
+		By("its task completed without upgrading it")
+		first.Status.Phase = inplacev1.TaskPhaseCompleted
+		Expect(k8s.Status().Update(ctx, &first)).To(Succeed())
+		Eventually(func() inplacev1.TaskPhase {
+			got := &inplacev1.UpgradeTask{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(&first), got)).To(Succeed())
+			return got.Status.Phase
+		}).Should(Equal(inplacev1.TaskPhaseCompleted))
+		before := snapshot(w.ns)
+		for range 3 {
+			resp = call(updateMachineRequest(m, nil))
+			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure), resp.Message)
+			Expect(resp.Message).To(Equal(fmt.Sprintf("UpgradeTask %s/%s completed without upgrading Machine workers-1, whose node does not run %s yet: capi-inplace does not hand a machine to a second task for the same version. See the task's status; delete the task to hand the machine over again", w.ns, first.Name, toVersion)))
+		}
+		Expect(snapshot(w.ns)).To(Equal(before))
+	})
+
+	It("waits, without aborting it, for a running node of an annotation's or ExternalUpgradeRequest's task, and hands the machine over once none runs", func() {
+		w.controlPlaneRuns(toVersion)
+		req := w.mdRequest(toVersion)
+		req.MachinesRequiringUpgrade = []string{"workers-1"}
+		accepted := w.call(req)
+		Expect(accepted.Decision).To(Equal(hooksv1.DecisionAccept), accepted.Message)
+		other := accepted.UpgradeTaskName
+		nu := w.runningNodeUpdate(other, "workers-1")
+
+		m := setDesiredVersion(w.workers[1], toVersion)
+		before := snapshot(w.ns)
+		for range 3 {
+			resp := call(updateMachineRequest(m, nil))
+			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+			Expect(resp.RetryAfterSeconds).To(BeNumerically(">", 0))
+			Expect(resp.Message).To(Equal(fmt.Sprintf("waiting for UpgradeTask %s/%s (paced by capi-inplace: an in-place-upgrade-to annotation or an ExternalUpgradeRequest) to finish node %s (NodeUpdate %s): capi-inplace never aborts a node upgrade in progress; Machine workers-2 is handed over once none of that task's NodeUpdates runs",
+				w.ns, other, fixtures.NodeName(w.ns, "workers-1"), nu.Name)))
+		}
+		Expect(snapshot(w.ns)).To(Equal(before), "nothing aborted, nothing created")
+
+		By("the node finishes")
+		w.setNodeUpdateStatus("workers-1", func(s *inplacev1.NodeUpdateStatus) { s.Phase = inplacev1.NodeUpdatePhaseSucceeded })
+		resp := call(updateMachineRequest(m, nil))
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+		Expect(resp.RetryAfterSeconds).To(BeNumerically(">", 0))
+		phases := w.phases()
+		Expect(phases).To(HaveLen(2))
+		Expect(phases).To(HaveKeyWithValue(other, inplacev1.TaskActionAbort))
+		for _, t := range w.tasks() {
+			if t.Name != other {
+				Expect(t.Spec.Pacing).To(Equal(inplacev1.PacingExternal))
+				Expect(t.Spec.Machines).To(Equal([]string{"workers-2"}))
+			}
+		}
 	})
 })

@@ -13,6 +13,7 @@ import (
 
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
 
+	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -27,9 +28,11 @@ type versionVerdict struct {
 }
 
 // judgeVersion decides whether the change from current to desired is an in-place upgrade:
-// both valid semantic versions, not a downgrade, and for a control plane not more than one
-// minor version. A change of build metadata only (v1.33.3+rke2r1 to v1.33.3+rke2r2) is an
-// upgrade of the distribution's release. Versions are compared as versions, never as strings.
+// both valid semantic versions, newer by kubeversion.Compare, and for a control plane not
+// more than one minor version. A change of build metadata only is an upgrade when the
+// distribution's counter grows (v1.33.3+rke2r1 to v1.33.3+rke2r2), a downgrade when it
+// shrinks, and not covered when it has no order (+foo to +bar, metadata on one side only).
+// Versions are compared as versions, never as strings.
 func judgeVersion(current, desired string, controlPlane bool) versionVerdict {
 	if current == desired {
 		return versionVerdict{}
@@ -45,10 +48,13 @@ func judgeVersion(current, desired string, controlPlane bool) versionVerdict {
 		v.reason = fmt.Sprintf("the desired version %q is not a valid semantic version (MAJOR.MINOR.PATCH, for example v1.33.3+rke2r1)", desired)
 		return v
 	}
+	order, err := kubeversion.Compare(cur, want)
 	switch {
-	case want.LessThan(cur):
+	case err != nil:
+		v.reason = fmt.Sprintf("%s to %s cannot be ordered: %v", current, desired, err)
+	case order > 0:
 		v.reason = fmt.Sprintf("%s to %s is a downgrade; in-place downgrades are not supported", current, desired)
-	case want.EqualTo(cur) && want.BuildMetadata() == cur.BuildMetadata():
+	case order == 0:
 		// The same release written differently (v1.33.3 and 1.33.3): nothing to do in place.
 		v.covered = true
 	case controlPlane && (want.Major() != cur.Major() || want.Minor() > cur.Minor()+1):

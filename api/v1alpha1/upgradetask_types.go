@@ -72,6 +72,7 @@ type MaintenanceWindow struct {
 // +kubebuilder:validation:XValidation:rule="has(self.controlPlaneRef) != has(self.machineDeploymentRef)",message="exactly one of spec.controlPlaneRef or spec.machineDeploymentRef must be set"
 // +kubebuilder:validation:XValidation:rule="has(self.controlPlaneRef) == has(oldSelf.controlPlaneRef)",message="the target of an UpgradeTask is immutable; create a new task for another target"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.phase) || oldSelf.phase != 'Abort' || self.phase == 'Abort'",message="an aborted UpgradeTask cannot be resumed; create a new one"
+// +kubebuilder:validation:XValidation:rule="!has(self.controlPlaneRef) || !has(self.maxUnavailable) || type(self.maxUnavailable) != int || self.maxUnavailable <= 1",message="a control plane is upgraded one node at a time (etcd and API server quorum): maxUnavailable must be 1 when controlPlaneRef is set"
 type UpgradeTaskSpec struct {
 	// clusterName is the name of the CAPI Cluster, in this namespace, whose machines are
 	// upgraded.
@@ -136,7 +137,10 @@ type UpgradeTaskSpec struct {
 
 	// maxUnavailable is how many nodes of the target may be unavailable at once, counting
 	// nodes that are already NotReady: a whole number of at least 1, or a percentage of
-	// the target's machines (rounded down, at least one node). Defaults to 1.
+	// the target's machines (rounded down, at least one node). Defaults to 1. A control
+	// plane is upgraded one node at a time, whatever this says: a whole number above 1
+	// is refused for a control plane, and so is, by request admission, a percentage
+	// that comes to more than one of its machines.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:XIntOrString

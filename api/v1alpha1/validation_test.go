@@ -107,7 +107,31 @@ var _ = Describe("UpgradeTask validation", func() {
 			`Unsupported value: "Fast"`),
 		Entry("no cluster", func(t *inplacev1.UpgradeTask) { t.Spec.ClusterName = "" },
 			"spec.clusterName"),
+		Entry("a control plane with maxUnavailable 2", func(t *inplacev1.UpgradeTask) {
+			t.Spec.MachineDeploymentRef = nil
+			t.Spec.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
+			t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(2))
+		}, "a control plane is upgraded one node at a time (etcd and API server quorum): maxUnavailable must be 1 when controlPlaneRef is set"),
 	)
+
+	It("accepts a control plane task at maxUnavailable 1 or a percentage, a worker task above 1, and refuses raising a control plane's to 2", func() {
+		cp := func(mu intstr.IntOrString) *inplacev1.UpgradeTask {
+			t := validTask()
+			t.Spec.MachineDeploymentRef = nil
+			t.Spec.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
+			t.Spec.MaxUnavailable = ptr.To(mu)
+			return t
+		}
+		Expect(k8s.Create(ctx, cp(intstr.FromString("100%")))).To(Succeed(), "a percentage depends on the machine count; the Requester judges it")
+		task := cp(intstr.FromInt32(1))
+		Expect(k8s.Create(ctx, task)).To(Succeed())
+		workers := validTask()
+		workers.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(5))
+		Expect(k8s.Create(ctx, workers)).To(Succeed())
+
+		task.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(2))
+		expectInvalid(k8s.Update(ctx, task), "maxUnavailable must be 1 when controlPlaneRef is set")
+	})
 
 	DescribeTable("refuses a change that would rewrite what a running task means",
 		func(mutate func(*inplacev1.UpgradeTask), want string) {

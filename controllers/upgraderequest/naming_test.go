@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -82,6 +83,9 @@ func TestRequiresUpgrade(t *testing.T) {
 		{"newer", "v1.35.0", "", false},
 		{"unknown", "", "", true},
 		{"reached in place", "v1.33.3+rke2r1", "v1.34.1+rke2r2", false},
+		{"same release, newer build", "v1.34.1+rke2r3", "", false},
+		{"same release, build metadata without an order", "v1.34.1+foo", "", false},
+		{"same release, no build metadata", "v1.34.1", "", false},
 		{"the release annotation wins over an older spec", "v1.34.1+rke2r2", "v1.33.0", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,6 +95,34 @@ func TestRequiresUpgrade(t *testing.T) {
 			}
 			if got := RequiresUpgrade(m, target); got != tc.wantRequire {
 				t.Fatalf("RequiresUpgrade(%s, release %q) = %v; want %v", tc.spec, tc.release, got, tc.wantRequire)
+			}
+		})
+	}
+}
+
+func TestReachedInPlace(t *testing.T) {
+	target := version.MustParseSemantic("v1.34.1+rke2r2")
+	for _, tc := range []struct {
+		name, release, kubelet string
+		want                   bool
+	}{
+		{"release annotation at the target", "v1.34.1+rke2r2", "", true},
+		{"kubelet at the target", "", "v1.34.1+rke2r2", true},
+		{"kubelet at an older build", "", "v1.34.1+rke2r1", false},
+		{"kubelet at a newer build", "", "v1.34.1+rke2r3", false},
+		{"kubelet with build metadata without an order", "", "v1.34.1+foo", false},
+		{"only spec.version, which Cluster API writes before the update", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: clusterv1.MachineSpec{Version: target.String()}}
+			if tc.release != "" {
+				m.Annotations = map[string]string{inplacev1.UpgradeReleaseAnnotation: tc.release}
+			}
+			if tc.kubelet != "" {
+				m.Status.NodeInfo = &corev1.NodeSystemInfo{KubeletVersion: tc.kubelet}
+			}
+			if got := ReachedInPlace(m, target); got != tc.want {
+				t.Fatalf("ReachedInPlace(release %q, kubelet %q) = %v; want %v", tc.release, tc.kubelet, got, tc.want)
 			}
 		})
 	}

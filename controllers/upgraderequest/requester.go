@@ -28,6 +28,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -45,6 +47,14 @@ const (
 	ReasonInvalidUpdater     = "InvalidUpdater"
 	ReasonUpdaterUnavailable = "UpdaterUnavailable"
 	ReasonNameConflict       = "NameConflict"
+	// ReasonAmbiguousVersion: the version and a machine's differ only in build metadata
+	// that has no order (kubeversion.Compare), so it is not known to be an upgrade.
+	ReasonAmbiguousVersion = "AmbiguousBuildMetadata"
+	// ReasonVersionSkew: the workers would run a kubelet newer than their control plane.
+	ReasonVersionSkew = inplacev1.VersionSkewReason
+	// ReasonControlPlaneMaxUnavailable: a control plane request lets more than one node
+	// be upgraded at once.
+	ReasonControlPlaneMaxUnavailable = "ControlPlaneMaxUnavailable"
 )
 
 // maxAttempts bounds how many times the same request is retried under new task names
@@ -74,6 +84,22 @@ type Request struct {
 	NodeOrder      []string
 	PauseNodes     []string
 	DryRun         bool
+	// KeepRunningNodes makes an older live task of the target that another path created
+	// and that has a NodeUpdate not final a reason to wait rather than to abort: the
+	// request is neither accepted nor declined, and Decision.Wait names that node.
+	// UpdateMachine sets it, so that Cluster API's rollout never aborts a node upgrade an
+	// annotation or an ExternalUpgradeRequest started.
+	KeepRunningNodes bool
+}
+
+// Wait names the node upgrade of another task a request with KeepRunningNodes waits for.
+type Wait struct {
+	// Task is the older live task of the target.
+	Task string
+	// Pacing is the task's pacing.
+	Pacing inplacev1.Pacing
+	// NodeUpdate and Node are its NodeUpdate that is not final, and that NodeUpdate's node.
+	NodeUpdate, Node string
 }
 
 // Decision is the answer to a Request.
@@ -91,6 +117,9 @@ type Decision struct {
 	Message string
 	// Aborted names the older unfinished tasks of the target this request aborted.
 	Aborted []string
+	// Wait, when set, says that the request waits for a node upgrade of an older task
+	// (Request.KeepRunningNodes); nothing was created or aborted. Ask again later.
+	Wait *Wait
 }
 
 func decline(reason, format string, args ...any) Decision {
@@ -140,10 +169,27 @@ func (r *Requester) Request(ctx context.Context, req Request) (Decision, error) 
 		return Decision{}, err
 	}
 
+	if d, err := r.checkOptions(ctx, cluster, req); err != nil || d != nil {
+		if d != nil {
+			log.Info("declining upgrade request", "reason", d.Reason, "message", d.Message)
+			return *d, nil
+		}
+		return Decision{}, err
+	}
+
 	hash := requestHash(req)
 	tasks, err := r.tasksOfTarget(ctx, req)
 	if err != nil {
 		return Decision{}, err
+	}
+	if req.KeepRunningNodes {
+		wait, err := r.runningNodeOfOlder(ctx, tasks, hash, req.Pacing)
+		if err != nil || wait != nil {
+			if wait != nil {
+				log.V(2).Info("waiting for a node upgrade of an older task", "upgradeTask", wait.Task, "node", wait.Node)
+			}
+			return Decision{Wait: wait}, err
+		}
 	}
 	aborted, err := r.abortOlder(ctx, tasks, hash, req.Pacing)
 	if err != nil {
@@ -239,6 +285,30 @@ func (r *Requester) checkTarget(ctx context.Context, cluster *clusterv1.Cluster,
 	return nil, nil
 }
 
+// checkOptions declines options that cannot be safe, before anything is aborted: a
+// control plane is upgraded one node at a time (etcd and API server quorum), so its
+// maxUnavailable must resolve to 1 for its machine count.
+func (r *Requester) checkOptions(ctx context.Context, cluster *clusterv1.Cluster, req Request) (*Decision, error) {
+	if !req.Target.IsControlPlane() || req.MaxUnavailable == nil {
+		return nil, nil
+	}
+	machines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
+	if err != nil {
+		return nil, err
+	}
+	n, err := preflight.ResolveMaxUnavailable(req.MaxUnavailable, len(machines))
+	if err != nil {
+		d := decline(ReasonInvalidRequest, "%v: give a whole number of at least 1 or a percentage from 1%% to 100%%", err)
+		return &d, nil
+	}
+	if n > 1 {
+		d := decline(ReasonControlPlaneMaxUnavailable, "maxUnavailable %s would let %d of the %d machines of %s be upgraded at once: capi-inplace upgrades a control plane one node at a time, so that etcd and the API servers keep quorum. Set maxUnavailable to 1 or leave it out",
+			req.MaxUnavailable.String(), n, len(machines), req.Target)
+		return &d, nil
+	}
+	return nil, nil
+}
+
 // decide checks that the upgrade can be done: the version, the machines, the updater.
 // It returns nil when the request is acceptable.
 func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req Request) (*Decision, error) {
@@ -281,7 +351,13 @@ func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req 
 		if err != nil {
 			continue
 		}
-		if cur.GreaterThan(target) {
+		order, err := kubeversion.Compare(target, cur)
+		if err != nil {
+			d := decline(ReasonAmbiguousVersion, "version %s and %s, which machine %s runs, cannot be ordered: %v. Ask for a version with a higher MAJOR.MINOR.PATCH, or for the machine's build form with a higher N%s",
+				req.Version, CurrentVersion(m), m.Name, err, example(CurrentVersion(m)))
+			return &d, nil
+		}
+		if order < 0 {
 			d := decline(ReasonDowngrade, "version %s is older than %s, which machine %s already runs: in-place downgrades are not supported", req.Version, CurrentVersion(m), m.Name)
 			return &d, nil
 		}
@@ -310,18 +386,87 @@ func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req 
 		}
 		return nil, err
 	}
+	if !req.Target.IsControlPlane() {
+		return r.checkSkew(ctx, cluster, req, target)
+	}
 	return nil, nil
+}
+
+// example suggests, in a decline, the version one build newer than cur, when cur carries
+// counted build metadata.
+func example(cur string) string {
+	if next, ok := kubeversion.NextBuild(cur); ok {
+		return " (for example " + next + ")"
+	}
+	return ""
+}
+
+// checkSkew declines workers newer than their control plane: a kubelet must never be
+// newer than the API server. The control plane's version is the lowest its machines run.
+// A live UpgradeTask of the control plane (not a dry run) to the target or newer makes the
+// request acceptable: the task controller holds the workers until the control plane is
+// there. A version that cannot be ordered against the control plane's is not known to be
+// older, so it counts as newer.
+func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, req Request, target *version.Version) (*Decision, error) {
+	ref := cluster.Spec.ControlPlaneRef
+	if !ref.IsDefined() {
+		// A Cluster without a control plane object has no control plane machines to compare.
+		return nil, nil
+	}
+	cpTarget := Target{ControlPlaneRef: &inplacev1.ControlPlaneReference{APIGroup: ref.APIGroup, Kind: ref.Kind, Name: ref.Name}}
+	cpMachines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, cpTarget)
+	if err != nil {
+		return nil, err
+	}
+	var lowest *clusterv1.Machine
+	var lowestVersion *version.Version
+	for i := range cpMachines {
+		v, err := version.ParseSemantic(CurrentVersion(&cpMachines[i]))
+		if err != nil {
+			continue
+		}
+		if lowest == nil || v.LessThan(lowestVersion) {
+			lowest, lowestVersion = &cpMachines[i], v
+		}
+	}
+	if lowest == nil {
+		return nil, nil
+	}
+	if order, err := kubeversion.Compare(target, lowestVersion); err == nil && order <= 0 {
+		return nil, nil
+	}
+	tasks, err := r.tasksOf(ctx, cluster.Namespace, cluster.Name, cpTarget)
+	if err != nil {
+		return nil, err
+	}
+	for i := range tasks {
+		t := &tasks[i]
+		if !IsLive(t) || t.Spec.DryRun {
+			continue
+		}
+		if order, err := kubeversion.CompareStrings(t.Spec.Version, req.Version); err == nil && order >= 0 {
+			return nil, nil
+		}
+	}
+	d := decline(ReasonVersionSkew, "version %s is newer than %s, which control plane machine %s of Cluster %s/%s runs, and no UpgradeTask upgrades %s to %s or newer: a worker's kubelet must never be newer than its control plane. Upgrade the control plane first (or annotate the Cluster with %s, which upgrades the control plane, then the workers)",
+		req.Version, CurrentVersion(lowest), lowest.Name, cluster.Namespace, cluster.Name, cpTarget, req.Version, inplacev1.UpgradeToAnnotation)
+	return &d, nil
 }
 
 // tasksOfTarget lists the tasks of the request's Cluster and target, oldest first.
 func (r *Requester) tasksOfTarget(ctx context.Context, req Request) ([]inplacev1.UpgradeTask, error) {
+	return r.tasksOf(ctx, req.Namespace, req.ClusterName, req.Target)
+}
+
+// tasksOf lists the tasks of a Cluster's target, oldest first.
+func (r *Requester) tasksOf(ctx context.Context, namespace, clusterName string, target Target) ([]inplacev1.UpgradeTask, error) {
 	list := &inplacev1.UpgradeTaskList{}
-	if err := r.taskReader().List(ctx, list, client.InNamespace(req.Namespace)); err != nil {
-		return nil, fmt.Errorf("list UpgradeTasks in namespace %s: %w", req.Namespace, err)
+	if err := r.taskReader().List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("list UpgradeTasks in namespace %s: %w", namespace, err)
 	}
 	var out []inplacev1.UpgradeTask
 	for _, t := range list.Items {
-		if t.Spec.ClusterName == req.ClusterName && TargetOf(&t).Same(req.Target) {
+		if t.Spec.ClusterName == clusterName && TargetOf(&t).Same(target) {
 			out = append(out, t)
 		}
 	}
@@ -343,10 +488,7 @@ func (r *Requester) abortOlder(ctx context.Context, tasks []inplacev1.UpgradeTas
 	var aborted []string
 	for i := range tasks {
 		t := &tasks[i]
-		if !isLive(t) || t.Annotations[inplacev1.RequestHashAnnotation] == hash {
-			continue
-		}
-		if pacing == inplacev1.PacingExternal && t.Spec.Pacing == inplacev1.PacingExternal {
+		if !supersedes(t, hash, pacing) {
 			continue
 		}
 		orig := t.DeepCopy()
@@ -366,9 +508,40 @@ func (r *Requester) abortOlder(ctx context.Context, tasks []inplacev1.UpgradeTas
 	return aborted, nil
 }
 
-// isLive reports whether a task is unfinished and not asked to abort.
-func isLive(t *inplacev1.UpgradeTask) bool {
-	return !t.Status.Phase.IsFinal() && t.Spec.Phase != inplacev1.TaskActionAbort
+// supersedes reports whether a request (its hash and pacing) aborts the older task t.
+func supersedes(t *inplacev1.UpgradeTask, hash string, pacing inplacev1.Pacing) bool {
+	if !IsLive(t) || t.Annotations[inplacev1.RequestHashAnnotation] == hash {
+		return false
+	}
+	return pacing != inplacev1.PacingExternal || t.Spec.Pacing != inplacev1.PacingExternal
+}
+
+// runningNodeOfOlder returns, for a request with KeepRunningNodes, the first NodeUpdate
+// that is not final of an older task the request would abort; nil when there is none.
+func (r *Requester) runningNodeOfOlder(ctx context.Context, tasks []inplacev1.UpgradeTask, hash string, pacing inplacev1.Pacing) (*Wait, error) {
+	for i := range tasks {
+		t := &tasks[i]
+		if !supersedes(t, hash, pacing) {
+			continue
+		}
+		list := &inplacev1.NodeUpdateList{}
+		if err := r.Client.List(ctx, list, client.InNamespace(t.Namespace), client.MatchingLabels{inplacev1.UpgradeTaskLabel: LabelValue(t.Name)}); err != nil {
+			return nil, fmt.Errorf("list NodeUpdates of UpgradeTask %s: %w", client.ObjectKeyFromObject(t), err)
+		}
+		slices.SortFunc(list.Items, func(a, b inplacev1.NodeUpdate) int { return strings.Compare(a.Name, b.Name) })
+		for _, nu := range list.Items {
+			if !nu.Status.Phase.IsFinal() {
+				return &Wait{Task: t.Name, Pacing: t.Spec.Pacing, NodeUpdate: nu.Name, Node: nu.Spec.NodeName}, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// IsLive reports whether a task is unfinished and not asked to abort. A dry run whose plan
+// is shown (Planned) is live: it stands for its target until a newer request aborts it.
+func IsLive(t *inplacev1.UpgradeTask) bool {
+	return (!t.Status.Phase.IsFinal() || t.Status.Phase == inplacev1.TaskPhasePlanned) && t.Spec.Phase != inplacev1.TaskActionAbort
 }
 
 // createOrFind returns the task of this request: a live (or completed) task an identical
@@ -413,7 +586,7 @@ func (r *Requester) createOrFind(ctx context.Context, cluster *clusterv1.Cluster
 		if t.Annotations[inplacev1.RequestHashAnnotation] != hash || !TargetOf(t).Same(req.Target) {
 			return decline(ReasonNameConflict, "UpgradeTask %s/%s exists and was not created by this request; delete it or rename it", req.Namespace, name), nil
 		}
-		if isLive(t) || (t.Status.Phase == inplacev1.TaskPhaseCompleted && req.Pacing != inplacev1.PacingExternal) {
+		if IsLive(t) || (t.Status.Phase == inplacev1.TaskPhaseCompleted && req.Pacing != inplacev1.PacingExternal) {
 			return Decision{Accepted: true, TaskName: name}, nil
 		}
 		// Failed, aborted or aborting: the same request again is a retry under the next

@@ -13,6 +13,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -149,18 +150,19 @@ func CurrentVersion(m *clusterv1.Machine) string {
 	return m.Spec.Version
 }
 
-// RequiresUpgrade reports whether a machine is not at target yet: its version is lower,
-// or the same release with other build metadata (v1.33.3+rke2r1 to v1.33.3+rke2r2). A
-// machine whose version is unknown or unparsable requires the upgrade.
+// RequiresUpgrade reports whether a machine is not at target yet: its version is older by
+// kubeversion.Compare (v1.33.3 to v1.34.1, v1.33.3+rke2r1 to v1.33.3+rke2r2). A machine
+// whose version is unknown or unparsable requires the upgrade. A machine whose version
+// differs from target only in build metadata that has no order (+foo, or none, against
+// +rke2r2) does not: it is not known to be older, and a change that may be a downgrade is
+// never made in place (the Requester declines such a request up front).
 func RequiresUpgrade(m *clusterv1.Machine, target *version.Version) bool {
 	cur, err := version.ParseSemantic(CurrentVersion(m))
 	if err != nil {
 		return true
 	}
-	if cur.LessThan(target) {
-		return true
-	}
-	return cur.EqualTo(target) && !sameRelease(cur, target)
+	order, err := kubeversion.Compare(cur, target)
+	return err == nil && order < 0
 }
 
 // ReachedInPlace reports whether a machine is known to run target from what the node
@@ -184,9 +186,10 @@ func nodeKubeletVersion(m *clusterv1.Machine) string {
 	return m.Status.NodeInfo.KubeletVersion
 }
 
-// sameRelease reports whether two versions are the same release, build metadata included.
+// sameRelease reports whether two versions are the same release, build metadata included
+// (kubeversion.Compare says 0).
 func sameRelease(a, b *version.Version) bool {
-	return a.EqualTo(b) && a.BuildMetadata() == b.BuildMetadata()
+	return kubeversion.SameRelease(a, b)
 }
 
 // AtTarget reports whether machine m runs target as its updater upgrades it. The release

@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -79,6 +80,7 @@ var _ = Describe("config/default", Ordered, func() {
 			"Issuer/capi-inplace-selfsigned-issuer",
 			"Certificate/capi-inplace-serving-cert",
 			"ExtensionConfig/capi-inplace",
+			"NetworkPolicy/capi-inplace-hooks",
 		))
 	})
 
@@ -149,6 +151,42 @@ var _ = Describe("config/default", Ordered, func() {
 		svcNamespace, _, _ := unstructured.NestedString(ec.Object, "spec", "clientConfig", "service", "namespace")
 		Expect(svcName + "/" + svcNamespace).To(Equal(svc.GetName() + "/" + svc.GetNamespace()))
 		Expect(svc.Object["spec"]).To(HaveKeyWithValue("ports", ContainElement(HaveKeyWithValue("targetPort", "capi-hooks"))))
+	})
+
+	It("admits only Cluster API's controllers to the CAPI hooks, and also the manager's namespace to ExternalUpgradeRequest; metrics and probes stay open", func() {
+		np := convert(findObject(objs, "NetworkPolicy", "capi-inplace-hooks"), &networkingv1.NetworkPolicy{})
+		dep := convert(findObject(objs, "Deployment", "capi-inplace-controller-manager"), &appsv1.Deployment{})
+		Expect(np.Namespace).To(Equal(dep.Namespace))
+		Expect(np.Spec.PodSelector.MatchLabels).To(Equal(dep.Spec.Template.Labels), "the policy selects the manager's pods")
+		Expect(np.Spec.PolicyTypes).To(Equal([]networkingv1.PolicyType{networkingv1.PolicyTypeIngress}), "egress is not restricted")
+
+		containerPorts := map[int32]string{}
+		for _, p := range dep.Spec.Template.Spec.Containers[0].Ports {
+			containerPorts[p.ContainerPort] = p.Name
+		}
+		capiSystem := networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "capi-system"}}}
+		ownNamespace := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{}}
+		// Each port, who may reach it (nil: everyone).
+		want := map[string][]networkingv1.NetworkPolicyPeer{
+			"capi-hooks":    {capiSystem},
+			"external-hook": {capiSystem, ownNamespace},
+			"metrics":       nil,
+			"healthz":       nil,
+		}
+		got := map[string][]networkingv1.NetworkPolicyPeer{}
+		for _, rule := range np.Spec.Ingress {
+			Expect(rule.Ports).NotTo(BeEmpty(), "a rule without ports would open every port")
+			for _, p := range rule.Ports {
+				Expect(p.Port.IntValue()).NotTo(BeZero(), "ports are numbers")
+				name, ok := containerPorts[int32(p.Port.IntValue())]
+				Expect(ok).To(BeTrue(), "port %d is a port of the manager", p.Port.IntValue())
+				Expect(got).NotTo(HaveKey(name), "one rule per port")
+				got[name] = rule.From
+			}
+		}
+		Expect(got).To(Equal(want))
+		Expect(containerPorts).To(HaveKeyWithValue(int32(9443), "capi-hooks"))
+		Expect(containerPorts).To(HaveKeyWithValue(int32(9444), "external-hook"))
 	})
 
 	It("grants the manager exactly the reviewed permissions", func() {
