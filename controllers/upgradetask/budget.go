@@ -15,9 +15,9 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
-// isLive reports whether a task still holds its machines: it has not ended, or it is a
+// holdsClaims reports whether a task still holds its machines: it has not ended, or it is a
 // dry run's plan (Planned), which a newer request aborts like any running task.
-func isLive(t *inplacev1.UpgradeTask) bool {
+func holdsClaims(t *inplacev1.UpgradeTask) bool {
 	return !t.Status.Phase.IsFinal() || t.Status.Phase == inplacev1.TaskPhasePlanned
 }
 

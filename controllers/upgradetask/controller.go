@@ -356,7 +356,7 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 	s.liveClaims = map[string]string{}
 	for i := range tasks.Items {
 		t := &tasks.Items[i]
-		if t.Name == task.Name || !isLive(t) {
+		if t.Name == task.Name || !holdsClaims(t) {
 			continue
 		}
 		s.liveClaims[upgraderequest.LabelValue(t.Name)] = t.Name

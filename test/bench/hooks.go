@@ -115,7 +115,7 @@ func runHookBench(ctx context.Context, b *bench) (*hookBenchResult, error) {
 	// before it called UpdateMachine, and each has its running NodeUpdate.
 	if err := createCluster(ctx, c, clusterShape{
 		namespace: ns, name: clusterName, machines: cfg.hookMachines, version: hookToVersion,
-		annotations: map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"},
+		annotations: map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"}, updating: true,
 	}); err != nil {
 		return nil, err
 	}

@@ -14,6 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimecatalog "sigs.k8s.io/cluster-api/api/runtime/catalog"
+	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 )
@@ -35,6 +38,9 @@ type clusterShape struct {
 	version   string
 	// annotations of the Cluster (the updater annotation).
 	annotations map[string]string
+	// updating marks every machine as Cluster API marks a machine it updates in place
+	// (update-in-progress, UpdateMachine pending: facts/capi-inplace-updates.md 17-19).
+	updating bool
 }
 
 // nodeSetLabel on every Node the bench creates names the namespace of its Cluster, so
@@ -136,6 +142,10 @@ func createMachine(ctx context.Context, c client.Client, ms *clusterv1.MachineSe
 			Finalizers:  []string{clusterv1.MachineFinalizer},
 		},
 		Spec: benchMachineSpec(shape.name, name, shape.version),
+	}
+	if shape.updating {
+		m.Annotations[clusterv1.UpdateInProgressAnnotation] = ""
+		m.Annotations[runtimev1.PendingHooksAnnotation] = runtimecatalog.HookName(runtimehooksv1.UpdateMachine)
 	}
 	m.Spec.ProviderID = "docker:////" + nodeName
 	if err := controllerutil.SetControllerReference(ms, m, c.Scheme()); err != nil {

@@ -10,7 +10,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimecatalog "sigs.k8s.io/cluster-api/api/runtime/catalog"
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 )
 
 // CallUpdateMachine sends one UpdateMachine request to the extension and returns its answer.
@@ -45,8 +47,9 @@ type UpdateOptions struct {
 	// Progress, when set, sees every answer.
 	Progress func(*runtimehooksv1.UpdateMachineResponse)
 	// Annotations are written on the Machine together with the update-in-progress
-	// annotation and removed with it when the update is done (for example Cluster API's
-	// runtimev1.PendingHooksAnnotation naming the UpdateMachine hook).
+	// annotation and Cluster API's pending-hooks annotation naming UpdateMachine (always
+	// written, as Cluster API does: facts/capi-inplace-updates.md 17, 18), and removed
+	// with them when the update is done.
 	Annotations map[string]string
 	// Objects, when set, fills in the request's other desired objects (bootstrap config,
 	// infrastructure machine) for the machine as it is before each call.
@@ -74,6 +77,11 @@ func UpdateMachineWith(ctx context.Context, c client.Client, call CallUpdateMach
 	if opts.Poll <= 0 {
 		opts.Poll = time.Second
 	}
+	marks := map[string]string{runtimev1.PendingHooksAnnotation: runtimecatalog.HookName(runtimehooksv1.UpdateMachine)}
+	for k, v := range opts.Annotations {
+		marks[k] = v
+	}
+	opts.Annotations = marks
 	machine := &clusterv1.Machine{}
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := c.Get(ctx, key, machine); err != nil {
