@@ -24,6 +24,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
 	hooksv1 "github.com/capi-inplace/capi-inplace/api/hooks/v1alpha1"
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -372,7 +373,11 @@ var _ = Describe("every failure path is observable", func() {
 		Entry("UpdateMachine declined: a downgrade", "UpdateMachine", upgraderequest.ReasonDowngrade, "in-place downgrades are not supported",
 			func(f *faultWorld) (runtimehooksv1.ResponseStatus, string) {
 				h := &extension.InPlaceHooks{Client: k8s, Requester: &upgraderequest.Requester{Client: k8s, Registry: f.registry}, Registry: f.registry}
+				// Marked as Cluster API marks a machine before it calls UpdateMachine.
 				m := (&world{ns: f.ns}).machine(f.machine)
+				Expect(fixtures.Annotate(ctx, k8s, m, clusterv1.UpdateInProgressAnnotation, "true")).To(Succeed())
+				Expect(fixtures.Annotate(ctx, k8s, m, runtimev1.PendingHooksAnnotation, "UpdateMachine")).To(Succeed())
+				m = (&world{ns: f.ns}).machine(f.machine)
 				req := &runtimehooksv1.UpdateMachineRequest{}
 				req.Desired.Machine = *m.DeepCopy()
 				req.Desired.Machine.Spec.Version = "v1.30.0"
