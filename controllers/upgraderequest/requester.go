@@ -403,9 +403,9 @@ func example(cur string) string {
 
 // checkSkew declines workers newer than their control plane: a kubelet must never be
 // newer than the API server. The control plane's version is the lowest its machines run.
-// A live UpgradeTask of the control plane (not a dry run) to the target or newer makes the
-// request acceptable: the task controller holds the workers until the control plane is
-// there. A version that cannot be ordered against the control plane's is not known to be
+// A live or completed UpgradeTask of the control plane (not a dry run) to the target or
+// newer makes the request acceptable: the task controller holds the workers until the
+// control plane is there. A version that cannot be ordered against the control plane's is not known to be
 // older, so it counts as newer.
 func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, req Request, target *version.Version) (*Decision, error) {
 	ref := cluster.Spec.ControlPlaneRef
@@ -441,7 +441,10 @@ func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, r
 	}
 	for i := range tasks {
 		t := &tasks[i]
-		if !IsLive(t) || t.Spec.DryRun {
+		// A completed task counts too: the cache may not show the release annotations it
+		// wrote on the control plane machines yet (it writes them before it completes).
+		// The task controller's VersionSkew hold judges the machines themselves anyway.
+		if !(IsLive(t) || t.Status.Phase == inplacev1.TaskPhaseCompleted) || t.Spec.DryRun {
 			continue
 		}
 		if order, err := kubeversion.CompareStrings(t.Spec.Version, req.Version); err == nil && order >= 0 {

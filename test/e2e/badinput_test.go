@@ -190,7 +190,8 @@ var _ = Describe("Bad input", Ordered, func() {
 
 	It("holds a task, visibly, while the workload cluster's kubeconfig Secret is missing or invalid, and starts no node", func() {
 		resp := &hooksv1.ExternalUpgradeRequestResponse{}
-		Expect(external.Call(ctx, hooksv1.ExternalUpgradeRequest, "external-upgrade-request", upgradeRequest("kubeadm", "workers", "", "v1.36.3"), resp)).To(Succeed())
+		// The control plane: workers are not asked past it (VersionSkew).
+		Expect(external.Call(ctx, hooksv1.ExternalUpgradeRequest, "external-upgrade-request", upgradeRequest("kubeadm", "", "cp", "v1.36.3"), resp)).To(Succeed())
 		Expect(resp.Decision).To(Equal(hooksv1.DecisionAccept), resp.Message)
 		progressing := func() string {
 			t := &inplacev1.UpgradeTask{}
