@@ -120,6 +120,8 @@ type History struct {
 	start   time.Time
 	events  []Event
 	checker *Checker
+	// progress is when the last NodeUpdate moved (the updater acted, or the watch saw one change).
+	progress time.Time
 }
 
 // NewHistory returns an empty history judged by checker.
@@ -136,6 +138,11 @@ func (h *History) Record(e Event) {
 		e.At = time.Now()
 	}
 	h.events = append(h.events, e)
+	switch e.Kind {
+	case EventAction, EventWatchTask, EventWorldDown, EventWorldUp, EventReplica, EventReplicaLost:
+	default:
+		h.progress = e.At
+	}
 	if h.checker != nil {
 		h.checker.Observe(e)
 	}
@@ -144,6 +151,16 @@ func (h *History) Record(e Event) {
 // Action records something the test did.
 func (h *History) Action(format string, args ...any) {
 	h.Record(Event{Kind: EventAction, Why: fmt.Sprintf(format, args...)})
+}
+
+// SinceProgress is how long ago a NodeUpdate last moved.
+func (h *History) SinceProgress() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.progress.IsZero() {
+		return time.Since(h.start)
+	}
+	return time.Since(h.progress)
 }
 
 // Events returns the events so far.

@@ -158,15 +158,15 @@ type operation struct {
 
 func (d *driver) operations() []operation {
 	return []operation{
-		{"annotate", 12, d.annotate},
-		{"unannotate", 4, d.unannotate},
-		{"external", 10, d.externalRequest},
+		{"annotate", 14, d.annotate},
+		{"unannotate", 3, d.unannotate},
+		{"external", 12, d.externalRequest},
 		{"capi", 8, d.capiBump},
-		{"delete-task", 5, d.deleteTask},
-		{"abort-task", 6, d.abortTask},
+		{"delete-task", 3, d.deleteTask},
+		{"abort-task", 3, d.abortTask},
 		{"flap", 14, d.flap},
 		{"delete-machine", 3, d.deleteMachine},
-		{"restart-manager", 6, d.restartManager},
+		{"restart-manager", 4, d.restartManager},
 	}
 }
 
@@ -196,7 +196,19 @@ func (d *driver) randomPhase(ctx context.Context, n int) error {
 	return nil
 }
 
-func (d *driver) version() string { return targetVersions[d.rng.Intn(len(targetVersions))] }
+// version picks a target version: mostly the next minor, so that control planes get
+// there and workers follow; sometimes another build of it, or the minor after, which a
+// control plane still at v1.33 refuses.
+func (d *driver) version() string {
+	switch p := d.rng.Intn(100); {
+	case p < 60:
+		return targetVersions[0]
+	case p < 85:
+		return targetVersions[1]
+	default:
+		return targetVersions[2]
+	}
+}
 
 // subject is an object the cascade upgrades by annotation.
 func (d *driver) subject(i int) client.Object {
@@ -411,10 +423,11 @@ func (d *driver) restartManager(ctx context.Context) error {
 func (d *driver) settle(ctx context.Context, bound time.Duration) string {
 	d.async.Wait()
 	d.w.History.Action("settle: no more faults; waiting up to %s for the tasks to end", bound)
-	if d.waitSettled(ctx, bound, false) == "" {
+	why := d.waitSettled(ctx, bound, false)
+	if why == "" {
 		return ""
 	}
-	d.w.History.Action("settle: stopping the CAPI rollout, removing in-place-upgrade-to, aborting every live task")
+	d.w.History.Action("settle: still running: %s; stopping the CAPI rollout, removing in-place-upgrade-to, aborting every live task", why)
 	d.capi.Stop(ctx)
 	for i := 0; i < 4; i++ {
 		_ = setAnnotation(ctx, d.w.env.Client, d.subject(i), inplacev1.UpgradeToAnnotation, "")
@@ -422,8 +435,12 @@ func (d *driver) settle(ctx context.Context, bound time.Duration) string {
 	return d.waitSettled(ctx, bound, true)
 }
 
+// idleBeforeAbort is how long the first settle phase waits without any NodeUpdate moving.
+const idleBeforeAbort = 3 * time.Second
+
 func (d *driver) waitSettled(ctx context.Context, bound time.Duration, abort bool) string {
-	deadline := time.Now().Add(bound)
+	started := time.Now()
+	deadline := started.Add(bound)
 	for {
 		why, err := d.unsettled(ctx, abort)
 		if err == nil && why == "" {
@@ -432,7 +449,11 @@ func (d *driver) waitSettled(ctx context.Context, bound time.Duration, abort boo
 		if err != nil {
 			why = err.Error()
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		// Without abort, a world where no NodeUpdate moved for a while is waiting for
+		// something that will not come by itself (a node a preflight check holds, a
+		// worker waiting for a control plane that failed): the abort phase ends it.
+		idle := min(d.w.History.SinceProgress(), time.Since(started))
+		if time.Now().After(deadline) || ctx.Err() != nil || (!abort && idle > idleBeforeAbort) {
 			return why
 		}
 		_ = sleep(ctx, 200*time.Millisecond)
@@ -450,7 +471,14 @@ func (d *driver) unsettled(ctx context.Context, abort bool) (string, error) {
 	}
 	for i := range tasks {
 		t := &tasks[i]
-		why = append(why, fmt.Sprintf("task %s %s %s", t.Name, t.Status.Phase, t.Status.Progress))
+		held := ""
+		for _, m := range t.Status.Machines {
+			if m.Message != "" && m.State != inplacev1.MachineStateUpgraded {
+				held = fmt.Sprintf(" (%s: %s)", m.Name, m.Message)
+				break
+			}
+		}
+		why = append(why, fmt.Sprintf("task %s %s %s%s", t.Name, t.Status.Phase, t.Status.Progress, held))
 		if abort && t.Spec.Phase != inplacev1.TaskActionAbort {
 			_ = abortTask(ctx, d.w.env.Client, t)
 		}
