@@ -171,15 +171,22 @@ type Volumes struct {
 }
 
 // PlaceVolumes spreads count volumes of 1 to 3 replicas over nodes at random and records
-// the placement.
-func PlaceVolumes(rng *rand.Rand, nodes []string, count int, h *History) *Volumes {
+// the placement. A volume of one replica pins its node (the preflight check never lets
+// it go down), so those are placed on workers (the nodes of workers): one pinned control
+// plane node would hold every control plane upgrade, and every worker's behind it.
+func PlaceVolumes(rng *rand.Rand, nodes, workers []string, count int, h *History) *Volumes {
 	v := &Volumes{replicas: map[string]map[string]bool{}}
 	for i := 1; i <= count; i++ {
 		name := fmt.Sprintf("vol-%d", i)
 		v.replicas[name] = map[string]bool{}
-		for _, j := range rng.Perm(len(nodes))[:1+rng.Intn(3)] {
-			v.replicas[name][nodes[j]] = true
-			h.Record(Event{Kind: EventReplica, Volume: name, Node: nodes[j]})
+		on := nodes
+		n := 1 + rng.Intn(3)
+		if n == 1 {
+			on = workers
+		}
+		for _, j := range rng.Perm(len(on))[:n] {
+			v.replicas[name][on[j]] = true
+			h.Record(Event{Kind: EventReplica, Volume: name, Node: on[j]})
 		}
 	}
 	return v

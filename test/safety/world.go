@@ -113,7 +113,7 @@ func NewWorld(ctx context.Context, env *testenv.Environment, seed int64, rng *ra
 		all[md] = machines
 	}
 	initial := map[string]string{}
-	var nodes []string
+	var nodes, workers []string
 	for _, target := range append([]string{controlPlane}, machineDeployments...) {
 		for _, m := range all[target] {
 			node := fixtures.NodeName(ns, m.Name)
@@ -121,6 +121,9 @@ func NewWorld(ctx context.Context, env *testenv.Environment, seed int64, rng *ra
 			w.members[target] = append(w.members[target], m.Name)
 			initial[node] = fromVersion
 			nodes = append(nodes, node)
+			if target != controlPlane {
+				workers = append(workers, node)
+			}
 		}
 	}
 	w.Kubelets = NewKubelets(c, ns)
@@ -131,7 +134,7 @@ func NewWorld(ctx context.Context, env *testenv.Environment, seed int64, rng *ra
 	}
 	w.Checker = NewChecker(Topology{TargetOf: w.targetOf, ControlPlane: controlPlane, Kubelet: initial, Slack: slack})
 	w.History = NewHistory(w.Checker)
-	w.Volumes = PlaceVolumes(rng, nodes, 4, w.History)
+	w.Volumes = PlaceVolumes(rng, nodes, workers, 4, w.History)
 	w.Updater = NewUpdater(seed, initial)
 	w.Updater.Client, w.Updater.Kubelets, w.Updater.Volumes, w.Updater.History = c, w.Kubelets, w.Volumes, w.History
 	w.Updater.TargetOf, w.Updater.ControlPlane, w.Updater.TargetSize = w.targetOf, controlPlane, w.targetSize
