@@ -93,7 +93,7 @@ func TestSafety(t *testing.T) {
 var (
 	t0   = time.Unix(1_000_000, 0)
 	topo = Topology{
-		TargetOf: map[string]string{"c1": "cp", "c2": "cp", "c3": "cp", "a1": "md-a", "a2": "md-a", "a3": "md-a"},
+		TargetOf:     map[string]string{"c1": "cp", "c2": "cp", "c3": "cp", "a1": "md-a", "a2": "md-a", "a3": "md-a"},
 		ControlPlane: "cp",
 		Kubelet: map[string]string{"c1": fromVersion, "c2": fromVersion, "c3": fromVersion,
 			"a1": fromVersion, "a2": fromVersion, "a3": fromVersion},
@@ -119,7 +119,9 @@ func watched(ms int, nu, node, phase string) Event {
 	return Event{At: at(ms), Kind: EventWatchNodeUpdate, NodeUpdate: nu, Node: node, Phase: phase}
 }
 
-func replica(vol, node string) Event { return Event{At: t0, Kind: EventReplica, Volume: vol, Node: node} }
+func replica(vol, node string) Event {
+	return Event{At: t0, Kind: EventReplica, Volume: vol, Node: node}
+}
 
 func kubelet(ms int, node, version string) Event {
 	return Event{At: at(ms), Kind: EventKubelet, Node: node, Version: version}
