@@ -198,7 +198,7 @@ func (c *Checker) observeNodeUpdate(e Event) {
 	if c.topo.TargetOf[e.Node] == c.topo.ControlPlane {
 		nodes := map[string]bool{}
 		for _, node := range c.watched {
-			if c.topo.TargetOf[node] == c.topo.ControlPlane {
+			if c.topo.TargetOf[node] == c.topo.ControlPlane && c.exists[node] {
 				nodes[node] = true
 			}
 		}
@@ -209,14 +209,19 @@ func (c *Checker) observeNodeUpdate(e Event) {
 }
 
 // upgrading is the set of nodes disrupted by upgrades: in the updater's hands (a
-// NodeUpdate started and not ended) or held down by it.
+// NodeUpdate started and not ended) or held down by it. A node that is gone (its machine
+// deleted) disrupts nothing any more, even while its NodeUpdate is being aborted.
 func (c *Checker) upgrading() map[string]bool {
 	out := map[string]bool{}
 	for _, l := range c.live {
-		out[l.node] = true
+		if c.exists[l.node] {
+			out[l.node] = true
+		}
 	}
 	for n := range c.down {
-		out[n] = true
+		if c.exists[n] {
+			out[n] = true
+		}
 	}
 	return out
 }

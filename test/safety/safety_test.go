@@ -171,6 +171,10 @@ func TestCheckerInvariants(t *testing.T) {
 			watched(1000, "n1", "a1", ""), {At: at(1001), Kind: EventWorldDown, Node: "a2", Why: "flap"},
 			start(1010, "n1", "a1", 1), down(1020, "n1", "a1"),
 		}, nil},
+		{"1, 2: not broken by a node that is gone while its NodeUpdate is aborted", []Event{
+			start(0, "n1", "c1", 1), down(10, "n1", "c1"), {At: at(20), Kind: EventNodeGone, Node: "c1"},
+			watched(30, "n2", "c2", "Pending"), start(40, "n2", "c2", 1), down(50, "n2", "c2"),
+		}, nil},
 		{"2: not broken with maxUnavailable 2", []Event{
 			start(0, "n1", "a1", 2), down(10, "n1", "a1"), start(20, "n2", "a2", 2), down(30, "n2", "a2"),
 		}, nil},

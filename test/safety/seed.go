@@ -150,6 +150,10 @@ type driver struct {
 	deletions int
 }
 
+// errNothingToDo is an operation that found nothing to act on (no live task, no machine
+// it may delete); it is not counted.
+var errNothingToDo = errors.New("nothing to do")
+
 type operation struct {
 	name   string
 	weight int
@@ -180,7 +184,11 @@ func (d *driver) randomPhase(ctx context.Context, n int) error {
 		pick := d.rng.Intn(total)
 		for _, op := range ops {
 			if pick < op.weight {
-				if err := op.do(ctx); err != nil {
+				err := op.do(ctx)
+				if errors.Is(err, errNothingToDo) {
+					break
+				}
+				if err != nil {
 					return fmt.Errorf("%s: %w", op.name, err)
 				}
 				d.ops[op.name]++
@@ -290,15 +298,18 @@ func (d *driver) capiBump(ctx context.Context) error {
 
 func (d *driver) randomTask(ctx context.Context) (*inplacev1.UpgradeTask, error) {
 	tasks, err := d.w.liveTasks(ctx)
-	if err != nil || len(tasks) == 0 {
+	if err != nil {
 		return nil, err
+	}
+	if len(tasks) == 0 {
+		return nil, errNothingToDo
 	}
 	return &tasks[d.rng.Intn(len(tasks))], nil
 }
 
 func (d *driver) deleteTask(ctx context.Context) error {
 	t, err := d.randomTask(ctx)
-	if err != nil || t == nil {
+	if err != nil {
 		return err
 	}
 	d.w.History.Action("delete UpgradeTask %s", t.Name)
@@ -307,7 +318,7 @@ func (d *driver) deleteTask(ctx context.Context) error {
 
 func (d *driver) abortTask(ctx context.Context) error {
 	t, err := d.randomTask(ctx)
-	if err != nil || t == nil {
+	if err != nil {
 		return err
 	}
 	d.w.History.Action("abort UpgradeTask %s (spec.phase Abort)", t.Name)
@@ -347,12 +358,12 @@ func (d *driver) flap(ctx context.Context) error {
 // most two per seed, never the last machine of a target; no replacement is created.
 func (d *driver) deleteMachine(ctx context.Context) error {
 	if d.deletions >= 2 {
-		return nil
+		return errNothingToDo
 	}
 	target := Targets()[d.rng.Intn(3)]
 	machines := d.w.Machines(target)
 	if len(machines) < 2 {
-		return nil
+		return errNothingToDo
 	}
 	machine := machines[d.rng.Intn(len(machines))]
 	node := d.w.nodeOf(machine)
