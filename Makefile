@@ -134,6 +134,17 @@ bench: test-binaries ## Measure the hook server, orchestration, API writes per n
 	@$(GO) build -o $(BIN)/capi-inplace-bench ./test/bench
 	$(BIN)/capi-inplace-bench --out docs/benchmarks.md $(ARGS)
 
+# The randomized safety test (test/safety): make test runs its fixed seeds; make soak runs
+# SEEDS seeds (from SEED_BASE), printing a line per seed and a summary. A violation prints
+# the seed, SAFETY_SEED=<seed> replays it.
+SEEDS     ?= 100
+SEED_BASE ?= 1
+
+.PHONY: soak
+soak: test-binaries ## Run the randomized safety test for SEEDS seeds (default 100) from SEED_BASE; a violation prints its seed and history.
+	SAFETY_SEEDS=$(SEEDS) SAFETY_SEED_BASE=$(SEED_BASE) $(GO) test ./test/safety -run '^TestSafety$$' -count=1 -v -timeout 0 \
+		| grep -v -e '^=== RUN' -e '^E[0-9]\{4\} '
+
 FUZZTIME ?= 1m
 FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch ./extension:FuzzHookBodies
 

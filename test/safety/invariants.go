@@ -1,0 +1,332 @@
+package safety
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/version"
+)
+
+// Invariant numbers, as the issue lists them.
+const (
+	InvControlPlaneOne   = 1 // never more than one control plane node disrupted by upgrades
+	InvMaxUnavailable    = 2 // never more than the task's maxUnavailable of its target down
+	InvOneNodeUpdate     = 3 // never two live NodeUpdates for one node
+	InvUpgradedOnce      = 4 // no node upgraded twice to the same version
+	InvVolumeReplica     = 5 // no volume left without a replica off the disrupted nodes
+	InvNothingAfterEnd   = 6 // nothing of a failed or aborted node still running
+	InvNoNewerThanPlanes = 7 // no worker kubelet newer than the control plane
+)
+
+var invariantNames = map[int]string{
+	InvControlPlaneOne:   "never more than one control plane node disrupted by upgrades",
+	InvMaxUnavailable:    "never more than the task's maxUnavailable nodes of its target taken down",
+	InvOneNodeUpdate:     "never two live NodeUpdates for one node",
+	InvUpgradedOnce:      "no node upgraded twice to the same version",
+	InvVolumeReplica:     "every volume keeps a replica on a node that is up and not upgraded",
+	InvNothingAfterEnd:   "nothing of a failed or aborted node still running",
+	InvNoNewerThanPlanes: "no worker kubelet newer than the lowest control plane kubelet",
+}
+
+// Violation is one broken invariant, at the event that broke it.
+type Violation struct {
+	Invariant int
+	// Seq is the position in the history of the event that broke it.
+	Seq     int
+	Message string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("invariant %d (%s) broken at event #%d: %s", v.Invariant, invariantNames[v.Invariant], v.Seq, v.Message)
+}
+
+// Topology is what the Checker knows of the cluster before anything happens.
+type Topology struct {
+	// TargetOf maps each node to its control plane or MachineDeployment.
+	TargetOf map[string]string
+	// ControlPlane is the control plane's target name.
+	ControlPlane string
+	// Kubelet is each node's kubelet version at the start.
+	Kubelet map[string]string
+	// Slack is how long a disruption the updater did not cause (a flap, a deleting
+	// machine) must have been visible before the controller created a NodeUpdate for it
+	// to count against that NodeUpdate: the controller decides from what it read, and
+	// cannot account for a node that went NotReady a moment before it created the
+	// NodeUpdate.
+	Slack time.Duration
+}
+
+// Checker judges events against the invariants as they are recorded. It is not safe for
+// concurrent use: History serializes it.
+type Checker struct {
+	topo Topology
+
+	exists map[string]bool
+	// live: NodeUpdates in the updater's hands (from its first call until it ended them),
+	// by NodeUpdate, with their node.
+	live map[string]liveUpdate
+	// down: nodes the updater holds NotReady, with the NodeUpdate.
+	down map[string]string
+	// worldDownSince: nodes disrupted by something else, since when.
+	worldDownSince map[string]time.Time
+	// created: when the watch first saw each NodeUpdate.
+	created map[string]time.Time
+	// watched: NodeUpdates the watch shows not final, with their node.
+	watched map[string]string
+	// successes counts, per node and version, the NodeUpdates the updater reported done.
+	successes map[string]map[string]int
+	kubelet   map[string]string
+	replicas  map[string]map[string]bool
+
+	violations []Violation
+}
+
+type liveUpdate struct {
+	node, target, task string
+	maxUnavailable     int
+}
+
+// NewChecker returns a Checker for a cluster laid out as topo.
+func NewChecker(topo Topology) *Checker {
+	c := &Checker{
+		topo: topo, exists: map[string]bool{}, live: map[string]liveUpdate{}, down: map[string]string{},
+		worldDownSince: map[string]time.Time{}, created: map[string]time.Time{}, watched: map[string]string{},
+		successes: map[string]map[string]int{}, kubelet: map[string]string{}, replicas: map[string]map[string]bool{},
+	}
+	for n := range topo.TargetOf {
+		c.exists[n] = true
+	}
+	for n, v := range topo.Kubelet {
+		c.kubelet[n] = v
+	}
+	return c
+}
+
+// Violations returns the violations found so far.
+func (c *Checker) Violations() []Violation { return slices.Clone(c.violations) }
+
+func (c *Checker) violate(inv int, e Event, format string, args ...any) {
+	c.violations = append(c.violations, Violation{Invariant: inv, Seq: e.Seq, Message: fmt.Sprintf(format, args...)})
+}
+
+// Observe updates the Checker's view with e and judges it.
+func (c *Checker) Observe(e Event) {
+	switch e.Kind {
+	case EventNodeUpdateStart:
+		for nu, l := range c.live {
+			if l.node == e.Node {
+				c.violate(InvOneNodeUpdate, e, "the updater started NodeUpdate %s on node %s while it still runs NodeUpdate %s there", e.NodeUpdate, e.Node, nu)
+			}
+		}
+		c.live[e.NodeUpdate] = liveUpdate{node: e.Node, target: e.Target, task: e.Task, maxUnavailable: e.MaxUnavailable}
+		c.checkControlPlane(e)
+	case EventNodeDown:
+		c.down[e.Node] = e.NodeUpdate
+		c.checkControlPlane(e)
+		c.checkBudget(e)
+		c.checkVolumes(e)
+	case EventNodeUp:
+		delete(c.down, e.Node)
+	case EventKubelet:
+		c.kubelet[e.Node] = e.Version
+	case EventNodeUpdateDone:
+		c.end(e)
+		if c.successes[e.Node] == nil {
+			c.successes[e.Node] = map[string]int{}
+		}
+		c.successes[e.Node][e.Version]++
+		if n := c.successes[e.Node][e.Version]; n > 1 {
+			c.violate(InvUpgradedOnce, e, "node %s upgraded to %s for the %d. time (NodeUpdate %s)", e.Node, e.Version, n, e.NodeUpdate)
+		}
+		c.checkSkew(e)
+	case EventNodeUpdateFailed, EventNodeUpdateAborted:
+		c.end(e)
+	case EventResumedAfterEnd:
+		c.violate(InvNothingAfterEnd, e, "the updater was asked to go on with NodeUpdate %s on node %s after it had %s it", e.NodeUpdate, e.Node, e.Why)
+	case EventWatchNodeUpdate:
+		c.observeNodeUpdate(e)
+	case EventWorldDown:
+		if _, ok := c.worldDownSince[e.Node]; !ok {
+			c.worldDownSince[e.Node] = e.At
+		}
+	case EventWorldUp:
+		delete(c.worldDownSince, e.Node)
+	case EventNodeGone:
+		delete(c.exists, e.Node)
+		delete(c.worldDownSince, e.Node)
+		delete(c.kubelet, e.Node)
+	case EventReplica:
+		if c.replicas[e.Volume] == nil {
+			c.replicas[e.Volume] = map[string]bool{}
+		}
+		c.replicas[e.Volume][e.Node] = true
+	case EventReplicaLost:
+		delete(c.replicas[e.Volume], e.Node)
+	}
+}
+
+func (c *Checker) end(e Event) {
+	delete(c.live, e.NodeUpdate)
+	if c.down[e.Node] == e.NodeUpdate {
+		delete(c.down, e.Node)
+	}
+}
+
+func (c *Checker) observeNodeUpdate(e Event) {
+	if _, seen := c.created[e.NodeUpdate]; !seen {
+		c.created[e.NodeUpdate] = e.At
+	}
+	final := e.Phase == "Succeeded" || e.Phase == "Failed" || e.Phase == "Aborted"
+	if e.Deleted || final {
+		delete(c.watched, e.NodeUpdate)
+		return
+	}
+	c.watched[e.NodeUpdate] = e.Node
+	var others []string
+	for nu, node := range c.watched {
+		if node == e.Node && nu != e.NodeUpdate {
+			others = append(others, nu)
+		}
+	}
+	if len(others) > 0 {
+		sort.Strings(others)
+		c.violate(InvOneNodeUpdate, e, "NodeUpdate %s (%s) of node %s is live while NodeUpdate(s) %s of the same node are not final", e.NodeUpdate, e.Phase, e.Node, strings.Join(others, ", "))
+	}
+	if c.topo.TargetOf[e.Node] == c.topo.ControlPlane {
+		nodes := map[string]bool{}
+		for _, node := range c.watched {
+			if c.topo.TargetOf[node] == c.topo.ControlPlane && c.exists[node] {
+				nodes[node] = true
+			}
+		}
+		if len(nodes) > 1 {
+			c.violate(InvControlPlaneOne, e, "the watch shows live NodeUpdates on %d control plane nodes at once: %s", len(nodes), strings.Join(sortedKeys(nodes), ", "))
+		}
+	}
+}
+
+// upgrading is the set of nodes disrupted by upgrades: in the updater's hands (a
+// NodeUpdate started and not ended) or held down by it. A node that is gone (its machine
+// deleted) disrupts nothing any more, even while its NodeUpdate is being aborted.
+func (c *Checker) upgrading() map[string]bool {
+	out := map[string]bool{}
+	for _, l := range c.live {
+		if c.exists[l.node] {
+			out[l.node] = true
+		}
+	}
+	for n := range c.down {
+		if c.exists[n] {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// worldDownBefore is the set of nodes disrupted by something else than the updater
+// since at least Slack before the NodeUpdate nu was created, and still now.
+func (c *Checker) worldDownBefore(nu string) map[string]bool {
+	out := map[string]bool{}
+	created, ok := c.created[nu]
+	if !ok {
+		return out
+	}
+	for n, since := range c.worldDownSince {
+		if !since.After(created.Add(-c.topo.Slack)) {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+func (c *Checker) checkControlPlane(e Event) {
+	var cp []string
+	for n := range c.upgrading() {
+		if c.topo.TargetOf[n] == c.topo.ControlPlane {
+			cp = append(cp, n)
+		}
+	}
+	if len(cp) > 1 {
+		sort.Strings(cp)
+		c.violate(InvControlPlaneOne, e, "%d control plane nodes are being upgraded at once: %s", len(cp), strings.Join(cp, ", "))
+	}
+}
+
+func (c *Checker) checkBudget(e Event) {
+	l, ok := c.live[e.NodeUpdate]
+	if !ok {
+		return
+	}
+	target := c.topo.TargetOf[e.Node]
+	down := map[string]bool{}
+	for n := range c.upgrading() {
+		if c.topo.TargetOf[n] == target {
+			down[n] = true
+		}
+	}
+	for n := range c.worldDownBefore(e.NodeUpdate) {
+		if c.topo.TargetOf[n] == target && c.exists[n] {
+			down[n] = true
+		}
+	}
+	if len(down) > l.maxUnavailable {
+		c.violate(InvMaxUnavailable, e, "node %s of %s taken down by NodeUpdate %s of task %s (maxUnavailable %d) while %d nodes of %s are disrupted: %s",
+			e.Node, target, e.NodeUpdate, l.task, l.maxUnavailable, len(down), target, strings.Join(sortedKeys(down), ", "))
+	}
+}
+
+func (c *Checker) checkVolumes(e Event) {
+	unavailable := c.upgrading()
+	for n := range c.worldDownBefore(e.NodeUpdate) {
+		unavailable[n] = true
+	}
+	for _, vol := range sortedKeys(c.replicas) {
+		var on []string
+		healthy := 0
+		for n := range c.replicas[vol] {
+			on = append(on, n)
+			if c.exists[n] && !unavailable[n] {
+				healthy++
+			}
+		}
+		if healthy == 0 {
+			sort.Strings(on)
+			c.violate(InvVolumeReplica, e, "node %s taken down by NodeUpdate %s leaves volume %s (replicas on %s) without a replica on a node that is up and not upgraded; disrupted: %s",
+				e.Node, e.NodeUpdate, vol, strings.Join(on, ", "), strings.Join(sortedKeys(unavailable), ", "))
+		}
+	}
+}
+
+func (c *Checker) checkSkew(e Event) {
+	if c.topo.TargetOf[e.Node] == c.topo.ControlPlane {
+		return
+	}
+	worker, err := version.ParseSemantic(e.Version)
+	if err != nil {
+		return
+	}
+	for n, v := range c.kubelet {
+		if c.topo.TargetOf[n] != c.topo.ControlPlane || !c.exists[n] {
+			continue
+		}
+		cp, err := version.ParseSemantic(v)
+		if err != nil {
+			continue
+		}
+		if cp.LessThan(worker) {
+			c.violate(InvNoNewerThanPlanes, e, "worker node %s now runs kubelet %s while control plane node %s runs %s", e.Node, e.Version, n, v)
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
