@@ -41,20 +41,11 @@ var _ = AfterSuite(func() {
 	}
 })
 
-// runManager starts mgr; the returned stop ends it and waits until it has ended, as a
-// restart of the real manager would.
+// runManager starts mgr (testenv.RunManager); the returned stop ends it and waits until it
+// has ended, as a restart of the real manager would.
 func runManager(mgr ctrl.Manager) (stop func()) {
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(mctx)).To(Succeed())
-	}()
-	return func() {
-		cancel()
-		Eventually(done, 30*time.Second).Should(BeClosed())
-	}
+	stopManager := testenv.RunManager(ctx, mgr)
+	return func() { Expect(stopManager()).To(Succeed()) }
 }
 
 // installExternalUpdater installs ExternalUpgrader/default (fixtures.ExternalUpdater) in ns.

@@ -444,7 +444,7 @@ func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, r
 		// A completed task counts too: the cache may not show the release annotations it
 		// wrote on the control plane machines yet (it writes them before it completes).
 		// The task controller's VersionSkew hold judges the machines themselves anyway.
-		if !(IsLive(t) || t.Status.Phase == inplacev1.TaskPhaseCompleted) || t.Spec.DryRun {
+		if (!IsLive(t) && t.Status.Phase != inplacev1.TaskPhaseCompleted) || t.Spec.DryRun {
 			continue
 		}
 		if order, err := kubeversion.CompareStrings(t.Spec.Version, req.Version); err == nil && order >= 0 {

@@ -83,20 +83,11 @@ func startManagerWith(clk clock.PassiveClock, registry *nodeupdater.Registry) (s
 	return runManager(mgr)
 }
 
-// runManager starts mgr; the returned stop ends it and waits until it has ended, as a
-// restart of the real manager would.
+// runManager starts mgr (testenv.RunManager); the returned stop ends it and waits until it
+// has ended, as a restart of the real manager would.
 func runManager(mgr ctrl.Manager) (stop func()) {
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(mctx)).To(Succeed())
-	}()
-	return func() {
-		cancel()
-		Eventually(done, 30*time.Second).Should(BeClosed())
-	}
+	stopManager := testenv.RunManager(ctx, mgr)
+	return func() { Expect(stopManager()).To(Succeed()) }
 }
 
 // world is one test's Cluster with a MachineDeployment "workers" (or a control plane "cp")

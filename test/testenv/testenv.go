@@ -308,3 +308,21 @@ func RepoRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// RunManager starts mgr until the returned stop is called; stop ends it and waits until it
+// has ended (at most 30 seconds), as a restart of the real manager would, and returns what
+// Start returned.
+func RunManager(ctx context.Context, mgr interface{ Start(context.Context) error }) (stop func() error) {
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	return func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("the manager did not stop within 30s")
+		}
+	}
+}
