@@ -12,6 +12,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -94,5 +95,5 @@ func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[strin
 // releaseIs reports whether the machine's release annotation records target.
 func releaseIs(m *clusterv1.Machine, target *version.Version) bool {
 	rel, err := version.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation])
-	return err == nil && rel.EqualTo(target) && rel.BuildMetadata() == target.BuildMetadata()
+	return err == nil && kubeversion.SameRelease(rel, target)
 }
