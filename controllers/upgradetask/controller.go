@@ -6,6 +6,7 @@ package upgradetask
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,6 +76,35 @@ type Reconciler struct {
 	created createdNodeUpdates
 	// writtenMachines holds the Machines written that the cache may not show as written.
 	writtenMachines writtenMachines
+	// clusters serializes the reconciles of the tasks of one Cluster (clusterLocks).
+	clusters clusterLocks
+}
+
+// clusterLocks holds one lock per Cluster. The tasks of a Cluster share one disruption
+// budget: two reconciles of different tasks that read it at the same moment would each
+// start a node without seeing the other's (two control plane nodes, or both holders of a
+// volume's replicas, down at once). Holding the Cluster's lock from reading the budget
+// until the round's NodeUpdates exist (and are known to the create-expectations) makes
+// the second reconcile see the first one's nodes.
+type clusterLocks struct {
+	mu    sync.Mutex
+	locks map[types.NamespacedName]*sync.Mutex
+}
+
+// lock locks the Cluster's lock and returns its unlock.
+func (c *clusterLocks) lock(cluster types.NamespacedName) (unlock func()) {
+	c.mu.Lock()
+	if c.locks == nil {
+		c.locks = map[types.NamespacedName]*sync.Mutex{}
+	}
+	l := c.locks[cluster]
+	if l == nil {
+		l = &sync.Mutex{}
+		c.locks[cluster] = l
+	}
+	c.mu.Unlock()
+	l.Lock()
+	return l.Unlock
 }
 
 // +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks,verbs=get;list;watch;create;update;patch;delete
@@ -220,6 +250,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, nil
 	}
 
+	defer r.clusters.lock(types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName})()
 	s, err := r.readScope(ctx, task)
 	if err != nil {
 		return ctrl.Result{}, err
