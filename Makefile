@@ -34,6 +34,12 @@ KUBECTL        := $(TEST_BIN_DIR)/kubectl
 KUBE_LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR)
 export KUBEBUILDER_ASSETS := $(TEST_BIN_DIR)
 
+# Cluster API's own controllers (core, KubeadmControlPlane, kubeadm bootstrap and CAPD with
+# its in-memory backend), built from the module versions in hack/tools/capi/go.mod (the same
+# as the project's go.mod; make verify checks it), run as processes by test/capienv.
+CAPI_BIN_DIR := $(BIN)/capi
+CAPI_BINARIES := $(CAPI_BIN_DIR)/capi-core $(CAPI_BIN_DIR)/capi-kubeadm-control-plane $(CAPI_BIN_DIR)/capi-kubeadm-bootstrap $(CAPI_BIN_DIR)/capd
+
 SUC_APIS_PKG      := github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1
 LONGHORN_APIS_PKG := github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2
 
@@ -102,7 +108,31 @@ test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan and Longhorn CRDs the test
 
 ##@ Test
 .PHONY: test-binaries
-test-binaries: $(KUBE_APISERVER) $(ETCD) $(KUBECTL) ## Build the test control plane (kube-apiserver, etcd, kubectl) once into bin/k8s.
+test-binaries: $(KUBE_APISERVER) $(ETCD) $(KUBECTL) $(CAPI_BINARIES) ## Build the test control plane (kube-apiserver, etcd, kubectl) into bin/k8s and CAPI's controllers into bin/capi, once.
+
+.PHONY: capi-binaries
+capi-binaries: $(CAPI_BINARIES) ## Build Cluster API's controllers (core, KCP, CABPK, CAPD) once into bin/capi.
+
+$(CAPI_BIN_DIR)/capi-core: hack/tools/capi/go.mod hack/tools/capi/go.sum
+	@echo "Building Cluster API's core controller from sigs.k8s.io/cluster-api (once; the four CAPI controllers take about 5 minutes on 2 cores)..."
+	@mkdir -p $(CAPI_BIN_DIR)
+	cd hack/tools/capi && $(GO) build -o $@.tmp sigs.k8s.io/cluster-api/core
+	mv $@.tmp $@
+
+$(CAPI_BIN_DIR)/capi-kubeadm-control-plane: hack/tools/capi/go.mod hack/tools/capi/go.sum
+	@mkdir -p $(CAPI_BIN_DIR)
+	cd hack/tools/capi && $(GO) build -o $@.tmp sigs.k8s.io/cluster-api/controlplane/kubeadm
+	mv $@.tmp $@
+
+$(CAPI_BIN_DIR)/capi-kubeadm-bootstrap: hack/tools/capi/go.mod hack/tools/capi/go.sum
+	@mkdir -p $(CAPI_BIN_DIR)
+	cd hack/tools/capi && $(GO) build -o $@.tmp sigs.k8s.io/cluster-api/bootstrap/kubeadm
+	mv $@.tmp $@
+
+$(CAPI_BIN_DIR)/capd: hack/tools/capi/go.mod hack/tools/capi/go.sum
+	@mkdir -p $(CAPI_BIN_DIR)
+	cd hack/tools/capi && $(GO) build -o $@.tmp sigs.k8s.io/cluster-api/test/infrastructure/docker
+	mv $@.tmp $@
 
 $(KUBE_APISERVER): hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
 	@echo "Building kube-apiserver $(KUBE_VERSION) from k8s.io/kubernetes (once; about 4 to 8 minutes on 2 cores)..."
@@ -164,6 +194,9 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint.
 .PHONY: verify
 verify: generate manifests ## Fail if regenerating changes anything checked in, or go.mod is not tidy.
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy; run 'go mod tidy' and commit"; exit 1; }
+	@for m in sigs.k8s.io/cluster-api sigs.k8s.io/cluster-api/test; do \
+		a=$$(awk -v m=$$m '$$1==m {print $$2}' go.mod); b=$$(awk -v m=$$m '$$1==m {print $$2}' hack/tools/capi/go.mod); \
+		[ -n "$$a" ] && [ "$$a" = "$$b" ] || { echo "$$m is $$a in go.mod but $$b in hack/tools/capi/go.mod: the CAPI controllers the tests run must be the release the project builds against; set both to the same version"; exit 1; }; done
 	@if [ -n "$$(git status --porcelain)" ]; then \
 		echo "Generated files are out of date; run 'make generate manifests' and commit:"; \
 		git status --porcelain; git diff --stat; exit 1; fi

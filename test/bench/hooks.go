@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"runtime"
@@ -128,7 +127,7 @@ func runHookBench(ctx context.Context, b *bench) (*hookBenchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2)
+	ports, err := manager.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -614,23 +613,4 @@ func waitStarted(ctx context.Context, srv *runtimeserver.Server) error {
 		}
 		sleep(ctx, 50*time.Millisecond)
 	}
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var listeners []net.Listener
-	defer func() {
-		for _, l := range listeners {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

@@ -65,7 +65,7 @@ type Process struct {
 // Start runs the manager on free loopback ports and returns once the process started;
 // use WaitReady to wait for its probes.
 func Start(opts Options) (*Process, error) {
-	ports, err := freePorts(4)
+	ports, err := FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +172,8 @@ func TLSConfig(caPEM []byte) (*tls.Config, error) {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
-func freePorts(n int) ([]int, error) {
+// FreePorts returns n loopback ports that were free a moment ago.
+func FreePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	listeners := make([]net.Listener, 0, n)
 	defer func() {

@@ -2,10 +2,10 @@ package sim
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +29,8 @@ type ExternalUpdater struct {
 	// nodesStayReady keeps the nodes Ready while their NodeUpdates run, as in the first
 	// steps of a real node upgrade (repository, image preload) before the drain.
 	nodesStayReady bool
+	// nodes reaches the node of a NodeUpdate; the management client at first.
+	nodes Nodes
 
 	mu        sync.Mutex
 	fail      map[string]string
@@ -41,7 +43,7 @@ type ExternalUpdater struct {
 // looks at them every 50ms until Stop. logf receives what it could not write.
 func RunExternalUpdater(ctx context.Context, c client.Client, namespace string, hold time.Duration, logf func(format string, args ...any)) *ExternalUpdater {
 	s := &ExternalUpdater{
-		client: c, namespace: namespace, hold: hold, abortDelay: 300 * time.Millisecond, logf: logf,
+		client: c, namespace: namespace, hold: hold, abortDelay: 300 * time.Millisecond, logf: logf, nodes: managementNodes{c},
 		fail: map[string]string{}, seen: map[string]time.Time{}, abortSeen: map[string]time.Time{},
 	}
 	sctx, cancel := context.WithCancel(ctx)
@@ -80,6 +82,33 @@ func (s *ExternalUpdater) KeepNodesReady() {
 	s.nodesStayReady = true
 }
 
+// Nodes is how an ExternalUpdater reaches the node a NodeUpdate upgrades: the kubelet's
+// side of the work, readiness and the version it reports.
+type Nodes interface {
+	// SetReady sets the node's Ready condition, as its kubelet would.
+	SetReady(ctx context.Context, nu *inplacev1.NodeUpdate, ready bool) error
+	// Upgraded makes the node report what the NodeUpdate upgraded it to (the kubelet
+	// version, for one): called when the NodeUpdate succeeds, before it is marked so.
+	Upgraded(ctx context.Context, nu *inplacev1.NodeUpdate) error
+}
+
+// managementNodes are Nodes on the management API server (the tests where it plays the
+// workload cluster too); their kubelet version is not looked at, so Upgraded does nothing.
+type managementNodes struct{ c client.Client }
+
+func (m managementNodes) SetReady(ctx context.Context, nu *inplacev1.NodeUpdate, ready bool) error {
+	return fixtures.SetNodeReady(ctx, m.c, nu.Spec.NodeName, ready)
+}
+
+func (managementNodes) Upgraded(context.Context, *inplacev1.NodeUpdate) error { return nil }
+
+// UseNodes makes the simulator reach the nodes through n instead of the management client.
+func (s *ExternalUpdater) UseNodes(n Nodes) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nodes = n
+}
+
 // FailMachine makes the NodeUpdate of machine fail with message once it has run.
 func (s *ExternalUpdater) FailMachine(machine, message string) {
 	s.mu.Lock()
@@ -105,7 +134,7 @@ func (s *ExternalUpdater) step(ctx context.Context) {
 				s.abortSeen[nu.Name] = now
 			}
 			if now.Sub(s.abortSeen[nu.Name]) >= s.abortDelay {
-				_ = fixtures.SetNodeReady(ctx, s.client, nu.Spec.NodeName, true)
+				s.setReady(ctx, nu, true)
 				s.finish(ctx, nu, inplacev1.NodeUpdatePhaseAborted, "")
 			}
 			continue
@@ -114,7 +143,7 @@ func (s *ExternalUpdater) step(ctx context.Context) {
 		if !ok {
 			s.seen[nu.Name] = now
 			if !s.nodesStayReady {
-				_ = fixtures.SetNodeReady(ctx, s.client, nu.Spec.NodeName, false)
+				s.setReady(ctx, nu, false)
 			}
 			nu.Status.Phase = inplacev1.NodeUpdatePhaseInProgress
 			nu.Status.CurrentStep = "KubernetesUpgrade"
@@ -129,8 +158,26 @@ func (s *ExternalUpdater) step(ctx context.Context) {
 			s.finish(ctx, nu, inplacev1.NodeUpdatePhaseFailed, msg)
 			continue
 		}
-		_ = fixtures.SetNodeReady(ctx, s.client, nu.Spec.NodeName, true)
+		if err := s.nodes.Upgraded(ctx, nu); err != nil {
+			// The node did not take the new version: try again at the next look.
+			s.log("external updater simulator: upgrade the node of %s: %v", nu.Name, err)
+			continue
+		}
+		s.setReady(ctx, nu, true)
 		s.finish(ctx, nu, inplacev1.NodeUpdatePhaseSucceeded, "")
+	}
+}
+
+func (s *ExternalUpdater) setReady(ctx context.Context, nu *inplacev1.NodeUpdate, ready bool) {
+	// A node that is gone (its machine deleted) has no readiness to set.
+	if err := s.nodes.SetReady(ctx, nu, ready); err != nil && !apierrors.IsNotFound(err) {
+		s.log("external updater simulator: set the node of %s Ready=%v: %v", nu.Name, ready, err)
+	}
+}
+
+func (s *ExternalUpdater) log(format string, args ...any) {
+	if s.logf != nil {
+		s.logf(format, args...)
 	}
 }
 
@@ -141,7 +188,7 @@ func (s *ExternalUpdater) finish(ctx context.Context, nu *inplacev1.NodeUpdate, 
 		nu.Status.FailureReason = inplacev1.StepFailedReason
 		nu.Status.FailureMessage = message
 	}
-	if err := s.client.Status().Update(ctx, nu); err != nil && s.logf != nil {
-		s.logf("%s", fmt.Sprintf("external updater simulator: finish %s: %v", nu.Name, err))
+	if err := s.client.Status().Update(ctx, nu); err != nil {
+		s.log("external updater simulator: finish %s: %v", nu.Name, err)
 	}
 }

@@ -243,8 +243,10 @@ func CRDDirectories(root string) ([]string, error) {
 	}, nil
 }
 
-// moduleDir returns the module cache directory of a dependency of the project,
-// downloading it through the module proxy if it is not there yet.
+// ModuleDir returns the module cache directory of a dependency of the project (a module
+// of go.mod at root), downloading it through the module proxy if it is not there yet.
+func ModuleDir(root, module string) (string, error) { return moduleDir(root, module) }
+
 func moduleDir(root, module string) (string, error) {
 	if _, err := goCommand(root, "mod", "download", module); err != nil {
 		return "", fmt.Errorf("download module %s: %w", module, err)
