@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"text/template"
 	"sync"
+	"text/template"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"

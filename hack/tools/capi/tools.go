@@ -9,8 +9,8 @@
 package tools
 
 import (
-	_ "sigs.k8s.io/cluster-api/core"
 	_ "sigs.k8s.io/cluster-api/bootstrap/kubeadm"
 	_ "sigs.k8s.io/cluster-api/controlplane/kubeadm"
+	_ "sigs.k8s.io/cluster-api/core"
 	_ "sigs.k8s.io/cluster-api/test/infrastructure/docker"
 )
