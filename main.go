@@ -82,7 +82,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease; defaults to the manager's own namespace in a cluster")
 	fs.IntVar(&o.concurrency, "concurrency", 10, "how many objects of each kind are reconciled at once")
 	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
-	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks). Short values are for simulated clusters (make demo, tests)")
+	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set). Short values are for simulated clusters (make demo, tests)")
 }
 
 func newScheme() (*runtime.Scheme, error) {
@@ -235,6 +235,7 @@ func run(opts options) error {
 		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
 	}, &extension.InPlaceHooks{
 		Client: mgr.GetClient(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
+		RetryAfterSeconds: hookRetryAfter(opts.pollInterval),
 	})
 	if err != nil {
 		return err
@@ -265,4 +266,14 @@ func run(opts options) error {
 	log.Info("starting manager", "version", version, "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
 		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater)
 	return mgr.Start(ctx)
+}
+
+// hookRetryAfter is the retry interval UpdateMachine answers with for a --poll-interval:
+// the interval rounded up to whole seconds (Cluster API's unit), or 0 (the hooks' own
+// defaults) when it is not set.
+func hookRetryAfter(poll time.Duration) int32 {
+	if poll <= 0 {
+		return 0
+	}
+	return int32((poll + time.Second - 1) / time.Second)
 }

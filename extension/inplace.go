@@ -32,7 +32,8 @@ import (
 // every hook request.
 const DefaultUpdaterSetting = "defaultUpdater"
 
-// Retry intervals UpdateMachine answers with. Cluster API calls again after them.
+// Retry intervals UpdateMachine answers with by default. Cluster API calls again after
+// them (it caches the answer until then).
 const (
 	// retryWhileWaiting: the machine is handed over and waits for its NodeUpdate
 	// (a preflight check may hold it).
@@ -60,6 +61,18 @@ type InPlaceHooks struct {
 	Registry *nodeupdater.Registry
 	// DefaultUpdater is the manager's --default-updater, in Kind/name form; empty for none.
 	DefaultUpdater string
+	// RetryAfterSeconds, when above 0, replaces both retry intervals UpdateMachine answers
+	// with (10 s while a machine waits, 15 s while its node is upgraded): the manager sets
+	// it from a short --poll-interval, for simulated clusters whose nodes take seconds.
+	RetryAfterSeconds int32
+}
+
+// retryAfter returns the retry interval to answer: def, or RetryAfterSeconds when set.
+func (h *InPlaceHooks) retryAfter(def int32) int32 {
+	if h.RetryAfterSeconds > 0 {
+		return h.RetryAfterSeconds
+	}
+	return def
 }
 
 var _ CAPIHooks = &InPlaceHooks{}
@@ -364,7 +377,7 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 		return
 	}
 	if nu != nil && nu.Status.Phase != inplacev1.NodeUpdatePhaseAborted && nu.Spec.Phase != inplacev1.TaskActionAbort {
-		answerFromNodeUpdate(resp, machine, nu)
+		answerFromNodeUpdate(resp, machine, nu, h.retryAfter(retryWhileRunning))
 		call.reason = HookReasonNodeUpdateFailed
 		return
 	}
@@ -399,7 +412,7 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	switch {
 	case handed != nil && upgraderequest.IsLive(handed):
 		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
-		resp.SetRetryAfterSeconds(retryWhileWaiting)
+		resp.SetRetryAfterSeconds(h.retryAfter(retryWhileWaiting))
 		resp.SetMessage(waitingMessage(handed, machine.Name))
 		return
 	case handed != nil && handed.Status.Phase == inplacev1.TaskPhaseCompleted:
@@ -433,7 +446,7 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	}
 	if w := decision.Wait; w != nil {
 		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
-		resp.SetRetryAfterSeconds(retryWhileWaiting)
+		resp.SetRetryAfterSeconds(h.retryAfter(retryWhileWaiting))
 		resp.SetMessage(fmt.Sprintf("waiting for UpgradeTask %s/%s (%s) to finish node %s (NodeUpdate %s): capi-inplace never aborts a node upgrade in progress; Machine %s is handed over once none of that task's NodeUpdates runs",
 			machine.Namespace, w.Task, pacedBy(w.Pacing), w.Node, w.NodeUpdate, machine.Name))
 		return
@@ -448,7 +461,7 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 		return
 	}
 	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
-	resp.SetRetryAfterSeconds(retryWhileWaiting)
+	resp.SetRetryAfterSeconds(h.retryAfter(retryWhileWaiting))
 	resp.SetMessage(waitingMessage(task, machine.Name))
 }
 
@@ -564,7 +577,7 @@ func (h *InPlaceHooks) latestNodeUpdate(ctx context.Context, machine *clusterv1.
 }
 
 // answerFromNodeUpdate says how the machine's NodeUpdate stands, in Cluster API's terms.
-func answerFromNodeUpdate(resp *runtimehooksv1.UpdateMachineResponse, machine *clusterv1.Machine, nu *inplacev1.NodeUpdate) {
+func answerFromNodeUpdate(resp *runtimehooksv1.UpdateMachineResponse, machine *clusterv1.Machine, nu *inplacev1.NodeUpdate, retryAfter int32) {
 	node := nu.Spec.NodeName
 	switch nu.Status.Phase {
 	case inplacev1.NodeUpdatePhaseSucceeded:
@@ -588,7 +601,7 @@ func answerFromNodeUpdate(resp *runtimehooksv1.UpdateMachineResponse, machine *c
 		resp.SetMessage(fmt.Sprintf("in-place upgrade of node %s to %s failed%s%s: %s; see NodeUpdate %s/%s. Delete that NodeUpdate to try again", node, nu.Spec.Version, step, reason, msg, nu.Namespace, nu.Name))
 	default:
 		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
-		resp.SetRetryAfterSeconds(retryWhileRunning)
+		resp.SetRetryAfterSeconds(retryAfter)
 		resp.SetMessage(progressMessage(nu))
 	}
 }

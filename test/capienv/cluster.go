@@ -232,12 +232,17 @@ type WorkloadNodes struct {
 
 	mu      sync.Mutex
 	clients map[string]client.Client
+	// notReady is, per Cluster (namespace/name), the Nodes set NotReady now; maxDown the
+	// most of each set of Nodes NotReady at once, over every change (see MaxNotReady).
+	notReady map[string]map[string]bool
+	history  map[string][]map[string]bool
 }
 
 // NewWorkloadNodes returns WorkloadNodes reaching each Cluster's workload API server
 // through its kubeconfig Secret on the management cluster.
 func NewWorkloadNodes(mgmt client.Client, scheme *runtime.Scheme) *WorkloadNodes {
-	return &WorkloadNodes{mgmt: mgmt, scheme: scheme, clients: map[string]client.Client{}}
+	return &WorkloadNodes{mgmt: mgmt, scheme: scheme, clients: map[string]client.Client{},
+		notReady: map[string]map[string]bool{}, history: map[string][]map[string]bool{}}
 }
 
 func (w *WorkloadNodes) client(ctx context.Context, nu *inplacev1.NodeUpdate) (client.Client, error) {
@@ -271,8 +276,18 @@ func (w *WorkloadNodes) update(ctx context.Context, nu *inplacev1.NodeUpdate, ch
 	return nil
 }
 
-// SetReady sets the Node's Ready condition.
+// SetReady sets the Node's Ready condition, and records it.
 func (w *WorkloadNodes) SetReady(ctx context.Context, nu *inplacev1.NodeUpdate, ready bool) error {
+	if !ready {
+		// Recorded before the write: a Node is counted down from the moment its updater
+		// takes it down, whether or not the write went through.
+		w.record(nu, false)
+	}
+	defer func() {
+		if ready {
+			w.record(nu, true)
+		}
+	}()
 	return w.update(ctx, nu, func(node *corev1.Node) {
 		status, reason := corev1.ConditionTrue, "KubeletReady"
 		if !ready {
@@ -287,6 +302,41 @@ func (w *WorkloadNodes) SetReady(ctx context.Context, nu *inplacev1.NodeUpdate, 
 		}
 		node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: status, Reason: reason, LastTransitionTime: metav1.Now()})
 	})
+}
+
+func (w *WorkloadNodes) record(nu *inplacev1.NodeUpdate, ready bool) {
+	key := nu.Namespace + "/" + nu.Spec.ClusterName
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	set := map[string]bool{}
+	for n := range w.notReady[key] {
+		set[n] = true
+	}
+	if ready {
+		delete(set, nu.Spec.NodeName)
+	} else {
+		set[nu.Spec.NodeName] = true
+	}
+	w.notReady[key] = set
+	w.history[key] = append(w.history[key], set)
+}
+
+// MaxNotReady returns the most of the given Nodes of a Cluster that the updater had
+// NotReady at once, over the whole run.
+func (w *WorkloadNodes) MaxNotReady(namespace, cluster string, nodes ...string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	most := 0
+	for _, set := range w.history[namespace+"/"+cluster] {
+		n := 0
+		for _, node := range nodes {
+			if set[node] {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return most
 }
 
 // Upgraded makes the Node's kubelet report the NodeUpdate's version.

@@ -29,6 +29,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -63,6 +64,7 @@ func NewScheme() (*runtime.Scheme, error) {
 		clusterv1.AddToScheme,
 		controlplanev1.AddToScheme,
 		bootstrapv1.AddToScheme,
+		runtimev1.AddToScheme,
 		inplacev1.AddToScheme,
 		sucv1.AddToScheme,
 		longhornv1.AddToScheme,
