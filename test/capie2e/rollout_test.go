@@ -1,19 +1,36 @@
 package capie2e
 
 import (
+	"encoding/json"
+	"fmt"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
+	"github.com/capi-inplace/capi-inplace/test/capisim"
 )
 
 var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluster API's own controllers", Ordered, func() {
-	var inPlace *workloadCluster
+	var inPlace, replaced, restarted, failing, single, five *workloadCluster
 
 	BeforeAll(func() {
 		// Every cluster is created first, so that Cluster API provisions them together.
 		inPlace = newWorkloadCluster("inplace", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 3})
+		replaced = newWorkloadCluster("replaced", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 1, Workers: 2})
+		restarted = newWorkloadCluster("restarted", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 2})
+		failing = newWorkloadCluster("failing", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 2})
+		single = newWorkloadCluster("single", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 1, Workers: 1})
+		five = newWorkloadCluster("five", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 5})
 	})
 
 	It("updates 3 control plane and 3 worker machines in place across a minor (v1.35 to v1.36, where KCP also changes the KubeadmConfig)", func() {
@@ -24,5 +41,215 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 		after := inPlace.waitAt("v1.36.3", 6*time.Minute)
 		GinkgoWriter.Printf("6 machines upgraded in place in %s\n", time.Since(start))
 		inPlace.expectAllInPlace(after, "v1.36.3")
+
+		By("test/capisim reads every answer Cluster API acted on as Cluster API did: in place")
+		expectVerdicts(inPlace.ns, true)
+	})
+
+	It("answers a change it cannot do in place without a patch, and Cluster API replaces the machines", func() {
+		replaced.waitProvisioned()
+		_, oldWorkers, _, _ := names(replaced.before)
+
+		By("the workers' class now names a DevMachineTemplate with another spec, which no updater declares")
+		tmpl := &unstructured.Unstructured{}
+		tmpl.SetAPIVersion("infrastructure.cluster.x-k8s.io/v1beta2")
+		tmpl.SetKind("DevMachineTemplate")
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: replaced.ns, Name: capienv.SmallControlPlaneClass + "-machine"}, tmpl)).To(Succeed())
+		changed := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": tmpl.GetAPIVersion(), "kind": tmpl.GetKind(),
+			"metadata": map[string]any{"namespace": replaced.ns, "name": capienv.SmallControlPlaneClass + "-machine-v2"},
+			"spec":     tmpl.Object["spec"],
+		}}
+		Expect(unstructured.SetNestedField(changed.Object, "3s", "spec", "template", "spec", "backend", "inMemory", "vm", "provisioning", "startupDuration")).To(Succeed())
+		Expect(env.Client.Create(ctx, changed)).To(Succeed())
+		class := &clusterv1.ClusterClass{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: replaced.ns, Name: capienv.SmallControlPlaneClass}, class)).To(Succeed())
+		patch := client.MergeFrom(class.DeepCopy())
+		class.Spec.Workers.MachineDeployments[0].Infrastructure.TemplateRef.Name = changed.GetName()
+		Expect(env.Client.Patch(ctx, class, patch)).To(Succeed())
+
+		By("Cluster API asks, is answered without a patch, and replaces both workers")
+		Eventually(func(g Gomega) {
+			machines, err := capienv.Machines(ctx, env.Client, replaced.ns, replaced.name)
+			g.Expect(err).NotTo(HaveOccurred())
+			_, workers, _, _ := names(provisioned(machines))
+			g.Expect(workers).To(HaveLen(2))
+			for _, w := range oldWorkers {
+				g.Expect(workers).NotTo(ContainElement(w))
+			}
+		}, 5*time.Minute, time.Second).Should(Succeed())
+		Expect(replaced.machines.Deleted()).To(ContainElements(oldWorkers))
+		asked := exchangesOf(replaced.ns, "canupdatemachineset")
+		Expect(asked).NotTo(BeEmpty(), "Cluster API asked CanUpdateMachineSet")
+		for _, e := range asked {
+			resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
+			Expect(json.Unmarshal(e.Response, resp)).To(Succeed())
+			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+			Expect(resp.MachineSetPatch.Patch).To(Or(BeEmpty(), Equal([]byte("[]"))), "no in-place claim capi-inplace cannot keep")
+			Expect(resp.InfrastructureMachineTemplatePatch.Patch).To(Or(BeEmpty(), Equal([]byte("[]"))))
+		}
+		expectVerdicts(replaced.ns, false)
+		list := &inplacev1.NodeUpdateList{}
+		Expect(env.Client.List(ctx, list, client.InNamespace(replaced.ns))).To(Succeed())
+		Expect(list.Items).To(BeEmpty(), "no node was upgraded in place")
+	})
+
+	It("completes the rollout when the manager is killed in the middle of it, with one NodeUpdate per machine", func() {
+		restarted.waitProvisioned()
+		restarted.countRunning()
+		restarted.bump("v1.36.3")
+
+		By("killing the manager once the second machine's NodeUpdate runs")
+		Eventually(func() int {
+			list := &inplacev1.NodeUpdateList{}
+			Expect(env.Client.List(ctx, list, client.InNamespace(restarted.ns))).To(Succeed())
+			return len(list.Items)
+		}, 4*time.Minute, 200*time.Millisecond).Should(BeNumerically(">=", 2))
+		Expect(mgr.Kill()).To(Succeed())
+		time.Sleep(3 * time.Second)
+		startManager()
+
+		after := restarted.waitAt("v1.36.3", 6*time.Minute)
+		restarted.expectAllInPlace(after, "v1.36.3")
+	})
+
+	It("shows a node's own error on its Machine when the node fails its upgrade, and starts no other node", func() {
+		failing.waitProvisioned()
+		failing.countRunning()
+		_, workers, _, _ := names(failing.before)
+		failing.updater.FailMachine(workers[0], "rke2-server did not start: kubelet exited with status 1")
+		failing.bump("v1.36.3")
+
+		By("the failing worker's Machine carries Cluster API's Updating condition and capi-inplace's with the node's error")
+		Eventually(func(g Gomega) {
+			m := &clusterv1.Machine{}
+			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: failing.ns, Name: workers[0]}, m)).To(Succeed())
+			updating := condition(m.Status.Conditions, clusterv1.MachineUpdatingCondition)
+			g.Expect(updating).NotTo(BeNil())
+			g.Expect(updating.Reason).To(Equal(clusterv1.MachineInPlaceUpdateFailedReason))
+			ours := condition(m.Status.Conditions, inplacev1.InPlaceUpgradeFailedCondition)
+			g.Expect(ours).NotTo(BeNil())
+			g.Expect(ours.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(ours.Message).To(ContainSubstring("rke2-server did not start: kubelet exited with status 1"))
+		}, 5*time.Minute, time.Second).Should(Succeed())
+		report := operatorView(failing)
+		GinkgoWriter.Println(report)
+
+		By("no other worker is taken down while the failed one holds the MachineDeployment's one unavailable place")
+		Consistently(func() map[string]int { return failing.nus.Creations() }, 10*time.Second, time.Second).
+			ShouldNot(HaveKey(workers[1]))
+		Expect(failing.nus.MaxRunningOf("workers")).To(BeNumerically("<=", 1))
+		Expect(failing.nus.MaxRunningOf("control-plane")).To(BeNumerically("<=", 1))
+		Expect(failing.machines.Deleted()).To(BeEmpty())
+	})
+
+	It("lets KCP replace a control plane of 1 machine (its rules allow in place from 3) and updates the worker in place", func() {
+		single.waitProvisioned()
+		oldCP, workers, _, _ := names(single.before)
+		single.countRunning()
+		single.bump("v1.36.3")
+		Eventually(func(g Gomega) {
+			machines, err := capienv.WaitProvisioned(ctx, env.Client, single.ns, single.name, single.size(), "v1.36.3", time.Second)
+			g.Expect(err).NotTo(HaveOccurred())
+			cp, w, _, _ := names(machines)
+			g.Expect(cp).NotTo(ContainElement(oldCP[0]), "KCP replaced its one machine")
+			g.Expect(w).To(Equal(workers), "the worker is kept")
+		}, 6*time.Minute, time.Second).Should(Succeed())
+		Expect(single.machines.Deleted()).To(Equal(oldCP))
+		Expect(single.nus.Creations()).To(Equal(map[string]int{workers[0]: 1}), "only the worker was upgraded in place")
+	})
+
+	It("updates a control plane of 5 machines in place, one at a time", func() {
+		five.waitProvisioned()
+		five.countRunning()
+		five.bump("v1.36.3")
+		after := five.waitAt("v1.36.3", 6*time.Minute)
+		five.expectAllInPlace(after, "v1.36.3")
 	})
 })
+
+// provisioned keeps the machines that have a node and are not being deleted.
+func provisioned(machines []clusterv1.Machine) []clusterv1.Machine {
+	var out []clusterv1.Machine
+	for _, m := range machines {
+		if m.DeletionTimestamp.IsZero() && m.Status.NodeRef.IsDefined() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func condition(conds []metav1.Condition, t string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == t {
+			return &conds[i]
+		}
+	}
+	return nil
+}
+
+// exchangesOf returns the recorded calls of hook whose objects are in namespace.
+func exchangesOf(namespace, hook string) []capienv.Exchange {
+	var out []capienv.Exchange
+	for _, e := range recorder.Exchanges(hook) {
+		if strings.Contains(string(e.Request), fmt.Sprintf(`"namespace":%q`, namespace)) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// expectVerdicts checks that test/capisim reads each CanUpdateMachineSet and
+// CanUpdateMachine answer of the namespace as Cluster API acted on it: in place or not.
+func expectVerdicts(namespace string, inPlace bool) {
+	GinkgoHelper()
+	n := 0
+	for _, e := range exchangesOf(namespace, "canupdatemachineset") {
+		req, resp := &runtimehooksv1.CanUpdateMachineSetRequest{}, &runtimehooksv1.CanUpdateMachineSetResponse{}
+		Expect(json.Unmarshal(e.Request, req)).To(Succeed())
+		Expect(json.Unmarshal(e.Response, resp)).To(Succeed())
+		got, left, err := capisim.VerdictMachineSet(req, resp)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).To(Equal(inPlace), "capisim's verdict on CanUpdateMachineSet for %s (left: %v)", req.Desired.MachineSet.Name, left)
+		n++
+	}
+	for _, e := range exchangesOf(namespace, "canupdatemachine") {
+		req, resp := &runtimehooksv1.CanUpdateMachineRequest{}, &runtimehooksv1.CanUpdateMachineResponse{}
+		Expect(json.Unmarshal(e.Request, req)).To(Succeed())
+		Expect(json.Unmarshal(e.Response, resp)).To(Succeed())
+		got, left, err := capisim.VerdictMachine(req, resp)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).To(Equal(inPlace), "capisim's verdict on CanUpdateMachine for %s (left: %v)", req.Desired.Machine.Name, left)
+		n++
+	}
+	Expect(n).To(BeNumerically(">", 0), "Cluster API asked the extension")
+}
+
+// operatorView renders what an operator sees of a cluster's rollout: the conditions of
+// the Cluster, its MachineDeployment and its Machines that are not True-and-fine.
+func operatorView(c *workloadCluster) string {
+	var b strings.Builder
+	cluster := &clusterv1.Cluster{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: c.name}, cluster)).To(Succeed())
+	fmt.Fprintf(&b, "Cluster %s:\n", c.name)
+	for _, cond := range cluster.Status.Conditions {
+		fmt.Fprintf(&b, "  %s=%s %s: %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
+	}
+	mds := &clusterv1.MachineDeploymentList{}
+	Expect(env.Client.List(ctx, mds, client.InNamespace(c.ns))).To(Succeed())
+	for _, md := range mds.Items {
+		fmt.Fprintf(&b, "MachineDeployment %s:\n", md.Name)
+		for _, cond := range md.Status.Conditions {
+			fmt.Fprintf(&b, "  %s=%s %s: %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
+		}
+	}
+	machines, err := capienv.Machines(ctx, env.Client, c.ns, c.name)
+	Expect(err).NotTo(HaveOccurred())
+	for _, m := range machines {
+		fmt.Fprintf(&b, "Machine %s:\n", m.Name)
+		for _, cond := range m.Status.Conditions {
+			fmt.Fprintf(&b, "  %s=%s %s: %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
+		}
+	}
+	return b.String()
+}

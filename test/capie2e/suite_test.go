@@ -33,7 +33,8 @@ var (
 	managerBin string
 	certs      *manager.ServingCerts
 	mgr        *manager.Process
-	webhookURL string
+	// recorder stands between Cluster API and the manager: the ExtensionConfig names it.
+	recorder *capienv.HookRecorder
 	watcher    client.WithWatch
 	nodes      *capienv.WorkloadNodes
 	ctx        = context.Background()
@@ -73,24 +74,29 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	certs, err = manager.NewServingCerts(filepath.Join(workDir, "manager-certs"))
 	Expect(err).NotTo(HaveOccurred())
-	startManager(0)
-	webhookURL = fmt.Sprintf("https://127.0.0.1:%d", mgr.WebhookPort)
-	Expect(capienv.RegisterExtension(ctx, env.Client, "capi-inplace", webhookURL, certs.CAPEM,
+	startManager()
+	recorder, err = capienv.NewHookRecorder(certs.Dir, certs.CAPEM, fmt.Sprintf("https://127.0.0.1:%d", mgr.WebhookPort))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(capienv.RegisterExtension(ctx, env.Client, "capi-inplace", recorder.URL, certs.CAPEM,
 		map[string]string{extension.DefaultUpdaterSetting: updaterSetting})).To(Succeed())
 	nodes = capienv.NewWorkloadNodes(env.Client, env.Scheme)
 })
 
-// startManager starts the manager on port (a free one when 0), with short poll intervals
-// (and so one-second UpdateMachine retries) for in-memory nodes that upgrade in a second.
-func startManager(port int) {
+// startManager starts the manager, with short poll intervals (and so one-second
+// UpdateMachine retries) for in-memory nodes that upgrade in a second, and points the
+// recorder at it.
+func startManager() {
 	logFile := filepath.Join(workDir, "manager.log")
 	var err error
 	mgr, err = manager.Start(manager.Options{Binary: managerBin, Kubeconfig: kubeconfig, CertDir: certs.Dir, LogFile: logFile,
-		WebhookPort: port, ExtraArgs: []string{"--poll-interval=500ms"}})
+		ExtraArgs: []string{"--poll-interval=500ms"}})
 	Expect(err).NotTo(HaveOccurred())
 	if err := mgr.WaitReady(time.Minute); err != nil {
 		log, _ := os.ReadFile(logFile)
 		Fail(fmt.Sprintf("%v\nmanager log:\n%s", err, log))
+	}
+	if recorder != nil {
+		Expect(recorder.SetTarget(fmt.Sprintf("https://127.0.0.1:%d", mgr.WebhookPort))).To(Succeed())
 	}
 }
 
@@ -113,6 +119,9 @@ var _ = AfterSuite(func() {
 	}()
 	if mgr != nil {
 		_ = mgr.Stop()
+	}
+	if recorder != nil {
+		_ = recorder.Close()
 	}
 	if capi != nil {
 		Expect(capi.Stop()).To(Succeed())

@@ -44,10 +44,6 @@ type Options struct {
 	LeaderElect bool
 	// LeaderElectionNamespace is where the Lease lives; default "default".
 	LeaderElectionNamespace string
-	// WebhookPort, when not 0, is the port of Cluster API's hooks (a free one otherwise):
-	// a manager started again on the same port stays reachable through the same
-	// ExtensionConfig.
-	WebhookPort int
 }
 
 // Process is a running manager.
@@ -74,9 +70,6 @@ func Start(opts Options) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{WebhookPort: ports[0], ExternalHookPort: ports[1], HealthPort: ports[2], MetricsPort: ports[3], done: make(chan error, 1)}
-	if opts.WebhookPort != 0 {
-		p.WebhookPort = opts.WebhookPort
-	}
 	args := []string{
 		"--kubeconfig=" + opts.Kubeconfig,
 		"--webhook-port=" + strconv.Itoa(p.WebhookPort),
