@@ -35,9 +35,9 @@ var (
 	mgr        *manager.Process
 	// recorder stands between Cluster API and the manager: the ExtensionConfig names it.
 	recorder *capienv.HookRecorder
-	watcher    client.WithWatch
-	nodes      *capienv.WorkloadNodes
-	ctx        = context.Background()
+	watcher  client.WithWatch
+	nodes    *capienv.WorkloadNodes
+	ctx      = context.Background()
 	// failed: a spec failed, so the work directory (every process's log) is kept.
 	failed bool
 )
