@@ -237,6 +237,17 @@ func (r *Reconciler) recordTransitions(ctx context.Context, s *taskScope, prev *
 		case ms.State == inplacev1.MachineStateFailed && old.State != ms.State:
 			log.Info("node failed; no further node is started", "machine", ms.Name, "node", ms.NodeName, "message", ms.Message)
 			r.Recorder.Eventf(task, machines[ms.Name], corev1.EventTypeWarning, inplacev1.NodeFailedReason, "Upgrade", "machine %s (node %s) failed: %s", ms.Name, ms.NodeName, ms.Message)
+			// Cluster API shows a failed UpdateMachine only as "UpdateMachine hook failed:
+			// please check controller logs for errors": the node's own error also goes where
+			// an operator looks first, `kubectl describe` of the Machine and of the Cluster.
+			if m := machines[ms.Name]; m != nil {
+				r.Recorder.Eventf(m, task, corev1.EventTypeWarning, inplacev1.NodeFailedReason, "Upgrade",
+					"in-place upgrade of node %s to %s failed: %s (UpgradeTask %s)", ms.NodeName, task.Spec.Version, ms.Message, task.Name)
+			}
+			if s.cluster != nil && s.cluster.UID != "" {
+				r.Recorder.Eventf(s.cluster, machines[ms.Name], corev1.EventTypeWarning, inplacev1.NodeFailedReason, "Upgrade",
+					"in-place upgrade of machine %s (node %s) to %s failed: %s (UpgradeTask %s)", ms.Name, ms.NodeName, task.Spec.Version, ms.Message, task.Name)
+			}
 			r.Metrics.observeNode(task, ms, "failed")
 		case ms.State == inplacev1.MachineStateWaiting && isHeld(ms.Message) && !strings.HasPrefix(ms.Message, queueHoldPrefix):
 			log.Info("node held back by a preflight check", "machine", ms.Name, "node", ms.NodeName, "reason", ms.Message)

@@ -8,6 +8,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -132,8 +134,41 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 			g.Expect(ours.Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(ours.Message).To(ContainSubstring("rke2-server did not start: kubelet exited with status 1"))
 		}, 5*time.Minute, time.Second).Should(Succeed())
-		report := operatorView(failing)
-		GinkgoWriter.Println(report)
+		GinkgoWriter.Println(operatorView(failing))
+
+		By("the node's error in the events of the Machine and of the Cluster (kubectl describe), and on the UpgradeTask")
+		Eventually(func(g Gomega) {
+			events := &eventsv1.EventList{}
+			g.Expect(env.Client.List(ctx, events, client.InNamespace(failing.ns))).To(Succeed())
+			on := map[string]bool{}
+			for _, e := range events.Items {
+				if e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "rke2-server did not start: kubelet exited with status 1") {
+					on[e.Regarding.Kind+"/"+e.Regarding.Name] = true
+				}
+			}
+			g.Expect(on).To(HaveKey("Machine/" + workers[0]))
+			g.Expect(on).To(HaveKey("Cluster/" + failing.name))
+		}, time.Minute, time.Second).Should(Succeed())
+		tasks := &inplacev1.UpgradeTaskList{}
+		Expect(env.Client.List(ctx, tasks, client.InNamespace(failing.ns))).To(Succeed())
+		var failed []string
+		for _, t := range tasks.Items {
+			for _, ms := range t.Status.Machines {
+				if ms.State == inplacev1.MachineStateFailed {
+					failed = append(failed, ms.Name+": "+ms.Message)
+				}
+			}
+		}
+		Expect(failed).To(ConsistOf(ContainSubstring(workers[0] + ": ")))
+		Expect(failed[0]).To(ContainSubstring("rke2-server did not start"))
+
+		By("Cluster API, for its part, shows the MachineDeployment still rolling out")
+		md := &clusterv1.MachineDeploymentList{}
+		Expect(env.Client.List(ctx, md, client.InNamespace(failing.ns))).To(Succeed())
+		Expect(md.Items).To(HaveLen(1))
+		rolling := condition(md.Items[0].Status.Conditions, clusterv1.MachineDeploymentRollingOutCondition)
+		Expect(rolling).NotTo(BeNil())
+		Expect(rolling.Status).To(Equal(metav1.ConditionTrue))
 
 		By("no other worker is taken down while the failed one holds the MachineDeployment's one unavailable place")
 		Consistently(func() map[string]int { return failing.nus.Creations() }, 10*time.Second, time.Second).
