@@ -444,7 +444,7 @@ func (p *process) waitReady(ctx context.Context, timeout time.Duration) error {
 		select {
 		case err := <-p.done:
 			p.done <- err
-			return fmt.Errorf("%s exited before it was ready: %v (log %s)", p.name, err, p.logPath)
+			return fmt.Errorf("%s exited before it was ready: %w (log %s)", p.name, err, p.logPath)
 		default:
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
