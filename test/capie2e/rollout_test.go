@@ -46,6 +46,17 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 
 		By("test/capisim reads every answer Cluster API acted on as Cluster API did: in place")
 		expectVerdicts(inPlace.ns, true)
+
+		By("the KubeadmConfig change KCP makes across the minor was answered by a patch, not left to a replacement")
+		patched := 0
+		for _, e := range exchangesOf(inPlace.ns, "canupdatemachine") {
+			resp := &runtimehooksv1.CanUpdateMachineResponse{}
+			Expect(json.Unmarshal(e.Response, resp)).To(Succeed())
+			if p := string(resp.BootstrapConfigPatch.Patch); p != "" && p != "[]" && p != "{}" {
+				patched++
+			}
+		}
+		Expect(patched).To(BeNumerically(">", 0))
 	})
 
 	It("answers a change it cannot do in place without a patch, and Cluster API replaces the machines", func() {
