@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -22,9 +23,9 @@ import (
 	"syscall"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	sigsyaml "sigs.k8s.io/yaml"
@@ -262,70 +263,59 @@ func (c *Controllers) installCRDs(ctx context.Context, dir string, port int) err
 	return waitEstablished(ctx, c.env.Client, names)
 }
 
-// installWebhooks installs a provider's admission webhooks (config/webhook/manifests.yaml)
-// under names of their own, served by the provider on port.
+// installWebhooks installs a provider's admission webhooks (config/webhook/manifests.yaml:
+// a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration) under names of
+// their own, each webhook served by the provider on port at the path its Service
+// reference gives.
 func (c *Controllers) installWebhooks(ctx context.Context, name, path string, port int) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read the webhook manifests: %w", err)
 	}
-	url := func(svc *admissionregistrationv1.ServiceReference) *string {
-		p := ""
-		if svc != nil && svc.Path != nil {
-			p = *svc.Path
-		}
-		return ptrTo(fmt.Sprintf("https://127.0.0.1:%d%s", port, p))
-	}
 	reader := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {
 		doc, err := reader.Read()
 		if errors.Is(err, io.EOF) {
-			break
+			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("read %s: %w", path, err)
 		}
-		var head struct {
-			Kind string `json:"kind"`
-		}
-		if err := sigsyaml.Unmarshal(doc, &head); err != nil {
+		obj := &unstructured.Unstructured{}
+		if err := sigsyaml.Unmarshal(doc, &obj.Object); err != nil {
 			return fmt.Errorf("parse %s: %w", path, err)
 		}
-		if head.Kind == "" {
+		if len(obj.Object) == 0 {
 			continue
 		}
-		switch head.Kind {
-		case "MutatingWebhookConfiguration":
-			cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
-			if err := sigsyaml.Unmarshal(doc, cfg); err != nil {
-				return err
+		if kind := obj.GetKind(); kind != "MutatingWebhookConfiguration" && kind != "ValidatingWebhookConfiguration" {
+			return fmt.Errorf("%s: unexpected kind %q", path, kind)
+		}
+		obj.SetName(name + "-" + obj.GetName())
+		webhooks, _, err := unstructured.NestedSlice(obj.Object, "webhooks")
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		for i := range webhooks {
+			webhook, ok := webhooks[i].(map[string]any)
+			if !ok {
+				return fmt.Errorf("%s: webhook %d is not an object", path, i)
 			}
-			cfg.Name = name + "-" + cfg.Name
-			for i := range cfg.Webhooks {
-				cc := &cfg.Webhooks[i].ClientConfig
-				cc.URL, cc.Service, cc.CABundle = url(cc.Service), nil, c.CAPEM
+			servicePath, _, _ := unstructured.NestedString(webhook, "clientConfig", "service", "path")
+			webhook["clientConfig"] = map[string]any{
+				"url":      fmt.Sprintf("https://127.0.0.1:%d%s", port, servicePath),
+				"caBundle": base64.StdEncoding.EncodeToString(c.CAPEM),
 			}
-			if err := createOrUpdate(ctx, c.env.Client, cfg, &admissionregistrationv1.MutatingWebhookConfiguration{}); err != nil {
-				return err
-			}
-		case "ValidatingWebhookConfiguration":
-			cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-			if err := sigsyaml.Unmarshal(doc, cfg); err != nil {
-				return err
-			}
-			cfg.Name = name + "-" + cfg.Name
-			for i := range cfg.Webhooks {
-				cc := &cfg.Webhooks[i].ClientConfig
-				cc.URL, cc.Service, cc.CABundle = url(cc.Service), nil, c.CAPEM
-			}
-			if err := createOrUpdate(ctx, c.env.Client, cfg, &admissionregistrationv1.ValidatingWebhookConfiguration{}); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("%s: unexpected kind %q", path, head.Kind)
+		}
+		if err := unstructured.SetNestedSlice(obj.Object, webhooks, "webhooks"); err != nil {
+			return err
+		}
+		existing := &unstructured.Unstructured{}
+		existing.SetGroupVersionKind(obj.GroupVersionKind())
+		if err := createOrUpdate(ctx, c.env.Client, obj, existing); err != nil {
+			return err
 		}
 	}
-	return nil
 }
 
 func readCRD(path string) (*apiextensionsv1.CustomResourceDefinition, error) {
@@ -346,15 +336,15 @@ func createOrUpdate(ctx context.Context, c client.Client, obj, existing client.O
 	switch {
 	case apierrors.IsNotFound(err):
 		if err := c.Create(ctx, obj); err != nil {
-			return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
+			return fmt.Errorf("create %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
 		}
 		return nil
 	case err != nil:
-		return fmt.Errorf("read %T %s: %w", obj, obj.GetName(), err)
+		return fmt.Errorf("read %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
 	}
 	obj.SetResourceVersion(existing.GetResourceVersion())
 	if err := c.Update(ctx, obj); err != nil {
-		return fmt.Errorf("update %T %s: %w", obj, obj.GetName(), err)
+		return fmt.Errorf("update %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
 	}
 	return nil
 }
