@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/scenario"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // TestDemoViaHook runs the demo's whole flow, as `make demo ARGS=--via=hook` does, on a
@@ -77,5 +81,98 @@ func TestConfigRefusesUnknownNodes(t *testing.T) {
 	cfg.fail, cfg.via = "", "kubectl"
 	if err := cfg.validate(); err == nil {
 		t.Error("--via=kubectl was accepted")
+	}
+}
+
+// TestDemoViaCAPI runs `make demo ARGS=--via=capi` as a user would with Cluster API's
+// controllers built: Cluster API's own core, KCP, CABPK and CAPD (in-memory) controllers
+// roll a spec.topology.version bump out, and the test checks from the watches of Machines
+// and NodeUpdates, the recorded hook calls and the workload Nodes that every machine was
+// kept and updated in place, as the demo printed. One set of Cluster API's controllers
+// runs per machine (CAPD's fixed ports): this waits for another (test/capie2e) to end.
+func TestDemoViaCAPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an API server, Cluster API's controllers and the manager")
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := capienv.Built(root); err != nil {
+		t.Fatalf("this test runs the demo on Cluster API's own controllers: %v", err)
+	}
+	cfg := defaultConfig()
+	cfg.via, cfg.workers = viaCAPI, 2
+	cfg.stepDelay, cfg.timeout = time.Second, 10*time.Minute
+
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 0 {
+		t.Fatalf("the demo ended with exit code %d, error %v; its output:\n%s", res.exitCode(), err, out.String())
+	}
+	for _, want := range []string{
+		"Cluster API's own controllers", "sigs.k8s.io/cluster-api v1.14.", "sigs.k8s.io/cluster-api/test v1.14.",
+		`kubectl patch cluster -n demo demo --type merge -p '{"spec":{"topology":{"version":"v1.36.3"}}}'`,
+		"Cluster API asked CanUpdateMachineSet for MachineDeployment", "capi-inplace answered with patches that make it in place",
+		"Cluster API called UpdateMachine for ", "answered done, after ",
+		"5/5 machines upgraded", "MACHINE  ", "$ kubectl get machines -n demo",
+		"All 5 machines were updated in place to Kubernetes v1.36.3 by Cluster API's own controllers",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "FALLBACK") {
+		t.Errorf("the output says it played Cluster API in-process:\n%s", out.String())
+	}
+
+	r := res.capi
+	if r == nil {
+		t.Fatal("the run did not go through Cluster API's controllers")
+	}
+	if len(r.before) != 5 || strings.Join(r.before, ",") != strings.Join(r.after, ",") {
+		t.Errorf("machines before the bump %v, after %v: want the same 5", r.before, r.after)
+	}
+	if len(r.deleted) != 0 {
+		t.Errorf("Cluster API deleted machines %v: not in place", r.deleted)
+	}
+	for _, m := range r.before {
+		if got := r.nodeUpdates[m]; got != 1 {
+			t.Errorf("machine %s had %d NodeUpdates, want 1", m, got)
+		}
+		if got := r.kubelets[m]; got != capiToVersion {
+			t.Errorf("the node of machine %s runs kubelet %q, want %s", m, got, capiToVersion)
+		}
+	}
+	if r.hookCalls["canupdatemachineset"] < 1 || r.hookCalls["canupdatemachine"] < 3 || r.hookCalls["updatemachine"] < 5 {
+		t.Errorf("Cluster API's hook calls %v: want CanUpdateMachineSet, CanUpdateMachine for each of 3 control plane machines and UpdateMachine for each of 5", r.hookCalls)
+	}
+	for _, c := range res.checks {
+		if !c.OK {
+			t.Errorf("check failed: %s: %s", c.Name, c.Detail)
+		}
+	}
+}
+
+// TestResolveFail checks how --fail names a machine of a Cluster API-provisioned Cluster,
+// whose names are generated: by name, by node, or as cp-N / workers-N.
+func TestResolveFail(t *testing.T) {
+	machine := func(name string, cp bool) clusterv1.Machine {
+		m := clusterv1.Machine{}
+		m.Name, m.Status.NodeRef.Name = name, "node-"+name
+		if cp {
+			m.Labels = map[string]string{clusterv1.MachineControlPlaneLabel: ""}
+		}
+		return m
+	}
+	d := &realCAPI{before: []clusterv1.Machine{machine("demo-a", true), machine("demo-b", true), machine("demo-md-0-x", false), machine("demo-md-0-y", false)}}
+	for name, want := range map[string]string{
+		"cp-2": "demo-b", "demo-cp-1": "demo-a", "workers-2": "demo-md-0-y", "demo-md-0-x": "demo-md-0-x", "node-demo-md-0-y": "demo-md-0-y",
+		"cp-3": "", "workers-0": "", "nope": "",
+	} {
+		got, err := d.resolveFail(name)
+		if got != want || (err == nil) != (want != "") {
+			t.Errorf("resolveFail(%q) = %q, %v; want %q", name, got, err, want)
+		}
 	}
 }

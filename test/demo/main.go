@@ -5,6 +5,11 @@
 // user would and shows it live, node by node, ending with a summary table. It exits 0
 // only if every node reached the target version and no safety invariant was broken.
 //
+// --via=capi runs Cluster API's own controllers instead when they are built in bin/capi
+// (realcapi.go): a ClusterClass Cluster of CAPD in-memory machines whose
+// spec.topology.version bump Cluster API rolls out through capi-inplace's hooks. Without
+// them it plays Cluster API's hook calls in-process (capi.go) and says it is a fallback.
+//
 //	go run ./test/demo [--via=annotation|hook|capi] [--nodes N] [--fail NODE] [--step-delay D] [--keep]
 package main
 
@@ -20,9 +25,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/scenario"
 	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // The ways of asking for the upgrade (--via).
@@ -56,11 +63,11 @@ func defaultConfig() config {
 }
 
 func (c *config) bind(fs *flag.FlagSet) {
-	fs.StringVar(&c.via, "via", c.via, "how the upgrade is asked for: annotation (the in-place-upgrade-to annotation on the Cluster), hook (an ExternalUpgradeRequest per control plane and MachineDeployment) or capi (Cluster API's CanUpdateMachineSet, CanUpdateMachine and UpdateMachine hooks, as CAPI calls them)")
+	fs.StringVar(&c.via, "via", c.via, "how the upgrade is asked for: annotation (the in-place-upgrade-to annotation on the Cluster), hook (an ExternalUpgradeRequest per control plane and MachineDeployment) or capi (a spec.topology.version bump rolled out by Cluster API's own controllers from bin/capi, built by make capi-binaries; without them, the demo plays Cluster API's hook calls in-process)")
 	fs.IntVar(&c.workers, "nodes", c.workers, "number of worker machines in the MachineDeployment (the control plane has 3)")
 	fs.IntVar(&c.maxUnavailable, "max-unavailable", c.maxUnavailable, "the MachineDeployment's maxUnavailable: how many workers may be down at once")
 	fs.DurationVar(&c.stepDelay, "step-delay", c.stepDelay, "how long each simulated step takes (a SUC Plan's Job on a node, a Longhorn data engine swap)")
-	fs.StringVar(&c.fail, "fail", c.fail, "make the OS upgrade of this node (or machine) fail, to show how a failure looks; the demo then exits non-zero")
+	fs.StringVar(&c.fail, "fail", c.fail, "make the OS upgrade of this node (or machine) fail, to show how a failure looks; the demo then exits non-zero (on Cluster API's controllers, cp-N or workers-N names the Nth machine of the control plane or the workers, whose names Cluster API generates)")
 	fs.BoolVar(&c.keep, "keep", c.keep, "leave everything running at the end, print the kubeconfigs and kubectl commands, and wait for Ctrl-C")
 	fs.BoolVar(&c.longhornV2, "longhorn-v2", c.longhornV2, "give the workers a Longhorn v2 volume, so their data engine is swapped live (the LonghornDataEngine step)")
 	fs.DurationVar(&c.pollInterval, "poll-interval", c.pollInterval, "the manager's --poll-interval: how often it looks at running steps and tasks again")
@@ -163,6 +170,8 @@ type outcome struct {
 	upgraded bool
 	// interrupted is true when the run was stopped by a signal.
 	interrupted bool
+	// capi is what a run on Cluster API's own controllers did (--via=capi, built).
+	capi *capiResult
 }
 
 func (o *outcome) ok() bool {
@@ -195,7 +204,20 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 	}
 	began := time.Now()
 	view := newView(out, tty)
-	view.title(cfg)
+	if cfg.via == viaCAPI {
+		root, err := testenv.RepoRoot()
+		if err == nil {
+			err = capienv.Built(root)
+		}
+		if err == nil {
+			view.titleRealCAPI()
+			return runRealCAPI(ctx, cfg, root, view)
+		}
+		view.title(cfg)
+		view.fallback(err)
+	} else {
+		view.title(cfg)
+	}
 
 	workDir, err := os.MkdirTemp("", "capi-inplace-demo-")
 	if err != nil {

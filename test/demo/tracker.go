@@ -228,6 +228,26 @@ func (n *nodeState) failedStepOr() string {
 	return "?"
 }
 
+func (t *tracker) count() (done, total int, frac float64) {
+	sum := 0.0
+	nodes := t.snapshot()
+	for _, n := range nodes {
+		sum += n.progress()
+		if n.done() {
+			done++
+		}
+	}
+	if len(nodes) > 0 {
+		frac = sum / float64(len(nodes))
+	}
+	return done, len(nodes), frac
+}
+
+func (t *tracker) unit() string                  { return "nodes" }
+func (t *tracker) began() time.Time              { return t.start }
+func (t *tracker) lines(v *view) []string        { return v.nodeLines(t.snapshot()) }
+func (t *tracker) compactLines(v *view) []string { return v.compactLines(t.snapshot()) }
+
 // takeEvents returns the changes seen since the last call.
 func (t *tracker) takeEvents() []string {
 	t.mu.Lock()

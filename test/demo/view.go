@@ -31,8 +31,27 @@ type view struct {
 	drawn     int // lines of the live block on screen
 	liveOn    bool
 	lastFrame []string
-	t         *tracker
+	t         progress
 	doneSeen  int
+}
+
+// progress is what the live view follows: the simulated nodes of the scenario (tracker)
+// or the machines of a Cluster rolled out by Cluster API's own controllers (capiTracker).
+type progress interface {
+	// sample reads the objects once and records what changed.
+	sample(ctx context.Context) error
+	// takeEvents returns the changes seen since the last call, one line each.
+	takeEvents() []string
+	// count says how many items are done, of how many, and the share of the work done.
+	count() (done, total int, frac float64)
+	// unit names the items ("nodes", "machines").
+	unit() string
+	// lines are the live block's lines under the progress bar, one per item.
+	lines(v *view) []string
+	// compactLines stand for lines when they do not fit on the screen.
+	compactLines(v *view) []string
+	// began is when the upgrade was asked for.
+	began() time.Time
 }
 
 func newView(out io.Writer, tty bool) *view {
@@ -105,6 +124,22 @@ func (v *view) title(cfg config) {
 	v.println("")
 }
 
+// titleRealCAPI is the title of --via=capi on Cluster API's own controllers.
+func (v *view) titleRealCAPI() {
+	v.println(v.style(bold, "capi-inplace demo") + ": Cluster API's own controllers roll a Kubernetes version bump out in place, on this machine")
+	v.println(fmt.Sprintf("  Kubernetes %s -> %s on a ClusterClass Cluster of CAPD in-memory machines, asked for with a spec.topology.version bump",
+		capiFromVersion, capiToVersion))
+	v.println("")
+}
+
+// fallback says that --via=capi plays Cluster API in-process, and how to get the real one.
+func (v *view) fallback(why error) {
+	v.println(fmt.Sprintf("%s Cluster API's controllers are not built (run `make capi-binaries`): playing Cluster API's side in-process instead",
+		v.style(yellow+bold, "FALLBACK:")))
+	v.println("  (test/capisim: the demo calls the hooks as our reading of Cluster API's code says it would; " + why.Error() + ")")
+	v.println("")
+}
+
 // stage tells what the setup is doing.
 func (v *view) stage(what string) {
 	v.println(fmt.Sprintf("%s  %s", v.style(dim, v.clock()), what))
@@ -138,7 +173,7 @@ func (v *view) step(what string) {
 }
 
 // live samples the tracker and shows the progress until the returned stop is called.
-func (v *view) live(ctx context.Context, t *tracker) (stop func()) {
+func (v *view) live(ctx context.Context, t progress) (stop func()) {
 	v.mu.Lock()
 	v.t, v.liveOn = t, true
 	v.mu.Unlock()
@@ -172,14 +207,8 @@ func (v *view) live(ctx context.Context, t *tracker) (stop func()) {
 // frame shows the tracker's current state: the block redrawn on a terminal, the new
 // events as lines elsewhere.
 func (v *view) frame() {
-	nodes := v.t.snapshot()
 	events := v.t.takeEvents()
-	done := 0
-	for _, n := range nodes {
-		if n.done() {
-			done++
-		}
-	}
+	done, _, _ := v.t.count()
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if !v.tty {
@@ -188,13 +217,13 @@ func (v *view) frame() {
 		}
 		if done != v.doneSeen {
 			v.doneSeen = done
-			_, _ = fmt.Fprintf(v.out, "%s  %s\n", v.clock(), v.progressLine(nodes))
+			_, _ = fmt.Fprintf(v.out, "%s  %s\n", v.clock(), v.progressLine())
 		}
 		return
 	}
-	lines := append([]string{v.progressLine(nodes)}, v.nodeLines(nodes)...)
+	lines := append([]string{v.progressLine()}, v.t.lines(v)...)
 	if len(lines) > v.height {
-		lines = append([]string{v.progressLine(nodes)}, v.compactLines(nodes)...)
+		lines = append([]string{v.progressLine()}, v.t.compactLines(v)...)
 	}
 	v.clearBlock()
 	v.drawBlock(lines)
@@ -215,25 +244,18 @@ func (v *view) drawBlock(lines []string) {
 	v.drawn = len(lines)
 }
 
-// progressLine is the bar, the count of nodes done and the time since the trigger.
-func (v *view) progressLine(nodes []nodeState) string {
+// progressLine is the bar, the count of items done and the time since the trigger.
+func (v *view) progressLine() string {
 	const width = 30
-	done, sum := 0, 0.0
-	for _, n := range nodes {
-		sum += n.progress()
-		if n.done() {
-			done++
-		}
-	}
-	frac := sum / float64(len(nodes))
+	done, total, frac := v.t.count()
 	filled := int(frac*width + 0.5)
 	full, empty := "#", "."
 	if v.tty {
 		full, empty = "█", "░"
 	}
 	bar := strings.Repeat(full, filled) + strings.Repeat(empty, width-filled)
-	since := time.Since(v.t.start)
-	return fmt.Sprintf("[%s] %3.0f%%  %d/%d nodes upgraded  %s", v.style(green, bar), frac*100, done, len(nodes),
+	since := time.Since(v.t.began())
+	return fmt.Sprintf("[%s] %3.0f%%  %d/%d %s upgraded  %s", v.style(green, bar), frac*100, done, total, v.t.unit(),
 		fmt.Sprintf("%d:%02d", int(since.Minutes()), int(since.Seconds())%60))
 }
 
@@ -384,7 +406,11 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 		}
 	}
 	v.println("")
-	took := formatDuration(time.Since(v.t.start))
+	took := formatDuration(time.Since(v.t.began()))
+	via := cfg.via
+	if via == viaCAPI {
+		via += " played in-process (fallback: Cluster API's controllers are not built)"
+	}
 	reached := 0
 	for _, r := range res.rows {
 		if r.reached {
@@ -393,11 +419,11 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 	}
 	if res.ok() {
 		v.println(v.style(green+bold, fmt.Sprintf("All %d nodes reached Kubernetes %s and %s in %s (upgrade) / %s (whole demo), via %s.",
-			len(res.rows), scenario.ToVersion, scenario.ToOSImage, took, formatDuration(time.Since(v.began)), cfg.via)))
+			len(res.rows), scenario.ToVersion, scenario.ToOSImage, took, formatDuration(time.Since(v.began)), via)))
 		return
 	}
 	verdict := fmt.Sprintf("%d of %d nodes reached Kubernetes %s and %s (%s, via %s).",
-		reached, len(res.rows), scenario.ToVersion, scenario.ToOSImage, took, cfg.via)
+		reached, len(res.rows), scenario.ToVersion, scenario.ToOSImage, took, via)
 	if !res.interrupted {
 		verdict += " Manager log: " + s.ManagerLog
 	}
