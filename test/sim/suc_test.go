@@ -96,6 +96,8 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 		var job batchv1.Job
 		Eventually(func() []batchv1.Job { return c.jobsOf(p.Name, node) }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
 		job = c.jobsOf(p.Name, node)[0]
+		// SUC writes the Plan's status after it applied the Job.
+		Eventually(func() string { return latestHash(p) }, 5*time.Second, 20*time.Millisecond).ShouldNot(BeEmpty())
 		hash := latestHash(p)
 
 		Expect(job.Name).To(HaveLen(63), "the 56-character hash makes every name too long: cut, with a digest (fact 24)")
@@ -129,7 +131,7 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 		Expect(prepare.SecurityContext).To(BeNil(), "prepare is not privileged unless the Plan says so (fact 37)")
 		Expect(drain.Name).To(Equal("drain"))
 		Expect(drain.Image).To(Equal("rancher/kubectl:v1.30.3"))
-		Expect(strings.Join(drain.Args, " ")).To(Equal("drain " + node + " --pod-selector !upgrade.cattle.io/controller --ignore-daemonsets --delete-emptydir-data --force --timeout 900ns"),
+		Expect(strings.Join(drain.Args, " ")).To(Equal("drain "+node+" --pod-selector !upgrade.cattle.io/controller --ignore-daemonsets --delete-emptydir-data --force --timeout 900ns"),
 			"an integer timeout is nanoseconds (fact 41)")
 		Expect(upgrade.Image).To(Equal("rancher/rke2-upgrade:v1.33.3-rke2r1"))
 		Expect(*upgrade.SecurityContext.Privileged).To(BeTrue())
