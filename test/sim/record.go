@@ -96,9 +96,16 @@ func (r *Record) noteRun(i int, message string) {
 	r.runs[i].Message = message
 }
 
+// rejectJob records a refused Job once: SUC tries again on every sync, as the
+// simulator does.
 func (r *Record) rejectJob(j JobRejection) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, seen := range r.rejects {
+		if seen == j {
+			return
+		}
+	}
 	r.rejects = append(r.rejects, j)
 }
 
