@@ -169,7 +169,7 @@ func SafeConcatName(parts ...string) string {
 	sum := sha256.Sum256([]byte(name))
 	digest := hex.EncodeToString(sum[:])
 	keep, digits := 57, 5
-	if c := name[56]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+	if c := name[56]; (c < 'a' || c > 'z') && (c < '0' || c > '9') {
 		keep, digits = 56, 6
 	}
 	return name[:keep] + "-" + digest[:digits]
