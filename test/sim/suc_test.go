@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,6 +44,19 @@ func (c *cluster) jobsOf(plan, node string) []batchv1.Job {
 	jobs := &batchv1.JobList{}
 	Expect(env.Client.List(ctx, jobs, client.InNamespace(c.ns), client.MatchingLabels{sim.LabelPlan: plan, sim.LabelNode: node})).To(Succeed())
 	return jobs.Items
+}
+
+// updatePlan edits a Plan; the simulator writes its status meanwhile, so a conflict is
+// read again.
+func updatePlan(p *sucv1.Plan, mutate func(*sucv1.Plan)) {
+	GinkgoHelper()
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+			return err
+		}
+		mutate(p)
+		return env.Client.Update(ctx, p)
+	})).To(Succeed())
 }
 
 func nodeLabel(node, key string) string {
@@ -175,17 +189,15 @@ var _ = Describe("The SUC simulator hashes as SUC does (fact 16)", func() {
 		first := latestHash(p)
 		Expect(nodeLabel(node, sim.NodePlanPrefix+"rke2")).To(Equal(first))
 
-		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
-		p.Spec.Upgrade.Image = "rancher/rke2-upgrade:v1.33.3-rke2r1"
-		p.Spec.Upgrade.Args = []string{"--debug"}
-		p.Spec.Drain = &sucv1.DrainSpec{Timeout: ptr.To(intstr.FromString("5m"))}
-		Expect(env.Client.Update(ctx, p)).To(Succeed())
+		updatePlan(p, func(p *sucv1.Plan) {
+			p.Spec.Upgrade.Image = "rancher/rke2-upgrade:v1.33.3-rke2r1"
+			p.Spec.Upgrade.Args = []string{"--debug"}
+			p.Spec.Drain = &sucv1.DrainSpec{Timeout: ptr.To(intstr.FromString("5m"))}
+		})
 		Consistently(func() int { return len(c.rec.Runs()) }, time.Second, 50*time.Millisecond).Should(Equal(1), "the hash did not change: the node is done")
 		Expect(latestHash(p)).To(Equal(first))
 
-		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
-		p.Spec.ServiceAccountName = "other"
-		Expect(env.Client.Update(ctx, p)).To(Succeed())
+		updatePlan(p, func(p *sucv1.Plan) { p.Spec.ServiceAccountName = "other" })
 		Eventually(func() map[string]int { return c.rec.RunsOf("rke2") }, 10*time.Second, 50*time.Millisecond).Should(Equal(map[string]int{node: 2}))
 		Expect(latestHash(p)).To(Equal(sim.LatestHash("v1.33.3-rke2r1", "other", nil, nil)))
 	})
@@ -208,17 +220,19 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 		Eventually(func() []batchv1.Job { return c.jobsOf("rke2", node) }, 10*time.Second, 50*time.Millisecond).Should(BeEmpty())
 
 		// A node event (a label, as a heartbeat would be) does not re-run it.
-		n := &corev1.Node{}
-		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
-		n.Labels["example.com/touched"] = "yes"
-		Expect(env.Client.Update(ctx, n)).To(Succeed())
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n := &corev1.Node{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, n); err != nil {
+				return err
+			}
+			n.Labels["example.com/touched"] = "yes"
+			return env.Client.Update(ctx, n)
+		})).To(Succeed())
 		Consistently(func() []batchv1.Job { return c.jobsOf("rke2", node) }, time.Second, 50*time.Millisecond).Should(BeEmpty())
 		Expect(planComplete(p)(Default)).To(Equal("False/JobFailed"), "the node stays applying, the Plan failed")
 
 		// An annotation on the Plan changes the object: SUC applies again.
-		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
-		p.Annotations = map[string]string{"example.com/retry": "1"}
-		Expect(env.Client.Update(ctx, p)).To(Succeed())
+		updatePlan(p, func(p *sucv1.Plan) { p.Annotations = map[string]string{"example.com/retry": "1"} })
 		Eventually(func() []batchv1.Job { return c.jobsOf("rke2", node) }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
 	})
 
@@ -227,9 +241,7 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 		node := c.pool + "-node-1"
 		p := c.onePlan("rke2", node, nil)
 		Eventually(func() []sim.PlanRun { return c.rec.Runs() }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
-		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
-		p.Spec.Version = "v1.33.4+rke2r1"
-		Expect(env.Client.Update(ctx, p)).To(Succeed())
+		updatePlan(p, func(p *sucv1.Plan) { p.Spec.Version = "v1.33.4+rke2r1" })
 
 		Eventually(planComplete(p), 15*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
 		runs := c.rec.Runs()
