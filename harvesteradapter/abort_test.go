@@ -33,7 +33,7 @@ func abortUntilDone(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 func expectNoPlanOf(nu *inplacev1.NodeUpdate) {
 	GinkgoHelper()
 	Expect(plansOf(nu)).To(BeEmpty())
-	for _, kind := range []string{"preload", "rke2", "os"} {
+	for _, kind := range []string{"preload", "drain", "rke2", "os"} {
 		err := workload.Client.Get(ctx, client.ObjectKey{Namespace: "cattle-system", Name: harvesteradapter.PlanName(kind, nu)}, &sucv1.Plan{})
 		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Plan %s: %v", kind, err)
 	}
@@ -56,12 +56,15 @@ var _ = Describe("Aborting a node that failed", func() {
 		perm, ok := nodeupdater.AsPermanent(err)
 		Expect(ok).To(BeTrue(), "%v", err)
 		Expect(perm.Reason).To(Equal("PlanJobFailed"))
-		Expect(plansOf(nu)).To(HaveLen(2), "the preload Plan that succeeded and the RKE2 Plan whose Job failed")
-		Expect(unschedulable(node)).To(BeTrue(), "SUC uncordons only after a Job that succeeded (shared/facts/suc.md, facts 45, 46)")
+		Expect(plansOf(nu)).To(HaveLen(3), "the preload and drain Plans that succeeded and the RKE2 Plan whose Job failed")
+		Expect(unschedulable(node)).To(BeTrue(), "the updater's cordon stays until the abort")
 
 		abortUntilDone(c, nu)
 		expectNoPlanOf(nu)
 		Expect(unschedulable(node)).To(BeFalse())
+		n := &corev1.Node{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		Expect(n.Annotations).NotTo(HaveKey(harvesteradapter.AnnotationCordonedBy), "the record of the cordon goes with it")
 	})
 
 	It("whose node is gone still removes every Plan of the NodeUpdate", func() {

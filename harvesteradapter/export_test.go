@@ -1,6 +1,16 @@
 package harvesteradapter
 
-import inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+import (
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+)
 
 // PlanName is planName for the package's external tests; kind is preload, rke2 or os.
 func PlanName(kind string, nu *inplacev1.NodeUpdate) string { return planName(planKind(kind), nu) }
+
+// PlanForNode is planForNode for the package's external tests.
+func PlanForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind, repositoryURL string) *sucv1.Plan {
+	return planForNode(cfg, nu, planKind(kind), repositoryURL)
+}

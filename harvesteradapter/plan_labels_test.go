@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -29,9 +30,15 @@ var _ = Describe("A node's SUC Plan brought back to what the updater wants", fun
 		plan = ourPlans(c)[0]
 
 		// Someone labels the Plan for their own use, and its NodeUpdate label goes stale.
-		plan.Labels["team.example.com/watched-by"] = "ops"
-		plan.Labels[harvesteradapter.LabelNodeUpdate] = "stale"
-		Expect(workload.Client.Update(ctx, &plan)).To(Succeed())
+		// SUC writes the Plan's status meanwhile: a conflict is read again.
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := workload.Client.Get(ctx, client.ObjectKeyFromObject(&plan), &plan); err != nil {
+				return err
+			}
+			plan.Labels["team.example.com/watched-by"] = "ops"
+			plan.Labels[harvesteradapter.LabelNodeUpdate] = "stale"
+			return workload.Client.Update(ctx, &plan)
+		})).To(Succeed())
 
 		_, err := c.updater.Reconcile(ctx, nu)
 		Expect(err).NotTo(HaveOccurred())

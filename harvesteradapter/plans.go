@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -21,6 +23,9 @@ type planKind string
 const (
 	// planPreload pulls the release's images onto the node from the repository.
 	planPreload planKind = "preload"
+	// planDrain evacuates the node's virtual machines and drains it, once, after the
+	// updater cordoned it.
+	planDrain planKind = "drain"
 	// planKubernetes upgrades RKE2 on the node.
 	planKubernetes planKind = "rke2"
 	// planOS installs the release's operating system and reboots the node.
@@ -32,7 +37,7 @@ const (
 const (
 	// LabelNodeUpdate is the UID of the NodeUpdate a Plan belongs to.
 	LabelNodeUpdate = "harvester.inplace.cluster.x-k8s.io/node-update"
-	// LabelPlanKind is the kind of per-node Plan: preload, rke2 or os.
+	// LabelPlanKind is the kind of per-node Plan: preload, drain, rke2 or os.
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
 	// AnnotationNode names the node a Plan is for.
 	AnnotationNode = "harvester.inplace.cluster.x-k8s.io/node"
@@ -44,7 +49,8 @@ const (
 const upgradeScript = "upgrade_node.sh"
 
 // planName is the deterministic name of one NodeUpdate's Plan of one kind:
-// capi-inplace-<kind>-<node>-<hash>, the hash taken of the node and the NodeUpdate's UID.
+// capi-inplace-<kind>-<node>-<hash>, the hash taken of the node and the NodeUpdate's UID
+// (metadata.uid of the NodeUpdate object).
 // The NodeUpdate is in the name because SUC deletes a running Job when its Plan changes
 // (shared/facts/suc.md, facts 43 and 49): with Plans named per node only, a second
 // NodeUpdate for the same node, or one recreated under the same name, would rewrite the
@@ -63,9 +69,19 @@ func planName(kind planKind, nu *inplacev1.NodeUpdate) string {
 	return base + suffix
 }
 
-// planForNode builds the SUC Plan of one kind for the node of a NodeUpdate. The Plan
-// selects that node only (kubernetes.io/hostname), runs on one node at a time, and says
-// in its labels which NodeUpdate it belongs to.
+// planForNode builds the SUC Plan of one kind for the node of a NodeUpdate, from the
+// configuration fixed when the node started (see snapshot.go). The Plan selects that
+// node only (kubernetes.io/hostname), runs on one node at a time, and says in its labels
+// which NodeUpdate it belongs to. It is written for SUC as it is (shared/facts/suc.md):
+//   - no volume: SUC mounts the host's / at /host in every container itself (facts 30,
+//     31), and a second host-root makes the Job invalid;
+//   - every image tagged here (fact 35: SUC tags an untagged prepare or upgrade image
+//     with the Plan's version);
+//   - jobActiveDeadlineSecs is the step's timeout (fact 36: SUC's default is 600 s);
+//   - neither cordon nor drain: the updater cordons the node itself, and the drain Plan
+//     runs kubectl drain as its upgrade container, because SUC uncordons a node when a
+//     Plan that cordons or drains completes (fact 46), which would put the node back in
+//     service between its drain and its OS upgrade.
 func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind planKind, repositoryURL string) *sucv1.Plan {
 	spec := cfg.Spec
 	release := spec.Release.Version
@@ -75,6 +91,7 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 		{Name: "HARVESTER_RELEASE", Value: release},
 		{Name: "KUBERNETES_VERSION", Value: nu.Spec.Version},
 	}
+	harvesterImage := imageWithTag(spec.Images.OSUpgrade, release)
 	plan := &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        planName(kind, nu),
@@ -83,8 +100,9 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 			Annotations: map[string]string{AnnotationNode: nu.Spec.NodeName},
 		},
 		Spec: sucv1.PlanSpec{
-			Concurrency:        1,
-			ServiceAccountName: spec.SystemUpgradeController.ServiceAccountName,
+			Concurrency:           1,
+			ServiceAccountName:    spec.SystemUpgradeController.ServiceAccountName,
+			JobActiveDeadlineSecs: ptr.To(deadlineSeconds(planTimeout(kind, spec.Timeouts))),
 			NodeSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpIn, Values: []string{nu.Spec.NodeName},
 			}}},
@@ -96,45 +114,113 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 	switch kind {
 	case planPreload:
 		plan.Spec.Version = release
-		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.OSUpgrade, Command: []string{upgradeScript}, Args: []string{"prepare"}, Env: env}
+		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"prepare"}, Env: env}
+	case planDrain:
+		plan.Spec.Version = release
+		evacuate := &sucv1.ContainerSpec{Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"pre-drain"}, Env: env}
+		if args := drainArgs(spec.Drain, nu.Spec.NodeName); args != nil {
+			plan.Spec.Prepare = evacuate
+			// kubectl needs no privilege; without a security context SUC would run it
+			// privileged (fact 37).
+			plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.Kubectl, Args: args, SecurityContext: &corev1.SecurityContext{}}
+		} else {
+			plan.Spec.Upgrade = evacuate
+		}
 	case planKubernetes:
-		// SUC runs <image>:<version> with '+' turned into '-' (rancher/rke2-upgrade:v1.33.3-rke2r1).
 		plan.Spec.Version = nu.Spec.Version
-		plan.Spec.Cordon = true
-		plan.Spec.Drain = drainSpec(spec.Drain)
-		plan.Spec.Prepare = evacuateVMs(spec, env)
-		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.RKE2Upgrade, Env: env}
+		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: imageWithTag(spec.Images.RKE2Upgrade, mungeVersion(nu.Spec.Version)), Env: env}
 	case planOS:
 		plan.Spec.Version = release
-		plan.Spec.Cordon = true
-		plan.Spec.Drain = drainSpec(spec.Drain)
-		plan.Spec.Prepare = evacuateVMs(spec, env)
 		plan.Spec.Upgrade = &sucv1.ContainerSpec{
-			Image: spec.Images.OSUpgrade, Command: []string{upgradeScript}, Args: []string{"post-drain"}, Env: env,
+			Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"post-drain"}, Env: env,
 			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-			Volumes:         []sucv1.VolumeSpec{{Name: "host-root", Source: "/", Destination: "/host"}},
 		}
 	}
 	return plan
 }
 
-// evacuateVMs is the Plans' prepare container: it live-migrates the node's virtual
-// machines away before SUC cordons and drains it.
-func evacuateVMs(spec harvesterv1.HarvesterUpgraderSpec, env []corev1.EnvVar) *sucv1.ContainerSpec {
-	return &sucv1.ContainerSpec{Image: spec.Images.OSUpgrade, Command: []string{upgradeScript}, Args: []string{"pre-drain"}, Env: env}
+// planTimeout is the timeout of the step a Plan kind belongs to.
+func planTimeout(kind planKind, t harvesterv1.Timeouts) time.Duration {
+	switch kind {
+	case planPreload:
+		return dur(t.ImagePreload, defaultImagePreloadTimeout)
+	case planDrain:
+		return dur(t.Drain, defaultDrainTimeout)
+	case planKubernetes:
+		return dur(t.KubernetesUpgrade, defaultKubernetesUpgradeTimeout)
+	default:
+		return dur(t.OSUpgrade, defaultOSUpgradeTimeout)
+	}
 }
 
-// drainSpec turns the HarvesterUpgrader's drain options into SUC's; nil when draining is
-// off (the Plan then only cordons).
-func drainSpec(d harvesterv1.Drain) *sucv1.DrainSpec {
+// deadlineSeconds is a timeout in whole seconds, rounded up, and at least one: SUC reads
+// 0 as "no deadline" and a negative value as its own default (fact 36).
+func deadlineSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		return 1
+	}
+	return s
+}
+
+// mungeVersion is the version as SUC writes it into tags and labels: '+' becomes '-'
+// (fact 14), so v1.33.3+rke2r1 is the tag v1.33.3-rke2r1.
+func mungeVersion(v string) string { return strings.ReplaceAll(v, "+", "-") }
+
+// imageWithTag tags an image that has neither tag nor digest; one that has either is
+// used as given.
+func imageWithTag(image, tag string) string {
+	if strings.Contains(image, "@") {
+		return image
+	}
+	if strings.Contains(image[strings.LastIndex(image, "/")+1:], ":") {
+		return image
+	}
+	return image + ":" + tag
+}
+
+// drainArgs are the kubectl drain arguments of the drain Plan, nil when draining is off.
+// They are SUC's own (facts 39 to 41), the timeout always a duration: never evict SUC's
+// pods (the drain's own among them), DaemonSet pods stay, emptyDir data goes unless
+// told otherwise.
+func drainArgs(d harvesterv1.Drain, node string) []string {
 	if d.Enabled != nil && !*d.Enabled {
 		return nil
 	}
-	return &sucv1.DrainSpec{
-		Force:              d.Force,
-		Timeout:            d.Timeout,
-		GracePeriod:        d.GracePeriodSeconds,
-		IgnoreDaemonSets:   ptr.To(d.IgnoreDaemonSets == nil || *d.IgnoreDaemonSets),
-		DeleteEmptydirData: ptr.To(d.DeleteEmptyDirData == nil || *d.DeleteEmptyDirData),
+	args := []string{"drain", node, "--pod-selector", "!upgrade.cattle.io/controller"}
+	if d.IgnoreDaemonSets == nil || *d.IgnoreDaemonSets {
+		args = append(args, "--ignore-daemonsets")
 	}
+	if d.DeleteEmptyDirData == nil || *d.DeleteEmptyDirData {
+		args = append(args, "--delete-emptydir-data")
+	}
+	if d.Force {
+		args = append(args, "--force")
+	}
+	if t, err := drainTimeout(d.Timeout); err == nil && t > 0 {
+		args = append(args, "--timeout", t.String())
+	}
+	if d.GracePeriodSeconds != nil {
+		args = append(args, "--grace-period", fmt.Sprint(*d.GracePeriodSeconds))
+	}
+	return args
+}
+
+// drainTimeout reads the HarvesterUpgrader's drain.timeout: a number is seconds, a string
+// a Go duration. 0 means none was given.
+func drainTimeout(t *intstr.IntOrString) (time.Duration, error) {
+	if t == nil {
+		return 0, nil
+	}
+	if t.Type == intstr.Int {
+		if t.IntVal < 1 {
+			return 0, fmt.Errorf("drain.timeout %d is not a positive number of seconds", t.IntVal)
+		}
+		return time.Duration(t.IntVal) * time.Second, nil
+	}
+	d, err := time.ParseDuration(t.StrVal)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("drain.timeout %q is not a positive duration such as 15m", t.StrVal)
+	}
+	return d, nil
 }

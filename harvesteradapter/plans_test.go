@@ -3,10 +3,12 @@ package harvesteradapter
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
@@ -67,7 +69,7 @@ func TestPlanName(t *testing.T) {
 
 func TestPlanForNodeSelectsOnlyThatNode(t *testing.T) {
 	cfg, nu := testUpgrader(), testNodeUpdate("node-2")
-	for _, kind := range []planKind{planPreload, planKubernetes, planOS} {
+	for _, kind := range []planKind{planPreload, planDrain, planKubernetes, planOS} {
 		p := planForNode(cfg, nu, kind, "http://repo.example")
 		sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
 		if err != nil {
@@ -87,22 +89,73 @@ func TestPlanForNodeSelectsOnlyThatNode(t *testing.T) {
 
 func TestKubernetesPlan(t *testing.T) {
 	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
-	cfg.Spec.Drain = harvesterv1.Drain{Force: true, GracePeriodSeconds: ptr.To[int32](30)}
 	p := planForNode(cfg, nu, planKubernetes, "http://repo.example")
-	if p.Spec.Version != "v1.33.3+rke2r1" || p.Spec.Upgrade.Image != "rancher/rke2-upgrade" {
-		t.Errorf("upgrade %s at %s", p.Spec.Upgrade.Image, p.Spec.Version)
+	if p.Spec.Version != "v1.33.3+rke2r1" || p.Spec.Upgrade.Image != "rancher/rke2-upgrade:v1.33.3-rke2r1" {
+		t.Errorf("upgrade %s at %s: the image must carry the munged version as its tag", p.Spec.Upgrade.Image, p.Spec.Version)
 	}
-	if !p.Spec.Cordon || p.Spec.Drain == nil || !p.Spec.Drain.Force || *p.Spec.Drain.GracePeriod != 30 ||
-		!*p.Spec.Drain.IgnoreDaemonSets || !*p.Spec.Drain.DeleteEmptydirData {
-		t.Errorf("drain %+v cordon %v", p.Spec.Drain, p.Spec.Cordon)
+	if p.Spec.Cordon || p.Spec.Drain != nil || p.Spec.Prepare != nil {
+		t.Errorf("cordon %v drain %+v prepare %+v: the node is drained once, by the drain Plan, and SUC would uncordon after a cordoning Plan", p.Spec.Cordon, p.Spec.Drain, p.Spec.Prepare)
 	}
-	if p.Spec.Prepare == nil || strings.Join(p.Spec.Prepare.Args, " ") != "pre-drain" {
-		t.Errorf("prepare %+v: virtual machines must be evacuated before the drain", p.Spec.Prepare)
+	if p.Spec.JobActiveDeadlineSecs == nil || *p.Spec.JobActiveDeadlineSecs != 3600 {
+		t.Errorf("jobActiveDeadlineSecs %v, want the step's 1h", p.Spec.JobActiveDeadlineSecs)
+	}
+	cfg.Spec.Images.RKE2Upgrade = "mirror.example/rke2-upgrade@sha256:0123"
+	if p := planForNode(cfg, nu, planKubernetes, ""); p.Spec.Upgrade.Image != "mirror.example/rke2-upgrade@sha256:0123" {
+		t.Errorf("a digested image is used as given, got %s", p.Spec.Upgrade.Image)
+	}
+}
+
+func TestDrainPlan(t *testing.T) {
+	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
+	cfg.Spec.Images.Kubectl = "rancher/kubectl:v1.30.3"
+	cfg.Spec.Drain = harvesterv1.Drain{Force: true, GracePeriodSeconds: ptr.To[int32](30), Timeout: ptr.To(intstr.FromInt32(900))}
+	p := planForNode(cfg, nu, planDrain, "http://repo.example")
+	if p.Spec.Cordon || p.Spec.Drain != nil {
+		t.Errorf("cordon %v drain %+v: SUC uncordons after a Plan that cordons or drains", p.Spec.Cordon, p.Spec.Drain)
+	}
+	if p.Spec.Prepare == nil || p.Spec.Prepare.Image != "rancher/harvester-upgrade:v1.6.0" || strings.Join(p.Spec.Prepare.Args, " ") != "pre-drain" {
+		t.Errorf("prepare %+v: virtual machines are evacuated first, with the release's image", p.Spec.Prepare)
+	}
+	want := "drain node-1 --pod-selector !upgrade.cattle.io/controller --ignore-daemonsets --delete-emptydir-data --force --timeout 15m0s --grace-period 30"
+	if got := strings.Join(p.Spec.Upgrade.Args, " "); got != want || p.Spec.Upgrade.Image != "rancher/kubectl:v1.30.3" {
+		t.Errorf("upgrade %s %q, want %q: 900 in the HarvesterUpgrader is seconds", p.Spec.Upgrade.Image, got, want)
 	}
 
 	cfg.Spec.Drain.Enabled = ptr.To(false)
-	if p := planForNode(cfg, nu, planKubernetes, ""); p.Spec.Drain != nil || !p.Spec.Cordon {
-		t.Errorf("drain disabled: drain %+v cordon %v", p.Spec.Drain, p.Spec.Cordon)
+	p = planForNode(cfg, nu, planDrain, "")
+	if p.Spec.Prepare != nil || strings.Join(p.Spec.Upgrade.Args, " ") != "pre-drain" {
+		t.Errorf("drain off: the Plan only evacuates virtual machines, got prepare %+v upgrade %+v", p.Spec.Prepare, p.Spec.Upgrade)
+	}
+}
+
+func TestDrainTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		in   intstr.IntOrString
+		want time.Duration
+		err  string
+	}{
+		{in: intstr.FromInt32(900), want: 15 * time.Minute},
+		{in: intstr.FromString("1h30m"), want: 90 * time.Minute},
+		{in: intstr.FromInt32(0), err: "drain.timeout 0 is not a positive number of seconds"},
+		{in: intstr.FromString("900"), err: `drain.timeout "900" is not a positive duration such as 15m`},
+		{in: intstr.FromString("-5m"), err: `drain.timeout "-5m" is not a positive duration such as 15m`},
+	} {
+		got, err := drainTimeout(&tc.in)
+		if tc.err != "" {
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("%v: error %v, want %q", tc.in.String(), err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%v: %v, %v; want %v", tc.in.String(), got, err, tc.want)
+		}
+	}
+
+	cfg := testUpgrader()
+	cfg.Spec.Drain.Timeout = ptr.To(intstr.FromString("2h"))
+	if err := checkConfig(cfg); err == nil || !strings.Contains(err.Error(), "drain.timeout 2h0m0s is longer than timeouts.drain 1h0m0s, the drain Job's deadline") {
+		t.Errorf("a drain timeout past the drain Job's deadline: %v", err)
 	}
 }
 
@@ -112,8 +165,17 @@ func TestOSAndPreloadPlans(t *testing.T) {
 	if osPlan.Spec.Version != "v1.6.0" || strings.Join(osPlan.Spec.Upgrade.Args, " ") != "post-drain" || !*osPlan.Spec.Upgrade.SecurityContext.Privileged {
 		t.Errorf("os plan %+v", osPlan.Spec.Upgrade)
 	}
-	if !osPlan.Spec.Cordon {
-		t.Errorf("the OS plan reboots the node: it must cordon it")
+	if osPlan.Spec.Upgrade.Image != "rancher/harvester-upgrade:v1.6.0" {
+		t.Errorf("os image %s, want the release's tag", osPlan.Spec.Upgrade.Image)
+	}
+	if len(osPlan.Spec.Upgrade.Volumes) != 0 {
+		t.Errorf("volumes %+v: SUC mounts the host's / at /host itself; another host-root makes the Job invalid", osPlan.Spec.Upgrade.Volumes)
+	}
+	if osPlan.Spec.Cordon || osPlan.Spec.Drain != nil {
+		t.Errorf("the OS plan must not cordon: SUC would uncordon the node when it completes")
+	}
+	if *osPlan.Spec.JobActiveDeadlineSecs != 2700 {
+		t.Errorf("jobActiveDeadlineSecs %d, want the OS step's 45m", *osPlan.Spec.JobActiveDeadlineSecs)
 	}
 	preload := planForNode(cfg, nu, planPreload, "http://repo.example")
 	if preload.Spec.Cordon || preload.Spec.Drain != nil {

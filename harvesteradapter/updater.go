@@ -29,6 +29,7 @@ import (
 const (
 	StepRepository         = "Repository"
 	StepImagePreload       = "ImagePreload"
+	StepDrain              = "Drain"
 	StepKubernetesUpgrade  = "KubernetesUpgrade"
 	StepOSUpgrade          = "OSUpgrade"
 	StepLonghornDataEngine = "LonghornDataEngine"
@@ -124,11 +125,12 @@ type step struct {
 
 // pipeline is the order of a node's steps. Adding a step is adding one entry.
 var pipeline = []step{
-	{name: StepRepository, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Repository, time.Hour) }, run: (*Updater).runRepository},
-	{name: StepImagePreload, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.ImagePreload, 30*time.Minute) }, skip: (*Updater).skipPreload, run: (*Updater).runPreload},
-	{name: StepKubernetesUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.KubernetesUpgrade, time.Hour) }, run: (*Updater).runKubernetes},
-	{name: StepOSUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.OSUpgrade, 45*time.Minute) }, skip: (*Updater).skipOS, run: (*Updater).runOS},
-	{name: StepLonghornDataEngine, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, 30*time.Minute) }, skip: (*Updater).skipDataEngine, run: (*Updater).runDataEngine},
+	{name: StepRepository, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Repository, defaultRepositoryTimeout) }, run: (*Updater).runRepository},
+	{name: StepImagePreload, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planPreload, t) }, skip: (*Updater).skipPreload, run: (*Updater).runPreload},
+	{name: StepDrain, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planDrain, t) }, run: (*Updater).runDrain},
+	{name: StepKubernetesUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planKubernetes, t) }, run: (*Updater).runKubernetes},
+	{name: StepOSUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planOS, t) }, skip: (*Updater).skipOS, run: (*Updater).runOS},
+	{name: StepLonghornDataEngine, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, defaultDataEngineTimeout) }, skip: (*Updater).skipDataEngine, run: (*Updater).runDataEngine},
 	{name: StepFinish, timeout: func(harvesterv1.Timeouts) time.Duration { return 10 * time.Minute }, run: (*Updater).runFinish},
 }
 
@@ -142,7 +144,7 @@ func stepNames() []string {
 
 // Reconcile advances the node through its steps as far as it can now.
 func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
-	r, err := u.prepare(ctx, nu)
+	r, err := u.prepare(ctx, nu, true)
 	if err != nil {
 		return nodeupdater.Result{}, err
 	}
@@ -185,13 +187,13 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 	return nodeupdater.Result{Done: true}, nil
 }
 
-// NodeTimeout bounds the whole upgrade of a node by the HarvesterUpgrader's timeouts.node.
+// NodeTimeout bounds the whole upgrade of a node by the timeouts.node it started with.
 func (u *Updater) NodeTimeout(ctx context.Context, nu *inplacev1.NodeUpdate) (time.Duration, error) {
-	cfg, err := u.config(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
+	cfg, err := u.nodeConfig(ctx, nu)
 	if err != nil {
 		return 0, err
 	}
-	return dur(cfg.Spec.Timeouts.Node, 4*time.Hour), nil
+	return dur(cfg.Spec.Timeouts.Node, defaultNodeTimeout), nil
 }
 
 func (u *Updater) poll() time.Duration {
@@ -219,10 +221,26 @@ func (u *Updater) config(ctx context.Context, namespace, name string) (*harveste
 	return cfg, nil
 }
 
-func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate) (*nodeRun, error) {
-	cfg, err := u.config(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
+// nodeConfig is the configuration the node is upgraded with: the snapshot taken when it
+// started, or, for a node not started yet, the HarvesterUpgrader as it is now.
+func (u *Updater) nodeConfig(ctx context.Context, nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, error) {
+	if cfg, ok, err := readSnapshot(nu); err != nil || ok {
+		return cfg, err
+	}
+	return u.config(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
+}
+
+// prepare gathers what one reconcile works with. start records the configuration in the
+// NodeUpdate's status when it has none yet (the node starts now); an abort does not.
+func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate, start bool) (*nodeRun, error) {
+	cfg, err := u.nodeConfig(ctx, nu)
 	if err != nil {
 		return nil, err
+	}
+	if start {
+		if cfg, err = snapshotConfig(nu, cfg); err != nil {
+			return nil, err
+		}
 	}
 	wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: nu.Namespace, Name: nu.Spec.ClusterName})
 	if err != nil {
@@ -367,8 +385,8 @@ func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, 
 	return swap.Ensure(ctx, r.wc, r.nu)
 }
 
-// runFinish uncordons the node if it is still cordoned and removes this node's Plans
-// and data engine upgrade.
+// runFinish lifts the updater's own cordon and removes this node's Plans and data
+// engine upgrade.
 func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, error) {
 	if err := u.cleanup(ctx, r); err != nil {
 		return false, "", err
@@ -377,9 +395,8 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 }
 
 // cleanup removes what the updater created for the node (its Plans and data engine
-// upgrade) and lifts the cordon its Plans may have left: SUC uncordons after a Job that
-// succeeded, not after one that failed (shared/facts/suc.md, facts 45 and 46). The Plans
-// go whether or not the node still exists.
+// upgrade) and lifts the cordon the updater set, if it set one (runDrain). The Plans go
+// whether or not the node still exists.
 func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 	if err := u.uncordonIfOurs(ctx, r); err != nil {
 		return err
@@ -392,42 +409,6 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 		return err
 	} else if swap != nil {
 		return swap.Cleanup(ctx, r.wc, r.nu)
-	}
-	return nil
-}
-
-// cordoningSteps are the steps whose Plans cordon the node.
-var cordoningSteps = []string{StepKubernetesUpgrade, StepOSUpgrade}
-
-// uncordonIfOurs uncordons the node when one of the steps whose Plans cordon it has
-// started: only then can the cordon be ours. A node cordoned while the node was still in
-// an earlier step (the preflight does not pick a cordoned node) was cordoned by someone
-// else and stays so. A node that is gone has nothing to restore.
-func (u *Updater) uncordonIfOurs(ctx context.Context, r *nodeRun) error {
-	ours := false
-	for _, name := range cordoningSteps {
-		switch nodeupdater.StepState(r.nu, name) {
-		case inplacev1.StepStateRunning, inplacev1.StepStateSucceeded, inplacev1.StepStateFailed:
-			ours = true
-		}
-	}
-	if !ours {
-		return nil
-	}
-	node := &corev1.Node{}
-	if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("get node %s: %w", r.nu.Spec.NodeName, err)
-	}
-	if !node.Spec.Unschedulable {
-		return nil
-	}
-	patch := client.MergeFrom(node.DeepCopy())
-	node.Spec.Unschedulable = false
-	if err := r.wc.Patch(ctx, node, patch); err != nil {
-		return fmt.Errorf("uncordon node %s: %w", node.Name, err)
 	}
 	return nil
 }
@@ -500,13 +481,13 @@ func nodeReady(node *corev1.Node) bool {
 
 // Abort stops the node's upgrade at a safe point: it waits until no Job of this node's
 // Plans is running (an RKE2 or OS upgrade interrupted half-way could leave the node
-// unusable), then removes the Plans and the data engine upgrade and uncordons the node
-// if its Plans may have cordoned it. A failed Job has ended: SUC keeps it until its TTL
+// unusable), then removes the Plans and the data engine upgrade and lifts the updater's
+// own cordon. A failed Job has ended: SUC keeps it until its TTL
 // and starts no other until the Plan changes (shared/facts/suc.md, facts 45 and 48), so
 // the Plans go at once. On a node that is gone nothing can be interrupted: its Plans go
 // without waiting.
 func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, error) {
-	r, err := u.prepare(ctx, nu)
+	r, err := u.prepare(ctx, nu, false)
 	if err != nil {
 		if _, permanent := nodeupdater.AsPermanent(err); permanent {
 			return true, nil // no configuration: nothing of ours can exist

@@ -180,6 +180,7 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(stepStates(nu)).To(Equal(map[string]inplacev1.StepState{
 				harvesteradapter.StepRepository:         inplacev1.StepStateSucceeded,
 				harvesteradapter.StepImagePreload:       inplacev1.StepStateSucceeded,
+				harvesteradapter.StepDrain:              inplacev1.StepStateSucceeded,
 				harvesteradapter.StepKubernetesUpgrade:  inplacev1.StepStateSucceeded,
 				harvesteradapter.StepOSUpgrade:          inplacev1.StepStateSucceeded,
 				harvesteradapter.StepLonghornDataEngine: inplacev1.StepStateSkipped,
@@ -191,7 +192,7 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(node.Status.NodeInfo.OSImage).To(Equal("Harvester v1.6.0"))
 			Expect(node.Spec.Unschedulable).To(BeFalse())
 		}
-		for _, kind := range []string{"preload", "rke2", "os"} {
+		for _, kind := range []string{"preload", "drain", "rke2", "os"} {
 			for _, nu := range results {
 				node := nu.Spec.NodeName
 				Expect(c.rec.RunsOf(harvesteradapter.PlanName(kind, nu))).To(Equal(map[string]int{node: 1}), "plan %s ran once, on its node only", kind)
@@ -339,16 +340,16 @@ func installDataEngineCRDs() {
 }
 
 var _ = Describe("Aborting a node's upgrade", func() {
-	It("waits for the running SUC Job to end, then removes the node's Plans and uncordons it", func() {
+	It("waits for the running SUC Job to end, then removes the node's Plans and lifts its own cordon", func() {
 		// Long enough that the Job still runs when Abort is first asked, on a loaded machine
 		// too (1.5 s was not: the Job had ended and Abort rightly said done).
 		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
 			func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		// Advance until the RKE2 Plan's Job runs on this node (the node is then cordoned and
-		// down). Runs on other nodes do not count: Plans that earlier specs left in the
-		// shared SUC namespace can run under this cluster's simulator too.
+		// Advance until the drain Plan's Job runs on this node (the updater cordoned the
+		// node just before). Runs on other nodes do not count: Plans that earlier specs
+		// left in the shared SUC namespace can run under this cluster's simulator too.
 		Eventually(func() []sim.PlanRun {
 			_, err := c.updater.Reconcile(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
@@ -357,7 +358,8 @@ var _ = Describe("Aborting a node's upgrade", func() {
 
 		done, err := c.updater.Abort(ctx, nu)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(done).To(BeFalse(), "an RKE2 upgrade half-way is not a safe point")
+		Expect(done).To(BeFalse(), "a drain half-way is not a safe point")
+		Expect(unschedulable(node)).To(BeTrue())
 		Expect(ourPlans(c)).To(HaveLen(1), "the running Plan is kept until its Job ends")
 
 		Eventually(func() bool {

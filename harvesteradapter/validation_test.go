@@ -3,11 +3,13 @@ package harvesteradapter_test
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -48,6 +50,38 @@ var _ = Describe("HarvesterUpgrader validation", func() {
 			"release.version must be a Harvester version such as v1.6.0"),
 	)
 
+	DescribeTable("refuses what SUC would misread, saying what to fix",
+		func(mutate func(*harvesterv1.HarvesterUpgraderSpec), want string) {
+			u := newUpgrader(harvesterv1.Release{Version: "v1.6.0", RepositoryURL: "http://repo.example"})
+			mutate(&u.Spec)
+			err := env.Client.Create(ctx, u)
+			if want == "" {
+				Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "got %v", err)
+			Expect(err.Error()).To(ContainSubstring(want))
+		},
+		Entry("a kubectl image without a tag: SUC would tag it with the release version",
+			func(s *harvesterv1.HarvesterUpgraderSpec) { s.Images.Kubectl = "rancher/kubectl" },
+			"images.kubectl needs a tag or digest"),
+		Entry("a kubectl image with a digest", func(s *harvesterv1.HarvesterUpgraderSpec) {
+			s.Images.Kubectl = "registry.example:5000/rancher/kubectl@sha256:" + strings.Repeat("0", 64)
+		}, ""),
+		Entry("a drain timeout of 0 seconds", func(s *harvesterv1.HarvesterUpgraderSpec) { s.Drain.Timeout = ptr.To(intstr.FromInt32(0)) },
+			"drain.timeout must be a number of seconds of at least 1, or a duration such as 15m"),
+		Entry("a drain timeout string without a unit: SUC would pass it to kubectl as is",
+			func(s *harvesterv1.HarvesterUpgraderSpec) { s.Drain.Timeout = ptr.To(intstr.FromString("900")) },
+			"drain.timeout must be a number of seconds of at least 1, or a duration such as 15m"),
+		Entry("a drain timeout of 900 seconds", func(s *harvesterv1.HarvesterUpgraderSpec) { s.Drain.Timeout = ptr.To(intstr.FromInt32(900)) }, ""),
+		Entry("a drain timeout of 1h30m", func(s *harvesterv1.HarvesterUpgraderSpec) { s.Drain.Timeout = ptr.To(intstr.FromString("1h30m")) }, ""),
+		Entry("a release version too long for SUC's version label",
+			func(s *harvesterv1.HarvesterUpgraderSpec) { s.Release.Version = "v1.6.0-" + strings.Repeat("a", 57) },
+			"spec.release.version: Too long"),
+		Entry("an image with a space", func(s *harvesterv1.HarvesterUpgraderSpec) { s.Images.OSUpgrade = "rancher/harvester-upgrade v1.6.0" },
+			"images.osUpgrade must be an image reference without spaces"),
+	)
+
 	It("fills in the defaults an operator expects", func() {
 		u := newUpgrader(harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso", ISOChecksum: checksum})
 		Expect(env.Client.Create(ctx, u)).To(Succeed())
@@ -58,6 +92,8 @@ var _ = Describe("HarvesterUpgrader validation", func() {
 		Expect(u.Spec.LonghornV2Swap).To(Equal(harvesterv1.LonghornV2SwapAuto))
 		Expect(u.Spec.Drain.IgnoreDaemonSets).To(HaveValue(BeTrue()))
 		Expect(u.Spec.RepositoryStorage.Size).To(Equal("30Gi"))
+		Expect(u.Spec.Images.Kubectl).To(Equal("rancher/kubectl:v1.30.3"))
+		Expect(u.Spec.Timeouts.Drain).To(HaveValue(Equal(metav1.Duration{Duration: time.Hour})))
 	})
 })
 

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // NodeUpdatePhase is where a NodeUpdate stands.
@@ -208,6 +209,15 @@ type NodeUpdateStatus struct {
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=32
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// updaterConfig is the configuration the updater upgrades this node with, fixed
+	// when it started the node: editing the updater's configuration afterwards changes
+	// the nodes not yet started, never this one. Its content is the updater's (the
+	// Harvester updater's: the HarvesterUpgrader's name, generation and spec).
+	// +optional
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Type=object
+	UpdaterConfig *runtime.RawExtension `json:"updaterConfig,omitempty"`
 }
 
 // NodeUpdate is the in-place upgrade of one node, carried out by the updater its

@@ -105,9 +105,9 @@ var _ = Describe("The manager killed mid-upgrade", func() {
 		annotateCluster(s)
 
 		// The kill points are spread over the whole upgrade: each is a random number of the
-		// simulated SUC's Job starts and ends (3 Plans per node, so 60 in all), then a random
+		// simulated SUC's Job starts and ends (4 Plans per node, so 80 in all), then a random
 		// moment up to 400ms later; the manager stays down up to 500ms.
-		const events = 3 * 2 * 10
+		const events = 4 * 2 * 10
 		targets := rng.Perm(events - 6)[:5]
 		sort.Ints(targets)
 		for i, target := range targets {

@@ -25,7 +25,7 @@ type Check struct {
 }
 
 // PlanKinds are the Harvester updater's SUC Plans of one node, in the order they run.
-var PlanKinds = []string{"preload", "rke2", "os"}
+var PlanKinds = []string{"preload", "drain", "rke2", "os"}
 
 // planKind is the kind of one of the updater's Plans (capi-inplace-<kind>-<node>), or "".
 func planKind(plan string) string {

@@ -16,13 +16,31 @@ import (
 type PlanRun struct {
 	Plan    string
 	Node    string
+	Job     string
 	Hash    string
 	Version string
 	Start   time.Time
 	End     time.Time
-	// Failed is true when the run's Job failed; Message is its reason.
+	// Failed is true when the run's Job failed; Message is its reason, or what holds a
+	// run that has not ended (an image that cannot be pulled).
 	Failed  bool
 	Message string
+	// Interrupted is true when SUC deleted the Job while its pod still ran.
+	Interrupted bool
+	// Deleted says why SUC deleted the run's Job, if it did.
+	Deleted string
+}
+
+// JobRejection is a Job of a Plan that the API server refused to create.
+type JobRejection struct {
+	Plan, Node, Job, Error string
+}
+
+// NodeEvent is something done to a node: drained by a Plan's Job, or uncordoned by SUC
+// when a Plan's Job completed.
+type NodeEvent struct {
+	Node, Plan string
+	At         time.Time
 }
 
 // Record is what the simulators observed and did, safe for concurrent use.
@@ -32,6 +50,10 @@ type Record struct {
 	down    map[string]bool
 	maxDown int
 	downLog []DownEvent
+	rejects []JobRejection
+	drains  []NodeEvent
+	// uncordons are SUC's uncordons after a completed Job (fact 46).
+	uncordons []NodeEvent
 }
 
 // DownEvent is a node going NotReady (Down true) or coming back Ready.
@@ -53,10 +75,79 @@ func (r *Record) startRun(run PlanRun) int {
 	return len(r.runs) - 1
 }
 
-func (r *Record) endRun(i int, end time.Time, failed bool, message string) {
+func (r *Record) endRun(i int, end time.Time, failed bool, message string, interrupted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.runs[i].End, r.runs[i].Failed, r.runs[i].Message = end, failed, message
+	r.runs[i].End, r.runs[i].Failed, r.runs[i].Interrupted = end, failed, interrupted
+	if message != "" {
+		r.runs[i].Message = message
+	}
+}
+
+func (r *Record) deletedRun(i int, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[i].Deleted = why
+}
+
+func (r *Record) noteRun(i int, message string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[i].Message = message
+}
+
+// rejectJob records a refused Job once: SUC tries again on every sync, as the
+// simulator does.
+func (r *Record) rejectJob(j JobRejection) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, seen := range r.rejects {
+		if seen == j {
+			return
+		}
+	}
+	r.rejects = append(r.rejects, j)
+}
+
+func (r *Record) drained(node, plan string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.drains = append(r.drains, NodeEvent{Node: node, Plan: plan, At: at})
+}
+
+func (r *Record) uncordonedBySUC(node, plan string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.uncordons = append(r.uncordons, NodeEvent{Node: node, Plan: plan, At: at})
+}
+
+// Rejections returns the Jobs the API server refused to create, in order.
+func (r *Record) Rejections() []JobRejection {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]JobRejection(nil), r.rejects...)
+}
+
+// Drains returns the drains of node by Plans' Jobs, in order.
+func (r *Record) Drains(node string) []NodeEvent {
+	return r.nodeEvents(&r.drains, node)
+}
+
+// UncordonsBySUC returns SUC's uncordons of node after a Plan's Job completed, in order.
+func (r *Record) UncordonsBySUC(node string) []NodeEvent {
+	return r.nodeEvents(&r.uncordons, node)
+}
+
+func (r *Record) nodeEvents(events *[]NodeEvent, node string) []NodeEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []NodeEvent
+	for _, e := range *events {
+		if e.Node == node {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func (r *Record) nodeDown(node string, down bool, at time.Time) {

@@ -52,7 +52,7 @@ type cluster struct {
 
 var seq int
 
-func newCluster(nodes int) *cluster {
+func newCluster(nodes int, options ...func(*sim.SUC)) *cluster {
 	GinkgoHelper()
 	seq++
 	c := &cluster{pool: fmt.Sprintf("pool-%d", seq), ns: fmt.Sprintf("suc-%d", seq), rec: sim.NewRecord()}
@@ -63,6 +63,9 @@ func newCluster(nodes int) *cluster {
 		Expect(err).NotTo(HaveOccurred())
 	}
 	c.suc = &sim.SUC{Client: env.Client, Namespace: c.ns, Kubelet: c.kubelet, Record: c.rec, JobDuration: 150 * time.Millisecond, Interval: 20 * time.Millisecond}
+	for _, o := range options {
+		o(c.suc) // before the simulator runs: it reads its settings without a lock
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.suc.Run(runCtx) }()
@@ -103,7 +106,7 @@ var _ = Describe("The SUC simulator", func() {
 	It("runs a Plan once per selected node, one node at a time, and signals completion with the plan hash label", func() {
 		c := newCluster(3)
 		p := c.plan("rke2", 1, map[string]string{"pool": c.pool})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/"))
+		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
 
 		Expect(c.rec.RunsOf("rke2")).To(Equal(map[string]int{c.pool + "-node-1": 1, c.pool + "-node-2": 1, c.pool + "-node-3": 1}))
 		Expect(c.rec.MaxConcurrentRuns()).To(Equal(1))
@@ -111,7 +114,8 @@ var _ = Describe("The SUC simulator", func() {
 
 		got := &sucv1.Plan{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
-		Expect(got.Status.LatestHash).To(Equal(sim.PlanHash(got)))
+		Expect(got.Status.LatestVersion).To(Equal("v1.33.3-rke2r1"), "SUC turns '+' into '-' (fact 14)")
+		Expect(got.Status.LatestHash).To(Equal(sim.LatestHash("v1.33.3-rke2r1", "", nil, nil)))
 		for i := 1; i <= 3; i++ {
 			node := &corev1.Node{}
 			Expect(env.Client.Get(ctx, client.ObjectKey{Name: fmt.Sprintf("%s-node-%d", c.pool, i)}, node)).To(Succeed())
@@ -125,7 +129,7 @@ var _ = Describe("The SUC simulator", func() {
 	It("honours the Plan's concurrency", func() {
 		c := newCluster(4)
 		p := c.plan("rke2", 2, map[string]string{"pool": c.pool})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/"))
+		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.rec.MaxConcurrentRuns()).To(Equal(2))
 		Expect(c.rec.MaxDown()).To(Equal(2))
 	})
@@ -171,7 +175,7 @@ var _ = Describe("The SUC simulator", func() {
 			return p
 		}
 		rke2, osPlan := labelled("upgrade-rke2-"+c.pool, "rke2"), labelled("upgrade-os-"+c.pool, "os")
-		Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/"))
+		Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
 		Eventually(planComplete(osPlan), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
 	})
 })

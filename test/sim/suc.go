@@ -4,7 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -16,41 +16,60 @@ import (
 	"github.com/rancher/wrangler/v3/pkg/genericcondition"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// SUC labels and the Plan condition it sets, as System Upgrade Controller uses them.
-const (
-	LabelPlan      = "upgrade.cattle.io/plan"
-	LabelNode      = "upgrade.cattle.io/node"
-	LabelVersion   = "upgrade.cattle.io/version"
-	NodePlanPrefix = "plan.upgrade.cattle.io/"
-	annotationHash = "sim.inplace.cluster.x-k8s.io/plan-hash"
-)
-
-// SUC plays System Upgrade Controller on a workload cluster: for every Plan in Namespace
-// it resolves the latest hash, runs a Job on each selected node (at most the Plan's
-// concurrency at once, cordoning and taking the node down while the Plan cordons or
-// drains), and when the Job succeeds labels the node plan.upgrade.cattle.io/<plan> with
-// the hash, as SUC signals completion. A node told to fail gets a failed Job and the
-// Plan's Complete condition False with reason JobFailed.
+// SUC plays System Upgrade Controller (rancher/system-upgrade-controller@f1362a3) on a
+// workload cluster, as shared/facts/suc.md describes it, together with what the cluster
+// does with the Jobs it creates (the Job controller, the pod, kubectl drain, the kubelet):
+// see jobrunner.go. For each Plan in Namespace it resolves the latest version and hash as
+// SUC does (version, service account, digest paths and Secrets only), selects nodes, and
+// creates each node's Job exactly as SUC builds it on the API server, so that the API
+// server rejects what it would reject on a real cluster. It labels a node
+// plan.upgrade.cattle.io/<plan> when its Job completes, uncordons as SUC does, marks the
+// Plan JobFailed when a Job fails, deletes finished Jobs after their TTL and re-creates a
+// failed one only when the Plan object changes.
+//
+// Time (Job deadlines, TTLs, how long a Job's work takes) runs on Clock, so a test can
+// use a fake or fast clock; the simulator itself looks at the cluster every Interval of
+// real time.
 type SUC struct {
 	// Client reaches the workload cluster.
 	Client client.Client
 	// Namespace is where Plans and Jobs live (SUC's namespace, cattle-system on Harvester).
 	Namespace string
+	// Name is the controller's name, written into every Job's upgrade.cattle.io/controller
+	// label (fact 2). Default system-upgrade-controller.
+	Name string
+	// Settings are the Job defaults SUC reads from its environment. Default
+	// DefaultJobSettings (SUC's code defaults, fact 4).
+	Settings *JobSettings
 	// Kubelet reports the nodes going down and coming back.
 	Kubelet *Kubelet
 	// Record receives every run.
 	Record *Record
-	// JobDuration is how long each Job runs. Default 200ms.
+	// Clock is the time Jobs run on. Default the real clock.
+	Clock clock.PassiveClock
+	// JobDuration is how long the work of each Job's upgrade container takes on Clock.
+	// Default 200ms.
 	JobDuration time.Duration
-	// Interval is how often Plans are looked at. Default 50ms.
+	// Work, when set, says how long the upgrade container of a Job of plan takes on Clock
+	// instead of JobDuration (an OS install takes longer than a preload).
+	Work func(plan *sucv1.Plan) time.Duration
+	// DrainDuration is how long kubectl drain takes to evict the node's pods on Clock; a
+	// drain whose --timeout is shorter fails. Default 1s.
+	DrainDuration time.Duration
+	// ImageExists says whether a registry serves an image reference. Default
+	// DefaultImageExists.
+	ImageExists func(image string) bool
+	// Interval is how often the cluster is looked at, in real time. Default 50ms.
 	Interval time.Duration
 	// KubeletVersion returns the kubelet version a node reports after the Plan
 	// succeeded on it, or "" for a Plan that does not change it. Default:
@@ -63,7 +82,16 @@ type SUC struct {
 	mu            sync.Mutex
 	fails         map[string]string
 	labelledFails []labelledFailure
-	runs          map[string]int // job name -> index in Record
+	// appliedRV is the Plan resourceVersion whose Jobs were last applied, per Plan UID:
+	// SUC applies at most once per resourceVersion (fact 48).
+	appliedRV map[types.UID]string
+	// jobSeen is the resourceVersion of each Job the job handler last looked at, and
+	// jobRequeue when it asked to look again: the handler runs on Job events and its own
+	// re-queues only (facts 43 to 46).
+	jobSeen    map[types.UID]string
+	jobRequeue map[types.UID]time.Time
+	// running is what the pod of each started Job is doing (jobrunner.go).
+	running map[types.UID]*podRun
 }
 
 // DefaultKubeletVersion is the Plan's version when its upgrade image is an rke2-upgrade
@@ -72,8 +100,7 @@ func DefaultKubeletVersion(plan *sucv1.Plan) string {
 	if plan.Spec.Upgrade == nil {
 		return ""
 	}
-	repo, _, _ := strings.Cut(plan.Spec.Upgrade.Image, ":")
-	if strings.HasSuffix(repo, "rke2-upgrade") {
+	if strings.HasSuffix(imageRepository(plan.Spec.Upgrade.Image), "rke2-upgrade") {
 		return plan.Spec.Version
 	}
 	return ""
@@ -85,8 +112,7 @@ func DefaultOSImage(plan *sucv1.Plan) string {
 	if plan.Spec.Upgrade == nil {
 		return ""
 	}
-	repo, _, _ := strings.Cut(plan.Spec.Upgrade.Image, ":")
-	if strings.HasSuffix(repo, "harvester-upgrade") && slices.Contains(plan.Spec.Upgrade.Args, "post-drain") {
+	if strings.HasSuffix(imageRepository(plan.Spec.Upgrade.Image), "harvester-upgrade") && slices.Contains(plan.Spec.Upgrade.Args, "post-drain") {
 		return "Harvester " + plan.Spec.Version
 	}
 	return ""
@@ -133,6 +159,27 @@ func (s *SUC) failure(plan *sucv1.Plan, node string) (string, bool) {
 	return m, ok
 }
 
+func (s *SUC) name() string {
+	if s.Name == "" {
+		return "system-upgrade-controller"
+	}
+	return s.Name
+}
+
+func (s *SUC) settings() JobSettings {
+	if s.Settings == nil {
+		return DefaultJobSettings()
+	}
+	return *s.Settings
+}
+
+func (s *SUC) clock() clock.PassiveClock {
+	if s.Clock == nil {
+		return clock.RealClock{}
+	}
+	return s.Clock
+}
+
 // Run plays SUC until ctx ends. Errors of one pass are returned on ctx's end only if
 // every pass failed; a transient API error does not stop the simulator.
 func (s *SUC) Run(ctx context.Context) error {
@@ -153,7 +200,15 @@ func (s *SUC) Run(ctx context.Context) error {
 	}
 }
 
+// pass is one look at the cluster: every Plan's status and Jobs (SUC's plan handlers),
+// every Job of this controller (SUC's job handler), then every Job's pod (the cluster).
 func (s *SUC) pass(ctx context.Context) error {
+	s.mu.Lock()
+	if s.appliedRV == nil {
+		s.appliedRV, s.jobSeen, s.jobRequeue, s.running = map[types.UID]string{}, map[types.UID]string{}, map[types.UID]time.Time{}, map[types.UID]*podRun{}
+	}
+	s.mu.Unlock()
+	// Fact 1: only this namespace.
 	plans := &sucv1.PlanList{}
 	if err := s.Client.List(ctx, plans, client.InNamespace(s.Namespace)); err != nil {
 		return fmt.Errorf("list plans: %w", err)
@@ -162,342 +217,463 @@ func (s *SUC) pass(ctx context.Context) error {
 	if err := s.Client.List(ctx, nodes); err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
+	var errs []error
 	for i := range plans.Items {
-		if err := s.reconcilePlan(ctx, &plans.Items[i], nodes.Items); err != nil {
-			return fmt.Errorf("plan %s: %w", plans.Items[i].Name, err)
+		if err := s.syncPlan(ctx, &plans.Items[i], nodes.Items); err != nil {
+			errs = append(errs, fmt.Errorf("plan %s: %w", plans.Items[i].Name, err))
 		}
 	}
-	return nil
+	if err := s.handleJobs(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.runPods(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
-// PlanHash is the hash the simulator resolves for a Plan: a digest of its spec, so a
-// changed Plan runs again on every node.
-func PlanHash(plan *sucv1.Plan) string {
-	data, _ := json.Marshal(plan.Spec)
-	sum := sha256.Sum224(data)
-	return hex.EncodeToString(sum[:])
-}
+// syncPlan is SUC's status handler then its generating handler on one Plan event
+// (handle_upgrade.go; facts 12 to 22, 48, 49).
+func (s *SUC) syncPlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Node) error {
+	now := s.clock().Now()
+	st := plan.Status.DeepCopy()
+	ensureCondition(st, "Complete", now)
 
-func (s *SUC) reconcilePlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Node) error {
-	hash := PlanHash(plan)
-	selected, err := selectNodes(plan, nodes)
+	// Facts 12, 13: validate.
+	ensureCondition(st, "Validated", now)
+	if err := s.validate(ctx, plan); err != nil {
+		setCondition(st, "Validated", corev1.ConditionFalse, "Error", err.Error(), now)
+	} else {
+		setCondition(st, "Validated", corev1.ConditionTrue, "PlanIsValid", "", now)
+		// Fact 14: resolve the version (a channel is not served by the simulator).
+		ensureCondition(st, "LatestResolved", now)
+		switch {
+		case plan.Spec.Version == "" && plan.Spec.Channel == "":
+			setCondition(st, "LatestResolved", corev1.ConditionFalse, "Error", sucv1.ErrPlanUnresolvable.Error(), now)
+		case plan.Spec.Version == "":
+			setCondition(st, "LatestResolved", corev1.ConditionFalse, "Error", "the simulator does not resolve channels: set spec.version", now)
+		default:
+			latest := MungeVersion(plan.Spec.Version)
+			if conditionStatus(st, "LatestResolved") != corev1.ConditionTrue || st.LatestVersion != latest {
+				// Fact 15: a version change resets Complete.
+				setCondition(st, "Complete", corev1.ConditionFalse, "Resolved", "", now)
+			}
+			st.LatestVersion = latest
+			setCondition(st, "LatestResolved", corev1.ConditionTrue, "Version", "", now)
+		}
+	}
+	// Fact 16: the hash, unless resolution failed.
+	if conditionReason(st, "LatestResolved") != "Error" {
+		h, err := s.latestHash(ctx, plan, st.LatestVersion)
+		if err != nil {
+			return err
+		}
+		st.LatestHash = h
+	}
+
+	// The generating handler sees the Plan with the status computed so far.
+	work := plan.DeepCopy()
+	work.Status = *st
+	jobs, err := s.generate(work, nodes, now)
 	if err != nil {
 		return err
 	}
-	jobs := &batchv1.JobList{}
-	if err := s.Client.List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelPlan: plan.Name}); err != nil {
-		return fmt.Errorf("list jobs: %w", err)
+	if err := s.apply(ctx, plan, jobs); err != nil {
+		return err
 	}
-	jobOf := map[string]*batchv1.Job{}
-	for i := range jobs.Items {
-		j := &jobs.Items[i]
-		if j.Annotations[annotationHash] == hash {
-			jobOf[j.Labels[LabelNode]] = j
-		}
-	}
-
-	var applying []string
-	var failedMessage string
-	done := 0
-	for _, node := range selected {
-		if node.Labels[NodePlanPrefix+plan.Name] == hash {
-			done++
-			continue
-		}
-		job := jobOf[node.Name]
-		switch {
-		case job == nil:
-			continue
-		case jobFinished(job, batchv1.JobFailed):
-			failedMessage = fmt.Sprintf("Job %s on node %s failed: %s", job.Name, node.Name, jobConditionMessage(job, batchv1.JobFailed))
-		case jobFinished(job, batchv1.JobComplete):
-			// Completed but the label is not there yet: finishRun labels it next.
-			if err := s.labelNode(ctx, node.Name, plan.Name, hash); err != nil {
-				return err
-			}
-		default:
-			applying = append(applying, node.Name)
-			if time.Since(job.CreationTimestamp.Time) >= s.jobDuration() {
-				if err := s.finishRun(ctx, plan, job, node.Name, hash); err != nil {
-					return err
-				}
-			}
-		}
-	}
-
-	concurrency := int(plan.Spec.Concurrency)
-	if concurrency < 1 {
-		concurrency = 1
-	}
-	for _, node := range selected {
-		if len(applying) >= concurrency || failedMessage != "" {
-			break
-		}
-		if node.Labels[NodePlanPrefix+plan.Name] == hash || jobOf[node.Name] != nil {
-			continue
-		}
-		if err := s.startRun(ctx, plan, node.Name, hash); err != nil {
-			return err
-		}
-		applying = append(applying, node.Name)
-	}
-
-	return s.updatePlanStatus(ctx, plan, hash, applying, failedMessage, done == len(selected) && len(selected) > 0)
-}
-
-func (s *SUC) jobDuration() time.Duration {
-	if s.JobDuration == 0 {
-		return 200 * time.Millisecond
-	}
-	return s.JobDuration
-}
-
-func takesNodeDown(plan *sucv1.Plan) bool {
-	return plan.Spec.Cordon || plan.Spec.Drain != nil
-}
-
-func (s *SUC) startRun(ctx context.Context, plan *sucv1.Plan, node, hash string) error {
-	name := jobName(plan.Name, node, hash)
-	image := "simulated"
-	if plan.Spec.Upgrade != nil && plan.Spec.Upgrade.Image != "" {
-		image = plan.Spec.Upgrade.Image
-	}
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: s.Namespace,
-			Labels:      map[string]string{LabelPlan: plan.Name, LabelNode: node, LabelVersion: sanitizeLabel(plan.Spec.Version)},
-			Annotations: map[string]string{annotationHash: hash},
-		},
-		Spec: batchv1.JobSpec{
-			BackoffLimit: ptr.To[int32](0),
-			Template: corev1.PodTemplateSpec{
-				Spec: corev1.PodSpec{
-					NodeName:      node,
-					RestartPolicy: corev1.RestartPolicyNever,
-					Containers:    []corev1.Container{{Name: "upgrade", Image: image}},
-				},
-			},
-		},
-	}
-	if err := s.Client.Create(ctx, job); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
-		return fmt.Errorf("create job %s: %w", name, err)
-	}
-	s.mu.Lock()
-	if s.runs == nil {
-		s.runs = map[string]int{}
-	}
-	s.runs[name] = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Hash: hash, Version: plan.Spec.Version, Start: time.Now()})
-	s.mu.Unlock()
-
-	if takesNodeDown(plan) {
-		if err := s.Kubelet.SetUnschedulable(ctx, node, true); err != nil {
-			return err
-		}
-		if err := s.Kubelet.SetReady(ctx, node, false, "UpgradeInProgress"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *SUC) finishRun(ctx context.Context, plan *sucv1.Plan, job *batchv1.Job, node, hash string) error {
-	message, fail := s.failure(plan, node)
-	if takesNodeDown(plan) {
-		if !fail {
-			v, osImage := s.kubeletVersion(plan), s.osImage(plan)
-			if v != "" || osImage != "" {
-				if err := s.Kubelet.SetVersion(ctx, node, v, osImage); err != nil {
-					return err
-				}
-			}
-		}
-		if err := s.Kubelet.SetReady(ctx, node, true, "KubeletReady"); err != nil {
-			return err
-		}
-	}
-	if fail {
-		if err := s.setJobFinished(ctx, job, batchv1.JobFailed, "BackoffLimitExceeded", message); err != nil {
-			return err
-		}
-	} else {
-		if err := s.labelNode(ctx, node, plan.Name, hash); err != nil {
-			return err
-		}
-		if takesNodeDown(plan) {
-			// SUC uncordons a node after success when the Plan cordoned or drained it.
-			if err := s.Kubelet.SetUnschedulable(ctx, node, false); err != nil {
-				return err
-			}
-		}
-		if err := s.setJobFinished(ctx, job, batchv1.JobComplete, "", ""); err != nil {
-			return err
-		}
-	}
-	s.mu.Lock()
-	if i, ok := s.runs[job.Name]; ok {
-		s.Record.endRun(i, time.Now(), fail, message)
-		delete(s.runs, job.Name)
-	}
-	s.mu.Unlock()
-	return nil
-}
-
-func (s *SUC) kubeletVersion(plan *sucv1.Plan) string {
-	if s.KubeletVersion != nil {
-		return s.KubeletVersion(plan)
-	}
-	return DefaultKubeletVersion(plan)
-}
-
-func (s *SUC) osImage(plan *sucv1.Plan) string {
-	if s.OSImage != nil {
-		return s.OSImage(plan)
-	}
-	return DefaultOSImage(plan)
-}
-
-func (s *SUC) labelNode(ctx context.Context, node, plan, hash string) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n := &corev1.Node{}
-		if err := s.Client.Get(ctx, client.ObjectKey{Name: node}, n); err != nil {
-			return err
-		}
-		if n.Labels[NodePlanPrefix+plan] == hash {
-			return nil
-		}
-		if n.Labels == nil {
-			n.Labels = map[string]string{}
-		}
-		n.Labels[NodePlanPrefix+plan] = hash
-		return s.Client.Update(ctx, n)
-	})
-}
-
-// setJobFinished writes a terminal Job status the way the Job controller does: the
-// interim condition (SuccessCriteriaMet or FailureTarget) and the terminal one.
-func (s *SUC) setJobFinished(ctx context.Context, job *batchv1.Job, condition batchv1.JobConditionType, reason, message string) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		j := &batchv1.Job{}
-		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(job), j); err != nil {
-			return err
-		}
-		now := metav1.Now()
-		start := j.CreationTimestamp
-		j.Status.StartTime = &start
-		if condition == batchv1.JobComplete {
-			j.Status.Succeeded = 1
-			j.Status.CompletionTime = &now
-			j.Status.Conditions = append(j.Status.Conditions,
-				batchv1.JobCondition{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now},
-				batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now})
-		} else {
-			j.Status.Failed = 1
-			j.Status.Conditions = append(j.Status.Conditions,
-				batchv1.JobCondition{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: reason, Message: message, LastProbeTime: now, LastTransitionTime: now},
-				batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: reason, Message: message, LastProbeTime: now, LastTransitionTime: now})
-		}
-		return s.Client.Status().Update(ctx, j)
-	})
-}
-
-func (s *SUC) updatePlanStatus(ctx context.Context, plan *sucv1.Plan, hash string, applying []string, failedMessage string, complete bool) error {
-	sort.Strings(applying)
-	want := plan.DeepCopy()
-	want.Status.LatestHash = hash
-	want.Status.LatestVersion = plan.Spec.Version
-	want.Status.Applying = applying
-	setPlanCondition(&want.Status, "LatestResolved", corev1.ConditionTrue, "Version", "")
-	switch {
-	case failedMessage != "":
-		setPlanCondition(&want.Status, "Complete", corev1.ConditionFalse, "JobFailed", failedMessage)
-	case complete:
-		setPlanCondition(&want.Status, "Complete", corev1.ConditionTrue, "", "")
-	default:
-		setPlanCondition(&want.Status, "Complete", corev1.ConditionUnknown, "", "")
-	}
-	if equalStatus(plan.Status, want.Status) {
+	if equality.Semantic.DeepEqual(plan.Status, work.Status) {
 		return nil
 	}
-	if err := s.Client.Status().Update(ctx, want); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+	plan.Status = work.Status
+	if err := s.Client.Status().Update(ctx, plan); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("update status: %w", err)
 	}
 	return nil
 }
 
-func equalStatus(a, b sucv1.PlanStatus) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
+// validate is plan.go Validate (fact 13); the window is checked by SUC's timewindow
+// parser, here by TimeWindowSpec itself.
+func (s *SUC) validate(ctx context.Context, plan *sucv1.Plan) error {
+	if d := plan.Spec.Drain; d != nil {
+		if d.DeleteEmptydirData != nil && d.DeleteLocalData != nil {
+			return errors.New("spec.drain cannot specify both deleteEmptydirData and deleteLocalData")
+		}
+		if d.PodSelector != nil {
+			if _, err := metav1.LabelSelectorAsSelector(d.PodSelector); err != nil {
+				return err
+			}
+		}
+	}
+	if d := plan.Spec.PostCompleteDelay; d != nil && d.Duration < 0 {
+		return errors.New("spec.postCompleteDelay is negative")
+	}
+	for _, sec := range plan.Spec.Secrets {
+		if sec.IgnoreUpdates {
+			continue
+		}
+		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: sec.Name}, &corev1.Secret{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func setPlanCondition(st *sucv1.PlanStatus, typ string, status corev1.ConditionStatus, reason, message string) {
-	for i := range st.Conditions {
-		if st.Conditions[i].Type == typ {
-			c := &st.Conditions[i]
-			if c.Status != status || c.Reason != reason || c.Message != message {
-				c.Status, c.Reason, c.Message = status, reason, message
-				c.LastUpdateTime = time.Now().UTC().Format(time.RFC3339)
+func (s *SUC) latestHash(ctx context.Context, plan *sucv1.Plan, latestVersion string) (string, error) {
+	digest, err := digestValues(plan)
+	if err != nil {
+		return "", err
+	}
+	var secrets []string
+	for _, sec := range plan.Spec.Secrets {
+		if sec.IgnoreUpdates {
+			continue
+		}
+		secret := &corev1.Secret{}
+		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: sec.Name}, secret); err != nil {
+			return "", fmt.Errorf("secret %s: %w", sec.Name, err)
+		}
+		h, err := secretHash(secret)
+		if err != nil {
+			return "", err
+		}
+		secrets = append(secrets, h)
+	}
+	return LatestHash(latestVersion, plan.Spec.ServiceAccountName, digest, secrets), nil
+}
+
+// generate is the generating handler (facts 18 to 23): it selects the nodes, returns the
+// Jobs to apply, and writes applying and Complete into plan.Status.
+func (s *SUC) generate(plan *sucv1.Plan, nodes []corev1.Node, now time.Time) ([]*batchv1.Job, error) {
+	st := &plan.Status
+	if conditionStatus(st, "Validated") != corev1.ConditionTrue || conditionStatus(st, "LatestResolved") != corev1.ConditionTrue {
+		setCondition(st, "Complete", corev1.ConditionFalse, "NotReady", "plan is not valid and resolved", now) // fact 18
+		return nil, nil
+	}
+	selected, err := selectConcurrentNodes(plan, nodes)
+	if err != nil {
+		setCondition(st, "Complete", corev1.ConditionFalse, "SelectNodesFailed", err.Error(), now)
+		return nil, err
+	}
+	var jobs []*batchv1.Job
+	var hostnames []string
+	for i := range selected {
+		jobs = append(jobs, newJob(plan, &selected[i], s.name(), s.settings()))
+		hostnames = append(hostnames, nodeHostname(&selected[i]))
+	}
+	if len(hostnames) == 0 {
+		// Fact 22: nothing left: Complete.
+		st.Applying = nil
+		setCondition(st, "Complete", corev1.ConditionTrue, "Complete", "", now)
+		return nil, nil
+	}
+	// Fact 21: the window is looked at only while nothing is applying.
+	if w := plan.Spec.Window; w != nil && len(st.Applying) == 0 && !w.Contains(now) {
+		setCondition(st, "Complete", corev1.ConditionFalse, "Waiting", "current time is not within configured window", now)
+		return nil, nil
+	}
+	// Fact 22: a new applying list resets Complete to SyncJob.
+	if !slices.Equal(st.Applying, hostnames) {
+		st.Applying = hostnames
+		setCondition(st, "Complete", corev1.ConditionFalse, "SyncJob", "", now)
+	}
+	return jobs, nil
+}
+
+// selectConcurrentNodes is plan.go SelectConcurrentNodes (facts 7 to 10, 19).
+func selectConcurrentNodes(plan *sucv1.Plan, nodes []corev1.Node) ([]corev1.Node, error) {
+	// Fact 8: a nil selector selects nothing (LabelSelectorAsSelector(nil) is Nothing).
+	sel, err := metav1.LabelSelectorAsSelector(plan.Spec.NodeSelector)
+	if err != nil {
+		return nil, err
+	}
+	hasHostname, _ := labels.NewRequirement(corev1.LabelHostname, selection.Exists, nil) // fact 9
+	notDone, err := labels.NewRequirement(NodePlanPrefix+plan.Name, selection.NotIn, []string{"disabled", plan.Status.LatestHash})
+	if err != nil {
+		return nil, err
+	}
+	sel = sel.Add(*hasHostname, *notDone) // fact 10
+	var selected, candidates []corev1.Node
+	for _, n := range nodes {
+		if !sel.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		if slices.Contains(plan.Status.Applying, n.Labels[corev1.LabelHostname]) {
+			selected = append(selected, n)
+		} else {
+			candidates = append(candidates, n)
+		}
+	}
+	if int64(len(selected)) < plan.Spec.Concurrency { // fact 7: 0 adds nothing
+		order := func(n corev1.Node) string {
+			sum := sha256.Sum256([]byte(string(n.UID) + string(plan.UID) + plan.Status.LatestHash))
+			return hex.EncodeToString(sum[:])
+		}
+		sort.Slice(candidates, func(i, j int) bool { return order(candidates[i]) < order(candidates[j]) })
+		for i := 0; i < len(candidates) && int64(len(selected)) < plan.Spec.Concurrency; i++ {
+			selected = append(selected, candidates[i])
+		}
+	}
+	sort.Slice(selected, func(i, j int) bool { return selected[i].Name < selected[j].Name })
+	return selected, nil
+}
+
+// apply is wrangler's apply of the generated Jobs, with SUC's options (facts 27, 48, 49):
+// at most once per Plan resourceVersion; a missing Job is created; a Job whose pod
+// template differs from the one last applied is deleted, and created again on the next
+// sync; otherwise its parallelism and metadata are brought to the desired ones. Nothing
+// is deleted because it is no longer desired (WithNoDelete). The API server validates
+// every Job; a rejected Job is recorded and the Plan stays as it is.
+func (s *SUC) apply(ctx context.Context, plan *sucv1.Plan, jobs []*batchv1.Job) error {
+	s.mu.Lock()
+	done := s.appliedRV[plan.UID] == plan.ResourceVersion
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	replaced := false
+	var errs []error
+	for _, want := range jobs {
+		digest := templateDigest(&want.Spec.Template)
+		want.Annotations[annotationApplied] = digest
+		want.Annotations[annotationObjectSet] = "system-upgrade-controller"
+		want.Annotations[annotationOwnerGVK] = "upgrade.cattle.io/v1, Kind=Plan"
+		want.Annotations[annotationOwnerName] = plan.Name
+		want.Annotations[annotationOwnerNS] = plan.Namespace
+		want.Labels[labelObjectSetHash] = digest[:32]
+
+		current := &batchv1.Job{}
+		err := s.Client.Get(ctx, client.ObjectKeyFromObject(want), current)
+		switch {
+		case apierrors.IsNotFound(err):
+			if err := s.Client.Create(ctx, want); err != nil {
+				s.Record.rejectJob(JobRejection{Plan: plan.Name, Node: want.Labels[LabelNode], Job: want.Name, Error: err.Error()})
+				errs = append(errs, fmt.Errorf("create job %s: %w", want.Name, err))
 			}
+			continue
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		}
+		if current.Annotations[annotationApplied] != digest {
+			// Fact 49: wrangler's Job reconciler replaces a Job whose template changed.
+			if err := s.deleteJob(ctx, current, "its pod template changed: replaced"); err != nil {
+				errs = append(errs, err)
+			}
+			replaced = true
+			continue
+		}
+		if *current.Spec.Parallelism != *want.Spec.Parallelism {
+			current.Spec.Parallelism = want.Spec.Parallelism
+			if err := s.Client.Update(ctx, current); err != nil && !apierrors.IsConflict(err) {
+				errs = append(errs, fmt.Errorf("update job %s: %w", want.Name, err))
+			}
+		}
+	}
+	if len(errs) == 0 && !replaced {
+		s.mu.Lock()
+		s.appliedRV[plan.UID] = plan.ResourceVersion
+		s.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// handleJobs is SUC's job handler (handle_batch.go; facts 2, 42 to 47), run for a Job
+// when it changed since last time or when the handler asked to look at it again.
+func (s *SUC) handleJobs(ctx context.Context) error {
+	jobs := &batchv1.JobList{}
+	if err := s.Client.List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
+		return fmt.Errorf("list jobs: %w", err)
+	}
+	now := s.clock().Now()
+	var errs []error
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		s.mu.Lock()
+		due := s.jobSeen[job.UID] != job.ResourceVersion
+		if at, ok := s.jobRequeue[job.UID]; ok && !now.Before(at) {
+			due = true
+			delete(s.jobRequeue, job.UID)
+		}
+		s.jobSeen[job.UID] = job.ResourceVersion
+		s.mu.Unlock()
+		if !due || job.DeletionTimestamp != nil {
+			continue
+		}
+		if err := s.handleJob(ctx, job, now); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("job %s: %w", job.Name, err))
+			s.requeueJob(job, now)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *SUC) requeueJob(job *batchv1.Job, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.jobRequeue[job.UID]; !ok || at.Before(cur) {
+		s.jobRequeue[job.UID] = at
+	}
+}
+
+func (s *SUC) handleJob(ctx context.Context, job *batchv1.Job, now time.Time) error {
+	planName, okPlan := job.Labels[LabelPlan]
+	version, okVersion := job.Labels[LabelVersion]
+	nodeName, okNode := job.Labels[LabelNode]
+	if !okPlan || !okVersion {
+		return s.deleteJob(ctx, job, "malformed: no plan or version label") // fact 42
+	}
+	plan := &sucv1.Plan{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: planName}, plan); err != nil {
+		if apierrors.IsNotFound(err) {
+			return s.deleteJob(ctx, job, "its Plan is gone") // facts 27, 42
+		}
+		return err
+	}
+	if version != plan.Status.LatestVersion {
+		// Fact 43: another version: deleted whatever its state, the node not labelled.
+		return s.deleteJob(ctx, job, fmt.Sprintf("its version %s is no longer the Plan's %s", version, plan.Status.LatestVersion))
+	}
+	if !okNode {
+		return s.deleteJob(ctx, job, "malformed: no node label")
+	}
+	node := &corev1.Node{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return s.deleteJob(ctx, job, "its node is gone")
+		}
+		return err
+	}
+	if c := jobCondition(job, batchv1.JobFailed); c != nil {
+		// Fact 45: the Plan shows the failure; the Job goes after its TTL.
+		message := fmt.Sprintf("Job %s/%s failed on Node %s: %s: %s", job.Namespace, job.Name, nodeName, c.Reason, c.Message)
+		setCondition(&plan.Status, "Complete", corev1.ConditionFalse, "JobFailed", message, now)
+		if err := s.Client.Status().Update(ctx, plan); err != nil {
+			return err
+		}
+		return s.deleteAfterTTL(ctx, job, c.LastTransitionTime.Time, now)
+	}
+	if c := jobCondition(job, batchv1.JobComplete); c != nil {
+		hashLabel := NodePlanPrefix + planName
+		if hash, ok := job.Labels[hashLabel]; ok {
+			var delay time.Duration
+			if plan.Spec.PostCompleteDelay != nil {
+				delay = plan.Spec.PostCompleteDelay.Duration
+			}
+			if waited := now.Sub(c.LastTransitionTime.Time); waited < delay {
+				s.requeueJob(job, now.Add(delay-waited))
+			} else {
+				// Fact 46: the Job's hash, and the expanded postCompleteLabels.
+				if node.Labels == nil {
+					node.Labels = map[string]string{}
+				}
+				for k, v := range plan.Spec.PostCompleteLabels {
+					node.Labels[k] = strings.NewReplacer("$(LATEST_VERSION)", plan.Status.LatestVersion, "$(LATEST_HASH)", plan.Status.LatestHash).Replace(v)
+				}
+				node.Labels[hashLabel] = hash
+			}
+			// Fact 46: uncordon at once when the Plan cordons or drains, whoever cordoned.
+			uncordon := node.Spec.Unschedulable && (plan.Spec.Cordon || plan.Spec.Drain != nil)
+			if uncordon {
+				node.Spec.Unschedulable = false
+			}
+			if err := s.Client.Update(ctx, node); err != nil {
+				return err
+			}
+			if uncordon {
+				s.Record.uncordonedBySUC(node.Name, plan.Name, now)
+			}
+		}
+		return s.deleteAfterTTL(ctx, job, c.LastTransitionTime.Time, now)
+	}
+	// Fact 47: a running Job of a node that is not applying runs out of turn.
+	if !slices.Contains(plan.Status.Applying, nodeName) {
+		return s.deleteJob(ctx, job, "running out of turn: its node is not in status.applying")
+	}
+	return nil
+}
+
+// deleteAfterTTL deletes a finished Job once its TTL has passed since it finished, and
+// otherwise looks at it again then (handle_batch.go enqueueOrDelete).
+func (s *SUC) deleteAfterTTL(ctx context.Context, job *batchv1.Job, finished, now time.Time) error {
+	var ttl time.Duration
+	if job.Spec.TTLSecondsAfterFinished != nil {
+		ttl = time.Duration(*job.Spec.TTLSecondsAfterFinished) * time.Second
+	}
+	if waited := now.Sub(finished); waited < ttl {
+		s.requeueJob(job, finished.Add(ttl))
+		return nil
+	}
+	return s.deleteJob(ctx, job, "its TTL after finishing has passed")
+}
+
+// deleteJob deletes a Job with background propagation (fact 42). A Job whose pod still
+// runs is recorded as interrupted: its upgrade stopped part way.
+func (s *SUC) deleteJob(ctx context.Context, job *batchv1.Job, why string) error {
+	if err := s.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete job %s: %w", job.Name, err)
+	}
+	s.mu.Lock()
+	run := s.running[job.UID]
+	delete(s.running, job.UID)
+	s.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	s.Record.deletedRun(run.record, why)
+	if !run.finished {
+		s.Record.endRun(run.record, s.clock().Now(), true, "deleted by SUC while running: "+why, true)
+		if run.down {
+			_ = s.Kubelet.SetReady(ctx, run.node, true, "KubeletReady")
+		}
+	}
+	return nil
+}
+
+func jobCondition(job *batchv1.Job, t batchv1.JobConditionType) *batchv1.JobCondition {
+	for i := range job.Status.Conditions {
+		if c := &job.Status.Conditions[i]; c.Type == t && c.Status == corev1.ConditionTrue {
+			return c
+		}
+	}
+	return nil
+}
+
+// Plan conditions are wrangler GenericConditions; SUC writes lastUpdateTime only, never
+// lastTransitionTime (fact 6).
+func ensureCondition(st *sucv1.PlanStatus, typ string, now time.Time) {
+	for _, c := range st.Conditions {
+		if c.Type == typ {
 			return
 		}
 	}
-	st.Conditions = append(st.Conditions, genericcondition.GenericCondition{
-		Type: typ, Status: status, Reason: reason, Message: message, LastUpdateTime: time.Now().UTC().Format(time.RFC3339),
-	})
+	st.Conditions = append(st.Conditions, genericcondition.GenericCondition{Type: typ, Status: corev1.ConditionUnknown, LastUpdateTime: now.UTC().Format(time.RFC3339)})
 }
 
-func selectNodes(plan *sucv1.Plan, nodes []corev1.Node) ([]corev1.Node, error) {
-	if plan.Spec.NodeSelector == nil {
-		return nil, nil
-	}
-	sel, err := metav1.LabelSelectorAsSelector(plan.Spec.NodeSelector)
-	if err != nil {
-		return nil, fmt.Errorf("node selector: %w", err)
-	}
-	var out []corev1.Node
-	for _, n := range nodes {
-		if sel.Matches(labels.Set(n.Labels)) {
-			out = append(out, n)
+func setCondition(st *sucv1.PlanStatus, typ string, status corev1.ConditionStatus, reason, message string, now time.Time) {
+	ensureCondition(st, typ, now)
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		if c.Type == typ && (c.Status != status || c.Reason != reason || c.Message != message) {
+			c.Status, c.Reason, c.Message = status, reason, message
+			c.LastUpdateTime = now.UTC().Format(time.RFC3339)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
 }
 
-func jobFinished(job *batchv1.Job, condition batchv1.JobConditionType) bool {
-	for _, c := range job.Status.Conditions {
-		if c.Type == condition && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
-
-func jobConditionMessage(job *batchv1.Job, condition batchv1.JobConditionType) string {
-	for _, c := range job.Status.Conditions {
-		if c.Type == condition {
-			return strings.TrimSpace(c.Reason + ": " + c.Message)
+func conditionStatus(st *sucv1.PlanStatus, typ string) corev1.ConditionStatus {
+	for _, c := range st.Conditions {
+		if c.Type == typ {
+			return c.Status
 		}
 	}
 	return ""
 }
 
-func jobName(plan, node, hash string) string {
-	name := fmt.Sprintf("apply-%s-on-%s-with-%s", plan, node, hash[:8])
-	if len(name) > 63 {
-		sum := sha256.Sum256([]byte(name))
-		name = name[:54] + "-" + hex.EncodeToString(sum[:])[:8]
+func conditionReason(st *sucv1.PlanStatus, typ string) string {
+	for _, c := range st.Conditions {
+		if c.Type == typ {
+			return c.Reason
+		}
 	}
-	return strings.TrimRight(name, "-.")
-}
-
-func sanitizeLabel(v string) string {
-	v = strings.NewReplacer("+", "-").Replace(v)
-	if len(v) > 63 {
-		v = v[:63]
-	}
-	return strings.Trim(v, "-_.")
+	return ""
 }

@@ -11,10 +11,11 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.isoURL) || has(self.isoChecksum)",message="release.isoChecksum is required with release.isoURL: the repository refuses an ISO it cannot verify"
 type Release struct {
 	// version is the Harvester version of the release, for example v1.6.0. The release
-	// metadata served by the repository must say the same.
+	// metadata served by the repository must say the same. It is also the SUC Plans'
+	// version, which SUC writes into a label of each Job: at most 63 characters.
 	// +required
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:XValidation:rule="self.matches('^v[0-9]+[.][0-9]+[.][0-9]+(-[0-9A-Za-z.-]+)?$')",message="release.version must be a Harvester version such as v1.6.0 or v1.7.0-rc1"
 	Version string `json:"version"`
 
@@ -41,21 +42,36 @@ type Release struct {
 	RepositoryURL string `json:"repositoryURL,omitempty"`
 }
 
-// Images are the container images the Harvester updater runs.
+// Images are the container images the Harvester updater runs. The updater tags every
+// image of its SUC Plans itself, so that SUC never does (SUC tags an untagged image with
+// the Plan's version, which for the RKE2 Plan is a Kubernetes version): an image given
+// with a tag or digest is used as it is.
 type Images struct {
-	// rke2Upgrade is the rancher/rke2-upgrade image repository; the tag is the target
-	// Kubernetes version with '+' replaced by '-'.
+	// rke2Upgrade is the rancher/rke2-upgrade image; untagged, it gets the target
+	// Kubernetes version with '+' replaced by '-' (v1.33.3-rke2r1).
 	// +optional
 	// +kubebuilder:default="rancher/rke2-upgrade"
 	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.rke2Upgrade must be an image reference without spaces"
 	RKE2Upgrade string `json:"rke2Upgrade,omitempty"`
 
-	// osUpgrade is the image whose upgrade container installs the operating system from
-	// the repository and reboots the node.
+	// osUpgrade is the image that preloads the release's images, evacuates the node's
+	// virtual machines and installs the operating system from the repository;
+	// untagged, it gets the release version (v1.6.0).
 	// +optional
 	// +kubebuilder:default="rancher/harvester-upgrade"
 	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.osUpgrade must be an image reference without spaces"
 	OSUpgrade string `json:"osUpgrade,omitempty"`
+
+	// kubectl is the image that drains the node (kubectl drain), with a tag or digest:
+	// it runs as a Plan's upgrade container, which SUC would otherwise tag with the
+	// release version. The default is the kubectl image SUC itself drains with.
+	// +optional
+	// +kubebuilder:default="rancher/kubectl:v1.30.3"
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+(:[^/:@ ]+|@[^ ]+)$')",message="images.kubectl needs a tag or digest, such as rancher/kubectl:v1.30.3: SUC would tag an untagged image with the release version"
+	Kubectl string `json:"kubectl,omitempty"`
 
 	// repository is the image of the repository's downloader (leader) and loop-mounter.
 	// +optional
@@ -72,22 +88,26 @@ type Images struct {
 
 // SystemUpgradeController says where System Upgrade Controller runs on the workload cluster.
 type SystemUpgradeController struct {
-	// namespace is where SUC watches Plans.
+	// namespace is where SUC watches Plans (SUC acts on Plans of its own namespace only).
 	// +optional
 	// +kubebuilder:default="cattle-system"
 	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	Namespace string `json:"namespace,omitempty"`
 
-	// serviceAccountName is the service account the Plans' Jobs run as.
+	// serviceAccountName is the service account the Plans' Jobs run as. It drains the
+	// node with kubectl, so it needs to evict pods and update nodes.
 	// +optional
 	// +kubebuilder:default="system-upgrade-controller"
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 }
 
-// Drain says how a node is drained before its Kubernetes upgrade.
+// Drain says how a node is drained, once, before its first disruptive step.
 type Drain struct {
-	// enabled drains the node; when false the node is only cordoned.
+	// enabled drains the node; when false the node is only cordoned (its virtual
+	// machines are still evacuated).
 	// +optional
 	// +kubebuilder:default=true
 	Enabled *bool `json:"enabled,omitempty"`
@@ -96,9 +116,12 @@ type Drain struct {
 	// +optional
 	Force bool `json:"force,omitempty"`
 
-	// timeout bounds the drain, in seconds or as a duration such as 15m.
+	// timeout bounds the drain: a number of seconds (900) or a duration such as 15m or
+	// 1h30m. The updater always hands SUC a duration: SUC reads a number as nanoseconds.
+	// It must not exceed timeouts.drain, the drain Job's deadline.
 	// +optional
 	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="drain.timeout must be a number of seconds of at least 1, or a duration such as 15m or 1h30m"
 	Timeout *intstr.IntOrString `json:"timeout,omitempty"`
 
 	// gracePeriodSeconds overrides the pods' termination grace period.
@@ -136,11 +159,16 @@ type Timeouts struct {
 	// +optional
 	// +kubebuilder:default="1h"
 	Repository *metav1.Duration `json:"repository,omitempty"`
+	// drain bounds the cordon and drain of one node, virtual machine evacuation
+	// included.
+	// +optional
+	// +kubebuilder:default="1h"
+	Drain *metav1.Duration `json:"drain,omitempty"`
 	// imagePreload bounds the image preload of one node.
 	// +optional
 	// +kubebuilder:default="30m"
 	ImagePreload *metav1.Duration `json:"imagePreload,omitempty"`
-	// kubernetesUpgrade bounds the RKE2 upgrade of one node, drain included.
+	// kubernetesUpgrade bounds the RKE2 upgrade of one node.
 	// +optional
 	// +kubebuilder:default="1h"
 	KubernetesUpgrade *metav1.Duration `json:"kubernetesUpgrade,omitempty"`

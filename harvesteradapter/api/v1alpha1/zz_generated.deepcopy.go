@@ -230,6 +230,11 @@ func (in *Timeouts) DeepCopyInto(out *Timeouts) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.Drain != nil {
+		in, out := &in.Drain, &out.Drain
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.ImagePreload != nil {
 		in, out := &in.ImagePreload, &out.ImagePreload
 		*out = new(v1.Duration)

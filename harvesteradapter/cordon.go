@@ -1,0 +1,105 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
+)
+
+// AnnotationCordonedBy is set on a node the updater cordoned, to the UID of the
+// NodeUpdate that cordoned it. Only that NodeUpdate lifts the cordon (at Finish or on
+// abort); a cordon without it is someone else's and is never undone.
+const AnnotationCordonedBy = "harvester.inplace.cluster.x-k8s.io/cordoned-by"
+
+// runDrain takes the node out of service once, before its first disruptive step: the
+// updater cordons it itself and records that the cordon is its own, then the drain Plan
+// evacuates the virtual machines and drains it. The later Plans neither cordon nor
+// drain, so SUC never uncordons the node between them (shared/facts/suc.md, fact 46);
+// the node stays cordoned until Finish. A node cordoned by someone else, or in Harvester
+// maintenance mode, is held: the operator is doing something with it (the same rule as
+// the NodeSchedulable preflight check, which keeps such a node from being picked).
+func (u *Updater) runDrain(ctx context.Context, r *nodeRun) (bool, string, error) {
+	held, err := u.cordonAsOurs(ctx, r)
+	if err != nil || held != "" {
+		return false, held, err
+	}
+	done, message, err := u.applyPlan(ctx, r, planDrain)
+	if err != nil || !done {
+		return done, message, err
+	}
+	node := r.nu.Spec.NodeName
+	if drainArgs(r.cfg.Spec.Drain, node) == nil {
+		return true, fmt.Sprintf("node %s is cordoned and its virtual machines evacuated (drain is off)", node), nil
+	}
+	return true, fmt.Sprintf("node %s is cordoned, its virtual machines evacuated and its pods drained", node), nil
+}
+
+// cordonAsOurs cordons the node and records the cordon as this NodeUpdate's, unless it is
+// ours already. A node cordoned by someone else or in maintenance mode is not touched:
+// held says why. The write carries the node's resourceVersion, so that a cordon set
+// meanwhile by someone else is never taken over as ours; a conflict (the kubelet writes
+// the node all the time) is read again and judged again.
+func (u *Updater) cordonAsOurs(ctx context.Context, r *nodeRun) (held string, err error) {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := u.node(ctx, r)
+		if err != nil {
+			return err
+		}
+		if node.Annotations[AnnotationCordonedBy] == string(r.nu.UID) {
+			held = ""
+			return nil
+		}
+		if status := node.Annotations[disruption.HarvesterMaintainStatusAnnotation]; status != "" {
+			held = fmt.Sprintf("holding: node %s is in Harvester maintenance mode (%s=%s); take it out of maintenance mode to let it be upgraded",
+				node.Name, disruption.HarvesterMaintainStatusAnnotation, status)
+			return nil
+		}
+		if node.Spec.Unschedulable {
+			held = fmt.Sprintf("holding: node %s is cordoned by someone else; uncordon it to let it be upgraded", node.Name)
+			return nil
+		}
+		held = ""
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		if node.Annotations == nil {
+			node.Annotations = map[string]string{}
+		}
+		node.Annotations[AnnotationCordonedBy] = string(r.nu.UID)
+		node.Spec.Unschedulable = true
+		return r.wc.Patch(ctx, node, patch)
+	})
+	if err != nil {
+		return "", fmt.Errorf("cordon node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	return held, nil
+}
+
+// uncordonIfOurs lifts the cordon of the node if this NodeUpdate set it, and removes the
+// record of it. A cordon someone else set, before or during the upgrade (Harvester
+// maintenance mode included), stays. A node that is gone has nothing to restore.
+func (u *Updater) uncordonIfOurs(ctx context.Context, r *nodeRun) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node := &corev1.Node{}
+		if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if node.Annotations[AnnotationCordonedBy] != string(r.nu.UID) {
+			return nil
+		}
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		delete(node.Annotations, AnnotationCordonedBy)
+		// Harvester maintenance mode entered meanwhile keeps the node cordoned.
+		if node.Annotations[disruption.HarvesterMaintainStatusAnnotation] == "" {
+			node.Spec.Unschedulable = false
+		}
+		return r.wc.Patch(ctx, node, patch)
+	})
+	if err != nil {
+		return fmt.Errorf("uncordon node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	return nil
+}

@@ -1,0 +1,91 @@
+package harvesteradapter
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// configSnapshot is what a node is upgraded with: the HarvesterUpgrader as it was when
+// the node's NodeUpdate started, kept in the NodeUpdate's status.updaterConfig. Every
+// later reconcile and the abort read it instead of the live HarvesterUpgrader, so that
+// editing the HarvesterUpgrader changes the nodes not yet started and never rewrites a
+// running node's Plans: SUC deletes a running Job whose Plan's version changed and
+// replaces one whose pod template changed (shared/facts/suc.md, facts 43 and 49).
+type configSnapshot struct {
+	// Kind is HarvesterUpgrader.
+	Kind string `json:"kind"`
+	// Name is the HarvesterUpgrader's name, in the NodeUpdate's namespace.
+	Name string `json:"name"`
+	// Generation is the HarvesterUpgrader's metadata.generation the snapshot was taken at.
+	Generation int64 `json:"generation"`
+	// Spec is the HarvesterUpgrader's spec, defaults applied by the API server.
+	Spec harvesterv1.HarvesterUpgraderSpec `json:"spec"`
+}
+
+// snapshotConfig returns the configuration the node is upgraded with: the snapshot in
+// the NodeUpdate's status if there is one, else cfg, which it then records there. A
+// configuration SUC would misread is refused before anything is written for the node.
+func snapshotConfig(nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader) (*harvesterv1.HarvesterUpgrader, error) {
+	if snap, ok, err := readSnapshot(nu); err != nil || ok {
+		return snap, err
+	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(configSnapshot{Kind: GroupKind.Kind, Name: cfg.Name, Generation: cfg.Generation, Spec: cfg.Spec})
+	if err != nil {
+		return nil, fmt.Errorf("record the configuration of node %s: %w", nu.Spec.NodeName, err)
+	}
+	nu.Status.UpdaterConfig = &runtime.RawExtension{Raw: raw}
+	return cfg, nil
+}
+
+// readSnapshot reads the configuration recorded in the NodeUpdate's status, if any.
+func readSnapshot(nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, bool, error) {
+	if nu.Status.UpdaterConfig == nil || len(nu.Status.UpdaterConfig.Raw) == 0 {
+		return nil, false, nil
+	}
+	snap := configSnapshot{}
+	if err := json.Unmarshal(nu.Status.UpdaterConfig.Raw, &snap); err != nil || snap.Kind != GroupKind.Kind {
+		return nil, false, nodeupdater.Permanentf("InvalidUpdaterConfig",
+			"status.updaterConfig of NodeUpdate %s/%s is not a HarvesterUpgrader snapshot (%v): the node cannot be upgraded with a configuration it did not start with; create a new NodeUpdate",
+			nu.Namespace, nu.Name, err)
+	}
+	cfg := &harvesterv1.HarvesterUpgrader{Spec: snap.Spec}
+	cfg.Name, cfg.Namespace, cfg.Generation = snap.Name, nu.Namespace, snap.Generation
+	return cfg, true, nil
+}
+
+// checkConfig refuses what the API server's validation lets through but SUC would
+// misread, with what to change.
+func checkConfig(cfg *harvesterv1.HarvesterUpgrader) error {
+	timeout, err := drainTimeout(cfg.Spec.Drain.Timeout)
+	if err != nil {
+		return nodeupdater.Permanentf("InvalidDrainTimeout", "HarvesterUpgrader %s/%s: %v", cfg.Namespace, cfg.Name, err)
+	}
+	if limit := dur(cfg.Spec.Timeouts.Drain, defaultDrainTimeout); timeout > limit {
+		return nodeupdater.Permanentf("InvalidDrainTimeout",
+			"HarvesterUpgrader %s/%s: drain.timeout %s is longer than timeouts.drain %s, the drain Job's deadline: shorten the drain timeout or raise timeouts.drain",
+			cfg.Namespace, cfg.Name, timeout, limit)
+	}
+	return nil
+}
+
+// Default timeouts of the steps, when the HarvesterUpgrader gives none (the CRD defaults
+// are the same).
+const (
+	defaultRepositoryTimeout        = time.Hour
+	defaultImagePreloadTimeout      = 30 * time.Minute
+	defaultDrainTimeout             = time.Hour
+	defaultKubernetesUpgradeTimeout = time.Hour
+	defaultOSUpgradeTimeout         = 45 * time.Minute
+	defaultDataEngineTimeout        = 30 * time.Minute
+	defaultNodeTimeout              = 4 * time.Hour
+)

@@ -1,0 +1,227 @@
+package harvesteradapter_test
+
+import (
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+)
+
+// These specs hold the Plans the updater writes against the SUC simulator, which builds
+// and runs Jobs as System Upgrade Controller does (shared/facts/suc.md). Each was seen
+// to fail against the Plans written before issue 20.
+
+// planOutcome says where a Plan stands on node under the simulator: "done" once the node
+// carries the Plan's hash, else the Job's rejection, its pull error or its failure.
+func planOutcome(c *harvesterCluster, plan *sucv1.Plan, node string) func() string {
+	return func() string {
+		for _, r := range c.rec.Rejections() {
+			if r.Plan == plan.Name && r.Node == node {
+				return "rejected: " + r.Error
+			}
+		}
+		for _, r := range runsOn(c.rec, node) {
+			if r.Plan != plan.Name {
+				continue
+			}
+			switch {
+			case r.Failed:
+				return "failed: " + r.Message
+			case strings.Contains(r.Message, "ImagePullBackOff"):
+				return "pulling: " + r.Message
+			}
+		}
+		got := &sucv1.Plan{}
+		if err := workload.Client.Get(ctx, client.ObjectKeyFromObject(plan), got); err != nil {
+			return err.Error()
+		}
+		n := &corev1.Node{}
+		if err := workload.Client.Get(ctx, client.ObjectKey{Name: node}, n); err != nil {
+			return err.Error()
+		}
+		if got.Status.LatestHash != "" && n.Labels[sim.NodePlanPrefix+got.Name] == got.Status.LatestHash {
+			return "done"
+		}
+		return "running"
+	}
+}
+
+// jobOf returns the Job of plan on node.
+func jobOf(plan *sucv1.Plan, node string) batchv1.Job {
+	GinkgoHelper()
+	jobs := &batchv1.JobList{}
+	Expect(workload.Client.List(ctx, jobs, client.InNamespace(plan.Namespace), client.MatchingLabels{sim.LabelPlan: plan.Name, sim.LabelNode: node})).To(Succeed())
+	Expect(jobs.Items).NotTo(BeEmpty())
+	return jobs.Items[0]
+}
+
+var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
+	DescribeTable("becomes a Job the API server accepts, whose images exist, with the step's timeout as its deadline",
+		func(kind string, deadline time.Duration) {
+			c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+			node := c.nodes[0]
+			nu := c.nodeUpdate(node)
+			plan := harvesteradapter.PlanForNode(c.config, nu, kind, c.repository.URL())
+			Expect(workload.Client.Create(ctx, plan)).To(Succeed())
+			Eventually(planOutcome(c, plan, node), 15*time.Second, 50*time.Millisecond).Should(Equal("done"))
+			job := jobOf(plan, node)
+			Expect(job.Spec.ActiveDeadlineSeconds).To(HaveValue(Equal(int64(deadline.Seconds()))), "jobActiveDeadlineSecs from the step's timeout, not SUC's 600 s")
+			for _, ctr := range append(job.Spec.Template.Spec.InitContainers, job.Spec.Template.Spec.Containers...) {
+				Expect(ctr.Image).To(MatchRegexp(`:[^/]+$`), "container %s: every image is tagged", ctr.Name)
+			}
+		},
+		Entry("image preload", "preload", 30*time.Minute),
+		Entry("drain: kubectl drain as the upgrade container, with a tag of its own", "drain", time.Hour),
+		Entry("RKE2: SUC tags the untagged prepare image with the Plan's version, a tag rancher/harvester-upgrade does not have", "rke2", time.Hour),
+		Entry("OS: SUC adds host-root itself; a second one makes the Job invalid", "os", 45*time.Minute),
+	)
+
+	It("lets an image preload run longer than SUC's default 600 s deadline", func() {
+		clk := clocktesting.NewFakeClock(time.Now())
+		c := newHarvesterCluster(1, "Harvester v1.5.0", nil, func(s *sim.SUC) {
+			s.Clock = clk
+			s.Work = func(*sucv1.Plan) time.Duration { return 15 * time.Minute }
+		})
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		plan := harvesteradapter.PlanForNode(c.config, nu, "preload", c.repository.URL())
+		Expect(workload.Client.Create(ctx, plan)).To(Succeed())
+		Eventually(func() []sim.PlanRun { return runsOn(c.rec, node) }, 10*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+		clk.Step(11 * time.Minute)
+		Consistently(planOutcome(c, plan, node), time.Second, 50*time.Millisecond).Should(Equal("running"))
+		clk.Step(5 * time.Minute)
+		Eventually(planOutcome(c, plan, node), 10*time.Second, 50*time.Millisecond).Should(Equal("done"))
+	})
+})
+
+// taggedImages makes the updater's images tagged by the user, so that a spec reaches
+// what comes after the images.
+func taggedImages(h *harvesterv1.HarvesterUpgrader) {
+	h.Spec.Images.OSUpgrade = "rancher/harvester-upgrade:v1.6.0"
+}
+
+var _ = Describe("A node's drain", func() {
+	It("reads a numeric drain timeout as seconds and sends SUC a duration", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			taggedImages(h)
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+			h.Spec.Drain.Timeout = ptr.To(intstr.FromInt32(900))
+		}, func(s *sim.SUC) { s.DrainDuration = 5 * time.Minute })
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		err := drive(c.updater, nu, 30*time.Second)
+		for _, r := range runsOn(c.rec, node) {
+			Expect(r.Message).NotTo(ContainSubstring("global timeout reached"), "run of %s", r.Plan)
+		}
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.rec.Drains(node)).To(HaveLen(1))
+	})
+
+	It("happens once per node, and SUC never uncordons the node between its steps", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", taggedImages)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		err := drive(c.updater, nu, 30*time.Second)
+		Expect(c.rec.UncordonsBySUC(node)).To(BeEmpty(), "SUC uncordons after a Plan that cordons or drains (fact 46)")
+		Expect(c.rec.Drains(node)).To(HaveLen(1), "one drain, so every virtual machine migrates once")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(unschedulable(node)).To(BeFalse(), "the updater lifts its own cordon at Finish")
+	})
+
+	It("holds a node cordoned by someone else, and leaves the cordon", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			taggedImages(h)
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+		})
+		node := c.nodes[0]
+		Expect(c.kubelet.SetUnschedulable(ctx, node, true)).To(Succeed(), "an operator cordons the node")
+		nu := c.nodeUpdate(node)
+		err := drive(c.updater, nu, 5*time.Second)
+		Expect(unschedulable(node)).To(BeTrue(), "the operator's cordon stays")
+		Expect(c.rec.Drains(node)).To(BeEmpty())
+		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
+		Expect(nu.Status.Steps).To(ContainElement(And(
+			HaveField("State", inplacev1.StepStateRunning),
+			HaveField("Message", ContainSubstring("node "+node+" is cordoned by someone else")))))
+	})
+
+	It("holds a node in Harvester maintenance mode", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			taggedImages(h)
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+		})
+		node := c.nodes[0]
+		n := &corev1.Node{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		n.Annotations = map[string]string{"harvesterhci.io/maintain-status": "running"}
+		Expect(workload.Client.Update(ctx, n)).To(Succeed())
+		nu := c.nodeUpdate(node)
+		err := drive(c.updater, nu, 5*time.Second)
+		Expect(c.rec.Drains(node)).To(BeEmpty(), "a node in maintenance mode is not drained")
+		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
+		Expect(nu.Status.Steps).To(ContainElement(HaveField("Message", ContainSubstring("node "+node+" is in Harvester maintenance mode (harvesterhci.io/maintain-status=running)"))))
+	})
+})
+
+var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func() {
+	It("does not change the node's running Plans: SUC would delete their Jobs", func() {
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			taggedImages(h)
+			h.Spec.UpgradeOS = ptr.To(false)
+		}, func(s *sim.SUC) { s.JobDuration = 2 * time.Second })
+		_ = workload.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "other-sa", Namespace: "cattle-system"}})
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		done := make(chan error, 1)
+		go func() {
+			defer GinkgoRecover()
+			done <- drive(c.updater, nu, 60*time.Second)
+		}()
+		Eventually(func() []sim.PlanRun { return runsOn(c.rec, node) }, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+
+		cfg := &harvesterv1.HarvesterUpgrader{}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.config), cfg)).To(Succeed())
+		cfg.Spec.Release.Version = "v1.6.1"
+		cfg.Spec.SystemUpgradeController.ServiceAccountName = "other-sa"
+		Expect(env.Client.Update(ctx, cfg)).To(Succeed())
+
+		var err error
+		Eventually(done, 70*time.Second).Should(Receive(&err))
+		for _, r := range runsOn(c.rec, node) {
+			Expect(r.Deleted).To(BeEmpty(), "SUC deleted the Job of %s", r.Plan)
+		}
+		Expect(err).NotTo(HaveOccurred())
+		for _, kind := range []string{"preload", "drain", "rke2"} {
+			Expect(c.rec.RunsOf(harvesteradapter.PlanName(kind, nu))).To(Equal(map[string]int{node: 1}), "plan %s ran once", kind)
+		}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+		Expect(nu.Status.UpdaterConfig).NotTo(BeNil())
+		Expect(string(nu.Status.UpdaterConfig.Raw)).To(And(
+			ContainSubstring(`"name":"default"`), ContainSubstring(`"generation":1`),
+			ContainSubstring(`"version":"v1.6.0"`), ContainSubstring(`"serviceAccountName":"system-upgrade-controller"`)),
+			"the NodeUpdate shows what its node was upgraded with")
+
+		// A node not started yet is upgraded with the edited configuration.
+		next := c.nodeUpdate(c.nodes[1])
+		_, _ = c.updater.Reconcile(ctx, next)
+		Expect(next.Status.UpdaterConfig).NotTo(BeNil())
+		Expect(string(next.Status.UpdaterConfig.Raw)).To(And(ContainSubstring(`"generation":2`), ContainSubstring(`"version":"v1.6.1"`), ContainSubstring(`"serviceAccountName":"other-sa"`)))
+	})
+})

@@ -1,0 +1,330 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// This file plays what a real cluster does with the Jobs SUC creates, which a test API
+// server does not: the Job controller (start, activeDeadlineSeconds, terminal
+// conditions), the registry (an image that does not exist is never pulled), kubectl
+// cordon and drain in the pod, and the kubelet of a node whose upgrade restarts it.
+
+// podRun is the pod of one started Job.
+type podRun struct {
+	record    int
+	node      string
+	plan      *sucv1.Plan
+	start     time.Time
+	running   bool // init containers done, upgrade container started
+	down      bool // the upgrade took the node NotReady
+	finished  bool
+	exclusive bool
+	pullError string
+}
+
+// blockedByAntiAffinity says whether the pod of job must stay Pending: a pod of the same
+// Plan (or, for an exclusive Plan, of any exclusive Plan) still runs on its node
+// (facts 23, 29, 43).
+func (s *SUC) blockedByAntiAffinity(job *batchv1.Job) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	exclusive := job.Labels[LabelExclusive] == "true"
+	for uid, r := range s.running {
+		if uid == job.UID || r.finished || r.node != job.Labels[LabelNode] {
+			continue
+		}
+		if exclusive && r.exclusive || !exclusive && r.plan.Name == job.Labels[LabelPlan] {
+			return true
+		}
+	}
+	return false
+}
+
+// DefaultImageExists is the simulator's registry. It serves any tagged or digested image
+// except two repositories whose tags it knows: rancher/rke2-upgrade serves RKE2 versions
+// (v1.33.3-rke2r1) and rancher/harvester-upgrade Harvester releases (v1.6.0, v1.7.0-rc1).
+// An untagged image is pulled as :latest, which neither of those serves. So
+// rancher/harvester-upgrade:v1.33.3-rke2r1, what SUC makes of an untagged prepare image in
+// an RKE2 Plan (fact 35), does not exist.
+func DefaultImageExists(image string) bool {
+	if strings.Contains(image, "@") {
+		return true
+	}
+	repo, tag := imageRepository(image), "latest"
+	if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
+		tag = image[i+1:]
+	}
+	switch {
+	case strings.HasSuffix(repo, "rancher/rke2-upgrade"):
+		return rke2Tag.MatchString(tag)
+	case strings.HasSuffix(repo, "rancher/harvester-upgrade"):
+		return harvesterTag.MatchString(tag)
+	}
+	return true
+}
+
+var (
+	rke2Tag      = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-rke2r[0-9]+$`)
+	harvesterTag = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-rc[0-9]+)?$`)
+)
+
+// imageRepository is an image reference without its tag or digest.
+func imageRepository(image string) string {
+	image, _, _ = strings.Cut(image, "@")
+	if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
+		return image[:i]
+	}
+	return image
+}
+
+func (s *SUC) imageExists(image string) bool {
+	if s.ImageExists != nil {
+		return s.ImageExists(image)
+	}
+	return DefaultImageExists(image)
+}
+
+func (s *SUC) work(plan *sucv1.Plan) time.Duration {
+	if s.Work != nil {
+		return s.Work(plan)
+	}
+	if s.JobDuration == 0 {
+		return 200 * time.Millisecond
+	}
+	return s.JobDuration
+}
+
+func (s *SUC) drainDuration() time.Duration {
+	if s.DrainDuration == 0 {
+		return time.Second
+	}
+	return s.DrainDuration
+}
+
+// runPods advances the pod of every un-paused, unfinished Job of this controller.
+func (s *SUC) runPods(ctx context.Context) error {
+	jobs := &batchv1.JobList{}
+	if err := s.Client.List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
+		return fmt.Errorf("list jobs: %w", err)
+	}
+	var errs []error
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		if job.DeletionTimestamp != nil || jobCondition(job, batchv1.JobComplete) != nil || jobCondition(job, batchv1.JobFailed) != nil {
+			continue
+		}
+		if job.Spec.Parallelism == nil || *job.Spec.Parallelism == 0 {
+			continue // fact 28: paused until its node is applying
+		}
+		if err := s.runPod(ctx, job); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("job %s: %w", job.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *SUC) runPod(ctx context.Context, job *batchv1.Job) error {
+	now := s.clock().Now()
+	s.mu.Lock()
+	run := s.running[job.UID]
+	s.mu.Unlock()
+	if run == nil {
+		return s.startPod(ctx, job, now)
+	}
+	if run.finished {
+		return nil
+	}
+	// The Job controller fails a Job active longer than its deadline, whatever its pod does.
+	if d := job.Spec.ActiveDeadlineSeconds; d != nil && now.Sub(run.start) >= time.Duration(*d)*time.Second {
+		message := fmt.Sprintf("active for %s, longer than the Job's activeDeadlineSeconds %d", now.Sub(run.start), *d)
+		if run.pullError != "" {
+			message = run.pullError + "; " + message
+		}
+		return s.finishPod(ctx, job, run, batchv1.JobReasonDeadlineExceeded, "Job was active longer than specified deadline", message)
+	}
+	if run.pullError != "" {
+		return nil // ImagePullBackOff until the deadline, if there is one
+	}
+	if !run.running {
+		return s.startContainers(ctx, job, run, now)
+	}
+	if now.Sub(run.start) < s.work(run.plan) {
+		return nil
+	}
+	if message, fail := s.failure(run.plan, run.node); fail {
+		// A failed upgrade container: the Job controller gives up after backoffLimit
+		// retries. The real condition message is the Job controller's; the simulator
+		// carries the failure's own message there so a test can follow it.
+		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, message, message)
+	}
+	return s.finishPod(ctx, job, run, "", "", "")
+}
+
+// startPod creates the Job's pod: the Job gets its start time and one active pod. A pod
+// whose images the registry does not serve stays in ImagePullBackOff.
+func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) error {
+	plan := &sucv1.Plan{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: job.Labels[LabelPlan]}, plan); err != nil {
+		return err
+	}
+	node := job.Labels[LabelNode]
+	if s.blockedByAntiAffinity(job) {
+		return nil // Pending
+	}
+	run := &podRun{node: node, plan: plan, start: now, exclusive: job.Labels[LabelExclusive] == "true"}
+	pod := job.Spec.Template.Spec
+	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
+		if !s.imageExists(c.Image) {
+			run.pullError = fmt.Sprintf("container %s: ImagePullBackOff: image %s not found", c.Name, c.Image)
+			break
+		}
+	}
+	if err := s.updateJobStatus(ctx, job, func(st *batchv1.JobStatus) {
+		st.StartTime = &metav1.Time{Time: now}
+		st.Active = 1
+		st.Ready = ptr.To[int32](0)
+	}); err != nil {
+		return err
+	}
+	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Start: now})
+	if run.pullError != "" {
+		s.Record.noteRun(run.record, run.pullError)
+	}
+	s.mu.Lock()
+	s.running[job.UID] = run
+	s.mu.Unlock()
+	return nil
+}
+
+// startContainers runs the init containers (kubectl cordon / drain act on the node), then
+// starts the upgrade container: one that restarts the kubelet or reboots takes the node
+// NotReady. A kubectl drain whose --timeout is shorter than the drain fails the pod.
+func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun, now time.Time) error {
+	pod := job.Spec.Template.Spec
+	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
+		if len(c.Args) < 2 || !strings.Contains(imageRepository(c.Image), "kubectl") {
+			continue
+		}
+		switch c.Args[0] {
+		case "cordon":
+			if err := s.Kubelet.SetUnschedulable(ctx, c.Args[1], true); err != nil {
+				return err
+			}
+		case "drain":
+			if err := s.Kubelet.SetUnschedulable(ctx, c.Args[1], true); err != nil {
+				return err
+			}
+			s.Record.drained(c.Args[1], run.plan.Name, now)
+			if t := flagValue(c.Args, "--timeout"); t != "" {
+				d, err := time.ParseDuration(t)
+				if err != nil || d < s.drainDuration() {
+					message := fmt.Sprintf("container %s: error: unable to drain node %q due to error: global timeout reached: %s", c.Name, c.Args[1], t)
+					if err != nil {
+						message = fmt.Sprintf("container %s: error: invalid argument %q for \"--timeout\" flag: %v", c.Name, t, err)
+					}
+					return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, "Job has reached the specified backoff limit", message)
+				}
+			}
+		}
+	}
+	if s.kubeletVersion(run.plan) != "" || s.osImage(run.plan) != "" {
+		if err := s.Kubelet.SetReady(ctx, run.node, false, "UpgradeInProgress"); err != nil {
+			return err
+		}
+		run.down = true
+	}
+	run.running = true
+	return s.updateJobStatus(ctx, job, func(st *batchv1.JobStatus) { st.Ready = ptr.To[int32](1) })
+}
+
+// finishPod ends the Job: Complete when reason is empty, else Failed with reason and
+// message; recordMessage is what the run shows in the Record.
+func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reason, message, recordMessage string) error {
+	failed := reason != ""
+	if run.down {
+		if !failed {
+			if err := s.Kubelet.SetVersion(ctx, run.node, s.kubeletVersion(run.plan), s.osImage(run.plan)); err != nil {
+				return err
+			}
+		}
+		if err := s.Kubelet.SetReady(ctx, run.node, true, "KubeletReady"); err != nil {
+			return err
+		}
+	}
+	now := metav1.NewTime(s.clock().Now())
+	if err := s.updateJobStatus(ctx, job, func(st *batchv1.JobStatus) {
+		st.Active, st.Ready = 0, ptr.To[int32](0)
+		if failed {
+			st.Failed = 1
+			st.Conditions = append(st.Conditions,
+				batchv1.JobCondition{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: reason, Message: message, LastProbeTime: now, LastTransitionTime: now},
+				batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: reason, Message: message, LastProbeTime: now, LastTransitionTime: now})
+			return
+		}
+		st.Succeeded = 1
+		st.CompletionTime = &now
+		st.Conditions = append(st.Conditions,
+			batchv1.JobCondition{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now},
+			batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now})
+	}); err != nil {
+		return err
+	}
+	run.finished = true
+	s.Record.endRun(run.record, now.Time, failed, recordMessage, false)
+	return nil
+}
+
+func (s *SUC) updateJobStatus(ctx context.Context, job *batchv1.Job, mutate func(*batchv1.JobStatus)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		j := &batchv1.Job{}
+		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(job), j); err != nil {
+			return err
+		}
+		if j.UID != job.UID {
+			return apierrors.NewNotFound(batchv1.Resource("jobs"), job.Name)
+		}
+		mutate(&j.Status)
+		return s.Client.Status().Update(ctx, j)
+	})
+}
+
+func (s *SUC) kubeletVersion(plan *sucv1.Plan) string {
+	if s.KubeletVersion != nil {
+		return s.KubeletVersion(plan)
+	}
+	return DefaultKubeletVersion(plan)
+}
+
+func (s *SUC) osImage(plan *sucv1.Plan) string {
+	if s.OSImage != nil {
+		return s.OSImage(plan)
+	}
+	return DefaultOSImage(plan)
+}
+
+// flagValue is the value after flag in args ("--timeout 5m" or "--timeout=5m").
+func flagValue(args []string, flag string) string {
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
