@@ -284,6 +284,11 @@ func (c *Checker) checkVolumes(e Event) {
 		unavailable[n] = true
 	}
 	for _, vol := range sortedKeys(c.replicas) {
+		if len(c.replicas[vol]) == 0 {
+			// The volume lost its only replica with a deleted machine (Longhorn has no
+			// source to rebuild it from): no upgrade can keep what is already gone.
+			continue
+		}
 		var on []string
 		healthy := 0
 		for n := range c.replicas[vol] {

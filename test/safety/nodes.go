@@ -82,6 +82,13 @@ func (k *Kubelets) HeldBy(node, reason string) bool {
 	return k.holds[node][reason]
 }
 
+// Down reports whether some reason holds node NotReady, or it is gone.
+func (k *Kubelets) Down(node string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.gone[node] || len(k.holds[node]) > 0
+}
+
 // SetVersion reports version as the node's kubelet version, on the Node as its kubelet
 // does and on the Machine as Cluster API copies it.
 func (k *Kubelets) SetVersion(ctx context.Context, machine, node, version string) error {
@@ -192,8 +199,13 @@ func PlaceVolumes(rng *rand.Rand, nodes, workers []string, count int, h *History
 	return v
 }
 
-// NodeGone moves the replicas node held to other nodes of existing.
-func (v *Volumes) NodeGone(rng *rand.Rand, node string, existing []string, h *History) {
+// NodeGone moves the replicas node held to other nodes of schedulable, as Longhorn
+// rebuilds them: from a healthy replica that is left (with none left, a volume whose only
+// replica was on the deleted node is faulted and has nothing to rebuild from, so it keeps
+// no replica), onto a node that can take one (Longhorn's "Disable Scheduling On Cordoned
+// Node", on by default, keeps new replicas off a node an updater cordoned; the caller
+// leaves those and the nodes that are down out of schedulable).
+func (v *Volumes) NodeGone(rng *rand.Rand, node string, schedulable []string, h *History) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, name := range sortedKeys(v.replicas) {
@@ -203,8 +215,12 @@ func (v *Volumes) NodeGone(rng *rand.Rand, node string, existing []string, h *Hi
 		}
 		delete(on, node)
 		h.Record(Event{Kind: EventReplicaLost, Volume: name, Node: node})
+		if len(on) == 0 {
+			h.Record(Event{Kind: EventReplicaLost, Volume: name, Node: node, Why: "faulted: its only replica was on the deleted node, nothing to rebuild from"})
+			continue
+		}
 		var candidates []string
-		for _, n := range existing {
+		for _, n := range schedulable {
 			if n != node && !on[n] {
 				candidates = append(candidates, n)
 			}
@@ -224,6 +240,10 @@ func (v *Volumes) LeftWithout(down map[string]bool) []string {
 	defer v.mu.Unlock()
 	var out []string
 	for _, name := range sortedKeys(v.replicas) {
+		if len(v.replicas[name]) == 0 {
+			// Faulted with its deleted node: nothing an upgrade can keep.
+			continue
+		}
 		var on []string
 		outside := false
 		for n := range v.replicas[name] {

@@ -3,6 +3,7 @@ package safety
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"os"
 	"slices"
 	"strconv"
@@ -198,6 +199,10 @@ func TestCheckerInvariants(t *testing.T) {
 			replica("vol", "a1"), replica("vol", "a2"), {At: at(0), Kind: EventWorldDown, Node: "a1", Why: "flap"},
 			watched(1000, "n2", "a2", ""), start(1010, "n2", "a2", 3), down(1020, "n2", "a2"),
 		}, []int{InvVolumeReplica}},
+		{"5: not broken by a volume that lost its only replica with a deleted machine (faulted: nothing to keep)", []Event{
+			replica("vol", "a1"), {At: at(0), Kind: EventNodeGone, Node: "a1"}, {At: at(0), Kind: EventReplicaLost, Volume: "vol", Node: "a1"},
+			start(10, "n1", "a2", 3), down(20, "n1", "a2"),
+		}, nil},
 		{"6: the updater asked to go on after its abort", []Event{
 			start(0, "n1", "a1", 1), {At: at(10), Kind: EventNodeUpdateAborted, NodeUpdate: "n1", Node: "a1"},
 			{At: at(20), Kind: EventResumedAfterEnd, NodeUpdate: "n1", Node: "a1", Why: "aborted"},
@@ -217,5 +222,31 @@ func TestCheckerInvariants(t *testing.T) {
 				t.Errorf("broken invariants %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// TestVolumesRebuildAsLonghorn: a replica of a deleted node is rebuilt only from a replica
+// that is left, and only onto a node Longhorn may schedule on (seed 197 of the soak had
+// a single-replica volume "rebuilt" onto a node the updater was about to take down).
+func TestVolumesRebuildAsLonghorn(t *testing.T) {
+	h := &History{}
+	v := &Volumes{replicas: map[string]map[string]bool{
+		"single": {"a1": true},
+		"pair":   {"a1": true, "a2": true},
+	}}
+	v.NodeGone(rand.New(rand.NewSource(1)), "a1", []string{"a2", "a3"}, h)
+	if got := v.replicas["single"]; len(got) != 0 {
+		t.Errorf("single-replica volume rebuilt onto %v; with its only replica gone Longhorn has no source", got)
+	}
+	if got := v.replicas["pair"]; !got["a2"] || !got["a3"] || len(got) != 2 {
+		t.Errorf("pair's replicas are %v, want a2 and the rebuilt one on a3 (the only schedulable node without one)", got)
+	}
+	if left := v.LeftWithout(map[string]bool{"a2": true, "a3": true}); !slices.Equal(left, []string{"pair (replicas on [a2 a3])"}) {
+		t.Errorf("LeftWithout = %v, want only pair: a faulted volume has nothing to keep", left)
+	}
+	v.replicas["pair"] = map[string]bool{"a2": true, "a3": true}
+	v.NodeGone(rand.New(rand.NewSource(2)), "a3", nil, h)
+	if got := v.replicas["pair"]; len(got) != 1 || !got["a2"] {
+		t.Errorf("pair's replicas are %v, want a2 alone: no node could take the rebuild", got)
 	}
 }

@@ -395,7 +395,7 @@ func (d *driver) deleteMachine(ctx context.Context) error {
 		d.w.machineDeleted(machine)
 		if err := c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err == nil || apierrors.IsNotFound(err) {
 			d.w.History.Record(Event{Kind: EventNodeGone, Node: node})
-			d.w.Volumes.NodeGone(d.rng2(), node, d.w.Nodes(), d.w.History)
+			d.w.Volumes.NodeGone(d.rng2(), node, d.w.replicaTargets(), d.w.History)
 		}
 		_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			m := &clusterv1.Machine{}

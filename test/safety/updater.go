@@ -322,6 +322,19 @@ func (u *Updater) Running() int {
 	return n
 }
 
+// Upgrading reports whether a NodeUpdate of node is in the updater's hands: a real
+// updater has cordoned the node by then.
+func (u *Updater) Upgrading(node string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, st := range u.updates {
+		if st.node == node && st.ended == "" {
+			return true
+		}
+	}
+	return false
+}
+
 // Counts says how many NodeUpdates the updater started, and how they ended.
 func (u *Updater) Counts() map[string]int {
 	u.mu.Lock()

@@ -155,6 +155,18 @@ func (w *World) Nodes() []string {
 	return out
 }
 
+// replicaTargets lists the nodes Longhorn could rebuild a replica on: those that exist,
+// are up, and are not being upgraded (cordoned by the updater).
+func (w *World) replicaTargets() []string {
+	var out []string
+	for _, node := range w.Nodes() {
+		if !w.Kubelets.Down(node) && !w.Updater.Upgrading(node) {
+			out = append(out, node)
+		}
+	}
+	return out
+}
+
 // Machines lists the target's machines that were not deleted.
 func (w *World) Machines(target string) []string {
 	w.mu.Lock()
