@@ -5,10 +5,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -338,6 +340,36 @@ var _ = Describe("UpgradeTask controller", func() {
 		w.editTask("ext", func(t *inplacev1.UpgradeTask) { t.Spec.Machines = []string{"workers-1", "workers-2", "workers-3"} })
 		Eventually(w.phaseOf("ext"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		expectUpgraded(w, "ext", rec, targetVersion)
+	})
+
+	It("never starts a NodeUpdate on a handed-over machine whose node already runs the target", func() {
+		w := newMDWorld(3)
+		rec := watchNodeUpdates(w.ns)
+		simulate(w.ns, 200*time.Millisecond)
+		// As the soak's seed 264 left it: the machine's node reached the target under a
+		// NodeUpdate that was then marked Aborted, and Cluster API handed it to a new task.
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			m := w.machine("workers-2")
+			if m.Status.NodeInfo == nil {
+				m.Status.NodeInfo = &corev1.NodeSystemInfo{}
+			}
+			m.Status.NodeInfo.KubeletVersion = targetVersion
+			return k8s.Status().Update(ctx, m)
+		})).To(Succeed())
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			m := w.machine("workers-2")
+			m.Labels[inplacev1.UpgradeTaskLabel] = "ext"
+			return k8s.Update(ctx, m)
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, w.mdTask("ext", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Pacing = inplacev1.PacingExternal
+			t.Spec.Machines = []string{"workers-2"}
+			t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(3))
+		}))).To(Succeed())
+		Eventually(func() int32 { return w.task("ext").Status.Upgraded }, timeout, poll).Should(Equal(int32(1)))
+		Consistently(func() map[string]int { return rec.Creations() }, 2*time.Second, poll).Should(BeEmpty())
+		Eventually(func() map[string]string { return w.machine("workers-2").Annotations }, timeout, poll).
+			Should(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, targetVersion))
 	})
 
 	It("starts nothing while paused, skips pauseNodes, and completes when they are released", func() {

@@ -28,6 +28,9 @@ type member struct {
 	// busyWith names the NodeUpdate of another task (or a hand-made one) that has not
 	// ended on the machine: the machine is not started before it ends.
 	busyWith string
+	// atTarget is true when the task holds the machine, no NodeUpdate of the task touched
+	// it, and its node already runs the target: it is done without one.
+	atTarget bool
 	// removed is true when the machine is being deleted or is gone: its NodeUpdate is
 	// aborted, and its end is not a failure of the task.
 	removed   bool
@@ -86,7 +89,15 @@ func collectMembers(s *taskScope) ([]*member, int) {
 		if nu == nil && !claimedByUs && (!inScope || !requires) {
 			continue
 		}
-		mem := &member{name: m.Name, machine: m, nu: nu, nodeName: m.Status.NodeRef.Name, removed: !m.DeletionTimestamp.IsZero()}
+		mem := &member{name: m.Name, machine: m, nu: nu, nodeName: m.Status.NodeRef.Name, removed: !m.DeletionTimestamp.IsZero(),
+			// A machine the task holds whose node already runs the target (its kubelet,
+			// and its updater when it judges) and that no NodeUpdate of the task has
+			// touched is done: a task never starts a NodeUpdate on a node at the target.
+			// (The soak's seed 264: a NodeUpdate whose node had reached the target was
+			// marked Aborted when its task's abort and a manager restart overtook the
+			// success; Cluster API then handed the machine to a new task, which upgraded
+			// it a second time.)
+			atTarget: nu == nil && !requires}
 		if mem.nodeName != "" {
 			mem.node = s.nodes[mem.nodeName]
 		}
@@ -106,6 +117,9 @@ func collectMembers(s *taskScope) ([]*member, int) {
 	}
 	for _, mem := range members {
 		mem.state, mem.message = stateFromNodeUpdate(mem.nu)
+		if mem.atTarget && !mem.removed {
+			mem.state, mem.message = inplacev1.MachineStateUpgraded, "needs no NodeUpdate: its node already runs "+s.task.Spec.Version+" (or newer)"
+		}
 		if mem.removed && mem.nu != nil && mem.state != inplacev1.MachineStateUpgraded {
 			mem.message = "the machine is being deleted or is gone; its NodeUpdate is aborted at a safe point (" + inplacev1.MachineDeletedReason + ")"
 		}
