@@ -122,7 +122,7 @@ func main() {
 	logConfig := textlogger.NewConfig()
 	flag.Var(logConfig.Verbosity(), "v", "log verbosity: 0 logs every decision, 4 and above add detail")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: %s [flags]           the manager\n       %s node <subcommand> ...  the node program (%s node --help lists the subcommands)\n\nFlags of the manager:\n", os.Args[0], os.Args[0], os.Args[0])
+		_, _ = fmt.Fprintf(flag.CommandLine.Output(), "Usage: %s [flags]           the manager\n       %s node <subcommand> ...  the node program (%s node --help lists the subcommands)\n\nFlags of the manager:\n", os.Args[0], os.Args[0], os.Args[0])
 		flag.PrintDefaults()
 	}
 	flag.Parse()

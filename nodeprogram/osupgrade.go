@@ -77,17 +77,17 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	if running == rel.OS {
-		fmt.Fprintf(env.Stdout, "the node already runs %s: nothing to install, no reboot\n", rel.OS)
+		env.say("the node already runs %s: nothing to install, no reboot\n", rel.OS)
 		return nil
 	}
 	installed, err := os.ReadFile(env.host().Path(installedMarker))
 	switch {
 	case err == nil && strings.TrimSpace(string(installed)) == rel.OS:
-		fmt.Fprintf(env.Stdout, "%s is already installed and waits for the reboot (the node runs %s)\n", rel.OS, running)
+		env.say("%s is already installed and waits for the reboot (the node runs %s)\n", rel.OS, running)
 	case err != nil && !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("read %s on the host: %w", installedMarker, err)
 	default:
-		fmt.Fprintf(env.Stdout, "installing %s over %s\n", rel.OS, running)
+		env.say("installing %s over %s\n", rel.OS, running)
 		if err := installOS(ctx, env, o, repo); err != nil {
 			return err
 		}
@@ -96,7 +96,7 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	if !o.reboot {
-		fmt.Fprintf(env.Stdout, "%s installed; --reboot=false: the node runs it after its next reboot\n", rel.OS)
+		env.say("%s installed; --reboot=false: the node runs it after its next reboot\n", rel.OS)
 		return nil
 	}
 	return scheduleReboot(ctx, env, o.rebootDelay)
@@ -182,7 +182,7 @@ func installOS(ctx context.Context, env *Env, o osUpgradeOptions, repo *reposito
 // first, so that RKE2 writes them anew for the upgraded node when it starts.
 func scheduleReboot(ctx context.Context, env *Env, delay time.Duration) error {
 	if _, err := os.Stat(env.host().Path(rebootMarker)); err == nil {
-		fmt.Fprintln(env.Stdout, "the reboot is already scheduled")
+		env.say("the reboot is already scheduled\n")
 		return nil
 	}
 	script := fmt.Sprintf("rm -f %s/*; systemctl reboot", staticPodManifests)
@@ -195,7 +195,7 @@ func scheduleReboot(ctx context.Context, env *Env, delay time.Duration) error {
 	if err := writeHostFile(env.host(), rebootMarker, env.Now().Add(delay).UTC().Format(time.RFC3339)+"\n"); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "the node reboots in %s\n", delay)
+	env.say("the node reboots in %s\n", delay)
 	return nil
 }
 
@@ -210,4 +210,3 @@ func writeHostFile(h Host, hostPath, content string) error {
 	}
 	return nil
 }
-

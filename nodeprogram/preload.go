@@ -73,14 +73,14 @@ func runPreload(ctx context.Context, env *Env, args []string) error {
 		}
 		if allPresent(images, present) {
 			skipped++
-			fmt.Fprintf(env.Stdout, "%s: all %d images already in containerd\n", entry.List, len(images))
+			env.say("%s: all %d images already in containerd\n", entry.List, len(images))
 			continue
 		}
 		if err := importArchive(ctx, env, o, repo, bundlePath(entry.Archive)); err != nil {
 			return err
 		}
 		imported++
-		fmt.Fprintf(env.Stdout, "%s: imported %s (%d images)\n", entry.List, entry.Archive, len(images))
+		env.say("%s: imported %s (%d images)\n", entry.List, entry.Archive, len(images))
 	}
 	if o.placeArchives {
 		for _, place := range []struct {
@@ -96,7 +96,7 @@ func runPreload(ctx context.Context, env *Env, args []string) error {
 			}
 		}
 	}
-	fmt.Fprintf(env.Stdout, "release %s: %d archives imported, %d already present\n", rel.Harvester, imported, skipped)
+	env.say("release %s: %d archives imported, %d already present\n", rel.Harvester, imported, skipped)
 	return nil
 }
 

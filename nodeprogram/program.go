@@ -106,9 +106,9 @@ func Main(ctx context.Context, args []string, env *Env) int {
 	cmd, cmdArgs, ok := lookup(rest)
 	if !ok {
 		if len(rest) == 0 {
-			fmt.Fprintln(env.Stderr, "capi-inplace node: name a subcommand")
+			env.complain("capi-inplace node: name a subcommand\n")
 		} else {
-			fmt.Fprintf(env.Stderr, "capi-inplace node: unknown subcommand %q\n", strings.Join(rest, " "))
+			env.complain("capi-inplace node: unknown subcommand %q\n", strings.Join(rest, " "))
 		}
 		usage(env.Stderr, global)
 		writeTermination(env, fmt.Sprintf("capi-inplace node: unknown or missing subcommand in %q; run `capi-inplace node --help` for the list", strings.Join(args, " ")))
@@ -129,7 +129,7 @@ func Main(ctx context.Context, args []string, env *Env) int {
 	if code == ExitUsage && errors.Is(err, flag.ErrHelp) {
 		return ExitOK
 	}
-	fmt.Fprintln(env.Stderr, message)
+	env.complain("%s\n", message)
 	writeTermination(env, message)
 	return code
 }
@@ -157,15 +157,15 @@ func slicesEqual(a, b []string) bool {
 }
 
 func usage(w io.Writer, global *flag.FlagSet) {
-	fmt.Fprintln(w, "Usage: capi-inplace node <subcommand> [flags]")
-	fmt.Fprintln(w, "\nSubcommands (each has --help):")
+	var b strings.Builder
+	b.WriteString("Usage: capi-inplace node <subcommand> [flags]\n\nSubcommands (each has --help):\n")
 	cs := commands()
 	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
 	for _, c := range cs {
-		fmt.Fprintf(w, "  %-22s %s\n", c.name, c.summary)
+		fmt.Fprintf(&b, "  %-22s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nExit codes: 0 done, 1 failed (the message says what to fix), 2 bad usage, 3 not done yet (run again later).")
-	fmt.Fprintln(w, "\nFlags of every subcommand:")
+	b.WriteString("\nExit codes: 0 done, 1 failed (the message says what to fix), 2 bad usage, 3 not done yet (run again later).\n\nFlags of every subcommand:\n")
+	_, _ = io.WriteString(w, b.String())
 	global.PrintDefaults()
 }
 
@@ -196,7 +196,7 @@ func writeTermination(env *Env, message string) {
 		message = message[:maxTerminationMessage-3] + "..."
 	}
 	if err := os.WriteFile(path, []byte(message), 0o644); err != nil {
-		fmt.Fprintf(env.Stderr, "capi-inplace node: write termination message to %s: %v\n", path, err)
+		env.complain("capi-inplace node: write termination message to %s: %v\n", path, err)
 	}
 }
 
@@ -249,3 +249,9 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	return nil
 }
+
+// say writes a progress line to standard output. Lost output must not fail the work.
+func (e *Env) say(format string, args ...any) { _, _ = fmt.Fprintf(e.Stdout, format, args...) }
+
+// complain writes to standard error.
+func (e *Env) complain(format string, args ...any) { _, _ = fmt.Fprintf(e.Stderr, format, args...) }

@@ -147,7 +147,7 @@ func download(ctx context.Context, env *Env, o downloadOptions, want string) err
 		ready, err := readyFor(iso, want)
 		if err != nil || ready {
 			if ready {
-				fmt.Fprintf(env.Stdout, "%s is ready (SHA-512 %s…)\n", iso, want[:16])
+				env.say("%s is ready (SHA-512 %s…)\n", iso, want[:16])
 			}
 			return err
 		}
@@ -165,7 +165,7 @@ func download(ctx context.Context, env *Env, o downloadOptions, want string) err
 			return retryf("the leader (%s) has not written %s%s after %s; look at its logs, or delete %s from the shared volume if no download is running",
 				holder, iso, readySuffix, o.waitTimeout, filepath.Join(o.dir, lockFileName))
 		}
-		fmt.Fprintf(env.Stdout, "waiting for the leader (%s) to download %s\n", holder, iso)
+		env.say("waiting for the leader (%s) to download %s\n", holder, iso)
 		if err := env.Sleep(ctx, o.pollInterval); err != nil {
 			return retryf("stopped while waiting for the leader: %w", err)
 		}
@@ -232,7 +232,7 @@ func lead(ctx context.Context, env *Env, o downloadOptions, iso, want string) er
 		return err
 	}
 	_ = os.Remove(iso + readySuffix)
-	fmt.Fprintf(env.Stdout, "leader %s: downloading %s to %s\n", env.Identity, o.isoURL, iso)
+	env.say("leader %s: downloading %s to %s\n", env.Identity, o.isoURL, iso)
 	body, err := fetch(ctx, env, o.isoURL)
 	if err != nil {
 		return fmt.Errorf("download the ISO: %w", err)
@@ -266,7 +266,7 @@ func lead(ctx context.Context, env *Env, o downloadOptions, iso, want string) er
 	if err := os.WriteFile(iso+readySuffix, []byte(want+"\n"), 0o644); err != nil {
 		return fmt.Errorf("write the ready flag: %w", err)
 	}
-	fmt.Fprintf(env.Stdout, "leader %s: %s downloaded (%d bytes, SHA-512 checked)\n", env.Identity, iso, n)
+	env.say("leader %s: %s downloaded (%d bytes, SHA-512 checked)\n", env.Identity, iso, n)
 	return nil
 }
 
@@ -321,12 +321,12 @@ func runMount(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	if mounted {
-		fmt.Fprintf(env.Stdout, "%s is already mounted\n", o.target)
+		env.say("%s is already mounted\n", o.target)
 	} else {
 		if err := env.host().LoopMount(o.image, o.target, o.fstype); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.Stdout, "mounted %s read-only on %s\n", o.image, o.target)
+		env.say("mounted %s read-only on %s\n", o.image, o.target)
 	}
 	if !o.hold {
 		return nil
@@ -337,6 +337,6 @@ func runMount(ctx context.Context, env *Env, args []string) error {
 	if err := env.host().Unmount(o.target); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "unmounted %s\n", o.target)
+	env.say("unmounted %s\n", o.target)
 	return nil
 }
