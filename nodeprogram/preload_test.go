@@ -175,3 +175,31 @@ func TestNormalizeImage(t *testing.T) {
 		}
 	}
 }
+
+func TestRemoveArchivesAfterTheRKE2Upgrade(t *testing.T) {
+	srv := releaseRepository(t)
+	host := newFakeHost(t)
+	withCtr(host)
+	base := "--repository-url=" + srv.URL + "/harvester-iso"
+	runNode(t, host, nil, "preload", base).expect(t, ExitOK)
+	host.write(t, "/var/lib/rancher/rke2/agent/images/someone-elses.tar", "kept")
+
+	r := runNode(t, host, nil, "remove-archives", base)
+	r.expect(t, ExitOK, "remove-archives: done")
+	entries, err := os.ReadDir(host.Path("/var/lib/rancher/rke2/agent/images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != "someone-elses.tar" {
+		t.Errorf("RKE2's images directory holds %v, want only the file preload did not place", entries)
+	}
+	if agent, _ := os.ReadDir(host.Path("/var/lib/rancher/agent/images")); len(agent) != 2 {
+		t.Errorf("the system agent's archives were touched: %v", agent)
+	}
+	// Nothing left to remove: still done.
+	r = runNode(t, host, nil, "remove-archives", base)
+	r.expect(t, ExitOK)
+	if !strings.Contains(r.stdout, "0 files removed") {
+		t.Errorf("stdout %q", r.stdout)
+	}
+}

@@ -84,6 +84,7 @@ func commands() []command {
 		{name: "repository download", summary: "download the release ISO to the shared volume (one leader per volume) and check its SHA-512", run: runDownload},
 		{name: "repository mount", summary: "loop-mount the downloaded ISO read-only for the repository's web server", run: runMount},
 		{name: "preload", summary: "import the release's container images from the repository into the node's containerd", run: runPreload},
+		{name: "remove-archives", summary: "after the RKE2 upgrade, remove the RKE2 image archives preload placed for RKE2 to import", run: runRemoveArchives},
 		{name: "os-upgrade", summary: "install the release's operating system from the repository and schedule the reboot", run: runOSUpgrade},
 	}
 }
