@@ -96,13 +96,45 @@ func (h *ChrootHost) lookPath(name string) (string, error) {
 		}
 	}
 	for _, c := range candidates {
-		// Stat through the host root follows the host's absolute symlinks wrongly
-		// (against this container's root); checking that the entry exists is enough.
-		if _, err := os.Lstat(h.Path(c)); err == nil {
+		if h.exists(c) {
 			return c, nil
 		}
 	}
 	return "", fmt.Errorf("the host has no %s (looked in %s under %s): is --host-root the node's root?", name, strings.Join(candidates, ", "), h.Root)
+}
+
+// exists tells whether the host path p names a file, following symbolic links as the
+// host does: an absolute link target is under Root, not this container's root (RKE2's
+// /var/lib/rancher/rke2/bin is such a link, to data/<version>/bin).
+func (h *ChrootHost) exists(p string) bool {
+	resolved := "/"
+	pending := strings.Split(strings.TrimPrefix(filepath.Clean(p), "/"), "/")
+	for hops := 0; len(pending) > 0; {
+		name := pending[0]
+		pending = pending[1:]
+		next := filepath.Join(resolved, name)
+		info, err := os.Lstat(h.Path(next))
+		if err != nil {
+			return false
+		}
+		if info.Mode()&os.ModeSymlink == 0 {
+			resolved = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return false
+		}
+		target, err := os.Readlink(h.Path(next))
+		if err != nil {
+			return false
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(resolved, target)
+		}
+		pending = append(strings.Split(strings.TrimPrefix(filepath.Clean(target), "/"), "/"), pending...)
+		resolved = "/"
+	}
+	return true
 }
 
 // LoopMount implements Host.

@@ -112,3 +112,42 @@ func TestMountedIn(t *testing.T) {
 		}
 	}
 }
+
+func TestChrootHostFollowsHostSymlinksUnderItsRoot(t *testing.T) {
+	root := t.TempDir()
+	// RKE2's layout: bin is an absolute link into data/<version>/bin, which only resolves
+	// under the host root.
+	data := filepath.Join(root, "var/lib/rancher/rke2/data/v1.33.3-rke2r1-abc/bin")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "ctr"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/var/lib/rancher/rke2/data/v1.33.3-rke2r1-abc/bin", filepath.Join(root, "var/lib/rancher/rke2/bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../var/lib/rancher/rke2/bin/ctr", filepath.Join(root, "usr/bin/ctr")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/loop", filepath.Join(root, "loop")); err != nil {
+		t.Fatal(err)
+	}
+	h := NewChrootHost(root)
+	for p, want := range map[string]bool{
+		"/var/lib/rancher/rke2/bin/ctr":    true,
+		"/usr/bin/ctr":                     true,
+		"/var/lib/rancher/rke2/bin/crictl": false,
+		"/loop":                            false,
+	} {
+		if got := h.exists(p); got != want {
+			t.Errorf("exists(%q) = %v, want %v", p, got, want)
+		}
+	}
+	if got, err := h.lookPath("ctr"); err != nil || got != "/usr/bin/ctr" {
+		t.Errorf("lookPath(ctr) = %q, %v", got, err)
+	}
+}
