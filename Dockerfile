@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
-# The capi-inplace manager image: a static binary on a distroless, non-root base.
+# The capi-inplace image: one static binary on a distroless, non-root base, the manager
+# and (`capi-inplace node ...`) the node program, which needs nothing else in the image:
+# it runs the host's own tools through the host root (docs/harvester.md, "The node program").
 
 ARG GO_VERSION=1.26
 FROM golang:${GO_VERSION} AS builder

@@ -1,6 +1,9 @@
 // Command capi-inplace is the manager of capi-inplace, a Cluster API runtime extension
 // that upgrades the machines of a cluster in place. It runs the runtime hook servers,
 // the controllers that orchestrate upgrades and the updaters that do the work on nodes.
+//
+// `capi-inplace node <subcommand>` is the other program of the same binary (and image):
+// the node program the Harvester updater's Plans run on nodes (package nodeprogram).
 package main
 
 import (
@@ -9,7 +12,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"slices"
+	"syscall"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -41,6 +46,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/dataengine"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
@@ -108,10 +114,17 @@ func newScheme() (*runtime.Scheme, error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == nodeCommand {
+		os.Exit(runNodeProgram(os.Args[2:]))
+	}
 	var opts options
 	opts.bind(flag.CommandLine)
 	logConfig := textlogger.NewConfig()
 	flag.Var(logConfig.Verbosity(), "v", "log verbosity: 0 logs every decision, 4 and above add detail")
+	flag.Usage = func() {
+		_, _ = fmt.Fprintf(flag.CommandLine.Output(), "Usage: %s [flags]           the manager\n       %s node <subcommand> ...  the node program (%s node --help lists the subcommands)\n\nFlags of the manager:\n", os.Args[0], os.Args[0], os.Args[0])
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 
 	logger := textlogger.NewLogger(logConfig)
@@ -124,6 +137,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "capi-inplace: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// nodeCommand is the first argument that selects the node program instead of the manager.
+const nodeCommand = "node"
+
+// runNodeProgram runs `capi-inplace node ...` and returns its exit code. The pod's name
+// (SUC's SYSTEM_UPGRADE_POD_NAME, or POD_NAME, or the host name) identifies this process
+// in the repository's leader lock.
+func runNodeProgram(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	identity := os.Getenv("SYSTEM_UPGRADE_POD_NAME")
+	if identity == "" {
+		identity = os.Getenv("POD_NAME")
+	}
+	if identity == "" {
+		identity, _ = os.Hostname()
+	}
+	return nodeprogram.Main(ctx, args, &nodeprogram.Env{Stdout: os.Stdout, Stderr: os.Stderr, Identity: identity})
 }
 
 func run(opts options) error {

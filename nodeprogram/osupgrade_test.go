@@ -1,0 +1,170 @@
+package nodeprogram
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// osNode is a fake node running osPretty, with the host tools os-upgrade calls. elemental
+// checks that the new OS image is mounted where it is told to read it.
+func osNode(t *testing.T, osPretty string) *fakeHost {
+	t.Helper()
+	host := newFakeHost(t)
+	host.write(t, "/etc/os-release", "NAME=\"SLE Micro\"\nPRETTY_NAME=\""+osPretty+"\"\nVERSION_ID=\"5.5\"\n")
+	host.write(t, passiveImage, "passive image")
+	for _, tool := range []string{"fallocate", "systemd-run"} {
+		host.tools[tool] = func(Command, []byte) ([]byte, error) { return nil, nil }
+	}
+	host.tools["elemental"] = func(c Command, _ []byte) ([]byte, error) {
+		i := slices.Index(c.Args, "--directory")
+		if i < 0 || i+1 >= len(c.Args) {
+			return nil, errors.New("elemental: no --directory")
+		}
+		m, ok := host.mounts[host.Path(c.Args[i+1])]
+		if !ok || m.fstype != "squashfs" {
+			return nil, errors.New("elemental: " + c.Args[i+1] + " is not the mounted squashfs")
+		}
+		data, err := os.ReadFile(m.image)
+		if err != nil || string(data) != "new root file system" {
+			return nil, errors.New("elemental: the mounted image is not the release's rootfs")
+		}
+		return nil, nil
+	}
+	return host
+}
+
+func osRepository(t *testing.T) *fileServer {
+	t.Helper()
+	return newFileServer(t, map[string][]byte{
+		"/harvester-iso/harvester-release.yaml": []byte(releaseYAML),
+		"/harvester-iso/rootfs.squashfs":        []byte("new root file system"),
+	})
+}
+
+func TestOSUpgradeInstallsAndSchedulesTheReboot(t *testing.T) {
+	srv := osRepository(t)
+	host := osNode(t, "Harvester v1.5.0")
+	r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--version=v1.6.0")
+	r.expect(t, ExitOK, "capi-inplace node os-upgrade: done")
+
+	want := []string{
+		"fallocate --dig-holes /run/initramfs/cos-state/cOS/passive.img",
+		"elemental upgrade --logfile /usr/local/upgrade_tmp/elemental-upgrade.log --directory /tmp/capi-inplace-rootfs --config-dir /usr/local/upgrade_tmp/elemental-config --debug",
+		"systemd-run --unit=capi-inplace-reboot --description=capi-inplace: reboot into the upgraded OS --on-active=60s /bin/sh -c rm -f /var/lib/rancher/rke2/agent/pod-manifests/*; systemctl reboot",
+	}
+	if got := host.commandLines(); !slices.Equal(got, want) {
+		t.Fatalf("host commands:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if got, _ := os.ReadFile(host.Path("/usr/local/upgrade_tmp/elemental-config/config.yaml")); string(got) != elementalConfig {
+		t.Errorf("elemental config %q", got)
+	}
+	if len(host.mounts) != 0 {
+		t.Errorf("still mounted: %v", host.mounts)
+	}
+	if _, err := os.Stat(host.Path("/usr/local/upgrade_tmp/rootfs.squashfs")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the squashfs was left on the host disk: %v", err)
+	}
+	if got, _ := os.ReadFile(host.Path(installedMarker)); string(got) != "Harvester v1.6.0\n" {
+		t.Errorf("installed marker %q", got)
+	}
+
+	// The Job runs again before the reboot (its pod was deleted, say): neither the install
+	// nor the reboot is done twice.
+	r = runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso")
+	r.expect(t, ExitOK)
+	if got := host.commandLines(); len(got) != len(want) {
+		t.Errorf("the second run ran %v", got[len(want):])
+	}
+	if !strings.Contains(r.stdout, "already installed") || !strings.Contains(r.stdout, "already scheduled") {
+		t.Errorf("stdout %q", r.stdout)
+	}
+	if n := srv.count("/harvester-iso/rootfs.squashfs"); n != 1 {
+		t.Errorf("rootfs.squashfs downloaded %d times", n)
+	}
+}
+
+func TestOSUpgradeAlreadyAtTarget(t *testing.T) {
+	srv := osRepository(t)
+	host := osNode(t, "Harvester v1.6.0")
+	r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso")
+	r.expect(t, ExitOK, "done")
+	if got := host.commandLines(); len(got) != 0 {
+		t.Errorf("ran %v on a node already at the target", got)
+	}
+	if len(host.mountHistory) != 0 || srv.count("/harvester-iso/rootfs.squashfs") != 0 {
+		t.Errorf("mounted %v, downloaded the rootfs %d times", host.mountHistory, srv.count("/harvester-iso/rootfs.squashfs"))
+	}
+	if _, err := os.Stat(host.Path(rebootMarker)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a reboot was scheduled: %v", err)
+	}
+	if !strings.Contains(r.stdout, "already runs Harvester v1.6.0: nothing to install, no reboot") {
+		t.Errorf("stdout %q", r.stdout)
+	}
+}
+
+func TestOSUpgradeElementalFails(t *testing.T) {
+	srv := osRepository(t)
+	host := osNode(t, "Harvester v1.5.0")
+	host.tools["elemental"] = func(c Command, _ []byte) ([]byte, error) {
+		return nil, commandError(c, errors.New("exit status 1"), []byte("ERRO[0003] not enough space in the state partition"))
+	}
+	r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso")
+	r.expect(t, ExitFailed, "install the OS (elemental's log is /usr/local/upgrade_tmp/elemental-upgrade.log on the node)", "not enough space in the state partition")
+	for _, line := range host.commandLines() {
+		if strings.HasPrefix(line, "systemd-run") {
+			t.Errorf("a reboot was scheduled after a failed install: %s", line)
+		}
+	}
+	for _, marker := range []string{installedMarker, rebootMarker} {
+		if _, err := os.Stat(host.Path(marker)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s written after a failed install", marker)
+		}
+	}
+	if len(host.mounts) != 0 {
+		t.Errorf("the squashfs stayed mounted: %v", host.mounts)
+	}
+}
+
+func TestOSUpgradeWithoutReboot(t *testing.T) {
+	srv := osRepository(t)
+	host := osNode(t, "Harvester v1.5.0")
+	runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--reboot=false").expect(t, ExitOK)
+	for _, line := range host.commandLines() {
+		if strings.HasPrefix(line, "systemd-run") {
+			t.Errorf("rebooted with --reboot=false: %s", line)
+		}
+	}
+}
+
+func TestOSUpgradeBadInput(t *testing.T) {
+	srv := osRepository(t)
+	repo := "--repository-url=" + srv.URL + "/harvester-iso"
+	runNode(t, osNode(t, "x"), nil, "os-upgrade", repo, "--reboot-delay=1s").expect(t, ExitUsage, "--reboot-delay 1s is too short")
+	runNode(t, osNode(t, "x"), nil, "os-upgrade", repo, "--work-dir=tmp").expect(t, ExitUsage, `--work-dir "tmp" must be an absolute path`)
+	runNode(t, newFakeHost(t), nil, "os-upgrade", repo).expect(t, ExitFailed, "read the host's /etc/os-release (is --host-root the node's root?)")
+
+	host := newFakeHost(t)
+	host.write(t, "/etc/os-release", "NAME=Harvester\n")
+	runNode(t, host, nil, "os-upgrade", repo).expect(t, ExitFailed, "has no PRETTY_NAME")
+}
+
+func TestPrettyName(t *testing.T) {
+	for content, want := range map[string]string{
+		"PRETTY_NAME=\"Harvester v1.6.0\"\n":    "Harvester v1.6.0",
+		"PRETTY_NAME='Harvester v1.6.0'\n":      "Harvester v1.6.0",
+		"ID=x\nPRETTY_NAME=Harvester\n":         "Harvester",
+		"PRETTY_NAME=\"Harvester \\\"q\\\"\"\n": `Harvester "q"`,
+	} {
+		p := filepath.Join(t.TempDir(), "os-release")
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := prettyName(p); err != nil || got != want {
+			t.Errorf("prettyName(%q) = %q, %v; want %q", content, got, err, want)
+		}
+	}
+}
