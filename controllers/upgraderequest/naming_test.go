@@ -112,6 +112,9 @@ func TestReachedInPlace(t *testing.T) {
 		{"kubelet at a newer build", "", "v1.34.1+rke2r3", false},
 		{"kubelet with build metadata without an order", "", "v1.34.1+foo", false},
 		{"only spec.version, which Cluster API writes before the update", "", "", false},
+		{"kubelet at the target, release annotation of an earlier upgrade (soak seed 235)", "v1.34.1+rke2r1", "v1.34.1+rke2r2", true},
+		{"release annotation at the target, kubelet not reported again yet", "v1.34.1+rke2r2", "v1.34.1+rke2r1", true},
+		{"neither at the target", "v1.34.1+rke2r1", "v1.34.1+rke2r1", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: clusterv1.MachineSpec{Version: target.String()}}

@@ -170,10 +170,17 @@ func RequiresUpgrade(m *clusterv1.Machine, target *version.Version) bool {
 // in status.nodeInfo); Machine.spec.version is not evidence, since Cluster API sets it to
 // the desired version before the update. A machine Cluster API hands over for an update
 // is upgraded unless this holds.
+//
+// Either record is enough: the release annotation lags the node when the NodeUpdate that
+// upgraded it ended without its success being written to the Machine (its task was
+// aborted in the same moment: the soak's seed 235 upgraded such a node a second time
+// because an older release annotation hid the kubelet's report). A kubelet that reports
+// the target without the annotation is then judged by the updater (AtTarget), so a node
+// whose later step failed is still upgraded again.
 func ReachedInPlace(m *clusterv1.Machine, target *version.Version) bool {
 	for _, v := range []string{m.Annotations[inplacev1.UpgradeReleaseAnnotation], nodeKubeletVersion(m)} {
-		if cur, err := version.ParseSemantic(v); err == nil {
-			return sameRelease(cur, target)
+		if cur, err := version.ParseSemantic(v); err == nil && sameRelease(cur, target) {
+			return true
 		}
 	}
 	return false
