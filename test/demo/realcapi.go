@@ -553,16 +553,7 @@ func (d *realCAPI) summary(ctx context.Context, res *outcome) {
 		}
 	}
 	_ = tw.Flush()
-	for i, line := range strings.Split(strings.TrimRight(b.String(), "\n"), "\n") {
-		switch {
-		case i == 0:
-			line = v.style(bold, line)
-		case strings.HasSuffix(line, "upgraded in place"):
-		default:
-			line = v.style(red, line)
-		}
-		v.println(line)
-	}
+	v.printTable(b.String(), "upgraded in place")
 	if t != nil {
 		v.println("")
 		v.println("Hook calls Cluster API made (recorded by the proxy in front of the manager): " + t.hookCounts())

@@ -380,16 +380,7 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.node, r.role, r.from, r.to, r.steps, r.duration, r.result)
 	}
 	_ = tw.Flush()
-	for i, line := range strings.Split(strings.TrimRight(b.String(), "\n"), "\n") {
-		switch {
-		case i == 0:
-			line = v.style(bold, line)
-		case strings.HasSuffix(line, "upgraded"):
-		default:
-			line = v.style(red, line)
-		}
-		v.println(line)
-	}
+	v.printTable(b.String(), "upgraded")
 	for _, r := range res.rows {
 		if r.failure != "" {
 			v.println("")
@@ -450,4 +441,19 @@ func (v *view) keep(s *scenario.Scenario) {
 	v.println("  " + kubectl + " --kubeconfig " + s.WorkloadKubeconfig + " get plans.upgrade.cattle.io,jobs -n " + scenario.SUCNamespace)
 	v.println("  tail -f " + s.ManagerLog)
 	v.println("Press Ctrl-C to stop everything.")
+}
+
+// printTable prints a summary table tabwriter wrote: the header bold, the rows that end in
+// ok as they are, the others red.
+func (v *view) printTable(text, ok string) {
+	for i, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		switch {
+		case i == 0:
+			line = v.style(bold, line)
+		case strings.HasSuffix(line, ok):
+		default:
+			line = v.style(red, line)
+		}
+		v.println(line)
+	}
 }
