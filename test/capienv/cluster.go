@@ -224,7 +224,8 @@ func Workload(ctx context.Context, c client.Client, scheme *runtime.Scheme, name
 // WorkloadNodes play the kubelets of in-memory workload Nodes for the external updater
 // simulator (sim.ExternalUpdater.UseNodes): readiness while a node is upgraded, and the
 // kubelet version it reports after, which Cluster API v1.14 compares with the Machine's
-// spec.version (exactly) before it calls the machine up to date and moves the topology on.
+// spec.version (exactly) before it calls the machine up to date and moves the topology on
+// (shared/facts/capi-inplace-updates.md facts 34 and 35).
 // CAPD's in-memory API server has no status subresource, so the Node is written whole.
 type WorkloadNodes struct {
 	mgmt   client.Client

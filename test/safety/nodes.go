@@ -204,7 +204,10 @@ func PlaceVolumes(rng *rand.Rand, nodes, workers []string, count int, h *History
 // replica was on the deleted node is faulted and has nothing to rebuild from, so it keeps
 // no replica), onto a node that can take one (Longhorn's "Disable Scheduling On Cordoned
 // Node", on by default, keeps new replicas off a node an updater cordoned; the caller
-// leaves those and the nodes that are down out of schedulable).
+// leaves those and the nodes that are down out of schedulable). Sources: longhorn-manager
+// v1.10.0 types/setting.go (disable-scheduling-on-cordoned-node, default "true"), and
+// shared/facts/longhorn-v2-live-upgrade.md fact 28 (the Node's Schedulable condition has
+// the reason KubernetesNodeCordoned).
 func (v *Volumes) NodeGone(rng *rand.Rand, node string, schedulable []string, h *History) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
