@@ -450,10 +450,11 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result,
 		started = nu.Status.Phase == inplacev1.NodeUpdatePhaseInProgress
 	}
 	switch {
-	case !started:
-		r.finishAbort(s, "aborted before the updater started on the node")
-		return ctrl.Result{}, nil
 	case s.reg != nil && s.available:
+		// The manager's own updater is asked even when no start time was recorded:
+		// a manager that stopped between the updater's first call and the status write
+		// leaves a NodeUpdate with no start time whose updater already holds the node.
+		// Abort of an updater that never ran is a no-op that reports done.
 		done, err := s.reg.Updater.Abort(ctx, nu)
 		if err != nil {
 			log.Info("Abort failed, trying again", "error", err.Error())
@@ -467,6 +468,9 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result,
 			return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 		}
 		r.finishAbort(s, "")
+		return ctrl.Result{}, nil
+	case !started:
+		r.finishAbort(s, "aborted before the updater started on the node")
 		return ctrl.Result{}, nil
 	case s.external && s.available:
 		if waited := s.now.Sub(nu.Status.AbortStartTime.Time); waited < r.ExternalAbortTimeout {
