@@ -131,6 +131,40 @@ func TestReachedInPlace(t *testing.T) {
 	}
 }
 
+// CurrentVersion takes the newer of the two records, so that selection (RequiresUpgrade)
+// never starts a node whose kubelet already runs the target because an older release
+// annotation was not brought up to date (soak seed 2).
+func TestCurrentVersionIsTheNewerRecord(t *testing.T) {
+	target := version.MustParseSemantic("v1.34.1+rke2r2")
+	for _, tc := range []struct {
+		name, release, kubelet, spec, want string
+		requires                           bool
+	}{
+		{"kubelet newer than the release annotation (soak seed 2)", "v1.34.1+rke2r1", "v1.34.1+rke2r2", "v1.34.1+rke2r2", "v1.34.1+rke2r2", false},
+		{"release annotation newer than a kubelet not reported again yet", "v1.34.1+rke2r2", "v1.34.1+rke2r1", "v1.34.1+rke2r2", "v1.34.1+rke2r2", false},
+		{"both older", "v1.34.1+rke2r1", "v1.33.3+rke2r1", "v1.34.1+rke2r2", "v1.34.1+rke2r1", true},
+		{"records without an order between them: the annotation", "v1.34.1+rke2r1", "v1.34.1+foo", "v1.34.1+rke2r2", "v1.34.1+rke2r1", true},
+		{"only the kubelet", "", "v1.33.3+rke2r1", "v1.34.1+rke2r2", "v1.33.3+rke2r1", true},
+		{"neither: spec.version", "", "", "v1.33.3+rke2r1", "v1.33.3+rke2r1", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: clusterv1.MachineSpec{Version: tc.spec}}
+			if tc.release != "" {
+				m.Annotations = map[string]string{inplacev1.UpgradeReleaseAnnotation: tc.release}
+			}
+			if tc.kubelet != "" {
+				m.Status.NodeInfo = &corev1.NodeSystemInfo{KubeletVersion: tc.kubelet}
+			}
+			if got := CurrentVersion(m); got != tc.want {
+				t.Fatalf("CurrentVersion(release %q, kubelet %q) = %q; want %q", tc.release, tc.kubelet, got, tc.want)
+			}
+			if got := RequiresUpgrade(m, target); got != tc.requires {
+				t.Fatalf("RequiresUpgrade(release %q, kubelet %q) = %v; want %v", tc.release, tc.kubelet, got, tc.requires)
+			}
+		})
+	}
+}
+
 func TestNodeUpdateNameIsDeterministicAndValid(t *testing.T) {
 	if NodeUpdateName("t", "m") != "t-m" {
 		t.Fatal("short names are joined")

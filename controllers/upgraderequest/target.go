@@ -135,17 +135,31 @@ func groupOf(apiVersion string) string {
 	return gv.Group
 }
 
-// CurrentVersion is the Kubernetes version a machine runs: the version reached in place
-// (in-place-upgrade-release annotation) when set, else the kubelet version Cluster API
-// last saw on its Node (status.nodeInfo), else Machine.spec.version. Empty when none is
-// known. spec.version comes last because Cluster API writes the desired version there
-// before it asks an extension to update the machine in place.
+// CurrentVersion is the Kubernetes version a machine runs: the newer of the version
+// reached in place (in-place-upgrade-release annotation) and the kubelet version Cluster
+// API last saw on its Node (status.nodeInfo), else Machine.spec.version. Empty when none
+// is known. spec.version comes last because Cluster API writes the desired version there
+// before it asks an extension to update the machine in place. The newer record wins
+// because the annotation lags the node when the NodeUpdate that upgraded it ended without
+// its success being written to the Machine (its task was aborted or deleted in the same
+// moment): the soak's seed 2 upgraded such a node a second time because the older
+// annotation hid the kubelet's report (ReachedInPlace had the same fault, seed 235).
+// When the two cannot be ordered (build metadata without an order) the annotation wins.
 func CurrentVersion(m *clusterv1.Machine) string {
-	if v := m.Annotations[inplacev1.UpgradeReleaseAnnotation]; v != "" {
-		return v
-	}
-	if m.Status.NodeInfo != nil && m.Status.NodeInfo.KubeletVersion != "" {
-		return m.Status.NodeInfo.KubeletVersion
+	release := m.Annotations[inplacev1.UpgradeReleaseAnnotation]
+	kubelet := nodeKubeletVersion(m)
+	rv, rerr := version.ParseSemantic(release)
+	kv, kerr := version.ParseSemantic(kubelet)
+	switch {
+	case rerr == nil && kerr == nil:
+		if order, err := kubeversion.Compare(kv, rv); err == nil && order > 0 {
+			return kubelet
+		}
+		return release
+	case release != "":
+		return release
+	case kubelet != "":
+		return kubelet
 	}
 	return m.Spec.Version
 }
