@@ -24,18 +24,6 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
-// The steps of one node's upgrade, in the order they run; each shows in
-// NodeUpdate.status.steps.
-const (
-	StepRepository         = "Repository"
-	StepImagePreload       = "ImagePreload"
-	StepDrain              = "Drain"
-	StepKubernetesUpgrade  = "KubernetesUpgrade"
-	StepOSUpgrade          = "OSUpgrade"
-	StepLonghornDataEngine = "LonghornDataEngine"
-	StepFinish             = "Finish"
-)
-
 // WorkloadClients hands out clients of workload clusters (see package workloadcluster).
 type WorkloadClients interface {
 	Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
@@ -112,34 +100,6 @@ type nodeRun struct {
 	wc    client.Client
 	repo  string
 	plans map[planKind]*sucv1.Plan
-}
-
-// step is one named step of the pipeline. skip says, when it is not needed for this
-// node, why; run advances it and says whether it is done and what it is doing.
-type step struct {
-	name    string
-	timeout func(harvesterv1.Timeouts) time.Duration
-	skip    func(u *Updater, ctx context.Context, r *nodeRun) (string, error)
-	run     func(u *Updater, ctx context.Context, r *nodeRun) (bool, string, error)
-}
-
-// pipeline is the order of a node's steps. Adding a step is adding one entry.
-var pipeline = []step{
-	{name: StepRepository, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Repository, defaultRepositoryTimeout) }, run: (*Updater).runRepository},
-	{name: StepImagePreload, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planPreload, t) }, skip: (*Updater).skipPreload, run: (*Updater).runPreload},
-	{name: StepDrain, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planDrain, t) }, run: (*Updater).runDrain},
-	{name: StepKubernetesUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planKubernetes, t) }, run: (*Updater).runKubernetes},
-	{name: StepOSUpgrade, timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planOS, t) }, skip: (*Updater).skipOS, run: (*Updater).runOS},
-	{name: StepLonghornDataEngine, timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, defaultDataEngineTimeout) }, skip: (*Updater).skipDataEngine, run: (*Updater).runDataEngine},
-	{name: StepFinish, timeout: func(harvesterv1.Timeouts) time.Duration { return 10 * time.Minute }, run: (*Updater).runFinish},
-}
-
-func stepNames() []string {
-	names := make([]string, 0, len(pipeline))
-	for _, s := range pipeline {
-		names = append(names, s.name)
-	}
-	return names
 }
 
 // Reconcile advances the node through its steps as far as it can now.
@@ -263,154 +223,6 @@ func (u *Updater) node(ctx context.Context, r *nodeRun) (*corev1.Node, error) {
 		return nil, fmt.Errorf("get node %s: %w", r.nu.Spec.NodeName, err)
 	}
 	return node, nil
-}
-
-// runRepository makes sure the release is served and may be installed on the node.
-func (u *Updater) runRepository(ctx context.Context, r *nodeRun) (bool, string, error) {
-	readURL := r.repo
-	if r.cfg.Spec.Release.RepositoryURL == "" {
-		ready, message, err := ensureRepository(ctx, r.wc, r.cfg)
-		if err != nil || !ready {
-			return false, message, err
-		}
-		if u.RepositoryURL != nil {
-			readURL = u.RepositoryURL(r.repo)
-		}
-	}
-	data, err := u.Releases.ReadRelease(ctx, types.NamespacedName{Namespace: r.nu.Namespace, Name: r.nu.Spec.ClusterName}, readURL)
-	if err != nil {
-		return false, "", fmt.Errorf("read the release metadata of Harvester %s: %w", r.cfg.Spec.Release.Version, err)
-	}
-	meta, err := ParseReleaseMetadata(data)
-	if err != nil {
-		return false, "", nodeupdater.Permanent("InvalidReleaseMetadata", err)
-	}
-	node, err := u.node(ctx, r)
-	if err != nil {
-		return false, "", err
-	}
-	current, err := HarvesterVersionFromOSImage(node.Status.NodeInfo.OSImage)
-	if err != nil {
-		return false, "", nodeupdater.Permanent("UnknownHarvesterVersion", err)
-	}
-	if err := meta.CheckEligible(r.cfg.Spec.Release.Version, r.nu.Spec.Version, current); err != nil {
-		return false, "", nodeupdater.Permanent("IneligibleRelease", err)
-	}
-	return true, fmt.Sprintf("Harvester %s (Kubernetes %s) is served at %s and installs over %s", meta.Harvester, meta.Kubernetes, r.repo, current), nil
-}
-
-func (u *Updater) skipPreload(_ context.Context, r *nodeRun) (string, error) {
-	if p := r.cfg.Spec.PreloadImages; p != nil && !*p {
-		return "preloadImages is false in the HarvesterUpgrader", nil
-	}
-	return "", nil
-}
-
-func (u *Updater) runPreload(ctx context.Context, r *nodeRun) (bool, string, error) {
-	return u.applyPlan(ctx, r, planPreload)
-}
-
-func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, error) {
-	done, message, err := u.applyPlan(ctx, r, planKubernetes)
-	if err != nil || !done {
-		return done, message, err
-	}
-	node, err := u.node(ctx, r)
-	if err != nil {
-		return false, "", err
-	}
-	if !nodeReady(node) || !sameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
-		return false, fmt.Sprintf("waiting for node %s to come back Ready at %s (kubelet reports %s)", node.Name, r.nu.Spec.Version, node.Status.NodeInfo.KubeletVersion), nil
-	}
-	return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil
-}
-
-func (u *Updater) skipOS(_ context.Context, r *nodeRun) (string, error) {
-	if !upgradesOS(r.cfg) {
-		return "upgradeOS is false in the HarvesterUpgrader", nil
-	}
-	return "", nil
-}
-
-func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
-	done, message, err := u.applyPlan(ctx, r, planOS)
-	if err != nil || !done {
-		return done, message, err
-	}
-	node, err := u.node(ctx, r)
-	if err != nil {
-		return false, "", err
-	}
-	want := "Harvester " + r.cfg.Spec.Release.Version
-	if !nodeReady(node) || !osAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version) {
-		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
-	}
-	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil
-}
-
-func (u *Updater) skipDataEngine(ctx context.Context, r *nodeRun) (string, error) {
-	if r.cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip {
-		return "longhornV2Swap is Skip in the HarvesterUpgrader", nil
-	}
-	served, err := kindServed(r.wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
-	if err != nil {
-		return "", err
-	}
-	if !served {
-		return "Longhorn is not installed on the workload cluster", nil
-	}
-	state, err := readLonghorn(ctx, r.wc)
-	if err != nil {
-		return "", err
-	}
-	if len(state.attachedV2On(r.nu.Spec.NodeName)) == 0 {
-		return "no attached Longhorn v2 volume has an engine or replica on node " + r.nu.Spec.NodeName, nil
-	}
-	return "", nil
-}
-
-func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, error) {
-	swap, err := chooseDataEngineSwap(r.wc)
-	if err != nil {
-		return false, "", err
-	}
-	if swap == nil {
-		state, err := readLonghorn(ctx, r.wc)
-		if err != nil {
-			return false, "", err
-		}
-		return false, fmt.Sprintf("holding: the cluster's Longhorn does not serve the live data engine upgrade API, and node %s holds attached v2 volumes (%s); detach them or set longhornV2Swap: Skip",
-			r.nu.Spec.NodeName, strings.Join(state.attachedV2On(r.nu.Spec.NodeName), ", ")), nil
-	}
-	return swap.Ensure(ctx, r.wc, r.nu)
-}
-
-// runFinish lifts the updater's own cordon and removes this node's Plans and data
-// engine upgrade.
-func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, error) {
-	if err := u.cleanup(ctx, r); err != nil {
-		return false, "", err
-	}
-	return true, fmt.Sprintf("node %s is in service; its Plans are removed", r.nu.Spec.NodeName), nil
-}
-
-// cleanup removes what the updater created for the node (its Plans and data engine
-// upgrade) and lifts the cordon the updater set, if it set one (runDrain). The Plans go
-// whether or not the node still exists.
-func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
-	if err := u.uncordonIfOurs(ctx, r); err != nil {
-		return err
-	}
-	if err := r.wc.DeleteAllOf(ctx, &sucv1.Plan{}, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace),
-		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete the Plans of node %s: %w", r.nu.Spec.NodeName, err)
-	}
-	if swap, err := chooseDataEngineSwap(r.wc); err != nil {
-		return err
-	} else if swap != nil {
-		return swap.Cleanup(ctx, r.wc, r.nu)
-	}
-	return nil
 }
 
 // applyPlan creates (or updates) the node's Plan of a kind and reports its progress as

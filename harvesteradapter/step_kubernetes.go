@@ -1,0 +1,32 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+)
+
+// kubernetesStep upgrades RKE2 on the node through SUC and waits for its kubelet to
+// come back Ready at the target.
+var kubernetesStep = step{
+	name:    StepKubernetesUpgrade,
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planKubernetes, t) },
+	run:     (*Updater).runKubernetes,
+}
+
+func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, error) {
+	done, message, err := u.applyPlan(ctx, r, planKubernetes)
+	if err != nil || !done {
+		return done, message, err
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if !nodeReady(node) || !sameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
+		return false, fmt.Sprintf("waiting for node %s to come back Ready at %s (kubelet reports %s)", node.Name, r.nu.Spec.Version, node.Status.NodeInfo.KubeletVersion), nil
+	}
+	return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil
+}
