@@ -175,6 +175,13 @@ soak: test-binaries ## Run the randomized safety test for SEEDS seeds (default 1
 	SAFETY_SEEDS=$(SEEDS) SAFETY_SEED_BASE=$(SEED_BASE) $(GO) test ./test/safety -run '^TestSafety$$' -count=1 -v -timeout 0 \
 		| grep -v -e '^=== RUN' -e '^E[0-9]\{4\} '
 
+REAL_SUC_SRC ?=
+.PHONY: check-real-suc
+check-real-suc: test-binaries ## By hand, never in make test or CI: build SUC from a checkout (REAL_SUC_SRC) and check test/sim's SUC against it.
+	@test -n "$(REAL_SUC_SRC)" || { echo "set REAL_SUC_SRC to a checkout of rancher/system-upgrade-controller (commit f1362a3, the one shared/facts/suc.md describes)" >&2; exit 2; }
+	cd "$(REAL_SUC_SRC)" && $(GO) build -o "$(CURDIR)/bin/real-suc" .
+	REAL_SUC="$(CURDIR)/bin/real-suc" KUBEBUILDER_ASSETS="$(CURDIR)/bin/k8s" $(GO) test -tags realsuc ./harvesteradapter -run '^TestRealSUC$$' -count=1 -v
+
 FUZZTIME ?= 1m
 FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch ./extension:FuzzHookBodies
 
