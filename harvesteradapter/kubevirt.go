@@ -19,9 +19,10 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch
-// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstancemigrations,verbs=get;list;watch;create;delete
+
+// The updater reaches KubeVirt's objects on the workload cluster with the credentials of
+// the Cluster's kubeconfig Secret, like its Plans: no marker of the manager's own
+// (management cluster) ClusterRole. docs/harvester.md lists what it needs there.
 
 // What the updater writes on KubeVirt's objects of the workload cluster. A stopped
 // virtual machine carries its record on itself, written in the same request that stops

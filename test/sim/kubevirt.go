@@ -46,6 +46,12 @@ import (
 type KubeVirt struct {
 	// Client reaches the workload cluster.
 	Client client.Client
+	// Namespace, when set, is the only namespace whose VirtualMachines and migrations the
+	// simulator plays (tests share one API server); empty means all.
+	Namespace string
+	// NodeSelector, when set, limits the nodes VMIs are placed on and migrated to (tests
+	// share one API server's Nodes); empty means every node.
+	NodeSelector map[string]string
 	// MigrationDelay is how long a live migration takes. Default 200ms.
 	MigrationDelay time.Duration
 	// Interval is how often the cluster is looked at. Default 50ms.
@@ -167,6 +173,13 @@ func (k *KubeVirt) leave(vmi string, at time.Time) {
 	}
 }
 
+func (k *KubeVirt) inNamespace() []client.ListOption {
+	if k.Namespace == "" {
+		return nil
+	}
+	return []client.ListOption{client.InNamespace(k.Namespace)}
+}
+
 func (k *KubeVirt) migrationDelay() time.Duration {
 	if k.MigrationDelay > 0 {
 		return k.MigrationDelay
@@ -209,15 +222,15 @@ func halted(vm *kubevirtv1.VirtualMachine) bool {
 
 func (k *KubeVirt) syncVMs(ctx context.Context) error {
 	vms := &kubevirtv1.VirtualMachineList{}
-	if err := k.Client.List(ctx, vms); err != nil {
+	if err := k.Client.List(ctx, vms, k.inNamespace()...); err != nil {
 		return err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := k.Client.List(ctx, vmis); err != nil {
+	if err := k.Client.List(ctx, vmis, k.inNamespace()...); err != nil {
 		return err
 	}
 	nodes := &corev1.NodeList{}
-	if err := k.Client.List(ctx, nodes); err != nil {
+	if err := k.Client.List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
 		return err
 	}
 	byKey := map[string]*kubevirtv1.VirtualMachineInstance{}
@@ -370,7 +383,7 @@ func canHost(node *corev1.Node, spec *kubevirtv1.VirtualMachineInstanceSpec) boo
 
 func (k *KubeVirt) syncMigrations(ctx context.Context) error {
 	migrations := &kubevirtv1.VirtualMachineInstanceMigrationList{}
-	if err := k.Client.List(ctx, migrations); err != nil {
+	if err := k.Client.List(ctx, migrations, k.inNamespace()...); err != nil {
 		return err
 	}
 	for i := range migrations.Items {
@@ -425,11 +438,11 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 		return k.endMigration(ctx, m, state, reason)
 	}
 	nodes := &corev1.NodeList{}
-	if err := k.Client.List(ctx, nodes); err != nil {
+	if err := k.Client.List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
 		return err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := k.Client.List(ctx, vmis); err != nil {
+	if err := k.Client.List(ctx, vmis, k.inNamespace()...); err != nil {
 		return err
 	}
 	others := map[string]*kubevirtv1.VirtualMachineInstance{}
