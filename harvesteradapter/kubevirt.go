@@ -19,7 +19,6 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 )
 
-
 // The updater reaches KubeVirt's objects on the workload cluster with the credentials of
 // the Cluster's kubeconfig Secret, like its Plans: no marker of the manager's own
 // (management cluster) ClusterRole. docs/harvester.md lists what it needs there.
