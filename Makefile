@@ -42,6 +42,13 @@ CAPI_BINARIES := $(CAPI_BIN_DIR)/capi-core $(CAPI_BIN_DIR)/capi-kubeadm-control-
 
 SUC_APIS_PKG      := github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1
 LONGHORN_APIS_PKG := github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2
+KUBEVIRT_APIS_PKG := kubevirt.io/api/core/v1
+# The KubeVirt kinds the Harvester updater uses. KubeVirt's types carry no kubebuilder
+# markers: floats need allowDangerousTypes, and the status subresource that KubeVirt's own
+# CRDs give VirtualMachine and VirtualMachineInstanceMigration (not VirtualMachineInstance)
+# is added after generation.
+KUBEVIRT_KINDS    := virtualmachines virtualmachineinstances virtualmachineinstancemigrations
+KUBEVIRT_STATUS   := virtualmachines virtualmachineinstancemigrations
 
 TEST_TIMEOUT ?= 30m
 
@@ -100,11 +107,16 @@ manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, a
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./... output:rbac:artifacts:config=config/rbac
 
 .PHONY: test-crds
-test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan and Longhorn CRDs the test API servers install.
-	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-dataengine
+test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn and KubeVirt CRDs the test API servers install.
+	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-dataengine test/crds/kubevirt
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=$(SUC_APIS_PKG) output:crd:dir=test/crds/suc
 	$(CONTROLLER_GEN) crd paths=$(LONGHORN_APIS_PKG) output:crd:dir=test/crds/longhorn
 	$(CONTROLLER_GEN) crd paths=./harvesteradapter/dataengine/... output:crd:dir=test/crds/longhorn-dataengine
+	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=$(KUBEVIRT_APIS_PKG) output:crd:dir=test/crds/kubevirt.tmp
+	mkdir -p test/crds/kubevirt
+	for k in $(KUBEVIRT_KINDS); do mv test/crds/kubevirt.tmp/kubevirt.io_$$k.yaml test/crds/kubevirt/; done
+	rm -rf test/crds/kubevirt.tmp
+	for k in $(KUBEVIRT_STATUS); do sed -i 's/^    storage: true$$/    storage: true\n    subresources:\n      status: {}/' test/crds/kubevirt/kubevirt.io_$$k.yaml; done
 
 ##@ Test
 .PHONY: test-binaries

@@ -23,6 +23,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -105,6 +106,7 @@ func newScheme() (*runtime.Scheme, error) {
 		sucv1.AddToScheme,
 		longhornv1.AddToScheme,
 		dataengine.AddToScheme,
+		kubevirtv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err
@@ -221,7 +223,8 @@ func run(opts options) error {
 	registry := nodeupdater.NewRegistry()
 	updaters := []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval}).Registration(),
-		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval}).Registration(),
+		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
+			Recorder: mgr.GetEventRecorder("harvester-updater")}).Registration(),
 	}
 	for _, reg := range updaters {
 		if err := registry.Register(reg); err != nil {

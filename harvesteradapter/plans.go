@@ -23,8 +23,8 @@ type planKind string
 const (
 	// planPreload pulls the release's images onto the node from the repository.
 	planPreload planKind = "preload"
-	// planDrain evacuates the node's virtual machines and drains it, once, after the
-	// updater cordoned it.
+	// planDrain drains the node (kubectl drain), once, after the updater cordoned it and
+	// evacuated its virtual machines.
 	planDrain planKind = "drain"
 	// planKubernetes upgrades RKE2 on the node.
 	planKubernetes planKind = "rke2"
@@ -116,16 +116,13 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 		plan.Spec.Version = release
 		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"prepare"}, Env: env}
 	case planDrain:
+		// Only kubectl drain: the updater evacuated the virtual machines through
+		// KubeVirt's API before (EvacuateVMs). Harvester's pre-drain script cannot do it
+		// for us, it needs Harvester's own Upgrade object (harvester-node-upgrade.md,
+		// fact 32). kubectl needs no privilege; without a security context SUC would run
+		// it privileged (fact 37). With drain off there is no drain Plan (skipDrain).
 		plan.Spec.Version = release
-		evacuate := &sucv1.ContainerSpec{Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"pre-drain"}, Env: env}
-		if args := drainArgs(spec.Drain, nu.Spec.NodeName); args != nil {
-			plan.Spec.Prepare = evacuate
-			// kubectl needs no privilege; without a security context SUC would run it
-			// privileged (fact 37).
-			plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.Kubectl, Args: args, SecurityContext: &corev1.SecurityContext{}}
-		} else {
-			plan.Spec.Upgrade = evacuate
-		}
+		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.Kubectl, Args: drainArgs(spec.Drain, nu.Spec.NodeName), SecurityContext: &corev1.SecurityContext{}}
 	case planKubernetes:
 		plan.Spec.Version = nu.Spec.Version
 		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: imageWithTag(spec.Images.RKE2Upgrade, mungeVersion(nu.Spec.Version)), Env: env}

@@ -113,18 +113,12 @@ func TestDrainPlan(t *testing.T) {
 	if p.Spec.Cordon || p.Spec.Drain != nil {
 		t.Errorf("cordon %v drain %+v: SUC uncordons after a Plan that cordons or drains", p.Spec.Cordon, p.Spec.Drain)
 	}
-	if p.Spec.Prepare == nil || p.Spec.Prepare.Image != "rancher/harvester-upgrade:v1.6.0" || strings.Join(p.Spec.Prepare.Args, " ") != "pre-drain" {
-		t.Errorf("prepare %+v: virtual machines are evacuated first, with the release's image", p.Spec.Prepare)
+	if p.Spec.Prepare != nil {
+		t.Errorf("prepare %+v: the updater evacuates virtual machines through KubeVirt's API, not Harvester's pre-drain script (it needs Harvester's Upgrade object)", p.Spec.Prepare)
 	}
 	want := "drain node-1 --pod-selector !upgrade.cattle.io/controller --ignore-daemonsets --delete-emptydir-data --force --timeout 15m0s --grace-period 30"
 	if got := strings.Join(p.Spec.Upgrade.Args, " "); got != want || p.Spec.Upgrade.Image != "rancher/kubectl:v1.30.3" {
 		t.Errorf("upgrade %s %q, want %q: 900 in the HarvesterUpgrader is seconds", p.Spec.Upgrade.Image, got, want)
-	}
-
-	cfg.Spec.Drain.Enabled = ptr.To(false)
-	p = planForNode(cfg, nu, planDrain, "")
-	if p.Spec.Prepare != nil || strings.Join(p.Spec.Upgrade.Args, " ") != "pre-drain" {
-		t.Errorf("drain off: the Plan only evacuates virtual machines, got prepare %+v upgrade %+v", p.Spec.Prepare, p.Spec.Upgrade)
 	}
 }
 

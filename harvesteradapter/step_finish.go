@@ -6,6 +6,7 @@ import (
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,7 +21,7 @@ var finishStep = step{
 }
 
 // runFinish lifts the updater's own cordon and removes this node's Plans and data
-// engine upgrade.
+// engine upgrade (cleanup).
 func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, error) {
 	if err := u.cleanup(ctx, r); err != nil {
 		return false, "", err
@@ -28,10 +29,27 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 	return true, fmt.Sprintf("node %s is in service; its Plans are removed", r.nu.Spec.NodeName), nil
 }
 
-// cleanup removes what the updater created for the node (its Plans and data engine
-// upgrade) and lifts the cordon the updater set, if it set one (runDrain). The Plans go
-// whether or not the node still exists.
+// cleanup removes what the updater created for the node (its Plans, the migrations
+// still under way, the data engine upgrade), starts again the VMs it stopped (unless
+// restoreVM is false or the node is a witness: the node goes back into service, at the
+// end or on an abort), and lifts the cordon the updater set, if it set one (runCordon).
+// The Plans go whether or not the node still exists.
 func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
+	if err := u.deleteUnfinishedMigrations(ctx, r); err != nil {
+		return err
+	}
+	node := &corev1.Node{}
+	if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("get node %s: %w", r.nu.Spec.NodeName, err)
+		}
+		node = nil
+	}
+	if ok, _ := restoresVMs(r, node); ok {
+		if _, err := u.restoreStoppedVMs(ctx, r); err != nil {
+			return err
+		}
+	}
 	if err := u.uncordonIfOurs(ctx, r); err != nil {
 		return err
 	}
@@ -43,6 +61,25 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 		return err
 	} else if swap != nil {
 		return swap.Cleanup(ctx, r.wc, r.nu)
+	}
+	return nil
+}
+
+// deleteUnfinishedMigrations deletes this NodeUpdate's migrations that have not ended
+// (KubeVirt aborts a migration whose object is deleted). Ended ones stay, as KubeVirt's
+// history of the VMI; KubeVirt garbage-collects them.
+func (u *Updater) deleteUnfinishedMigrations(ctx context.Context, r *nodeRun) error {
+	ours, err := u.migrations(ctx, r)
+	if err != nil {
+		return err
+	}
+	for _, m := range ours {
+		if migrationFinished(m) {
+			continue
+		}
+		if err := r.wc.Delete(ctx, m); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete migration %s/%s: %w", m.Namespace, m.Name, err)
+		}
 	}
 	return nil
 }

@@ -12,10 +12,13 @@ import (
 const (
 	StepRepository         = "Repository"
 	StepImagePreload       = "ImagePreload"
+	StepCordon             = "Cordon"
+	StepEvacuateVMs        = "EvacuateVMs"
 	StepDrain              = "Drain"
 	StepKubernetesUpgrade  = "KubernetesUpgrade"
 	StepOSUpgrade          = "OSUpgrade"
 	StepLonghornDataEngine = "LonghornDataEngine"
+	StepRestoreVMs         = "RestoreVMs"
 	StepFinish             = "Finish"
 )
 
@@ -34,10 +37,13 @@ type step struct {
 var pipeline = []step{
 	repositoryStep,
 	preloadStep,
+	cordonStep,
+	evacuateStep,
 	drainStep,
 	kubernetesStep,
 	osStep,
 	dataEngineStep,
+	restoreStep,
 	finishStep,
 }
 

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -81,6 +82,9 @@ type Updater struct {
 	RepositoryURL func(inClusterURL string) string
 	// PollInterval is how often a running step is looked at again. Default 5s.
 	PollInterval time.Duration
+	// Recorder records events on NodeUpdates for what the updater does to virtual
+	// machines (migrations, shutdowns, restores, holds); nil records none.
+	Recorder events.EventRecorder
 }
 
 var _ nodeupdater.Updater = &Updater{}

@@ -180,10 +180,13 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(stepStates(nu)).To(Equal(map[string]inplacev1.StepState{
 				harvesteradapter.StepRepository:         inplacev1.StepStateSucceeded,
 				harvesteradapter.StepImagePreload:       inplacev1.StepStateSucceeded,
+				harvesteradapter.StepCordon:             inplacev1.StepStateSucceeded,
+				harvesteradapter.StepEvacuateVMs:        inplacev1.StepStateSucceeded,
 				harvesteradapter.StepDrain:              inplacev1.StepStateSucceeded,
 				harvesteradapter.StepKubernetesUpgrade:  inplacev1.StepStateSucceeded,
 				harvesteradapter.StepOSUpgrade:          inplacev1.StepStateSucceeded,
 				harvesteradapter.StepLonghornDataEngine: inplacev1.StepStateSkipped,
+				harvesteradapter.StepRestoreVMs:         inplacev1.StepStateSucceeded,
 				harvesteradapter.StepFinish:             inplacev1.StepStateSucceeded,
 			}), "node %d", i+1)
 			node := &corev1.Node{}

@@ -1,12 +1,16 @@
 //go:build tools
 
 // Package crds holds CustomResourceDefinitions that the test API servers install and
-// that their projects ship in no usable form: System Upgrade Controller's Plan and
-// Longhorn's v1beta2 kinds. They are generated from those projects' Go types with
-// controller-gen (make test-crds) and checked in; none is written by hand.
+// that their projects ship in no usable form: System Upgrade Controller's Plan,
+// Longhorn's v1beta2 kinds and KubeVirt's VirtualMachine, VirtualMachineInstance and
+// VirtualMachineInstanceMigration (KubeVirt's operator builds its CRDs in code). They are generated from those projects' Go types with
+// controller-gen (make test-crds) and checked in; none is written by hand. KubeVirt's
+// get the status subresource KubeVirt gives them (virt-operator's
+// resource/generate/components/crds.go) added by the Makefile.
 package crds
 
 import (
 	_ "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	_ "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	_ "kubevirt.io/api/core/v1"
 )

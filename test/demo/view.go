@@ -387,6 +387,13 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 			v.println(v.style(red, fmt.Sprintf("%s: %s", r.node, r.failure)))
 		}
 	}
+	if journeys := s.VMJourneys(); len(journeys) > 0 {
+		v.println("")
+		v.println("Virtual machines (KubeVirt simulator):")
+		for _, j := range journeys {
+			v.println("  " + j)
+		}
+	}
 	v.println("")
 	v.println("Safety, from the simulators' records:")
 	for _, c := range res.checks {

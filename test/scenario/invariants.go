@@ -8,6 +8,7 @@ import (
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
@@ -102,7 +103,61 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		atMostDown(s.Record.DownLog(), "worker", workers, s.Options.WorkerMaxUnavailable),
 		controlPlaneFirst(runs, cp, workers),
 		s.noPlanLeft(ctx, done),
+		s.noVMWhileDrained(),
+		s.vmsRestored(ctx, done),
 	}
+}
+
+// noVMWhileDrained: every VMI left its node (live-migrated or stopped) before the node's
+// drain started, and none was live-migrated off the same node twice.
+func (s *Scenario) noVMWhileDrained() Check {
+	c := Check{Name: "no virtual machine ran on a node when its drain started, none was live-migrated off a node twice", OK: true}
+	if s.KubeVirt == nil {
+		return c
+	}
+	problems := s.KubeVirt.RunningWhileDrained(s.Record)
+	left := map[string]int{}
+	var prev = map[string]string{}
+	for _, p := range s.KubeVirt.History() {
+		if p.How == "migrated" {
+			left[p.VMI+" off "+prev[p.VMI]]++
+		}
+		prev[p.VMI] = p.Node
+	}
+	for k, n := range left {
+		if n > 1 {
+			problems = append(problems, fmt.Sprintf("%s migrated %d times", k, n))
+		}
+	}
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
+}
+
+// vmsRestored: no virtual machine stopped for an upgraded node is still stopped.
+func (s *Scenario) vmsRestored(ctx context.Context, done map[string]bool) Check {
+	c := Check{Name: "every virtual machine stopped for an upgraded node was started again", OK: true}
+	if s.Workload == nil || s.KubeVirt == nil {
+		return c
+	}
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := s.Workload.Client.List(ctx, vms, client.InNamespace(VMNamespace), client.HasLabels{harvesteradapter.LabelStoppedBy}); err != nil {
+		c.OK, c.Detail = false, fmt.Sprintf("list VirtualMachines: %v", err)
+		return c
+	}
+	var left []string
+	for _, vm := range vms.Items {
+		if node := vm.Annotations[harvesteradapter.AnnotationStoppedOnNode]; done[node] {
+			left = append(left, vm.Name+" (stopped on "+node+")")
+		}
+	}
+	sort.Strings(left)
+	if len(left) > 0 {
+		c.OK, c.Detail = false, "still stopped: "+strings.Join(left, ", ")
+	}
+	return c
 }
 
 func onceEach(runs []sim.PlanRun, nodes []string, done map[string]bool) Check {

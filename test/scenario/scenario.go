@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -73,6 +74,8 @@ minUpgradableVersion: v1.5.0
 	ControlPlaneName = "cp"
 	// MachineDeploymentName is the name of the workers' MachineDeployment.
 	MachineDeploymentName = "workers"
+	// VMNamespace holds the sample virtual machines on the workload cluster.
+	VMNamespace = "vms"
 	// V2VolumeName is the Longhorn v2 volume with a replica on every worker, whose data
 	// engine is swapped live on each worker (see Options.LonghornV2).
 	V2VolumeName = "pvc-v2-demo"
@@ -164,6 +167,8 @@ type Scenario struct {
 	SUC        *sim.SUC
 	Repository *sim.Repository
 	Longhorn   *sim.Longhorn
+	// KubeVirt plays the virtual machines of VMNamespace (see createVMs).
+	KubeVirt *sim.KubeVirt
 
 	// Manager is the manager process; Certs its serving certificates.
 	Manager *manager.Process
@@ -203,6 +208,9 @@ func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
 	}
 	opts.Progress("starting the simulators: kubelets, System Upgrade Controller, Longhorn, upgrade repository")
 	s.startSimulators()
+	if err := s.createVMs(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.createUpdater(ctx); err != nil {
 		return nil, err
 	}
@@ -427,10 +435,100 @@ func (s *Scenario) startSimulators() {
 	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
 	s.Repository = &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: ReleaseMetadata, Delay: delay}
 	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Duration: delay}
+	s.KubeVirt = &sim.KubeVirt{Client: wc, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
 	s.Repository.Start(ctx)
-	s.simsDone.Add(2)
+	s.simsDone.Add(3)
 	go func() { defer s.simsDone.Done(); _ = s.SUC.Run(ctx) }()
 	go func() { defer s.simsDone.Done(); s.Longhorn.Run(ctx) }()
+	go func() { defer s.simsDone.Done(); s.KubeVirt.Run(ctx) }()
+}
+
+// createVMs puts a few virtual machines on the workers: one that can be live-migrated on
+// each of the first two workers, and one with a PCI host device on the last, which
+// cannot (Harvester's rule, harvester-node-upgrade.md fact 31): its node's upgrade stops
+// it and starts it again. It waits until KubeVirt runs them all.
+func (s *Scenario) createVMs(ctx context.Context) error {
+	wc := s.Workload.Client
+	if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: VMNamespace}}); err != nil {
+		return fmt.Errorf("create namespace %s on the workload cluster: %w", VMNamespace, err)
+	}
+	var workers []string
+	for _, n := range s.Nodes {
+		if !n.ControlPlane {
+			workers = append(workers, n.Name)
+		}
+	}
+	if len(workers) == 0 {
+		return nil
+	}
+	strategy := kubevirtv1.RunStrategyRerunOnFailure
+	var names []string
+	for i, node := range workers {
+		name := fmt.Sprintf("web-%d", i+1)
+		spec := kubevirtv1.VirtualMachineInstanceSpec{}
+		if i == len(workers)-1 {
+			name = "gpu-1"
+			spec.Domain.Devices.HostDevices = []kubevirtv1.HostDevice{{Name: "gpu0", DeviceName: "nvidia.com/GA102GL_A10"}}
+		} else if i >= 2 {
+			continue
+		}
+		vm := &kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: VMNamespace},
+			Spec:       kubevirtv1.VirtualMachineSpec{RunStrategy: &strategy, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: spec}},
+		}
+		s.KubeVirt.PlaceOn(VMNamespace, name, node)
+		if err := wc.Create(ctx, vm); err != nil {
+			return fmt.Errorf("create VirtualMachine %s: %w", name, err)
+		}
+		names = append(names, VMNamespace+"/"+name)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, key := range names {
+		for s.KubeVirt.NodeOf(key) == "" {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("KubeVirt did not start VirtualMachine %s", key)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// VMJourneys says, one line per sample virtual machine, where it ran: started on a node,
+// live-migrated to another, stopped and started again.
+func (s *Scenario) VMJourneys() []string {
+	if s.KubeVirt == nil {
+		return nil
+	}
+	steps := map[string][]string{}
+	var order []string
+	last := map[string]sim.VMIPlacement{}
+	for _, p := range s.KubeVirt.History() {
+		if _, seen := steps[p.VMI]; !seen {
+			order = append(order, p.VMI)
+		}
+		prev, had := last[p.VMI]
+		switch {
+		case !had:
+			steps[p.VMI] = append(steps[p.VMI], "started on "+p.Node)
+		case p.How == "migrated":
+			steps[p.VMI] = append(steps[p.VMI], "live-migrated to "+p.Node)
+		default:
+			steps[p.VMI] = append(steps[p.VMI], fmt.Sprintf("stopped on %s, started again on %s", prev.Node, p.Node))
+		}
+		last[p.VMI] = p
+	}
+	var out []string
+	for _, vmi := range order {
+		line := vmi + ": " + strings.Join(steps[vmi], ", ")
+		if last[vmi].End.IsZero() {
+			line += " (running)"
+		} else {
+			line += fmt.Sprintf(", stopped on %s (not running)", last[vmi].Node)
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // createUpdater creates the HarvesterUpgrader; its repositoryURL is the repository

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -70,6 +71,7 @@ func NewScheme() (*runtime.Scheme, error) {
 		longhornv1.AddToScheme,
 		harvesterv1.AddToScheme,
 		dataengine.AddToScheme,
+		kubevirtv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err
@@ -239,6 +241,7 @@ func CRDDirectories(root string) ([]string, error) {
 		filepath.Join(root, "config", "crd", "bases"),
 		filepath.Join(root, "test", "crds", "suc"),
 		filepath.Join(root, "test", "crds", "longhorn"),
+		filepath.Join(root, "test", "crds", "kubevirt"),
 		filepath.Join(capiDir, "core", "config", "crd", "bases"),
 		filepath.Join(capiDir, "controlplane", "kubeadm", "config", "crd", "bases"),
 		filepath.Join(capiDir, "bootstrap", "kubeadm", "config", "crd", "bases"),

@@ -55,8 +55,8 @@ type Images struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.rke2Upgrade must be an image reference without spaces"
 	RKE2Upgrade string `json:"rke2Upgrade,omitempty"`
 
-	// osUpgrade is the image that preloads the release's images, evacuates the node's
-	// virtual machines and installs the operating system from the repository;
+	// osUpgrade is the image that preloads the release's images and installs the
+	// operating system from the repository;
 	// untagged, it gets the release version (v1.6.0).
 	// +optional
 	// +kubebuilder:default="rancher/harvester-upgrade"
@@ -107,7 +107,7 @@ type SystemUpgradeController struct {
 // Drain says how a node is drained, once, before its first disruptive step.
 type Drain struct {
 	// enabled drains the node; when false the node is only cordoned (its virtual
-	// machines are still evacuated).
+	// machines are still evacuated, through KubeVirt's API).
 	// +optional
 	// +kubebuilder:default=true
 	Enabled *bool `json:"enabled,omitempty"`
@@ -159,8 +159,8 @@ type Timeouts struct {
 	// +optional
 	// +kubebuilder:default="1h"
 	Repository *metav1.Duration `json:"repository,omitempty"`
-	// drain bounds the cordon and drain of one node, virtual machine evacuation
-	// included.
+	// drain bounds each of the cordon, the virtual machine evacuation and the drain
+	// of one node.
 	// +optional
 	// +kubebuilder:default="1h"
 	Drain *metav1.Duration `json:"drain,omitempty"`
@@ -229,6 +229,16 @@ type HarvesterUpgraderSpec struct {
 	// +optional
 	// +kubebuilder:default=true
 	UpgradeOS *bool `json:"upgradeOS,omitempty"`
+
+	// restoreVM starts again, once a node is back on the release, the virtual machines
+	// the updater stopped on it because they could not be live-migrated (as Harvester's
+	// own upgrade does with its restoreVM setting). When false they stay stopped; find
+	// them by the label harvester.inplace.cluster.x-k8s.io/stopped-by. A virtual machine
+	// stopped by its user is never started. Witness nodes run no virtual machines and
+	// are never restored.
+	// +optional
+	// +kubebuilder:default=true
+	RestoreVM *bool `json:"restoreVM,omitempty"`
 
 	// longhornV2Swap says what to do with nodes that run Longhorn's v2 data engine.
 	// +optional

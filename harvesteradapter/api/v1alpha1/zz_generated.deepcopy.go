@@ -126,6 +126,11 @@ func (in *HarvesterUpgraderSpec) DeepCopyInto(out *HarvesterUpgraderSpec) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.RestoreVM != nil {
+		in, out := &in.RestoreVM, &out.RestoreVM
+		*out = new(bool)
+		**out = **in
+	}
 	out.RepositoryStorage = in.RepositoryStorage
 	in.Timeouts.DeepCopyInto(&out.Timeouts)
 }

@@ -1,0 +1,252 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// evacuateStep empties the cordoned node of running virtual machines through KubeVirt's
+// API, before it is drained: live migration where it can, a recorded shutdown where it
+// cannot.
+var evacuateStep = step{
+	name:    StepEvacuateVMs,
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Drain, defaultDrainTimeout) },
+	run:     (*Updater).runEvacuate,
+}
+
+// Event reasons of the evacuation and restore, recorded on the NodeUpdate.
+const (
+	EventVMMigrationStarted = "VMMigrationStarted"
+	EventVMMigrationFailed  = "VMMigrationFailed"
+	EventVMStopped          = "VMStopped"
+	EventVMStarted          = "VMStarted"
+	EventVMLeftStopped      = "VMLeftStopped"
+	EventVMHoldsNode        = "VMHoldsNode"
+)
+
+// runEvacuate looks at every VMI on the node (KubeVirt's kubevirt.io/nodeName label) and
+// moves it on by one stage per reconcile, so that a restart anywhere resumes where it
+// was:
+//   - a VMI that can be live-migrated (whyNotMigratable) gets one
+//     VirtualMachineInstanceMigration of a deterministic name, and the step waits until
+//     it runs on another node;
+//   - one that cannot is stopped through its VirtualMachine and recorded on it
+//     (stopVM), and the step waits until its VMI is gone. A paused one is stopped and
+//     not recorded: Harvester leaves paused VMs out of what it restores (fact 32);
+//   - a failed migration holds the node with the VM's name and KubeVirt's reason. The
+//     updater does not stop a VM that could migrate (Harvester's script does, fact 33):
+//     the operator decides, by fixing the cause and deleting the failed migration (the
+//     updater then creates it again), by migrating the VM, or by stopping it;
+//   - a VMI that ended (Succeeded, Failed) holds nothing; one that is still being
+//     scheduled or migrated by someone else is waited for.
+//
+// The step is done when no VMI runs on the node.
+func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, error) {
+	node := r.nu.Spec.NodeName
+	vmis := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := r.wc.List(ctx, vmis, client.MatchingLabels{kubevirtv1.NodeNameLabel: node}); err != nil {
+		if kubevirtAbsent(err) {
+			return true, fmt.Sprintf("the cluster does not serve KubeVirt's API: no virtual machine runs on node %s", node), nil
+		}
+		return false, "", fmt.Errorf("list the virtual machine instances on node %s: %w", node, err)
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.wc.List(ctx, nodes); err != nil {
+		return false, "", fmt.Errorf("list nodes: %w", err)
+	}
+	targets, nonWitness := evacuationTargets(nodes.Items, node)
+	ours, err := u.migrations(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+
+	var waiting, holds []string
+	sort.Slice(vmis.Items, func(i, j int) bool { return vmKey(&vmis.Items[i]) < vmKey(&vmis.Items[j]) })
+	for i := range vmis.Items {
+		vmi := &vmis.Items[i]
+		key := vmKey(vmi)
+		if vmiFinished(vmi) || (vmi.Status.NodeName != "" && vmi.Status.NodeName != node) {
+			continue
+		}
+		if !vmi.DeletionTimestamp.IsZero() {
+			waiting = append(waiting, key+" is shutting down")
+			continue
+		}
+		if vmi.Status.Phase != kubevirtv1.Running {
+			waiting = append(waiting, fmt.Sprintf("%s is %s", key, phaseOr(vmi.Status.Phase)))
+			continue
+		}
+		why := whyNotMigratable(vmi, targets, nonWitness)
+		if why != "" {
+			hold, err := u.stopOnNode(ctx, r, vmi, why)
+			if err != nil {
+				return false, "", err
+			}
+			if hold != "" {
+				holds = append(holds, hold)
+			} else {
+				waiting = append(waiting, key+" is stopping")
+			}
+			continue
+		}
+		hold, err := u.migrateOff(ctx, r, vmi, ours[migrationName(r.nu, vmi)])
+		if err != nil {
+			return false, "", err
+		}
+		if hold != "" {
+			holds = append(holds, hold)
+		} else {
+			waiting = append(waiting, key+" is migrating")
+		}
+	}
+
+	if len(holds) > 0 {
+		return false, "holding: " + strings.Join(holds, "; "), nil
+	}
+	if len(waiting) > 0 {
+		return false, fmt.Sprintf("evacuating node %s: %s", node, strings.Join(waiting, ", ")), nil
+	}
+	return true, u.evacuationSummary(ctx, r, ours), nil
+}
+
+// stopOnNode stops the VM of a VMI that cannot be live-migrated, once. It returns what
+// holds the node when the VM cannot be stopped and started again by the updater.
+func (u *Updater) stopOnNode(ctx context.Context, r *nodeRun, vmi *kubevirtv1.VirtualMachineInstance, why string) (string, error) {
+	owner := vmiOwnerVM(vmi)
+	if owner == "" {
+		return u.holdOnce(r, EventVMHoldsNode, fmt.Sprintf("VMI %s cannot be live-migrated (%s) and no VirtualMachine owns it, so the updater cannot stop it and start it again: stop or move it yourself", vmKey(vmi), why)), nil
+	}
+	paused := vmiPaused(vmi)
+	stopped, held, err := stopVM(ctx, r.wc, r.nu, vmi.Namespace, owner, !paused)
+	if err != nil || !stopped {
+		return u.holdOnce(r, EventVMHoldsNode, held), err
+	}
+	if paused {
+		u.event(r, corev1.EventTypeNormal, EventVMLeftStopped, "Evacuate", fmt.Sprintf("stopping paused VM %s/%s on node %s: it cannot be live-migrated (%s); as Harvester does, a paused VM is not started again after the upgrade", vmi.Namespace, owner, r.nu.Spec.NodeName, why))
+		return "", nil
+	}
+	u.event(r, corev1.EventTypeNormal, EventVMStopped, "Evacuate", fmt.Sprintf("stopping VM %s/%s on node %s: it cannot be live-migrated (%s); it is started again once the node is upgraded", vmi.Namespace, owner, r.nu.Spec.NodeName, why))
+	return "", nil
+}
+
+// holdOnce returns what holds the node, and records it as a Warning event the first
+// time the step says it: a hold lasts many reconciles, the event is told once.
+func (u *Updater) holdOnce(r *nodeRun, reason, hold string) string {
+	if hold == "" {
+		return ""
+	}
+	if prev := nodeupdater.Step(r.nu, StepEvacuateVMs); prev == nil || !strings.Contains(prev.Message, hold) {
+		u.event(r, corev1.EventTypeWarning, reason, "Evacuate", hold)
+	}
+	return hold
+}
+
+// migrateOff creates the VMI's migration if it has none yet, and reports what holds the
+// node when the migration failed.
+func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.VirtualMachineInstance, m *kubevirtv1.VirtualMachineInstanceMigration) (string, error) {
+	if m != nil {
+		if m.Status.Phase == kubevirtv1.MigrationFailed {
+			hold := fmt.Sprintf("the live migration %s of VM %s off node %s failed: %s; fix the cause and delete the migration to try again, or migrate or stop the VM yourself",
+				m.Name, vmKey(vmi), r.nu.Spec.NodeName, migrationFailure(m))
+			return u.holdOnce(r, EventVMMigrationFailed, hold), nil
+		}
+		return "", nil
+	}
+	if s := vmi.Status.MigrationState; s != nil && s.StartTimestamp != nil && !s.Completed && !s.Failed {
+		return "", nil // someone else's migration runs: wait for it
+	}
+	m = &kubevirtv1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: migrationName(r.nu, vmi), Namespace: vmi.Namespace,
+			Labels:      map[string]string{LabelNodeUpdate: string(r.nu.UID)},
+			Annotations: map[string]string{AnnotationNode: r.nu.Spec.NodeName},
+		},
+		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
+	}
+	if err := r.wc.Create(ctx, m); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("create the migration of VMI %s off node %s: %w", vmKey(vmi), r.nu.Spec.NodeName, err)
+	}
+	u.event(r, corev1.EventTypeNormal, EventVMMigrationStarted, "Evacuate", fmt.Sprintf("live-migrating VM %s off node %s (migration %s)", vmKey(vmi), r.nu.Spec.NodeName, m.Name))
+	return "", nil
+}
+
+// migrations are this NodeUpdate's migrations, by name.
+func (u *Updater) migrations(ctx context.Context, r *nodeRun) (map[string]*kubevirtv1.VirtualMachineInstanceMigration, error) {
+	list := &kubevirtv1.VirtualMachineInstanceMigrationList{}
+	if err := r.wc.List(ctx, list, client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil {
+		if kubevirtAbsent(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list the migrations of node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	out := map[string]*kubevirtv1.VirtualMachineInstanceMigration{}
+	for i := range list.Items {
+		out[list.Items[i].Name] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// evacuationSummary says what left the node: the VMs migrated and the VMs stopped.
+func (u *Updater) evacuationSummary(ctx context.Context, r *nodeRun, ours map[string]*kubevirtv1.VirtualMachineInstanceMigration) string {
+	var migrated []string
+	for _, m := range ours {
+		if m.Status.Phase == kubevirtv1.MigrationSucceeded {
+			target := ""
+			if s := m.Status.MigrationState; s != nil && s.TargetNode != "" {
+				target = " to " + s.TargetNode
+			}
+			migrated = append(migrated, m.Namespace+"/"+m.Spec.VMIName+target)
+		}
+	}
+	sort.Strings(migrated)
+	var stopped []string
+	if vms, err := stoppedVMs(ctx, r.wc, r.nu); err == nil {
+		for i := range vms {
+			stopped = append(stopped, vmKey(&vms[i]))
+		}
+	}
+	if len(migrated) == 0 && len(stopped) == 0 {
+		return fmt.Sprintf("no virtual machine runs on node %s", r.nu.Spec.NodeName)
+	}
+	msg := fmt.Sprintf("no virtual machine runs on node %s", r.nu.Spec.NodeName)
+	if len(migrated) > 0 {
+		msg += fmt.Sprintf("; live-migrated %s", strings.Join(migrated, ", "))
+	}
+	if len(stopped) > 0 {
+		msg += fmt.Sprintf("; stopped %s", strings.Join(stopped, ", "))
+	}
+	return msg
+}
+
+func phaseOr(p kubevirtv1.VirtualMachineInstancePhase) string {
+	if p == "" {
+		return "not scheduled yet"
+	}
+	return string(p)
+}
+
+// event records an event on the NodeUpdate, when the updater has a recorder.
+func (u *Updater) event(r *nodeRun, eventType, reason, action, note string) {
+	if u.Recorder == nil {
+		return
+	}
+	if len(note) > 1024 {
+		note = note[:1021] + "..."
+	}
+	u.Recorder.Eventf(r.nu, nil, eventType, reason, action, "%s", note)
+}

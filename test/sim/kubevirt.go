@@ -1,0 +1,485 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// KubeVirt plays KubeVirt's virt-controller on a workload cluster, as far as the Harvester
+// updater relies on it (kubevirt.io/api v1.6.0 core/v1 types; KubeVirt's
+// pkg/virt-controller/watch/vm and .../migration controllers):
+//   - a VirtualMachine whose run strategy is Always or RerunOnFailure (or running: true)
+//     gets a VirtualMachineInstance of the same name, owned by it, built from its
+//     template, Running on a node: the one PlaceOn named if it can take it, else the
+//     schedulable node with the fewest VMIs that satisfies its nodeSelector and
+//     required node affinity; with no such node it stays Scheduling and is placed once
+//     one is. KubeVirt labels the VMI kubevirt.io/nodeName and sets status.nodeName
+//     (types.go NodeNameLabel); a VMI with host devices or GPUs is LiveMigratable False
+//     with reason HostDeviceNotLiveMigratable, any other True;
+//   - a VirtualMachine that is Halted (or running: false) loses its VMI: the VM
+//     controller deletes it to stop the guest;
+//   - a VirtualMachineInstanceMigration is labelled kubevirt.io/vmi-name (KubeVirt's
+//     mutating webhook, MigrationSelectorLabel), goes Pending, and after MigrationDelay
+//     moves its VMI to another schedulable, Ready, non-witness node that its nodeSelector
+//     and required node affinity allow: the VMI's node, label and migrationState change,
+//     and the migration goes Succeeded with the same migrationState. It fails (phase
+//     Failed, migrationState.failed, failureReason) when FailMigrations names the VMI,
+//     when no node can take the VMI (KubeVirt's target pod stays unschedulable until its
+//     timeout), or when the VMI does not exist. A migration of a VMI that is not
+//     LiveMigratable fails at once: KubeVirt's admission webhook refuses to create it, a
+//     webhook this API server does not run.
+//
+// The simulator records which VMI ran on which node when (History), so a test can check
+// over the whole run that no VMI ran on a node while it was drained, and that none was
+// migrated or started more often than it should.
+type KubeVirt struct {
+	// Client reaches the workload cluster.
+	Client client.Client
+	// Namespace, when set, is the only namespace whose VirtualMachines and migrations the
+	// simulator plays (tests share one API server); empty means all.
+	Namespace string
+	// NodeSelector, when set, limits the nodes VMIs are placed on and migrated to (tests
+	// share one API server's Nodes); empty means every node.
+	NodeSelector map[string]string
+	// MigrationDelay is how long a live migration takes. Default 200ms.
+	MigrationDelay time.Duration
+	// Interval is how often the cluster is looked at. Default 50ms.
+	Interval time.Duration
+
+	mu       sync.Mutex
+	places   map[string]string
+	failures map[string]string
+	history  []VMIPlacement
+}
+
+// VMIPlacement is one stay of a VMI on a node: from its start or its arrival by
+// migration (How) until it stopped or left (End zero while it is still there).
+type VMIPlacement struct {
+	// VMI is namespace/name.
+	VMI  string
+	Node string
+	// How is "started" or "migrated".
+	How        string
+	Start, End time.Time
+}
+
+// PlaceOn says on which node the VMI of a VirtualMachine starts when that node can take
+// it; namespace/name of the VM.
+func (k *KubeVirt) PlaceOn(namespace, vm, node string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.places == nil {
+		k.places = map[string]string{}
+	}
+	k.places[namespace+"/"+vm] = node
+}
+
+// FailMigrations makes every migration of a VMI fail with reason, until called again
+// with an empty reason.
+func (k *KubeVirt) FailMigrations(namespace, vmi, reason string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.failures == nil {
+		k.failures = map[string]string{}
+	}
+	if reason == "" {
+		delete(k.failures, namespace+"/"+vmi)
+		return
+	}
+	k.failures[namespace+"/"+vmi] = reason
+}
+
+// History returns every stay of a VMI on a node, in order.
+func (k *KubeVirt) History() []VMIPlacement {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]VMIPlacement(nil), k.history...)
+}
+
+// Starts is how many times the VMI of namespace/name was started.
+func (k *KubeVirt) Starts(vmi string) int { return k.count(vmi, "started") }
+
+// Migrations is how many times the VMI of namespace/name was live-migrated.
+func (k *KubeVirt) Migrations(vmi string) int { return k.count(vmi, "migrated") }
+
+func (k *KubeVirt) count(vmi, how string) int {
+	n := 0
+	for _, p := range k.History() {
+		if p.VMI == vmi && p.How == how {
+			n++
+		}
+	}
+	return n
+}
+
+// NodeOf is the node the VMI of namespace/name runs on now, "" when it runs nowhere.
+func (k *KubeVirt) NodeOf(vmi string) string {
+	for _, p := range k.History() {
+		if p.VMI == vmi && p.End.IsZero() {
+			return p.Node
+		}
+	}
+	return ""
+}
+
+// RunningWhileDrained returns, for every drain of a node by a Plan's Job that rec
+// recorded, the VMIs that were running on that node at the moment the drain started.
+// Harvester's pre-drain waits for every VMI to leave the node before it is drained
+// (harvester-node-upgrade.md, facts 24 and 33): a VMI still there is killed by the drain.
+func (k *KubeVirt) RunningWhileDrained(rec *Record) []string {
+	history := k.History()
+	nodes := map[string]bool{}
+	for _, p := range history {
+		nodes[p.Node] = true
+	}
+	var out []string
+	for node := range nodes {
+		for _, d := range rec.Drains(node) {
+			for _, p := range history {
+				if p.Node == node && !p.Start.After(d.At) && (p.End.IsZero() || p.End.After(d.At)) {
+					out = append(out, fmt.Sprintf("%s on %s at the drain of %s", p.VMI, node, d.At.Format(time.RFC3339Nano)))
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (k *KubeVirt) arrive(vmi, node, how string, at time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.history = append(k.history, VMIPlacement{VMI: vmi, Node: node, How: how, Start: at})
+}
+
+func (k *KubeVirt) leave(vmi string, at time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i := range k.history {
+		if k.history[i].VMI == vmi && k.history[i].End.IsZero() {
+			k.history[i].End = at
+		}
+	}
+}
+
+func (k *KubeVirt) inNamespace() []client.ListOption {
+	if k.Namespace == "" {
+		return nil
+	}
+	return []client.ListOption{client.InNamespace(k.Namespace)}
+}
+
+func (k *KubeVirt) migrationDelay() time.Duration {
+	if k.MigrationDelay > 0 {
+		return k.MigrationDelay
+	}
+	return 200 * time.Millisecond
+}
+
+// Run plays KubeVirt until ctx ends.
+func (k *KubeVirt) Run(ctx context.Context) {
+	interval := k.Interval
+	if interval == 0 {
+		interval = 50 * time.Millisecond
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = k.syncVMs(ctx)
+			_ = k.syncMigrations(ctx)
+		}
+	}
+}
+
+// wantsRunning is KubeVirt's reading of a VM's run strategy for a VM without a VMI:
+// Always and RerunOnFailure start one; Halted, Manual and Once leave it stopped (Manual
+// and Once are started through the start subresource, which this simulator does not
+// serve).
+func wantsRunning(vm *kubevirtv1.VirtualMachine) bool {
+	s, err := vm.RunStrategy()
+	return err == nil && (s == kubevirtv1.RunStrategyAlways || s == kubevirtv1.RunStrategyRerunOnFailure)
+}
+
+func halted(vm *kubevirtv1.VirtualMachine) bool {
+	s, err := vm.RunStrategy()
+	return err == nil && s == kubevirtv1.RunStrategyHalted
+}
+
+func (k *KubeVirt) syncVMs(ctx context.Context) error {
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := k.Client.List(ctx, vms, k.inNamespace()...); err != nil {
+		return err
+	}
+	vmis := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := k.Client.List(ctx, vmis, k.inNamespace()...); err != nil {
+		return err
+	}
+	nodes := &corev1.NodeList{}
+	if err := k.Client.List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
+		return err
+	}
+	byKey := map[string]*kubevirtv1.VirtualMachineInstance{}
+	for i := range vmis.Items {
+		byKey[vmis.Items[i].Namespace+"/"+vmis.Items[i].Name] = &vmis.Items[i]
+	}
+	for i := range vms.Items {
+		vm := &vms.Items[i]
+		key := vm.Namespace + "/" + vm.Name
+		vmi := byKey[key]
+		switch {
+		case vmi == nil && wantsRunning(vm):
+			if err := k.startVMI(ctx, vm, nodes.Items, byKey); err != nil {
+				return err
+			}
+		case vmi != nil && halted(vm) && vmi.DeletionTimestamp.IsZero():
+			if err := k.Client.Delete(ctx, vmi); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+			k.leave(key, time.Now())
+		case vmi != nil && vmi.Status.Phase == kubevirtv1.Scheduling:
+			if node := k.pick(vm, &vmi.Spec, nodes.Items, byKey, ""); node != "" {
+				if err := k.run(ctx, vmi, node); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// startVMI creates the VM's VMI, Running on a node that can take it, or Scheduling.
+func (k *KubeVirt) startVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine, nodes []corev1.Node, others map[string]*kubevirtv1.VirtualMachineInstance) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{
+		Name: vm.Name, Namespace: vm.Namespace, Labels: map[string]string{},
+		OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: kubevirtv1.GroupVersion.String(), Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID,
+			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+		}},
+	}}
+	if t := vm.Spec.Template; t != nil {
+		vmi.Spec = *t.Spec.DeepCopy()
+		for key, v := range t.ObjectMeta.Labels {
+			vmi.Labels[key] = v
+		}
+	}
+	migratable := corev1.ConditionTrue
+	reason := ""
+	if d := vmi.Spec.Domain.Devices; len(d.HostDevices) > 0 || len(d.GPUs) > 0 {
+		migratable, reason = corev1.ConditionFalse, kubevirtv1.VirtualMachineInstanceReasonHostDeviceNotMigratable
+	}
+	vmi.Status = kubevirtv1.VirtualMachineInstanceStatus{
+		Phase: kubevirtv1.Scheduling,
+		Conditions: []kubevirtv1.VirtualMachineInstanceCondition{
+			{Type: kubevirtv1.VirtualMachineInstanceIsMigratable, Status: migratable, Reason: reason},
+		},
+	}
+	node := k.pick(vm, &vmi.Spec, nodes, others, "")
+	if node != "" {
+		vmi.Labels[kubevirtv1.NodeNameLabel] = node
+		vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, node
+	}
+	// VirtualMachineInstance has no status subresource in KubeVirt's CRD: the status is
+	// written with the object.
+	if err := k.Client.Create(ctx, vmi); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return fmt.Errorf("start VMI %s/%s: %w", vm.Namespace, vm.Name, err)
+	}
+	if node != "" {
+		k.arrive(vm.Namespace+"/"+vm.Name, node, "started", time.Now())
+	}
+	return nil
+}
+
+// run puts a Scheduling VMI on node.
+func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, node string) error {
+	if vmi.Labels == nil {
+		vmi.Labels = map[string]string{}
+	}
+	vmi.Labels[kubevirtv1.NodeNameLabel] = node
+	vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, node
+	if err := k.Client.Update(ctx, vmi); err != nil {
+		return err
+	}
+	k.arrive(vmi.Namespace+"/"+vmi.Name, node, "started", time.Now())
+	return nil
+}
+
+// pick chooses a node for a VMI: the VM's PlaceOn node if it can take it, else the
+// schedulable node with the fewest VMIs (then the first by name), never exclude.
+func (k *KubeVirt) pick(vm *kubevirtv1.VirtualMachine, spec *kubevirtv1.VirtualMachineInstanceSpec, nodes []corev1.Node, vmis map[string]*kubevirtv1.VirtualMachineInstance, exclude string) string {
+	fits := map[string]bool{}
+	for i := range nodes {
+		if n := &nodes[i]; n.Name != exclude && canHost(n, spec) {
+			fits[n.Name] = true
+		}
+	}
+	if vm != nil {
+		k.mu.Lock()
+		want := k.places[vm.Namespace+"/"+vm.Name]
+		k.mu.Unlock()
+		if fits[want] {
+			return want
+		}
+	}
+	load := map[string]int{}
+	for _, v := range vmis {
+		if v.Status.NodeName != "" {
+			load[v.Status.NodeName]++
+		}
+	}
+	best := ""
+	for name := range fits {
+		if best == "" || load[name] < load[best] || (load[name] == load[best] && name < best) {
+			best = name
+		}
+	}
+	return best
+}
+
+// canHost says whether the scheduler would bind a VMI's pod to node: Ready, not
+// cordoned, not a witness (Harvester taints those for etcd only), and within the VMI's
+// nodeSelector and required node affinity.
+func canHost(node *corev1.Node, spec *kubevirtv1.VirtualMachineInstanceSpec) bool {
+	if node.Spec.Unschedulable || node.Labels["node-role.harvesterhci.io/witness"] == "true" {
+		return false
+	}
+	ready := false
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	if !ready {
+		return false
+	}
+	for key, v := range spec.NodeSelector {
+		if node.Labels[key] != v {
+			return false
+		}
+	}
+	if a := spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		ok, err := corev1helpers.MatchNodeSelectorTerms(node, a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+		return err == nil && ok
+	}
+	return true
+}
+
+func (k *KubeVirt) syncMigrations(ctx context.Context) error {
+	migrations := &kubevirtv1.VirtualMachineInstanceMigrationList{}
+	if err := k.Client.List(ctx, migrations, k.inNamespace()...); err != nil {
+		return err
+	}
+	for i := range migrations.Items {
+		m := &migrations.Items[i]
+		if m.Status.Phase == kubevirtv1.MigrationSucceeded || m.Status.Phase == kubevirtv1.MigrationFailed || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := k.migrate(ctx, m); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInstanceMigration) error {
+	if m.Labels[kubevirtv1.MigrationSelectorLabel] != m.Spec.VMIName {
+		if m.Labels == nil {
+			m.Labels = map[string]string{}
+		}
+		m.Labels[kubevirtv1.MigrationSelectorLabel] = m.Spec.VMIName
+		return k.Client.Update(ctx, m) // seen again on the next pass
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := k.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.VMIName}, vmi); err != nil {
+		if apierrors.IsNotFound(err) {
+			return k.endMigration(ctx, m, nil, fmt.Sprintf("VMI %s/%s does not exist", m.Namespace, m.Spec.VMIName))
+		}
+		return err
+	}
+	for _, c := range vmi.Status.Conditions {
+		if c.Type == kubevirtv1.VirtualMachineInstanceIsMigratable && c.Status == corev1.ConditionFalse {
+			return k.endMigration(ctx, m, nil, fmt.Sprintf("Cannot migrate VMI, Reason: %s", c.Reason))
+		}
+	}
+	if m.Status.Phase == kubevirtv1.MigrationPhaseUnset {
+		m.Status.Phase = kubevirtv1.MigrationPending
+		m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
+			kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationPending, PhaseTransitionTimestamp: metav1.Now()})
+		return k.Client.Status().Update(ctx, m)
+	}
+	if time.Since(m.CreationTimestamp.Time) < k.migrationDelay() {
+		return nil
+	}
+	source := vmi.Status.NodeName
+	state := &kubevirtv1.VirtualMachineInstanceMigrationState{
+		SourceNode: source, MigrationUID: m.UID, StartTimestamp: &m.CreationTimestamp,
+	}
+	k.mu.Lock()
+	reason := k.failures[m.Namespace+"/"+m.Spec.VMIName]
+	k.mu.Unlock()
+	if reason != "" {
+		return k.endMigration(ctx, m, state, reason)
+	}
+	nodes := &corev1.NodeList{}
+	if err := k.Client.List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
+		return err
+	}
+	vmis := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := k.Client.List(ctx, vmis, k.inNamespace()...); err != nil {
+		return err
+	}
+	others := map[string]*kubevirtv1.VirtualMachineInstance{}
+	for i := range vmis.Items {
+		others[vmis.Items[i].Namespace+"/"+vmis.Items[i].Name] = &vmis.Items[i]
+	}
+	target := k.pick(nil, &vmi.Spec, nodes.Items, others, source)
+	if target == "" {
+		return k.endMigration(ctx, m, state, "the migration target pod could not be scheduled: no other node can run the VMI")
+	}
+	now := metav1.Now()
+	state.TargetNode, state.EndTimestamp, state.Completed = target, &now, true
+	vmi.Labels[kubevirtv1.NodeNameLabel] = target
+	vmi.Status.NodeName = target
+	vmi.Status.MigrationState = state.DeepCopy()
+	if err := k.Client.Update(ctx, vmi); err != nil {
+		return err
+	}
+	key := vmi.Namespace + "/" + vmi.Name
+	k.leave(key, now.Time)
+	k.arrive(key, target, "migrated", now.Time)
+	m.Status.Phase, m.Status.MigrationState = kubevirtv1.MigrationSucceeded, state
+	m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
+		kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationSucceeded, PhaseTransitionTimestamp: now})
+	return k.Client.Status().Update(ctx, m)
+}
+
+// endMigration fails a migration with reason, as KubeVirt reports it: phase Failed and
+// a migration state that is failed with the reason.
+func (k *KubeVirt) endMigration(ctx context.Context, m *kubevirtv1.VirtualMachineInstanceMigration, state *kubevirtv1.VirtualMachineInstanceMigrationState, reason string) error {
+	if state == nil {
+		state = &kubevirtv1.VirtualMachineInstanceMigrationState{MigrationUID: m.UID}
+	}
+	now := metav1.Now()
+	state.EndTimestamp, state.Failed, state.FailureReason = &now, true, reason
+	m.Status.Phase, m.Status.MigrationState = kubevirtv1.MigrationFailed, state
+	m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
+		kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationFailed, PhaseTransitionTimestamp: now})
+	return k.Client.Status().Update(ctx, m)
+}
