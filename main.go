@@ -269,7 +269,7 @@ func run(opts options) error {
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
 		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
 	}, &extension.InPlaceHooks{
-		Client: mgr.GetClient(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
 		RetryAfterSeconds: hookRetryAfter(opts.pollInterval),
 	})
 	if err != nil {

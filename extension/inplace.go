@@ -55,6 +55,11 @@ const (
 type InPlaceHooks struct {
 	// Client reads from the manager's cache.
 	Client client.Client
+	// Reader reads from the API server itself. Cluster API marks a Machine for an
+	// in-place update and calls UpdateMachine at once, so the cache may not show the mark
+	// yet: a Machine the cache shows unmarked is read again through Reader before the
+	// call is refused. Nil trusts the cache.
+	Reader client.Reader
 	// Requester admits the UpgradeTask that UpdateMachine hands machines to.
 	Requester *upgraderequest.Requester
 	// Registry holds the updaters the manager runs, and what they change in place.
@@ -362,6 +367,14 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	if desired.Spec.ClusterName != "" && desired.Spec.ClusterName != machine.Spec.ClusterName {
 		call.fail(upgraderequest.ReasonNotPartOfCluster, failuref("Machine %s/%s belongs to Cluster %s, not to Cluster %s named in the request", machine.Namespace, machine.Name, machine.Spec.ClusterName, desired.Spec.ClusterName))
 		return
+	}
+	if !markedForUpdate(machine) && h.Reader != nil {
+		fresh := &clusterv1.Machine{}
+		if err := h.Reader.Get(ctx, client.ObjectKeyFromObject(desired), fresh); err != nil {
+			call.fail(HookReasonAPIError, fmt.Errorf("read Machine %s/%s: %w", desired.Namespace, desired.Name, err))
+			return
+		}
+		machine = fresh
 	}
 	if !markedForUpdate(machine) {
 		call.fail(HookReasonNotMarked, failuref("Machine %s/%s is not marked for an in-place update by Cluster API: it needs the annotation %s and %s in its %s annotation, which Cluster API sets before it calls this hook; capi-inplace changed nothing",

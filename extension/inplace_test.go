@@ -836,6 +836,33 @@ var _ = Describe("UpdateMachine guards", func() {
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 	})
 
+	// Cluster API marks a Machine and calls UpdateMachine at once: the manager's cache
+	// may not have seen the mark yet (test/e2e saw "not marked" under load).
+	It("reads a Machine its cache shows unmarked again from the API server before refusing it", func() {
+		w.controlPlaneRuns(toVersion)
+		stale := &clusterv1.Machine{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(w.workers[0]), stale)).To(Succeed())
+		m := setDesiredVersion(w.workers[0], toVersion)
+		lagging := &staleMachines{Client: k8s, machines: map[client.ObjectKey]*clusterv1.Machine{client.ObjectKeyFromObject(stale): stale}}
+
+		By("with only the lagging cache, the call is refused")
+		cacheOnly := newInPlaceHooks("")
+		cacheOnly.Client = lagging
+		resp := &runtimehooksv1.UpdateMachineResponse{}
+		cacheOnly.UpdateMachine(ctx, updateMachineRequest(m, nil), resp)
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
+		Expect(resp.Message).To(ContainSubstring("is not marked for an in-place update"))
+		Expect(w.tasks()).To(BeEmpty())
+
+		By("with the API server behind it, the mark is seen and the machine handed over")
+		withReader := newInPlaceHooks("")
+		withReader.Client, withReader.Reader = lagging, k8s
+		resp = &runtimehooksv1.UpdateMachineResponse{}
+		withReader.UpdateMachine(ctx, updateMachineRequest(m, nil), resp)
+		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
+		Expect(w.tasks()).To(HaveLen(1))
+	})
+
 	It("answers done, and creates no task, for a machine already at the target", func() {
 		By("its release annotation says so")
 		m := setDesiredVersion(w.workers[0], toVersion)
@@ -943,3 +970,20 @@ var _ = Describe("UpdateMachine guards", func() {
 		}
 	})
 })
+
+// staleMachines is a cache that has not seen the latest writes of some Machines: Get
+// returns the copies it holds for them; everything else goes to the API server.
+type staleMachines struct {
+	client.Client
+	machines map[client.ObjectKey]*clusterv1.Machine
+}
+
+func (c *staleMachines) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if m, ok := obj.(*clusterv1.Machine); ok {
+		if stale := c.machines[key]; stale != nil {
+			stale.DeepCopyInto(m)
+			return nil
+		}
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}

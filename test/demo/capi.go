@@ -286,26 +286,11 @@ func (c *capiPlayer) updateMachine(ctx context.Context, name string, controlPlan
 	return nil
 }
 
-// notMarkedGrace is how long the demo calls UpdateMachine again when the hook answers
-// that the Machine is not marked for an in-place update: the manager reads Machines from
-// its cache, which may not hold yet the marks the demo has just written. Cluster API's
-// Machine controller, which reads its own cache and retries a failed hook, gets over it
-// the same way.
-const notMarkedGrace = 5 * time.Second
-
+// callUpdateMachine calls the hook once, as Cluster API does: the manager reads a Machine
+// its cache shows unmarked again from the API server, so the marks the demo has just
+// written are seen.
 func (c *capiPlayer) callUpdateMachine(ctx context.Context, req *runtimehooksv1.UpdateMachineRequest, resp *runtimehooksv1.UpdateMachineResponse) error {
-	deadline := time.Now().Add(notMarkedGrace)
-	for {
-		err := c.hooks.Call(ctx, runtimehooksv1.UpdateMachine, extension.UpdateMachineHandlerName, req, resp)
-		if err != nil || resp.Status != runtimehooksv1.ResponseStatusFailure ||
-			!strings.Contains(resp.Message, "is not marked for an in-place update") || time.Now().After(deadline) {
-			return err
-		}
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
-			return err
-		}
-		*resp = runtimehooksv1.UpdateMachineResponse{}
-	}
+	return c.hooks.Call(ctx, runtimehooksv1.UpdateMachine, extension.UpdateMachineHandlerName, req, resp)
 }
 
 // rawObject is an object as CAPI's cleanupUnstructured leaves it, serialized.
