@@ -81,6 +81,12 @@ type Updater struct {
 	RepositoryURL func(inClusterURL string) string
 	// PollInterval is how often a running step is looked at again. Default 5s.
 	PollInterval time.Duration
+	// NodeImage is the manager's own node image, fully tagged (the manager's
+	// --harvester-node-image): what a HarvesterUpgrader without images.node runs on the
+	// nodes.
+	NodeImage string
+	// Version is the manager's version, the tag an untagged images.node gets.
+	Version string
 }
 
 var _ nodeupdater.Updater = &Updater{}
@@ -177,6 +183,9 @@ func (u *Updater) config(ctx context.Context, namespace, name string) (*harveste
 			return nil, nodeupdater.Permanentf("UpdaterConfigNotFound", "HarvesterUpgrader %s/%s does not exist: create it, or point updaterRef at an existing one", namespace, name)
 		}
 		return nil, fmt.Errorf("get HarvesterUpgrader %s/%s: %w", namespace, name, err)
+	}
+	if err := u.resolveImages(cfg); err != nil {
+		return nil, err
 	}
 	return cfg, nil
 }
