@@ -10,13 +10,16 @@ ARG GOPROXY
 ARG GOSUMDB
 ARG GOPRIVATE
 ARG VERSION=dev
+# The image's own reference, stamped into the binary as the manager's default
+# --harvester-node-image (Makefile, IMG); empty keeps the binary's built-in default.
+ARG IMG=
 WORKDIR /workspace
 # Dependencies first, so that a source change does not download them again.
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-# The same build a developer runs: `make build` (static, trimmed, version stamped).
-RUN make build VERSION=${VERSION}
+# The same build a developer runs: `make build` (static, trimmed, version and image stamped).
+RUN make build VERSION=${VERSION} ${IMG:+IMG=${IMG}}
 
 FROM gcr.io/distroless/static:nonroot
 LABEL org.opencontainers.image.source="https://github.com/capi-inplace/capi-inplace" \

@@ -21,7 +21,12 @@ export KUSTOMIZE
 VERSION   ?= dev
 IMAGE_REPO ?= ghcr.io/capi-inplace/capi-inplace
 IMAGE_TAG  ?= $(VERSION)
-LDFLAGS   := -s -w -X main.version=$(VERSION)
+# IMG is the one image (manager and node program). The version and IMG are stamped into
+# the binary: the manager's default --harvester-node-image is IMG, the image docker-build
+# builds from this binary, so the Harvester updater's Plans run the node program of the
+# manager that wrote them.
+IMG       ?= $(IMAGE_REPO):$(IMAGE_TAG)
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.nodeImage=$(IMG)
 
 # The test control plane: kube-apiserver, etcd and kubectl built from their Go modules
 # (hack/tools/*), never downloaded as release binaries.
@@ -62,9 +67,19 @@ help: ## Show the targets.
 build: ## Build the manager binary (static) into bin/capi-inplace.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/capi-inplace .
 
+# The container engine: docker if found, else podman; CONTAINER_TOOL=... picks another.
+CONTAINER_TOOL ?= $(shell command -v docker >/dev/null 2>&1 && echo docker || { command -v podman >/dev/null 2>&1 && echo podman; })
+
 .PHONY: docker-build
-docker-build: ## Build the container image (needs a container engine; none runs on the CI machines).
-	docker build --build-arg VERSION=$(VERSION) --build-arg GOPROXY="$$($(GO) env GOPROXY)" -t $(IMAGE_REPO):$(IMAGE_TAG) .
+docker-build: ## Build the one image (manager and node program) as $(IMG) with docker or podman (CONTAINER_TOOL).
+	@if [ -z "$(CONTAINER_TOOL)" ] || ! command -v "$(CONTAINER_TOOL)" >/dev/null 2>&1; then \
+		echo "docker-build: no container engine found (looked for docker and podman; CONTAINER_TOOL='$(CONTAINER_TOOL)'). Install one, or set CONTAINER_TOOL to its command. 'make build' builds the binary without one." >&2; \
+		exit 1; \
+	fi
+	@$(CONTAINER_TOOL) info >/dev/null 2>&1 || { \
+		echo "docker-build: $(CONTAINER_TOOL) is installed but its engine does not answer ('$(CONTAINER_TOOL) info' fails): start it (for docker, the daemon), or set CONTAINER_TOOL to another engine." >&2; \
+		exit 1; }
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg IMG=$(IMG) --build-arg GOPROXY="$$($(GO) env GOPROXY)" -t $(IMG) .
 
 .PHONY: release-manifests
 release-manifests: $(KUSTOMIZE) ## Write clusterctl's out/runtime-extension-components.yaml and out/metadata.yaml.

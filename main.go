@@ -61,6 +61,18 @@ import (
 // version is stamped by `make build` (-X main.version=...).
 var version = "dev"
 
+// nodeImage is the image this binary is built into, stamped by `make build`
+// (-X main.nodeImage=$(IMG)), the default of --harvester-node-image. Unstamped, it is
+// harvesteradapter.DefaultNodeImageRepository at version.
+var nodeImage = ""
+
+func defaultNodeImage() string {
+	if nodeImage != "" {
+		return nodeImage
+	}
+	return harvesteradapter.DefaultNodeImageRepository + ":" + version
+}
+
 // options are the manager's flags (DESIGN.md section 8).
 type options struct {
 	webhookPort             int
@@ -75,6 +87,7 @@ type options struct {
 	defaultUpdater          string
 	pollInterval            time.Duration
 	webhookClientCA         string
+	harvesterNodeImage      string
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
@@ -89,6 +102,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease; defaults to the manager's own namespace in a cluster")
 	fs.IntVar(&o.concurrency, "concurrency", 10, "how many objects of each kind are reconciled at once")
 	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
+	fs.StringVar(&o.harvesterNodeImage, "harvester-node-image", defaultNodeImage(), "the image whose node program (capi-inplace node ...) the Harvester updater runs on nodes when a HarvesterUpgrader leaves images.node empty; a tag or digest is required. The default is this manager's own image at its version")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set). Short values are for simulated clusters (make demo, tests)")
 }
 
@@ -174,6 +188,9 @@ func run(opts options) error {
 	if opts.pollInterval < 0 {
 		return fmt.Errorf("--poll-interval must not be negative, got %s", opts.pollInterval)
 	}
+	if err := harvesteradapter.CheckNodeImage(opts.harvesterNodeImage); err != nil {
+		return fmt.Errorf("--harvester-node-image: %w", err)
+	}
 
 	scheme, err := newScheme()
 	if err != nil {
@@ -223,8 +240,10 @@ func run(opts options) error {
 	registry := nodeupdater.NewRegistry()
 	updaters := []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval}).Registration(),
-		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
-			Recorder: mgr.GetEventRecorder("harvester-updater")}).Registration(),
+		(&harvesteradapter.Updater{
+			Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
+			NodeImage: opts.harvesterNodeImage, Version: version, Recorder: mgr.GetEventRecorder("harvester-updater"),
+		}).Registration(),
 	}
 	for _, reg := range updaters {
 		if err := registry.Register(reg); err != nil {
@@ -299,7 +318,7 @@ func run(opts options) error {
 	}
 
 	log.Info("starting manager", "version", version, "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
-		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater)
+		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater, "harvesterNodeImage", opts.harvesterNodeImage)
 	return mgr.Start(ctx)
 }
 

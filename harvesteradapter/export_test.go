@@ -10,7 +10,12 @@ import (
 // PlanName is planName for the package's external tests; kind is preload, rke2 or os.
 func PlanName(kind string, nu *inplacev1.NodeUpdate) string { return planName(planKind(kind), nu) }
 
-// PlanForNode is planForNode for the package's external tests.
-func PlanForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind, repositoryURL string) *sucv1.Plan {
+// PlanForNode is planForNode for the package's external tests, with cfg's images
+// resolved by u as they are when a node starts.
+func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind, repositoryURL string) *sucv1.Plan {
+	cfg = cfg.DeepCopy()
+	if err := u.resolveImages(cfg); err != nil {
+		panic(err)
+	}
 	return planForNode(cfg, nu, planKind(kind), repositoryURL)
 }

@@ -43,10 +43,35 @@ const (
 	AnnotationNode = "harvester.inplace.cluster.x-k8s.io/node"
 )
 
-// upgradeScript is the entry point of the harvester-upgrade image's node phases:
-// prepare (preload the release's images), pre-drain (evacuate virtual machines) and
-// post-drain (install the operating system and reboot).
-const upgradeScript = "upgrade_node.sh"
+// hostRoot is where SUC mounts the node's / in every container of a Plan's Job
+// (shared/facts/suc.md, facts 30 and 31), the node program's --host-root.
+const hostRoot = "/host"
+
+// nodeProgram is the container that runs one node program subcommand (nodeprogram/) from
+// the node image: the subcommand's words, the host root SUC mounts, the repository the
+// node reads the release from and the release it must hold (the subcommand refuses a
+// repository of another release). The node program takes no node name: it works on the
+// host it runs on, and names itself by SUC's SYSTEM_UPGRADE_POD_NAME.
+func nodeProgram(image string, subcommand []string, repositoryURL, release string, sc *corev1.SecurityContext) *sucv1.ContainerSpec {
+	args := append(append([]string{"node"}, subcommand...),
+		"--host-root="+hostRoot, "--repository-url="+repositoryURL, "--version="+release)
+	return &sucv1.ContainerSpec{Image: image, Command: []string{nodeProgramBinary}, Args: args, SecurityContext: sc}
+}
+
+// hostRootUser is the security context of a node program container that only changes
+// files on the host: root, which the image's user 65532 is not. SUC honours a Plan
+// container's securityContext as given (fact 37), so the user must be said here.
+func hostRootUser() *corev1.SecurityContext {
+	return &corev1.SecurityContext{RunAsUser: ptr.To[int64](0)}
+}
+
+// privilegedRoot is the security context of a node program container that mounts, runs
+// host tools against host sockets and devices (containerd, loop devices, systemd):
+// privileged, and root. Privileged alone keeps the image's user 65532, which can neither
+// chroot nor mount.
+func privilegedRoot() *corev1.SecurityContext {
+	return &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)}
+}
 
 // planName is the deterministic name of one NodeUpdate's Plan of one kind:
 // capi-inplace-<kind>-<node>-<hash>, the hash taken of the node and the NodeUpdate's UID
@@ -91,7 +116,9 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 		{Name: "HARVESTER_RELEASE", Value: release},
 		{Name: "KUBERNETES_VERSION", Value: nu.Spec.Version},
 	}
-	harvesterImage := imageWithTag(spec.Images.OSUpgrade, release)
+	// The node image, resolved and tagged with the manager's version before the
+	// snapshot was taken (images.go).
+	harvesterImage := spec.Images.Node
 	plan := &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        planName(kind, nu),
@@ -114,7 +141,7 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 	switch kind {
 	case planPreload:
 		plan.Spec.Version = release
-		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"prepare"}, Env: env}
+		plan.Spec.Upgrade = nodeProgram(harvesterImage, []string{"preload"}, repositoryURL, release, privilegedRoot())
 	case planDrain:
 		// Only kubectl drain: the updater evacuated the virtual machines through
 		// KubeVirt's API before (EvacuateVMs). Harvester's pre-drain script cannot do it
@@ -127,11 +154,14 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 		plan.Spec.Version = nu.Spec.Version
 		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: imageWithTag(spec.Images.RKE2Upgrade, mungeVersion(nu.Spec.Version)), Env: env}
 	case planOS:
+		// Harvester's post-drain, after RKE2 is upgraded: remove the RKE2 archives preload
+		// placed (fact 26.4), then install the OS. os-upgrade exits once the reboot is
+		// scheduled on the host a minute later, so SUC records the Job as succeeded and
+		// labels the node first (fact 28's order); the OS step then waits for the node
+		// to come back Ready on the release.
 		plan.Spec.Version = release
-		plan.Spec.Upgrade = &sucv1.ContainerSpec{
-			Image: harvesterImage, Command: []string{upgradeScript}, Args: []string{"post-drain"}, Env: env,
-			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-		}
+		plan.Spec.Prepare = nodeProgram(harvesterImage, []string{"remove-archives"}, repositoryURL, release, hostRootUser())
+		plan.Spec.Upgrade = nodeProgram(harvesterImage, []string{"os-upgrade"}, repositoryURL, release, privilegedRoot())
 	}
 	return plan
 }

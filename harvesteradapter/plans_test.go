@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -14,14 +16,21 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
+// testNodeImage is the node image testUpgrader resolves to: the manager's own image at
+// the manager's version (images.go).
+const testNodeImage = "ghcr.io/capi-inplace/capi-inplace:v0.4.0"
+
+// testUpgrader is a HarvesterUpgrader as the updater works with it: defaults applied and
+// images.node resolved.
 func testUpgrader() *harvesterv1.HarvesterUpgrader {
 	return &harvesterv1.HarvesterUpgrader{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"},
 		Spec: harvesterv1.HarvesterUpgraderSpec{
 			Release:                 harvesterv1.Release{Version: "v1.6.0", RepositoryURL: "http://repo.example"},
-			Images:                  harvesterv1.Images{RKE2Upgrade: "rancher/rke2-upgrade", OSUpgrade: "rancher/harvester-upgrade"},
+			Images:                  harvesterv1.Images{RKE2Upgrade: "rancher/rke2-upgrade", Node: testNodeImage},
 			SystemUpgradeController: harvesterv1.SystemUpgradeController{Namespace: "cattle-system", ServiceAccountName: "system-upgrade-controller"},
 		},
 	}
@@ -153,35 +162,95 @@ func TestDrainTimeout(t *testing.T) {
 	}
 }
 
-func TestOSAndPreloadPlans(t *testing.T) {
+func TestOSPlan(t *testing.T) {
 	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
-	osPlan := planForNode(cfg, nu, planOS, "http://repo.example")
-	if osPlan.Spec.Version != "v1.6.0" || strings.Join(osPlan.Spec.Upgrade.Args, " ") != "post-drain" || !*osPlan.Spec.Upgrade.SecurityContext.Privileged {
-		t.Errorf("os plan %+v", osPlan.Spec.Upgrade)
+	p := planForNode(cfg, nu, planOS, "http://repo.example")
+	if p.Spec.Version != "v1.6.0" {
+		t.Errorf("version %q, want the release", p.Spec.Version)
 	}
-	if osPlan.Spec.Upgrade.Image != "rancher/harvester-upgrade:v1.6.0" {
-		t.Errorf("os image %s, want the release's tag", osPlan.Spec.Upgrade.Image)
-	}
-	if len(osPlan.Spec.Upgrade.Volumes) != 0 {
-		t.Errorf("volumes %+v: SUC mounts the host's / at /host itself; another host-root makes the Job invalid", osPlan.Spec.Upgrade.Volumes)
-	}
-	if osPlan.Spec.Cordon || osPlan.Spec.Drain != nil {
-		t.Errorf("the OS plan must not cordon: SUC would uncordon the node when it completes")
-	}
-	if *osPlan.Spec.JobActiveDeadlineSecs != 2700 {
-		t.Errorf("jobActiveDeadlineSecs %d, want the OS step's 45m", *osPlan.Spec.JobActiveDeadlineSecs)
-	}
-	preload := planForNode(cfg, nu, planPreload, "http://repo.example")
-	if preload.Spec.Cordon || preload.Spec.Drain != nil {
-		t.Errorf("the preload plan must leave the node in service")
-	}
-	found := false
-	for _, e := range preload.Spec.Upgrade.Env {
-		if e.Name == "UPGRADE_REPO_URL" && e.Value == "http://repo.example" {
-			found = true
+	// Harvester's post-drain removes the RKE2 archives, then installs the OS (fact 26).
+	for _, c := range []struct {
+		name string
+		got  *sucv1.ContainerSpec
+		args string
+		sc   *corev1.SecurityContext
+	}{
+		{"prepare", p.Spec.Prepare, "node remove-archives --host-root=/host --repository-url=http://repo.example --version=v1.6.0",
+			&corev1.SecurityContext{RunAsUser: ptr.To[int64](0)}},
+		{"upgrade", p.Spec.Upgrade, "node os-upgrade --host-root=/host --repository-url=http://repo.example --version=v1.6.0",
+			&corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)}},
+	} {
+		if c.got == nil {
+			t.Fatalf("%s: no container", c.name)
+		}
+		if c.got.Image != testNodeImage || strings.Join(c.got.Command, " ") != "/capi-inplace" || strings.Join(c.got.Args, " ") != c.args {
+			t.Errorf("%s runs %s %v %v, want %s /capi-inplace %s", c.name, c.got.Image, c.got.Command, c.got.Args, testNodeImage, c.args)
+		}
+		// SUC honours a container's securityContext as given (fact 37): the image's
+		// user 65532 must be replaced by root, or the node program cannot chroot.
+		if !equality.Semantic.DeepEqual(c.got.SecurityContext, c.sc) {
+			t.Errorf("%s securityContext %+v, want %+v", c.name, c.got.SecurityContext, c.sc)
+		}
+		if len(c.got.Volumes) != 0 {
+			t.Errorf("%s volumes %+v: SUC mounts the host's / at /host itself; another host-root makes the Job invalid", c.name, c.got.Volumes)
 		}
 	}
-	if !found {
-		t.Errorf("preload env %v lacks the repository URL", preload.Spec.Upgrade.Env)
+	if p.Spec.Cordon || p.Spec.Drain != nil {
+		t.Errorf("the OS plan must not cordon: SUC would uncordon the node when it completes")
+	}
+	if *p.Spec.JobActiveDeadlineSecs != 2700 {
+		t.Errorf("jobActiveDeadlineSecs %d, want the OS step's 45m", *p.Spec.JobActiveDeadlineSecs)
+	}
+}
+
+func TestPreloadPlan(t *testing.T) {
+	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
+	p := planForNode(cfg, nu, planPreload, "http://capi-inplace-repo-v1-6-0.harvester-system.svc")
+	if p.Spec.Cordon || p.Spec.Drain != nil || p.Spec.Prepare != nil {
+		t.Errorf("the preload plan must leave the node in service and run one container")
+	}
+	u := p.Spec.Upgrade
+	want := "node preload --host-root=/host --repository-url=http://capi-inplace-repo-v1-6-0.harvester-system.svc --version=v1.6.0"
+	if u.Image != testNodeImage || strings.Join(u.Command, " ") != "/capi-inplace" || strings.Join(u.Args, " ") != want {
+		t.Errorf("preload runs %s %v %v, want %s /capi-inplace %s", u.Image, u.Command, u.Args, testNodeImage, want)
+	}
+	if sc := u.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		t.Errorf("securityContext %+v: preload imports into the host's containerd, privileged and as root", sc)
+	}
+	if p.Spec.Version != "v1.6.0" || *p.Spec.JobActiveDeadlineSecs != 1800 {
+		t.Errorf("version %q deadline %d", p.Spec.Version, *p.Spec.JobActiveDeadlineSecs)
+	}
+}
+
+func TestResolveImages(t *testing.T) {
+	u := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
+	for _, tc := range []struct{ in, want, reason string }{
+		{in: "", want: "ghcr.io/capi-inplace/capi-inplace:v0.4.0"},
+		{in: "registry.local:5000/capi-inplace", want: "registry.local:5000/capi-inplace:v0.4.0"},
+		{in: "registry.local:5000/capi-inplace:v0.3.9", want: "registry.local:5000/capi-inplace:v0.3.9"},
+		{in: "registry.local/capi-inplace@sha256:0123", want: "registry.local/capi-inplace@sha256:0123"},
+	} {
+		cfg := testUpgrader()
+		cfg.Spec.Images.Node = tc.in
+		if err := u.resolveImages(cfg); err != nil || cfg.Spec.Images.Node != tc.want {
+			t.Errorf("images.node %q resolves to %q, %v; want %q", tc.in, cfg.Spec.Images.Node, err, tc.want)
+		}
+	}
+	cfg := testUpgrader()
+	cfg.Spec.Images.Node = ""
+	if err := (&Updater{}).resolveImages(cfg); err == nil {
+		t.Errorf("no images.node and no manager node image: resolved to %q", cfg.Spec.Images.Node)
+	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "NoNodeImage" {
+		t.Errorf("error %v, want the permanent NoNodeImage", err)
+	}
+	for _, bad := range []string{"", "ghcr.io/capi-inplace/capi-inplace", "localhost:5000/capi-inplace", "a b:v1"} {
+		if CheckNodeImage(bad) == nil {
+			t.Errorf("--harvester-node-image %q accepted", bad)
+		}
+	}
+	for _, good := range []string{"ghcr.io/capi-inplace/capi-inplace:dev", "localhost:5000/capi-inplace:v0.4.0", "r.example/c@sha256:00"} {
+		if err := CheckNodeImage(good); err != nil {
+			t.Errorf("--harvester-node-image %q refused: %v", good, err)
+		}
 	}
 }

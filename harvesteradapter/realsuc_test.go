@@ -81,7 +81,7 @@ func TestRealSUC(t *testing.T) {
 		var plans [2]*sucv1.Plan
 		var jobs [2]*batchv1.Job
 		for i, s := range sides {
-			plans[i] = harvesteradapter.PlanForNode(upgraderFor(s), nodeUpdateFor(s), kind, "http://repo.example")
+			plans[i] = harvesteradapter.PlanForNode(&harvesteradapter.Updater{Version: "v0.4.0"}, upgraderFor(s), nodeUpdateFor(s), kind, "http://repo.example")
 			require(t, c.Create(ctx, plans[i]))
 		}
 		for i, s := range sides {
@@ -151,7 +151,7 @@ func upgraderFor(s side) *harvesterv1.HarvesterUpgrader {
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"},
 		Spec: harvesterv1.HarvesterUpgraderSpec{
 			Release:                 harvesterv1.Release{Version: "v1.6.1", RepositoryURL: "http://repo.example"},
-			Images:                  harvesterv1.Images{RKE2Upgrade: "rancher/rke2-upgrade", OSUpgrade: "rancher/harvester-upgrade", Kubectl: "rancher/kubectl:v1.30.3"},
+			Images:                  harvesterv1.Images{RKE2Upgrade: "rancher/rke2-upgrade", Node: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Kubectl: "rancher/kubectl:v1.30.3"},
 			SystemUpgradeController: harvesterv1.SystemUpgradeController{Namespace: s.namespace, ServiceAccountName: "system-upgrade-controller"},
 		},
 	}

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -31,9 +32,18 @@ const (
 	repositoryPort = 80
 	// releaseMetadataPath is where the repository serves the release metadata.
 	releaseMetadataPath = "/harvester-release.yaml"
-	// downloaderContainer is the init container of the leader that downloads the ISO
-	// and checks its checksum.
+	// downloaderContainer is the init container of every repository pod that runs
+	// `capi-inplace node repository download`: the leader downloads the ISO and checks
+	// its checksum, the others wait for it.
 	downloaderContainer = "download"
+	// mounterContainer runs `capi-inplace node repository mount --hold`.
+	mounterContainer = "mount"
+	// repositoryVolumePath is where the shared volume is mounted in the repository pods.
+	repositoryVolumePath = "/repository"
+	// repositoryISOFile is the ISO's name on the shared volume.
+	repositoryISOFile = "harvester.iso"
+	// repositoryMountPath is where the mounter mounts the ISO, in the emptyDir nginx serves.
+	repositoryMountPath = "/iso"
 )
 
 // repositoryName is the name of the repository of a release: one per workload cluster
@@ -53,11 +63,12 @@ func repositoryServiceURL(release string) string {
 }
 
 // repositoryObjects are the PVC, Deployment and Service of the pod-based upgrade
-// repository of the Harvester upgrade enhancement: the pods share a ReadWriteMany
-// volume; the leader (first pod to take the lock file) downloads the ISO and checks its
-// SHA-512 while the others wait for the ready flag; a privileged sidecar loop-mounts the
-// ISO with bidirectional mount propagation; nginx serves the mounted tree; the pods are
-// ready once /harvester-release.yaml is served, and spread across nodes.
+// repository of the Harvester upgrade enhancement, run by the node program of the node
+// image: the pods share a ReadWriteMany volume; the leader (first pod to take the lock
+// file) downloads the ISO and checks its SHA-512 while the others wait for the ready
+// flag; a privileged sidecar loop-mounts the ISO with bidirectional mount propagation;
+// nginx serves the mounted tree; the pods are ready once /harvester-release.yaml is
+// served, and spread across nodes.
 func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVolumeClaim, *appsv1.Deployment, *corev1.Service, error) {
 	spec := cfg.Spec
 	name := repositoryName(spec.Release.Version)
@@ -76,12 +87,16 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 		},
 	}
 
-	env := []corev1.EnvVar{
-		{Name: "ISO_URL", Value: spec.Release.ISOURL},
-		{Name: "ISO_CHECKSUM_SHA512", Value: spec.Release.ISOChecksum},
-		{Name: "HARVESTER_RELEASE", Value: spec.Release.Version},
-		{Name: "REPOSITORY_DIR", Value: "/repository"},
-	}
+	// The node program's repository subcommands (nodeprogram/repository.go): the leader
+	// downloads into the shared volume and checks the SHA-512, the others wait for its
+	// ready flag; the mounter loop-mounts the checked ISO where nginx serves it. The pod
+	// name identifies a downloader in the leader lock.
+	node := spec.Images.Node
+	download := []string{"node", "repository", "download", "--dir=" + repositoryVolumePath,
+		"--iso-url=" + spec.Release.ISOURL, "--sha512=" + spec.Release.ISOChecksum, "--file=" + repositoryISOFile}
+	mount := []string{"node", "repository", "mount", "--image=" + repositoryVolumePath + "/" + repositoryISOFile,
+		"--target=" + repositoryMountPath, "--hold"}
+	podName := []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
 	bidirectional := corev1.MountPropagationBidirectional
 	hostToContainer := corev1.MountPropagationHostToContainer
 	dep := &appsv1.Deployment{
@@ -103,19 +118,23 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 					}},
 					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 					InitContainers: []corev1.Container{{
-						Name: downloaderContainer, Image: spec.Images.Repository,
-						Command: []string{"upgrade-repository", "download"}, Env: env,
+						Name: downloaderContainer, Image: node, Command: []string{nodeProgramBinary}, Args: download, Env: podName,
+						// Root, for the shared volume's root-owned directory (the image's
+						// user is 65532); no privilege beyond it.
+						SecurityContext:          &corev1.SecurityContext{RunAsUser: ptr.To[int64](0), AllowPrivilegeEscalation: ptr.To(false)},
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-						VolumeMounts:             []corev1.VolumeMount{{Name: "repository", MountPath: "/repository"}},
+						VolumeMounts:             []corev1.VolumeMount{{Name: "repository", MountPath: repositoryVolumePath}},
 					}},
 					Containers: []corev1.Container{
 						{
-							Name: "mount", Image: spec.Images.Repository,
-							Command: []string{"upgrade-repository", "mount"}, Env: env,
-							SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+							Name: mounterContainer, Image: node, Command: []string{nodeProgramBinary}, Args: mount,
+							// A loop device and mount(2), propagated to nginx through the
+							// shared emptyDir: privileged (which Bidirectional requires) and root.
+							SecurityContext:          &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
+							TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 							VolumeMounts: []corev1.VolumeMount{
-								{Name: "repository", MountPath: "/repository"},
-								{Name: "iso-mount", MountPath: "/iso", MountPropagation: &bidirectional},
+								{Name: "repository", MountPath: repositoryVolumePath, ReadOnly: true},
+								{Name: "iso-mount", MountPath: repositoryMountPath, MountPropagation: &bidirectional},
 							},
 						},
 						{
@@ -181,7 +200,11 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 	return true, fmt.Sprintf("the upgrade repository %s/%s serves Harvester %s", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
 }
 
-// downloaderFailure looks for a repository pod whose downloader exited with an error.
+// downloaderFailure looks for a repository pod whose downloader failed for good: exit
+// code 1 (a checksum mismatch, a 4xx answer) or 2 (a command line the node program
+// refuses). Exit code 3 is the node program's "not done yet" (a follower still waiting
+// for the leader, a repository that did not answer): the kubelet runs the init container
+// again, and the Repository step's timeout bounds the wait.
 func downloaderFailure(ctx context.Context, c client.Client, dep *appsv1.Deployment) (string, bool, error) {
 	pods := &corev1.PodList{}
 	if err := c.List(ctx, pods, client.InNamespace(dep.Namespace), client.MatchingLabels(dep.Spec.Selector.MatchLabels)); err != nil {
@@ -189,18 +212,19 @@ func downloaderFailure(ctx context.Context, c client.Client, dep *appsv1.Deploym
 	}
 	for _, pod := range pods.Items {
 		for _, st := range pod.Status.InitContainerStatuses {
-			t := st.State.Terminated
-			if st.Name != downloaderContainer || t == nil || t.ExitCode == 0 {
-				if st.LastTerminationState.Terminated == nil || st.LastTerminationState.Terminated.ExitCode == 0 || st.Name != downloaderContainer {
+			if st.Name != downloaderContainer {
+				continue
+			}
+			for _, t := range []*corev1.ContainerStateTerminated{st.State.Terminated, st.LastTerminationState.Terminated} {
+				if t == nil || t.ExitCode == nodeprogram.ExitOK || t.ExitCode == nodeprogram.ExitRetry {
 					continue
 				}
-				t = st.LastTerminationState.Terminated
+				msg := strings.TrimSpace(t.Message)
+				if msg == "" {
+					msg = fmt.Sprintf("the downloader exited with code %d (%s)", t.ExitCode, t.Reason)
+				}
+				return fmt.Sprintf("pod %s: %s", pod.Name, msg), true, nil
 			}
-			msg := strings.TrimSpace(t.Message)
-			if msg == "" {
-				msg = fmt.Sprintf("the downloader exited with code %d (%s)", t.ExitCode, t.Reason)
-			}
-			return fmt.Sprintf("pod %s: %s", pod.Name, msg), true, nil
 		}
 	}
 	return "", false, nil

@@ -13,10 +13,11 @@ import (
 )
 
 // configSnapshot is what a node is upgraded with: the HarvesterUpgrader as it was when
-// the node's NodeUpdate started, kept in the NodeUpdate's status.updaterConfig. Every
-// later reconcile and the abort read it instead of the live HarvesterUpgrader, so that
-// editing the HarvesterUpgrader changes the nodes not yet started and never rewrites a
-// running node's Plans: SUC deletes a running Job whose Plan's version changed and
+// the node's NodeUpdate started, its images resolved (images.go: an empty images.node is
+// the manager's node image at the manager's version), kept in the NodeUpdate's
+// status.updaterConfig. Every later reconcile and the abort read it instead of the live
+// HarvesterUpgrader, so that editing the HarvesterUpgrader, or upgrading the manager,
+// changes the nodes not yet started and never rewrites a running node's Plans: SUC deletes a running Job whose Plan's version changed and
 // replaces one whose pod template changed (shared/facts/suc.md, facts 43 and 49).
 type configSnapshot struct {
 	// Kind is HarvesterUpgrader.
@@ -25,7 +26,8 @@ type configSnapshot struct {
 	Name string `json:"name"`
 	// Generation is the HarvesterUpgrader's metadata.generation the snapshot was taken at.
 	Generation int64 `json:"generation"`
-	// Spec is the HarvesterUpgrader's spec, defaults applied by the API server.
+	// Spec is the HarvesterUpgrader's spec, defaults applied by the API server and
+	// images.node resolved by the updater.
 	Spec harvesterv1.HarvesterUpgraderSpec `json:"spec"`
 }
 
@@ -57,6 +59,14 @@ func readSnapshot(nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, boo
 		return nil, false, nodeupdater.Permanentf("InvalidUpdaterConfig",
 			"status.updaterConfig of NodeUpdate %s/%s is not a HarvesterUpgrader snapshot (%v): the node cannot be upgraded with a configuration it did not start with; create a new NodeUpdate",
 			nu.Namespace, nu.Name, err)
+	}
+	if snap.Spec.Images.Node == "" {
+		// Written by a manager from before images.node, whose Plans ran
+		// rancher/harvester-upgrade: resolving an image now would rewrite the node's
+		// running Plans, which SUC answers by replacing their Jobs (fact 49).
+		return nil, false, nodeupdater.Permanentf("InvalidUpdaterConfig",
+			"status.updaterConfig of NodeUpdate %s/%s names no node image (it was recorded by an older manager): the node cannot be upgraded with an image it did not start with; create a new NodeUpdate",
+			nu.Namespace, nu.Name)
 	}
 	cfg := &harvesterv1.HarvesterUpgrader{Spec: snap.Spec}
 	cfg.Name, cfg.Namespace, cfg.Generation = snap.Name, nu.Namespace, snap.Generation

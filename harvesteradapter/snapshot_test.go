@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -32,5 +33,58 @@ func TestSnapshotConfig(t *testing.T) {
 		t.Errorf("a snapshot of another kind is accepted")
 	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "InvalidUpdaterConfig" {
 		t.Errorf("error %v, want the permanent InvalidUpdaterConfig", err)
+	}
+}
+
+// A node keeps the node image it started with when the manager is upgraded (a new
+// version, another --harvester-node-image) while the node is upgraded: its Plans are not
+// rewritten, so SUC does not replace their Jobs (fact 49).
+func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
+	nu := testNodeUpdate("node-1")
+	before := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
+	cfg := testUpgrader()
+	cfg.Spec.Images.Node = ""
+	if err := before.resolveImages(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snapshotConfig(nu, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(nu.Status.UpdaterConfig.Raw), `"node":"ghcr.io/capi-inplace/capi-inplace:v0.4.0"`) {
+		t.Fatalf("status.updaterConfig %s does not record the resolved node image", nu.Status.UpdaterConfig.Raw)
+	}
+	started := planForNode(cfg, nu, planOS, "http://repo.example")
+
+	after := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.5.0", Version: "v0.5.0"}
+	live := testUpgrader()
+	live.Spec.Images.Node = ""
+	if err := after.resolveImages(live); err != nil {
+		t.Fatal(err)
+	}
+	got, err := snapshotConfig(nu, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.Images.Node != "ghcr.io/capi-inplace/capi-inplace:v0.4.0" {
+		t.Errorf("after the manager's upgrade the node runs %s, not the image it started with", got.Spec.Images.Node)
+	}
+	if again := planForNode(got, nu, planOS, "http://repo.example"); !equality.Semantic.DeepEqual(again.Spec, started.Spec) {
+		t.Errorf("the node's OS Plan changed with the manager: %+v, was %+v", again.Spec.Upgrade, started.Spec.Upgrade)
+	}
+	fresh := testNodeUpdate("node-2")
+	if got, err := snapshotConfig(fresh, live); err != nil || got.Spec.Images.Node != "ghcr.io/capi-inplace/capi-inplace:v0.5.0" {
+		t.Errorf("a node that starts after the manager's upgrade runs %v (%v), want the new manager's image", got, err)
+	}
+}
+
+// A snapshot recorded by a manager from before images.node names no node image: the node
+// fails plainly instead of getting its running Plans rewritten.
+func TestSnapshotWithoutANodeImage(t *testing.T) {
+	nu := testNodeUpdate("node-1")
+	nu.Status.UpdaterConfig = &runtime.RawExtension{Raw: []byte(`{"kind":"HarvesterUpgrader","name":"default","generation":1,"spec":{"release":{"version":"v1.6.0"},"images":{"osUpgrade":"rancher/harvester-upgrade"}}}`)}
+	if _, err := snapshotConfig(nu, testUpgrader()); err == nil {
+		t.Errorf("a snapshot without a node image is accepted")
+	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "InvalidUpdaterConfig" || !strings.Contains(p.Error(), "names no node image") {
+		t.Errorf("error %v, want the permanent InvalidUpdaterConfig naming the missing node image", err)
 	}
 }

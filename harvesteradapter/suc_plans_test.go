@@ -71,23 +71,42 @@ func jobOf(plan *sucv1.Plan, node string) batchv1.Job {
 
 var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 	DescribeTable("becomes a Job the API server accepts, whose images exist, with the step's timeout as its deadline",
-		func(kind string, deadline time.Duration) {
+		func(kind string, deadline time.Duration, nodeProgram map[string]string) {
 			c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
 			node := c.nodes[0]
 			nu := c.nodeUpdate(node)
-			plan := harvesteradapter.PlanForNode(c.config, nu, kind, c.repository.URL())
+			plan := harvesteradapter.PlanForNode(c.updater, c.config, nu, kind, c.repository.URL())
 			Expect(workload.Client.Create(ctx, plan)).To(Succeed())
 			Eventually(planOutcome(c, plan, node), 15*time.Second, 50*time.Millisecond).Should(Equal("done"))
 			job := jobOf(plan, node)
 			Expect(job.Spec.ActiveDeadlineSeconds).To(HaveValue(Equal(int64(deadline.Seconds()))), "jobActiveDeadlineSecs from the step's timeout, not SUC's 600 s")
+			ran := map[string]string{}
 			for _, ctr := range append(job.Spec.Template.Spec.InitContainers, job.Spec.Template.Spec.Containers...) {
 				Expect(ctr.Image).To(MatchRegexp(`:[^/]+$`), "container %s: every image is tagged", ctr.Name)
+				if ctr.Image != managerNodeImage || len(ctr.Command) == 0 || ctr.Command[0] != "/capi-inplace" {
+					continue // not the node program (the drain Plan's evacuation is another change's)
+				}
+				// The node program's containers as SUC built them: the manager's own
+				// image at its version, root (the image's user is 65532; SUC keeps a
+				// Plan's securityContext as given, fact 37), the host's / at /host.
+				Expect(ctr.SecurityContext).NotTo(BeNil(), "container %s", ctr.Name)
+				Expect(ctr.SecurityContext.RunAsUser).To(HaveValue(BeZero()), "container %s runs as root", ctr.Name)
+				Expect(ctr.VolumeMounts).To(ContainElement(And(HaveField("Name", "host-root"), HaveField("MountPath", "/host"))), "container %s", ctr.Name)
+				Expect(ctr.Args).To(ContainElement("--host-root=/host"), "container %s", ctr.Name)
+				if len(ctr.Args) > 1 {
+					ran[ctr.Name] = ctr.Args[1]
+				}
+				if ctr.Name == "upgrade" {
+					Expect(ctr.SecurityContext.Privileged).To(HaveValue(BeTrue()), "container %s mounts and runs host tools", ctr.Name)
+				}
 			}
+			Expect(ran).To(Equal(nodeProgram), "the node program's subcommands, by container")
 		},
-		Entry("image preload", "preload", 30*time.Minute),
-		Entry("drain: kubectl drain as the upgrade container, with a tag of its own", "drain", time.Hour),
-		Entry("RKE2: SUC tags the untagged prepare image with the Plan's version, a tag rancher/harvester-upgrade does not have", "rke2", time.Hour),
-		Entry("OS: SUC adds host-root itself; a second one makes the Job invalid", "os", 45*time.Minute),
+		Entry("image preload: capi-inplace node preload", "preload", 30*time.Minute, map[string]string{"upgrade": "preload"}),
+		Entry("drain: kubectl drain as the upgrade container, with a tag of its own", "drain", time.Hour, map[string]string{}),
+		Entry("RKE2: rancher/rke2-upgrade at the target, tagged by the updater", "rke2", time.Hour, map[string]string{}),
+		Entry("OS: remove-archives then os-upgrade; SUC adds host-root itself, a second one makes the Job invalid", "os", 45*time.Minute,
+			map[string]string{"prepare": "remove-archives", "upgrade": "os-upgrade"}),
 	)
 
 	It("lets an image preload run longer than SUC's default 600 s deadline", func() {
@@ -98,7 +117,7 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 		})
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		plan := harvesteradapter.PlanForNode(c.config, nu, "preload", c.repository.URL())
+		plan := harvesteradapter.PlanForNode(c.updater, c.config, nu, "preload", c.repository.URL())
 		Expect(workload.Client.Create(ctx, plan)).To(Succeed())
 		Eventually(func() []sim.PlanRun { return runsOn(c.rec, node) }, 10*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
 		clk.Step(11 * time.Minute)
@@ -108,16 +127,9 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 	})
 })
 
-// taggedImages makes the updater's images tagged by the user, so that a spec reaches
-// what comes after the images.
-func taggedImages(h *harvesterv1.HarvesterUpgrader) {
-	h.Spec.Images.OSUpgrade = "rancher/harvester-upgrade:v1.6.0"
-}
-
 var _ = Describe("A node's drain", func() {
 	It("reads a numeric drain timeout as seconds and sends SUC a duration", func() {
 		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			taggedImages(h)
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 			h.Spec.Drain.Timeout = ptr.To(intstr.FromInt32(900))
@@ -133,7 +145,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("happens once per node, and SUC never uncordons the node between its steps", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", taggedImages)
+		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		err := drive(c.updater, nu, 30*time.Second)
@@ -145,7 +157,6 @@ var _ = Describe("A node's drain", func() {
 
 	It("holds a node cordoned by someone else, and leaves the cordon", func() {
 		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			taggedImages(h)
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -163,7 +174,6 @@ var _ = Describe("A node's drain", func() {
 
 	It("holds a node in Harvester maintenance mode", func() {
 		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			taggedImages(h)
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -183,7 +193,6 @@ var _ = Describe("A node's drain", func() {
 var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func() {
 	It("does not change the node's running Plans: SUC would delete their Jobs", func() {
 		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			taggedImages(h)
 			h.Spec.UpgradeOS = ptr.To(false)
 		}, func(s *sim.SUC) { s.JobDuration = 2 * time.Second })
 		_ = workload.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "other-sa", Namespace: "cattle-system"}})
@@ -225,3 +234,44 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 		Expect(string(next.Status.UpdaterConfig.Raw)).To(And(ContainSubstring(`"generation":2`), ContainSubstring(`"version":"v1.6.1"`), ContainSubstring(`"serviceAccountName":"other-sa"`)))
 	})
 })
+
+var _ = Describe("Upgrading the manager while a node is upgraded", func() {
+	It("keeps the node on the node image it started with, and starts the next node on the new manager's", func() {
+		c := newHarvesterCluster(2, "Harvester v1.5.0", nil, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		// The old manager starts the node: its preload Plan runs.
+		Eventually(func() []sim.PlanRun {
+			_, _ = c.updater.Reconcile(ctx, nu)
+			Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+			return runsOn(c.rec, node)
+		}, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+
+		// The new manager: another version, so another --harvester-node-image.
+		upgraded := *c.updater
+		upgraded.NodeImage, upgraded.Version = "ghcr.io/capi-inplace/capi-inplace:v0.5.0", "v0.5.0"
+		Expect(drive(&upgraded, nu, 60*time.Second)).To(Succeed())
+		for _, r := range runsOn(c.rec, node) {
+			Expect(r.Deleted).To(BeEmpty(), "SUC deleted the Job of %s", r.Plan)
+		}
+		for _, kind := range []string{"preload", "os"} {
+			Expect(c.rec.RunsOf(harvesteradapter.PlanName(kind, nu))).To(Equal(map[string]int{node: 1}), "plan %s ran once", kind)
+		}
+		Expect(imagesOn(c, node)).To(ContainElement(managerNodeImage))
+		Expect(imagesOn(c, node)).NotTo(ContainElement(upgraded.NodeImage), "the node started on %s", managerNodeImage)
+
+		next := c.nodeUpdate(c.nodes[1])
+		Expect(drive(&upgraded, next, 60*time.Second)).To(Succeed())
+		Expect(imagesOn(c, c.nodes[1])).To(ContainElement(upgraded.NodeImage))
+		Expect(imagesOn(c, c.nodes[1])).NotTo(ContainElement(managerNodeImage))
+	})
+})
+
+// imagesOn are the images of every pod SUC's Jobs ran on node.
+func imagesOn(c *harvesterCluster, node string) []string {
+	var images []string
+	for _, r := range runsOn(c.rec, node) {
+		images = append(images, r.Images...)
+	}
+	return images
+}

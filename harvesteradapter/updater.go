@@ -85,6 +85,12 @@ type Updater struct {
 	// Recorder records events on NodeUpdates for what the updater does to virtual
 	// machines (migrations, shutdowns, restores, holds); nil records none.
 	Recorder events.EventRecorder
+	// NodeImage is the manager's own node image, fully tagged (the manager's
+	// --harvester-node-image): what a HarvesterUpgrader without images.node runs on the
+	// nodes.
+	NodeImage string
+	// Version is the manager's version, the tag an untagged images.node gets.
+	Version string
 }
 
 var _ nodeupdater.Updater = &Updater{}
@@ -181,6 +187,9 @@ func (u *Updater) config(ctx context.Context, namespace, name string) (*harveste
 			return nil, nodeupdater.Permanentf("UpdaterConfigNotFound", "HarvesterUpgrader %s/%s does not exist: create it, or point updaterRef at an existing one", namespace, name)
 		}
 		return nil, fmt.Errorf("get HarvesterUpgrader %s/%s: %w", namespace, name, err)
+	}
+	if err := u.resolveImages(cfg); err != nil {
+		return nil, err
 	}
 	return cfg, nil
 }

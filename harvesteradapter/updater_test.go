@@ -104,9 +104,18 @@ func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.Har
 		Releases:      harvesteradapter.HTTPReleaseReader{},
 		RepositoryURL: func(string) string { return c.repository.URL() },
 		PollInterval:  20 * time.Millisecond,
+		NodeImage:     managerNodeImage,
+		Version:       managerVersion,
 	}
 	return c
 }
+
+// The manager these specs play: its version and its own node image (main.go's
+// --harvester-node-image default).
+const (
+	managerVersion   = "v0.4.0"
+	managerNodeImage = "ghcr.io/capi-inplace/capi-inplace:" + managerVersion
+)
 
 func (c *harvesterCluster) nodeUpdate(node string) *inplacev1.NodeUpdate {
 	GinkgoHelper()
@@ -244,6 +253,19 @@ var _ = Describe("The Harvester updater", func() {
 		Expect(workload.Client.List(ctx, deps, client.InNamespace(harvesteradapter.RepositoryNamespace), client.HasLabels{harvesteradapter.LabelRepository})).To(Succeed())
 		Expect(deps.Items).To(HaveLen(1), "one repository Service for the release, shared by both nodes")
 		Expect(c.repository.MetadataRequests()).To(BeNumerically(">=", 2), "each node checks the release's eligibility")
+		Expect(c.repository.Problem(deps.Items[0].Name)).To(BeEmpty(), "the repository's pods run the node program as a real node would")
+	})
+
+	It("waits for a downloader that is not done yet (exit code 3) instead of failing the node", func() {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.6.2", ISOURL: "https://releases.example/harvester-v1.6.2-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 3)}
+		})
+		c.repository.FailMessage = "capi-inplace node repository download: not done yet: the leader (repo-0) has not written /repository/harvester.iso.ready after 30m0s"
+		c.repository.FailExitCode = 3
+		nu := c.nodeUpdate(c.nodes[0])
+		err := drive(c.updater, nu, 3*time.Second)
+		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRepository)).To(Equal(inplacev1.StepStateRunning))
 	})
 
 	It("fails clearly when the repository cannot verify the ISO's checksum", func() {

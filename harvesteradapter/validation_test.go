@@ -78,8 +78,10 @@ var _ = Describe("HarvesterUpgrader validation", func() {
 		Entry("a release version too long for SUC's version label",
 			func(s *harvesterv1.HarvesterUpgraderSpec) { s.Release.Version = "v1.6.0-" + strings.Repeat("a", 57) },
 			"spec.release.version: Too long"),
-		Entry("an image with a space", func(s *harvesterv1.HarvesterUpgraderSpec) { s.Images.OSUpgrade = "rancher/harvester-upgrade v1.6.0" },
-			"images.osUpgrade must be an image reference without spaces"),
+		Entry("an image with a space", func(s *harvesterv1.HarvesterUpgraderSpec) { s.Images.Node = "ghcr.io/capi-inplace/capi-inplace v0.4.0" },
+			"images.node must be an image reference without spaces"),
+		Entry("an untagged node image: the updater tags it with the manager's version",
+			func(s *harvesterv1.HarvesterUpgraderSpec) { s.Images.Node = "registry.local:5000/capi-inplace" }, ""),
 	)
 
 	It("fills in the defaults an operator expects", func() {
@@ -93,6 +95,7 @@ var _ = Describe("HarvesterUpgrader validation", func() {
 		Expect(u.Spec.Drain.IgnoreDaemonSets).To(HaveValue(BeTrue()))
 		Expect(u.Spec.RepositoryStorage.Size).To(Equal("30Gi"))
 		Expect(u.Spec.Images.Kubectl).To(Equal("rancher/kubectl:v1.30.3"))
+		Expect(u.Spec.Images.Node).To(BeEmpty(), "no default: the updater resolves an empty images.node to the manager's own node image at its version")
 		Expect(u.Spec.Timeouts.Drain).To(HaveValue(Equal(metav1.Duration{Duration: time.Hour})))
 	})
 })

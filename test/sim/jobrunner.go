@@ -56,10 +56,11 @@ func (s *SUC) blockedByAntiAffinity(job *batchv1.Job) bool {
 
 // DefaultImageExists is the simulator's registry. It serves any tagged or digested image
 // except two repositories whose tags it knows: rancher/rke2-upgrade serves RKE2 versions
-// (v1.33.3-rke2r1) and rancher/harvester-upgrade Harvester releases (v1.6.0, v1.7.0-rc1).
-// An untagged image is pulled as :latest, which neither of those serves. So
-// rancher/harvester-upgrade:v1.33.3-rke2r1, what SUC makes of an untagged prepare image in
-// an RKE2 Plan (fact 35), does not exist.
+// (v1.33.3-rke2r1), and capi-inplace (the manager's and node program's image, any
+// registry) serves manager versions (v0.4.0, dev) and never a Kubernetes version. An
+// untagged image is pulled as :latest, which neither of those serves (the Makefile never
+// tags capi-inplace latest). So capi-inplace:v1.33.3-rke2r1, what SUC makes of an
+// untagged prepare or upgrade image in an RKE2 Plan (fact 35), does not exist.
 func DefaultImageExists(image string) bool {
 	if strings.Contains(image, "@") {
 		return true
@@ -71,16 +72,36 @@ func DefaultImageExists(image string) bool {
 	switch {
 	case strings.HasSuffix(repo, "rancher/rke2-upgrade"):
 		return rke2Tag.MatchString(tag)
-	case strings.HasSuffix(repo, "rancher/harvester-upgrade"):
-		return harvesterTag.MatchString(tag)
+	case IsNodeImage(image):
+		return managerTag.MatchString(tag) && !rke2Tag.MatchString(tag)
 	}
 	return true
 }
 
 var (
-	rke2Tag      = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-rke2r[0-9]+$`)
-	harvesterTag = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-rc[0-9]+)?$`)
+	rke2Tag    = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-rke2r[0-9]+$`)
+	managerTag = regexp.MustCompile(`^(dev|v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?)$`)
 )
+
+// IsNodeImage tells whether image is a capi-inplace image, from any registry or mirror:
+// the image whose node program (`capi-inplace node ...`) the Harvester updater runs.
+func IsNodeImage(image string) bool {
+	repo := imageRepository(image)
+	return repo == "capi-inplace" || strings.HasSuffix(repo, "/capi-inplace")
+}
+
+// nodeSubcommand is the node program subcommand a container runs, such as "os-upgrade"
+// or "repository download", or "" when it runs something else: the capi-inplace image
+// with `node <subcommand> [flags]` as its arguments (nodeprogram/program.go).
+func nodeSubcommand(image string, args []string) string {
+	if !IsNodeImage(image) || len(args) < 2 || args[0] != "node" {
+		return ""
+	}
+	if args[1] == "repository" && len(args) > 2 {
+		return args[1] + " " + args[2]
+	}
+	return args[1]
+}
 
 // imageRepository is an image reference without its tag or digest.
 func imageRepository(image string) string {
@@ -187,6 +208,10 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 	}
 	run := &podRun{node: node, plan: plan, start: now, exclusive: job.Labels[LabelExclusive] == "true"}
 	pod := job.Spec.Template.Spec
+	var images []string
+	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
+		images = append(images, c.Image)
+	}
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		if !s.imageExists(c.Image) {
 			run.pullError = fmt.Sprintf("container %s: ImagePullBackOff: image %s not found", c.Name, c.Image)
@@ -200,7 +225,7 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 	}); err != nil {
 		return err
 	}
-	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Start: now})
+	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Images: images, Start: now})
 	if run.pullError != "" {
 		s.Record.noteRun(run.record, run.pullError)
 	}

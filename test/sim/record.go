@@ -19,8 +19,10 @@ type PlanRun struct {
 	Job     string
 	Hash    string
 	Version string
-	Start   time.Time
-	End     time.Time
+	// Images are the images of the run's pod, init containers first.
+	Images []string
+	Start  time.Time
+	End    time.Time
 	// Failed is true when the run's Job failed; Message is its reason, or what holds a
 	// run that has not ended (an image that cannot be pulled).
 	Failed  bool

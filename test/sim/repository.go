@@ -2,8 +2,10 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,6 +19,9 @@ import (
 // Repository plays the Harvester upgrade repository: its Deployment in Namespace becomes
 // available after Delay (or its downloader fails with FailMessage, as a wrong checksum
 // would), and a local HTTP server serves harvester-release.yaml with Release as content.
+// It plays the pods a real node would run from the Deployment's template, which run the
+// node program of the capi-inplace image (nodeprogram/repository.go): a template whose
+// containers would not work on a node never becomes available (see podProblem).
 type Repository struct {
 	// Client reaches the workload cluster.
 	Client client.Client
@@ -28,10 +33,22 @@ type Repository struct {
 	Delay time.Duration
 	// FailMessage, when set, makes the downloader fail with it.
 	FailMessage string
+	// FailExitCode is the downloader's exit code with FailMessage: 1 (the default) is the
+	// node program's "failed", 3 its "not done yet, run me again" (nodeprogram.ExitRetry).
+	FailExitCode int32
 
 	server   *httptest.Server
 	mu       sync.Mutex
 	requests int
+	problems map[string]string
+}
+
+// Problem is why the Deployment name's pods would not serve the release on a real node,
+// "" when nothing is wrong with them.
+func (r *Repository) Problem(name string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.problems[name]
 }
 
 // URL is the base URL of the local server that serves the release.
@@ -88,8 +105,25 @@ func (r *Repository) pass(ctx context.Context) {
 		if dep.Status.AvailableReplicas > 0 || time.Since(dep.CreationTimestamp.Time) < delay {
 			continue
 		}
-		if r.FailMessage != "" {
-			r.failDownloader(ctx, dep)
+		problem, exitCode := podProblem(dep.Spec.Template.Spec)
+		r.mu.Lock()
+		if r.problems == nil {
+			r.problems = map[string]string{}
+		}
+		r.problems[dep.Name] = problem
+		r.mu.Unlock()
+		switch {
+		case exitCode != 0:
+			r.failDownloader(ctx, dep, problem, exitCode)
+			continue
+		case problem != "":
+			continue // never Ready: nginx has nothing to serve
+		case r.FailMessage != "":
+			code := r.FailExitCode
+			if code == 0 {
+				code = 1
+			}
+			r.failDownloader(ctx, dep, r.FailMessage, code)
 			continue
 		}
 		_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -110,7 +144,7 @@ func (r *Repository) pass(ctx context.Context) {
 
 // failDownloader creates the leader pod with its downloader terminated in error, as the
 // kubelet would report it.
-func (r *Repository) failDownloader(ctx context.Context, dep *appsv1.Deployment) {
+func (r *Repository) failDownloader(ctx context.Context, dep *appsv1.Deployment, message string, exitCode int32) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: dep.Name + "-leader", Namespace: dep.Namespace, Labels: dep.Spec.Selector.MatchLabels},
 		Spec:       *dep.Spec.Template.Spec.DeepCopy(),
@@ -121,7 +155,77 @@ func (r *Repository) failDownloader(ctx context.Context, dep *appsv1.Deployment)
 	pod.Status.Phase = corev1.PodPending
 	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{
 		Name: "download", Image: pod.Spec.InitContainers[0].Image,
-		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: r.FailMessage}},
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exitCode, Reason: "Error", Message: message}},
 	}}
 	_ = r.Client.Status().Update(ctx, pod)
+}
+
+// podProblem says why a repository pod built from spec would not serve the release on a
+// real node, and the exit code its downloader would end with (0 when it would not end in
+// error). What it checks is what the node program needs there (nodeprogram/repository.go,
+// docs/harvester.md "What runs where"):
+//   - the downloader init container runs `node repository download` from a capi-inplace
+//     image the registry serves, with --iso-url and --sha512 (exit 2 otherwise), as root:
+//     without fsGroup the kubelet leaves a volume's directory owned by root (Kubernetes'
+//     "Configure a Security Context for a Pod"), and the image's user 65532 cannot write
+//     the lock and the ISO there (exit 1);
+//   - a container runs `node repository mount --hold` privileged and as root (a loop
+//     device and mount(2)), onto a volume it shares with Bidirectional propagation, which
+//     nginx mounts with HostToContainer propagation to see the mount; otherwise nginx has
+//     nothing to serve and the readiness probe never passes.
+func podProblem(spec corev1.PodSpec) (string, int32) {
+	var download *corev1.Container
+	for i := range spec.InitContainers {
+		if nodeSubcommand(spec.InitContainers[i].Image, spec.InitContainers[i].Args) == "repository download" {
+			download = &spec.InitContainers[i]
+		}
+	}
+	if download == nil {
+		return "no init container runs `capi-inplace node repository download`", 0
+	}
+	if !DefaultImageExists(download.Image) {
+		return fmt.Sprintf("container %s: ImagePullBackOff: image %s not found", download.Name, download.Image), 0
+	}
+	if flagValue(download.Args, "--iso-url") == "" || flagValue(download.Args, "--sha512") == "" {
+		return fmt.Sprintf("capi-inplace node repository download: --iso-url and --sha512 are required (args %v)", download.Args), 2
+	}
+	if !runsAsRoot(download) {
+		return "capi-inplace node repository download: failed: open the leader lock /repository/leader.lock: permission denied (the container does not run as root)", 1
+	}
+	propagation := map[string]corev1.MountPropagationMode{}
+	var mounter *corev1.Container
+	for i := range spec.Containers {
+		c := &spec.Containers[i]
+		if nodeSubcommand(c.Image, c.Args) == "repository mount" {
+			mounter = c
+		}
+		for _, m := range c.VolumeMounts {
+			if m.MountPropagation != nil {
+				propagation[c.Name+"/"+m.Name] = *m.MountPropagation
+			}
+		}
+	}
+	if mounter == nil || !slices.Contains(mounter.Args, "--hold") {
+		return "no container runs `capi-inplace node repository mount --hold`", 0
+	}
+	if !runsAsRoot(mounter) || mounter.SecurityContext.Privileged == nil || !*mounter.SecurityContext.Privileged {
+		return fmt.Sprintf("container %s: open /dev/loop-control: the container must be privileged and run as root", mounter.Name), 0
+	}
+	target := flagValue(mounter.Args, "--target")
+	for _, m := range mounter.VolumeMounts {
+		if m.MountPath != target || propagation[mounter.Name+"/"+m.Name] != corev1.MountPropagationBidirectional {
+			continue
+		}
+		for _, c := range spec.Containers {
+			if c.Name != mounter.Name && propagation[c.Name+"/"+m.Name] == corev1.MountPropagationHostToContainer {
+				return "", 0
+			}
+		}
+	}
+	return fmt.Sprintf("container %s mounts the ISO on %s, which no other container sees through Bidirectional and HostToContainer propagation", mounter.Name, target), 0
+}
+
+// runsAsRoot tells whether a container of the capi-inplace image (USER 65532) runs as root.
+func runsAsRoot(c *corev1.Container) bool {
+	return c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && *c.SecurityContext.RunAsUser == 0
 }

@@ -106,13 +106,18 @@ func DefaultKubeletVersion(plan *sucv1.Plan) string {
 	return ""
 }
 
-// DefaultOSImage is "Harvester <version>" for a Plan that runs the harvester-upgrade
-// image's post-drain phase (which installs the OS and reboots), else "".
+// DefaultOSImage is "Harvester <version>" for a Plan whose upgrade container runs the
+// node program's os-upgrade from the capi-inplace image, else "". That subcommand
+// installs the release's OS and schedules the reboot that brings the node back on it,
+// whose os-release PRETTY_NAME is then the release's os, "Harvester <version>"
+// (nodeprogram/osupgrade.go; facts, harvester-node-upgrade.md fact 27); with
+// --reboot=false it leaves the reboot to someone else and the node keeps its OS.
 func DefaultOSImage(plan *sucv1.Plan) string {
 	if plan.Spec.Upgrade == nil {
 		return ""
 	}
-	if strings.HasSuffix(imageRepository(plan.Spec.Upgrade.Image), "harvester-upgrade") && slices.Contains(plan.Spec.Upgrade.Args, "post-drain") {
+	up := plan.Spec.Upgrade
+	if nodeSubcommand(up.Image, up.Args) == "os-upgrade" && !slices.Contains(up.Args, "--reboot=false") {
 		return "Harvester " + plan.Spec.Version
 	}
 	return ""

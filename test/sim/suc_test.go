@@ -77,11 +77,11 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 	It("creates it on the API server, which rejects a Plan whose upgrade volumes repeat SUC's own host-root (fact 30)", func() {
 		c := newCluster(1)
 		node := c.pool + "-node-1"
-		// The OS Plan the Harvester updater wrote before issue 20.
+		// An OS Plan with the host-root volume the Harvester updater added before issue 20.
 		p := c.onePlan("os", node, func(p *sucv1.Plan) {
 			p.Spec.Version = "v1.6.0"
 			p.Spec.Upgrade = &sucv1.ContainerSpec{
-				Image: "rancher/harvester-upgrade", Command: []string{"upgrade_node.sh"}, Args: []string{"post-drain"},
+				Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Command: []string{"/capi-inplace"}, Args: []string{"node", "os-upgrade"},
 				Volumes: []sucv1.VolumeSpec{{Name: "host-root", Source: "/", Destination: "/host"}},
 			}
 		})
@@ -101,7 +101,7 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 			p.Labels = map[string]string{"team.example.com/owner": "ops", "upgrade.cattle.io/ignored": "x"}
 			p.Annotations = map[string]string{"team.example.com/ticket": "42", "kubectl.kubernetes.io/last-applied-configuration": "{}"}
 			p.Spec.ServiceAccountName = "system-upgrade-controller"
-			p.Spec.Prepare = &sucv1.ContainerSpec{Image: "rancher/harvester-upgrade", Args: []string{"pre-drain"}}
+			p.Spec.Prepare = &sucv1.ContainerSpec{Image: "ghcr.io/capi-inplace/capi-inplace", Args: []string{"node", "remove-archives"}}
 			p.Spec.Cordon = true
 			p.Spec.Drain = &sucv1.DrainSpec{Timeout: ptr.To(intstr.FromInt32(900)), Force: true}
 			p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
@@ -141,7 +141,7 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 		Expect(pod.InitContainers).To(HaveLen(2), "drain replaces cordon (fact 34)")
 		prepare, drain, upgrade := pod.InitContainers[0], pod.InitContainers[1], pod.Containers[0]
 		Expect(prepare.Name).To(Equal("prepare"))
-		Expect(prepare.Image).To(Equal("rancher/harvester-upgrade:v1.33.3-rke2r1"), "SUC tags an untagged prepare image with the Plan's version (fact 35)")
+		Expect(prepare.Image).To(Equal("ghcr.io/capi-inplace/capi-inplace:v1.33.3-rke2r1"), "SUC tags an untagged prepare image with the Plan's version (fact 35)")
 		Expect(prepare.SecurityContext).To(BeNil(), "prepare is not privileged unless the Plan says so (fact 37)")
 		Expect(drain.Name).To(Equal("drain"))
 		Expect(drain.Image).To(Equal("rancher/kubectl:v1.30.3"))
@@ -163,7 +163,7 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 		c := newCluster(1, func(s *sim.SUC) { s.Clock = clk })
 		node := c.pool + "-node-1"
 		p := c.onePlan("rke2", node, func(p *sucv1.Plan) {
-			p.Spec.Prepare = &sucv1.ContainerSpec{Image: "rancher/harvester-upgrade", Args: []string{"pre-drain"}}
+			p.Spec.Prepare = &sucv1.ContainerSpec{Image: "ghcr.io/capi-inplace/capi-inplace", Args: []string{"node", "remove-archives"}}
 		})
 		Eventually(func() string {
 			runs := c.rec.Runs()
@@ -171,7 +171,7 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 				return ""
 			}
 			return runs[0].Message
-		}, 10*time.Second, 50*time.Millisecond).Should(Equal("container prepare: ImagePullBackOff: image rancher/harvester-upgrade:v1.33.3-rke2r1 not found"))
+		}, 10*time.Second, 50*time.Millisecond).Should(Equal("container prepare: ImagePullBackOff: image ghcr.io/capi-inplace/capi-inplace:v1.33.3-rke2r1 not found"))
 		clk.Step(601 * time.Second)
 		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
 		got := &sucv1.Plan{}

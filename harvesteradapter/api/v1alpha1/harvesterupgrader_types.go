@@ -55,14 +55,17 @@ type Images struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.rke2Upgrade must be an image reference without spaces"
 	RKE2Upgrade string `json:"rke2Upgrade,omitempty"`
 
-	// osUpgrade is the image that preloads the release's images and installs the
-	// operating system from the repository;
-	// untagged, it gets the release version (v1.6.0).
+	// node is the capi-inplace image whose node program (`capi-inplace node ...`) does
+	// the work on the nodes: the repository's downloader and loop-mounter, the image
+	// preload and the OS upgrade. Empty (the default) is the manager's own image at the
+	// manager's version, the manager's --harvester-node-image, so that the node program
+	// always matches the manager that plans its work; set it to use a mirror. Untagged,
+	// it gets the manager's version as its tag. Each node keeps the image it started with
+	// (status.updaterConfig of its NodeUpdate), even across a manager upgrade.
 	// +optional
-	// +kubebuilder:default="rancher/harvester-upgrade"
 	// +kubebuilder:validation:MaxLength=512
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.osUpgrade must be an image reference without spaces"
-	OSUpgrade string `json:"osUpgrade,omitempty"`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.node must be an image reference without spaces"
+	Node string `json:"node,omitempty"`
 
 	// kubectl is the image that drains the node (kubectl drain), with a tag or digest:
 	// it runs as a Plan's upgrade container, which SUC would otherwise tag with the
@@ -73,13 +76,7 @@ type Images struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+(:[^/:@ ]+|@[^ ]+)$')",message="images.kubectl needs a tag or digest, such as rancher/kubectl:v1.30.3: SUC would tag an untagged image with the release version"
 	Kubectl string `json:"kubectl,omitempty"`
 
-	// repository is the image of the repository's downloader (leader) and loop-mounter.
-	// +optional
-	// +kubebuilder:default="rancher/harvester-upgrade"
-	// +kubebuilder:validation:MaxLength=512
-	Repository string `json:"repository,omitempty"`
-
-	// nginx serves the mounted ISO.
+	// nginx serves the mounted ISO in the repository's pods.
 	// +optional
 	// +kubebuilder:default="rancher/mirrored-library-nginx:1.27-alpine"
 	// +kubebuilder:validation:MaxLength=512

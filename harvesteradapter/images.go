@@ -1,0 +1,63 @@
+package harvesteradapter
+
+import (
+	"fmt"
+	"strings"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// DefaultNodeImageRepository is where the capi-inplace image is published. The manager's
+// own node image is this repository tagged with the manager's version (main.go,
+// --harvester-node-image).
+const DefaultNodeImageRepository = "ghcr.io/capi-inplace/capi-inplace"
+
+// nodeProgramBinary is the capi-inplace image's binary (its entrypoint, Dockerfile). The
+// Plans and the repository name it as their command, so that they run the node program
+// whatever entrypoint a mirrored image was given.
+const nodeProgramBinary = "/capi-inplace"
+
+// CheckNodeImage refuses a node image that is not a usable, fully tagged reference: the
+// manager's --harvester-node-image must name one exact image, never one SUC would tag
+// with a Plan's version (shared/facts/suc.md, fact 35).
+func CheckNodeImage(image string) error {
+	switch {
+	case image == "":
+		return fmt.Errorf("the node image is empty")
+	case strings.ContainsAny(image, " \t\n"):
+		return fmt.Errorf("the node image %q contains spaces", image)
+	case !imageTagged(image):
+		return fmt.Errorf("the node image %q has neither a tag nor a digest; give one, such as %s:v0.1.0", image, image)
+	}
+	return nil
+}
+
+// imageTagged tells whether an image reference has a tag or a digest.
+func imageTagged(image string) bool {
+	return strings.Contains(image, "@") || strings.Contains(image[strings.LastIndex(image, "/")+1:], ":")
+}
+
+// resolveImages fills in what the HarvesterUpgrader leaves to the manager: an empty
+// images.node is the manager's own node image, and an untagged one gets the manager's
+// version. It runs on the live HarvesterUpgrader, before the snapshot of a starting node
+// is taken (snapshot.go), so the snapshot holds the exact image and a later manager (a
+// new version, another --harvester-node-image) never changes a running node's Plans.
+func (u *Updater) resolveImages(cfg *harvesterv1.HarvesterUpgrader) error {
+	images := &cfg.Spec.Images
+	if images.Node == "" {
+		if u.NodeImage == "" {
+			return nodeupdater.Permanentf("NoNodeImage",
+				"HarvesterUpgrader %s/%s sets no images.node and the manager has no node image: set images.node, or start the manager with --harvester-node-image", cfg.Namespace, cfg.Name)
+		}
+		images.Node = u.NodeImage
+	}
+	if !imageTagged(images.Node) {
+		if u.Version == "" {
+			return nodeupdater.Permanentf("UntaggedNodeImage",
+				"HarvesterUpgrader %s/%s: images.node %q has no tag and the manager knows no version to give it: add a tag", cfg.Namespace, cfg.Name, images.Node)
+		}
+		images.Node = imageWithTag(images.Node, u.Version)
+	}
+	return nil
+}

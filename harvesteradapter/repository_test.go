@@ -1,0 +1,59 @@
+package harvesteradapter
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+)
+
+func TestRepositoryRunsTheNodeProgram(t *testing.T) {
+	cfg := testUpgrader()
+	cfg.Spec.Release = harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester-v1.6.0-amd64.iso", ISOChecksum: strings.Repeat("ab", 64)}
+	cfg.Spec.Images.Nginx = "rancher/mirrored-library-nginx:1.27-alpine"
+	cfg.Spec.RepositoryStorage = harvesterv1.RepositoryStorage{StorageClassName: "longhorn", Size: "30Gi"}
+	_, dep, _, err := repositoryObjects(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.InitContainers) != 1 || len(pod.Containers) != 2 {
+		t.Fatalf("init containers %d, containers %d; want a downloader, a mounter and nginx", len(pod.InitContainers), len(pod.Containers))
+	}
+	download, mount, nginx := pod.InitContainers[0], pod.Containers[0], pod.Containers[1]
+
+	wantDownload := "node repository download --dir=/repository --iso-url=https://releases.example/harvester-v1.6.0-amd64.iso --sha512=" + strings.Repeat("ab", 64) + " --file=harvester.iso"
+	if download.Image != testNodeImage || strings.Join(download.Command, " ") != "/capi-inplace" || strings.Join(download.Args, " ") != wantDownload {
+		t.Errorf("downloader runs %s %v %v, want %s /capi-inplace %s", download.Image, download.Command, download.Args, testNodeImage, wantDownload)
+	}
+	if sc := download.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Privileged != nil {
+		t.Errorf("downloader securityContext %+v: root on the shared volume, nothing more", sc)
+	}
+	if len(download.Env) != 1 || download.Env[0].Name != "POD_NAME" || download.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" {
+		t.Errorf("downloader env %+v: the pod's name identifies the leader in the lock", download.Env)
+	}
+
+	wantMount := "node repository mount --image=/repository/harvester.iso --target=/iso --hold"
+	if mount.Image != testNodeImage || strings.Join(mount.Args, " ") != wantMount {
+		t.Errorf("mounter runs %s %v, want %s", mount.Image, mount.Args, wantMount)
+	}
+	if sc := mount.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		t.Errorf("mounter securityContext %+v: a loop mount needs privileged and root", sc)
+	}
+	propagation := func(c corev1.Container, path string) corev1.MountPropagationMode {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == path && m.MountPropagation != nil {
+				return *m.MountPropagation
+			}
+		}
+		return ""
+	}
+	if propagation(mount, "/iso") != corev1.MountPropagationBidirectional || propagation(nginx, "/usr/share/nginx/html") != corev1.MountPropagationHostToContainer {
+		t.Errorf("the mount must reach nginx: mounter %v, nginx %v", mount.VolumeMounts, nginx.VolumeMounts)
+	}
+	if nginx.Image != "rancher/mirrored-library-nginx:1.27-alpine" || nginx.ReadinessProbe.HTTPGet.Path != "/harvester-release.yaml" {
+		t.Errorf("nginx %s, readiness %s", nginx.Image, nginx.ReadinessProbe.HTTPGet.Path)
+	}
+}
