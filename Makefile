@@ -92,7 +92,7 @@ tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_
 ##@ Generate
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
-	$(CONTROLLER_GEN) object paths=./api/... paths=./harvesteradapter/api/... paths=./harvesteradapter/dataengine/...
+	$(CONTROLLER_GEN) object paths=./api/... paths=./harvesteradapter/api/... paths=./harvesteradapter/longhornlive/...
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, and the test CRDs.
@@ -101,10 +101,10 @@ manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, a
 
 .PHONY: test-crds
 test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan and Longhorn CRDs the test API servers install.
-	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-dataengine
+	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-liveupgrade
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=$(SUC_APIS_PKG) output:crd:dir=test/crds/suc
 	$(CONTROLLER_GEN) crd paths=$(LONGHORN_APIS_PKG) output:crd:dir=test/crds/longhorn
-	$(CONTROLLER_GEN) crd paths=./harvesteradapter/dataengine/... output:crd:dir=test/crds/longhorn-dataengine
+	$(CONTROLLER_GEN) crd paths=./harvesteradapter/longhornlive/... output:crd:dir=test/crds/longhorn-liveupgrade
 
 ##@ Test
 .PHONY: test-binaries

@@ -19,8 +19,8 @@ var finishStep = step{
 	run:     (*Updater).runFinish,
 }
 
-// runFinish lifts the updater's own cordon and removes this node's Plans and data
-// engine upgrade.
+// runFinish lifts the updater's own cordon, removes this node's Plans and gives back its
+// pause of Longhorn's live upgrade.
 func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, error) {
 	if err := u.cleanup(ctx, r); err != nil {
 		return false, "", err
@@ -28,9 +28,11 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 	return true, fmt.Sprintf("node %s is in service; its Plans are removed", r.nu.Spec.NodeName), nil
 }
 
-// cleanup removes what the updater created for the node (its Plans and data engine
-// upgrade) and lifts the cordon the updater set, if it set one (runDrain). The Plans go
-// whether or not the node still exists.
+// cleanup removes what the updater created for the node (its Plans), gives back its
+// pause of Longhorn's live upgrade of v2 instance managers (runDataEngine), and lifts the
+// cordon the updater set, if it set one (runDrain). The Plans go whether or not the node
+// still exists. It runs at Finish and when the node's update is aborted or fails, so no
+// node that has ended leaves Longhorn paused.
 func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 	if err := u.uncordonIfOurs(ctx, r); err != nil {
 		return err
@@ -39,10 +41,5 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete the Plans of node %s: %w", r.nu.Spec.NodeName, err)
 	}
-	if swap, err := chooseDataEngineSwap(r.wc); err != nil {
-		return err
-	} else if swap != nil {
-		return swap.Cleanup(ctx, r.wc, r.nu)
-	}
-	return nil
+	return releaseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
 }

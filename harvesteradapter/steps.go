@@ -34,10 +34,10 @@ type step struct {
 var pipeline = []step{
 	repositoryStep,
 	preloadStep,
+	dataEngineStep,
 	drainStep,
 	kubernetesStep,
 	osStep,
-	dataEngineStep,
 	finishStep,
 }
 
