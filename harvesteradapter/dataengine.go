@@ -176,17 +176,16 @@ func (s *longhornState) v2EnginesOn(node string) []string {
 // pauseV2AutomaticUpgrade records that the NodeUpdate uid pauses Longhorn's live upgrade
 // of v2 instance managers, and turns the setting off if it is on. Several NodeUpdates can
 // pause it together; the first one records the value it found. It returns whether the
-// NodeUpdate pauses it: false when the setting was off (or absent) and nobody paused it,
-// since there is then nothing to give back. All of it lives on the Setting, so a
-// restarted manager finds it there; every write carries the resourceVersion read, and a
-// conflicting writer makes it read again.
-func pauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID) (bool, error) {
-	paused := false
-	err := updateV2Setting(ctx, c, func(s *longhornv1.Setting) bool {
+// NodeUpdate pauses it (false when the setting was off, or absent, and nobody paused it:
+// there is then nothing to give back), and whether this call turned the setting off. All
+// of it lives on the Setting, so a restarted manager finds it there; every write carries
+// the resourceVersion read, and a conflicting writer makes it read again.
+func pauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID) (paused, turnedOff bool, err error) {
+	err = updateV2Setting(ctx, c, func(s *longhornv1.Setting) bool {
 		pausers := pausersOf(s)
-		paused = slices.Contains(pausers, string(uid))
+		paused, turnedOff = slices.Contains(pausers, string(uid)), s.Value != "false"
 		switch {
-		case paused && s.Value == "false":
+		case paused && !turnedOff:
 			return false
 		case paused:
 			// Someone turned it back on while this node is being taken down: off again
@@ -194,6 +193,7 @@ func pauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID
 			s.Value = "false"
 			return true
 		case len(pausers) == 0 && s.Value != "true":
+			turnedOff = false
 			return false
 		case len(pausers) == 0:
 			s.Annotations[AnnotationV2UpgradePausedValue] = s.Value
@@ -204,9 +204,9 @@ func pauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID
 		return true
 	})
 	if err != nil {
-		return false, fmt.Errorf("pause Longhorn's setting %s: %w", SettingV2AutomaticUpgrade, err)
+		return false, false, fmt.Errorf("pause Longhorn's setting %s: %w", SettingV2AutomaticUpgrade, err)
 	}
-	return paused, nil
+	return paused, turnedOff, nil
 }
 
 // releaseV2AutomaticUpgrade takes the NodeUpdate uid off the pausers of Longhorn's live

@@ -75,8 +75,15 @@ func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, 
 	}
 	paused := false
 	if live.served {
-		if paused, err = pauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID); err != nil {
+		var turnedOff bool
+		if paused, turnedOff, err = pauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID); err != nil {
 			return false, "", err
+		}
+		if turnedOff {
+			// Longhorn decides from its informer cache: a node it started on the old value
+			// shows only a moment later. What runs is looked at on the next poll.
+			return false, fmt.Sprintf("turned Longhorn's setting %s off so that its live upgrade of v2 instance managers starts no node while node %s is down; looking at what runs next",
+				SettingV2AutomaticUpgrade, node), nil
 		}
 	}
 	if len(live.running) > 0 {

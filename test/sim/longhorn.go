@@ -162,7 +162,8 @@ func (l *Longhorn) pass(ctx context.Context) {
 	}
 }
 
-// watchNodes records any node cordoned or not Ready while an upgrade is active.
+// watchNodes records any node of Longhorn (one with a Longhorn Node) cordoned or not
+// Ready while an upgrade is active.
 func (l *Longhorn) watchNodes(ctx context.Context, imus []longhornlive.InstanceManagerUpgrade) {
 	var active []string
 	for _, imu := range imus {
@@ -177,7 +178,14 @@ func (l *Longhorn) watchNodes(ctx context.Context, imus []longhornlive.InstanceM
 	if err := l.Client.List(ctx, nodes); err != nil {
 		return
 	}
+	lhNodes := &longhornv1.NodeList{}
+	if err := l.Client.List(ctx, lhNodes, client.InNamespace(l.Namespace)); err != nil {
+		return
+	}
 	for _, n := range nodes.Items {
+		if !slices.ContainsFunc(lhNodes.Items, func(ln longhornv1.Node) bool { return ln.Name == n.Name }) {
+			continue // not a node of this Longhorn
+		}
 		what := ""
 		switch {
 		case n.Spec.Unschedulable:
