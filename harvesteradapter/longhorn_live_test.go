@@ -34,7 +34,7 @@ const (
 // live-upgrade kinds part-way and keep Longhorn's singletons (the Setting, the
 // InstanceManagerUpgradeControl) in longhorn-system, which the other specs must not see.
 // Each spec leaves Longhorn's namespace empty for the next (resetLonghorn).
-var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance managers", Ordered, func() {
+var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance managers", Ordered, ContinueOnFailure, func() {
 	var lh *testenv.Environment
 
 	BeforeAll(func() {
