@@ -160,7 +160,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(drains).NotTo(BeEmpty())
 			Expect(drains[0].At).To(BeTemporally(">", upgrades[0].End), "the node is drained only after Longhorn's upgrade of the other node ended")
 			if len(upgrades) > 1 {
-				Expect(upgrades[1].Start).To(BeTemporally(">", nodeupdater.Step(nu, harvesteradapter.StepFinish).CompletionTime.Time.Add(-time.Second)),
+				Expect(upgrades[1].Start).To(BeTemporally(">", nodeupdater.Step(nu, harvesteradapter.StepFinish).CompletionTime.Add(-time.Second)),
 					"no further node starts while the setting is paused")
 			}
 
