@@ -133,6 +133,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 		It("pauses Longhorn's roll, holds while it upgrades another node, goes on when that ends, and gives the setting back at Finish", func() {
 			c := rolling(3)
+			c.longhorn.HoldNode(c.nodes[0]) // until the NodeUpdate has been seen holding
 			Eventually(c.longhorn.Upgrades, 10*time.Second, 20*time.Millisecond).ShouldNot(BeEmpty())
 			first := c.longhorn.Upgrades()[0]
 			Expect(first.Node).To(Equal(c.nodes[0]), "Longhorn starts the smallest node name")
@@ -148,6 +149,9 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 				if nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine) == inplacev1.StepStateRunning {
 					Expect(setting().Value).To(Equal("false"), "Longhorn's roll is paused while the node waits")
 					Expect(pausers()).To(Equal(string(nu.UID)))
+				}
+				if strings.HasPrefix(nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine).Message, "holding: Longhorn's live upgrade") {
+					c.longhorn.ReleaseNode(c.nodes[0])
 				}
 				return false
 			})).To(Succeed())

@@ -68,6 +68,7 @@ type Longhorn struct {
 	mu         sync.Mutex
 	target     string
 	fails      map[string]string
+	holds      map[string]bool
 	upgrades   []LiveUpgrade
 	violations []string
 	entered    map[string]time.Time // IMU name -> when it entered its current state
@@ -89,6 +90,25 @@ func (l *Longhorn) FailNode(node, message string) {
 		l.fails = map[string]string{}
 	}
 	l.fails[node] = message
+}
+
+// HoldNode keeps the upgrade of node in relocating-engines, engines moved away, until
+// ReleaseNode: a test can then look at what happens while it is active for as long as it
+// needs.
+func (l *Longhorn) HoldNode(node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holds == nil {
+		l.holds = map[string]bool{}
+	}
+	l.holds[node] = true
+}
+
+// ReleaseNode lets the upgrade of node go on.
+func (l *Longhorn) ReleaseNode(node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.holds, node)
 }
 
 // Upgrades returns the upgrades the simulator ran, in the order they started.
@@ -384,8 +404,9 @@ func (l *Longhorn) advance(ctx context.Context, control *longhornlive.InstanceMa
 		l.entered[imu.Name] = entered
 	}
 	failMessage, fail := l.fails[node]
+	held := l.holds[node] && imu.Status.State == longhornlive.UpgradeStateRelocatingEngines
 	l.mu.Unlock()
-	if time.Since(entered) < duration {
+	if held || time.Since(entered) < duration {
 		return
 	}
 
