@@ -45,7 +45,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/dataengine"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -119,7 +119,7 @@ func newScheme() (*runtime.Scheme, error) {
 		// The kinds the updaters read and write on workload clusters.
 		sucv1.AddToScheme,
 		longhornv1.AddToScheme,
-		dataengine.AddToScheme,
+		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {

@@ -116,7 +116,7 @@ func withGPU(vm *kubevirtv1.VirtualMachine) {
 
 // driveUntil reconciles like drive until done says so, and fails the spec when the
 // updater ends or returns a permanent error first.
-func driveUntil(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Duration, done func() bool) {
+func driveVMsUntil(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Duration, done func() bool) {
 	GinkgoHelper()
 	deadline := time.Now().Add(limit)
 	for !done() {
@@ -142,7 +142,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		other := c.vm("vm-other", c.nodes[1], nil)
 
 		nu := c.nodeUpdate(node)
-		driveUntil(c.updater, nu, 30*time.Second, func() bool {
+		driveVMsUntil(c.updater, nu, 30*time.Second, func() bool {
 			return nodeupdater.StepState(nu, harvesteradapter.StepEvacuateVMs) == inplacev1.StepStateSucceeded
 		})
 		By("the non-migratable VMs are stopped and recorded on themselves, with their run strategy")
@@ -186,7 +186,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		a := c.vm("vm-a", node, nil)
 		c.kubevirt.FailMigrations(c.ns, "vm-a", "target virt-launcher pod: insufficient memory")
 		nu := c.nodeUpdate(node)
-		driveUntil(c.updater, nu, 30*time.Second, func() bool {
+		driveVMsUntil(c.updater, nu, 30*time.Second, func() bool {
 			st := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs)
 			return st != nil && st.State == inplacev1.StepStateRunning && len(st.Message) > 8 && st.Message[:8] == "holding:"
 		})
@@ -242,7 +242,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		node := c.nodes[0]
 		p := c.vm("vm-pinned", node, pinned(node))
 		nu := c.nodeUpdate(node)
-		driveUntil(c.updater, nu, 30*time.Second, func() bool {
+		driveVMsUntil(c.updater, nu, 30*time.Second, func() bool {
 			return nodeupdater.StepState(nu, harvesteradapter.StepEvacuateVMs) == inplacev1.StepStateSucceeded
 		})
 		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyHalted))
@@ -264,7 +264,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		p := c.vm("vm-pinned", node, pinned(node))
 		a := c.vm("vm-a", node, nil)
 		nu := c.nodeUpdate(node)
-		driveUntil(c.updater, nu, 30*time.Second, func() bool {
+		driveVMsUntil(c.updater, nu, 30*time.Second, func() bool {
 			return runStrategy(c.getVM("vm-pinned")) == kubevirtv1.RunStrategyHalted && c.kubevirt.NodeOf(p) == ""
 		})
 		migrations := &kubevirtv1.VirtualMachineInstanceMigrationList{}

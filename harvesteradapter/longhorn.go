@@ -32,9 +32,15 @@ const (
 	CheckLonghornV2NotSingleReplica = "LonghornV2NotSingleReplica"
 	// CheckLonghornV2NotSingleNode: a live v2 swap has another Longhorn node to go to.
 	CheckLonghornV2NotSingleNode = "LonghornV2NotSingleNode"
-	// CheckLonghornV2SwapAvailable: a node with attached v2 volumes is swapped live, or
-	// the HarvesterUpgrader accepts the interruption.
+	// CheckLonghornV2SwapAvailable: a node where attached v2 volumes have their engine is
+	// in a cluster whose Longhorn serves the live upgrade of v2 instance managers
+	// (InstanceManagerUpgradeControl), or the HarvesterUpgrader accepts interrupting them.
 	CheckLonghornV2SwapAvailable = "LonghornV2SwapAvailable"
+	// CheckLonghornLiveUpgradeIdle: where Longhorn serves the live upgrade of v2 instance
+	// managers, none runs: no InstanceManagerUpgrade in an active state and no node
+	// in-progress in the InstanceManagerUpgradeControl (facts 37 and 39). No node is
+	// picked while Longhorn's own roll runs.
+	CheckLonghornLiveUpgradeIdle = "LonghornLiveUpgradeIdle"
 )
 
 // longhornState is what the preflight and the data engine step read of Longhorn, with
@@ -216,11 +222,12 @@ type downSet struct {
 }
 
 // longhornChecks are the Harvester updater's Longhorn preflight checks for the candidate
-// node of down. swapServed says whether the workload cluster serves Longhorn's live data
-// engine upgrade API; skipSwap is the HarvesterUpgrader's longhornV2Swap: Skip.
-func (s *longhornState) longhornChecks(down downSet, swapServed, skipSwap bool) []nodeupdater.CheckResult {
+// node of down. live is what the workload cluster serves and runs of Longhorn's live
+// upgrade of v2 instance managers; skipSwap is the HarvesterUpgrader's longhornV2Swap:
+// Skip.
+func (s *longhornState) longhornChecks(down downSet, live liveUpgrade, skipSwap bool) []nodeupdater.CheckResult {
 	node := down.candidate
-	results := make([]nodeupdater.CheckResult, 0, 6)
+	results := make([]nodeupdater.CheckResult, 0, 7)
 	add := func(name string, problems []string, message func(list string) string) {
 		r := nodeupdater.CheckResult{Name: name, Passed: len(problems) == 0}
 		if !r.Passed {
@@ -241,15 +248,18 @@ func (s *longhornState) longhornChecks(down downSet, swapServed, skipSwap bool) 
 	add(CheckLonghornV2ReplicaElsewhere, s.volumesLeftWithoutReplica(down, longhornv1.DataEngineTypeV2), leftWithout("v2"))
 
 	onNode := s.attachedV2On(node)
-	var single, singleReplica, unavailable []string
+	var single, singleReplica, unavailable, running []string
 	if len(onNode) > 0 && !skipSwap {
 		if len(s.nodes) <= 1 {
 			single = onNode
 		}
 		singleReplica = s.v2SingleReplicaOn(node)
-		if !swapServed {
-			unavailable = onNode
-		}
+	}
+	if !skipSwap && !live.served {
+		unavailable = s.v2EnginesOn(node)
+	}
+	if !skipSwap && live.served && s.v2Concerned(node) {
+		running = live.running
 	}
 	add(CheckLonghornV2NotSingleNode, single, func(list string) string {
 		return "a live v2 data engine swap needs another Longhorn node, and this cluster has one; attached v2 volumes on it: " + list
@@ -259,8 +269,13 @@ func (s *longhornState) longhornChecks(down downSet, swapServed, skipSwap bool) 
 			"; give them a second replica (numberOfReplicas 2 or more), detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept interrupting them"
 	})
 	add(CheckLonghornV2SwapAvailable, unavailable, func(list string) string {
-		return "the cluster's Longhorn does not serve the live data engine upgrade API, so upgrading node " + node + " would interrupt its attached v2 volumes: " + list +
+		return "the cluster's Longhorn does not serve the live upgrade of v2 instance managers (instancemanagerupgradecontrols.longhorn.io), so upgrading node " + node +
+			" would interrupt the attached v2 volumes whose engine runs on it: " + list +
 			"; detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept the interruption"
+	})
+	add(CheckLonghornLiveUpgradeIdle, running, func(list string) string {
+		return "Longhorn's live upgrade of v2 instance managers is running (" + strings.Join(running, "; ") + "); node " + node +
+			" is not picked until it ends, since it may hold engines moved there or replicas the upgrade counts on"
 	})
 	return results
 }

@@ -48,6 +48,11 @@ func resultOf(results []nodeupdater.CheckResult, name string) nodeupdater.CheckR
 	return nodeupdater.CheckResult{Name: "missing " + name}
 }
 
+var (
+	liveServed  = liveUpgrade{served: true}
+	liveRunning = liveUpgrade{served: true, running: []string{"InstanceManagerUpgrade upgrade-node-2-20261101100000 on node node-2 is relocating-engines"}}
+)
+
 func TestLonghornChecks(t *testing.T) {
 	healthyCluster := &longhornState{
 		volumes: []longhornv1.Volume{volume("pvc-v1", longhornv1.DataEngineTypeV1, longhornv1.VolumeRobustnessHealthy)},
@@ -77,7 +82,7 @@ func TestLonghornChecks(t *testing.T) {
 		name        string
 		state       *longhornState
 		node        string
-		swapServed  bool
+		live        liveUpgrade
 		skipSwap    bool
 		failing     []string // the checks that must fail; the first one's message is checked
 		wantMessage string
@@ -85,19 +90,32 @@ func TestLonghornChecks(t *testing.T) {
 		{name: "healthy v1 cluster", state: healthyCluster, node: "node-1"},
 		{name: "degraded volume", node: "node-3", failing: []string{CheckLonghornVolumesHealthy}, wantMessage: "pvc-v1 (degraded)",
 			state: &longhornState{volumes: []longhornv1.Volume{volume("pvc-v1", longhornv1.DataEngineTypeV1, longhornv1.VolumeRobustnessDegraded)}, nodes: lhNodes("a", "b")}},
-		{name: "v2 with a live swap available", state: v2Cluster(), node: "node-1", swapServed: true},
+		{name: "v2 with a live swap available", state: v2Cluster(), node: "node-1", live: liveServed},
 		{name: "v2 without the live swap API holds the node", state: v2Cluster(), node: "node-1", failing: []string{CheckLonghornV2SwapAvailable},
-			wantMessage: "would interrupt its attached v2 volumes: pvc-v2; detach them, or set longhornV2Swap: Skip"},
+			wantMessage: "would interrupt the attached v2 volumes whose engine runs on it: pvc-v2; detach them, or set longhornV2Swap: Skip"},
 		{name: "v2 without the live swap API, swap skipped", state: v2Cluster(), node: "node-1", skipSwap: true},
+		{name: "without the live swap API a v2 replica alone does not hold the node", state: v2Cluster(), node: "node-2"},
+		{name: "without the live swap API an engine that moved away does not hold the node", node: "node-1",
+			state: func() *longhornState { s := v2Cluster(); s.engines[0].Spec.NodeID = "node-2"; return s }()},
+		{name: "without the live swap API a stopped engine does not hold the node", node: "node-1",
+			state: func() *longhornState {
+				s := v2Cluster()
+				s.engines[0].Status.CurrentState = longhornv1.InstanceStateStopped
+				return s
+			}()},
 		{name: "node without v2 is not held", state: v2Cluster(), node: "node-3"},
-		{name: "only healthy v2 replica on the node", node: "node-1", swapServed: true, failing: []string{CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
+		{name: "a running live upgrade holds every node while a v2 volume is attached", state: v2Cluster(), node: "node-3", live: liveRunning,
+			failing: []string{CheckLonghornLiveUpgradeIdle}, wantMessage: "InstanceManagerUpgrade upgrade-node-2-20261101100000 on node node-2 is relocating-engines); node node-3 is not picked"},
+		{name: "a running live upgrade does not hold a node when no v2 volume is attached or on it", state: healthyCluster, node: "node-1", live: liveRunning},
+		{name: "a running live upgrade does not hold a node with longhornV2Swap: Skip", state: v2Cluster(), node: "node-1", live: liveRunning, skipSwap: true},
+		{name: "only healthy v2 replica on the node", node: "node-1", live: liveServed, failing: []string{CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
 			wantMessage: "v2 volumes would have no healthy replica outside the nodes down together, node-1 (this node): pvc-v2 (healthy replicas on node-1)",
 			state: func() *longhornState {
 				s := v2Cluster()
 				s.replicas[1] = replica("pvc-v2", "node-2", longhornv1.DataEngineTypeV2, false)
 				return s
 			}()},
-		{name: "single-node Longhorn with v2", node: "node-1", swapServed: true, failing: []string{CheckLonghornV2NotSingleNode, CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
+		{name: "single-node Longhorn with v2", node: "node-1", live: liveServed, failing: []string{CheckLonghornV2NotSingleNode, CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
 			wantMessage: "needs another Longhorn node",
 			state: func() *longhornState {
 				s := v2Cluster()
@@ -107,8 +125,8 @@ func TestLonghornChecks(t *testing.T) {
 			}()},
 	}
 	for _, tt := range tests {
-		results := tt.state.longhornChecks(downSet{candidate: tt.node}, tt.swapServed, tt.skipSwap)
-		if len(results) != 6 {
+		results := tt.state.longhornChecks(downSet{candidate: tt.node}, tt.live, tt.skipSwap)
+		if len(results) != 7 {
 			t.Errorf("%s: %d results, want one per check", tt.name, len(results))
 		}
 		for _, r := range results {
@@ -203,7 +221,7 @@ func TestLonghornLiveUpgradeLayouts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			results := tt.layout.state(longhornv1.DataEngineTypeV2, all...).longhornChecks(downSet{candidate: "node-1"}, true, false)
+			results := tt.layout.state(longhornv1.DataEngineTypeV2, all...).longhornChecks(downSet{candidate: "node-1"}, liveServed, false)
 			for _, name := range tt.held {
 				if r := resultOf(results, name); r.Passed || !strings.Contains(r.Message, "vol-1") {
 					t.Errorf("check %s: passed=%v message %q; want it to hold node-1 for vol-1", name, r.Passed, r.Message)
@@ -270,7 +288,7 @@ func TestLonghornChecksAcrossDownNodes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			results := tt.state.longhornChecks(tt.down, true, false)
+			results := tt.state.longhornChecks(tt.down, liveServed, false)
 			for _, r := range results {
 				if !r.Passed && r.Name != tt.held {
 					t.Errorf("check %s holds the node: %s", r.Name, r.Message)

@@ -52,11 +52,11 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 	if err != nil {
 		return append(results, nodeupdater.CheckResult{Name: CheckLonghornVolumesHealthy, Message: err.Error()})
 	}
-	swap, err := chooseDataEngineSwap(wc)
+	live, err := readLiveUpgrade(ctx, wc)
 	if err != nil {
-		return append(results, nodeupdater.CheckResult{Name: CheckLonghornV2SwapAvailable, Message: err.Error()})
+		return append(results, nodeupdater.CheckResult{Name: CheckLonghornLiveUpgradeIdle, Message: err.Error()})
 	}
-	return append(results, state.longhornChecks(downSet{candidate: target.NodeName, disrupted: target.Disrupted, picked: target.Picked}, swap != nil, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
+	return append(results, state.longhornChecks(downSet{candidate: target.NodeName, disrupted: target.Disrupted, picked: target.Picked}, live, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
 }
 
 func sucInstalled(ctx context.Context, wc client.Client, suc harvesterv1.SystemUpgradeController) nodeupdater.CheckResult {

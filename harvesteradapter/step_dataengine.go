@@ -11,7 +11,11 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
 
-// dataEngineStep coordinates with Longhorn's v2 data engine on the node.
+// dataEngineStep keeps the node from being taken down while that would break Longhorn
+// v2 volumes. It runs before the drain: Longhorn's live upgrade of v2 instance managers
+// is paused and idle, and no attached v2 volume has its engine on the node (see
+// runDataEngine). The pause is given back by cleanup, at Finish or when the node's
+// update is aborted or fails.
 var dataEngineStep = step{
 	name:    StepLonghornDataEngine,
 	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, defaultDataEngineTimeout) },
@@ -19,6 +23,11 @@ var dataEngineStep = step{
 	run:     (*Updater).runDataEngine,
 }
 
+// skipDataEngine skips the step when the HarvesterUpgrader accepts interrupting v2
+// volumes, when the cluster has no Longhorn, and when the node has nothing to do with
+// the v2 data engine (longhornState.v2Concerned): with the live upgrade served that is
+// no attached v2 volume anywhere and no v2 engine or replica on the node; without it,
+// no attached v2 volume with its engine on the node, the only thing the step waits for.
 func (u *Updater) skipDataEngine(ctx context.Context, r *nodeRun) (string, error) {
 	if r.cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip {
 		return "longhornV2Swap is Skip in the HarvesterUpgrader", nil
@@ -34,24 +43,74 @@ func (u *Updater) skipDataEngine(ctx context.Context, r *nodeRun) (string, error
 	if err != nil {
 		return "", err
 	}
-	if len(state.attachedV2On(r.nu.Spec.NodeName)) == 0 {
-		return "no attached Longhorn v2 volume has an engine or replica on node " + r.nu.Spec.NodeName, nil
+	live, err := liveUpgradeServed(r.wc)
+	if err != nil {
+		return "", err
+	}
+	node := r.nu.Spec.NodeName
+	if live && !state.v2Concerned(node) {
+		return "no Longhorn v2 volume is attached, and node " + node + " holds no v2 engine or replica", nil
+	}
+	if !live && len(state.v2EnginesOn(node)) == 0 {
+		return "no attached Longhorn v2 volume has its engine on node " + node, nil
 	}
 	return "", nil
 }
 
+// runDataEngine is done when the node can be taken down without breaking v2 volumes:
+//   - with Longhorn's live upgrade served, the NodeUpdate pauses it (the setting off, so
+//     Longhorn starts no node while this one is down), and no upgrade of it runs: one
+//     already running is let finish, since turning the setting off does not stop it
+//     (facts 12, 36, 37);
+//   - no attached v2 volume has its engine on the node (fact 38): the VM using it has
+//     been live-migrated, or the volume detached.
+//
+// Until then the node is held, not failed, with what it waits for; the step's timeout
+// (timeouts.dataEngineUpgrade) bounds the wait.
 func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, error) {
-	swap, err := chooseDataEngineSwap(r.wc)
+	node := r.nu.Spec.NodeName
+	live, err := readLiveUpgrade(ctx, r.wc)
 	if err != nil {
 		return false, "", err
 	}
-	if swap == nil {
-		state, err := readLonghorn(ctx, r.wc)
-		if err != nil {
+	paused := false
+	if live.served {
+		var turnedOff bool
+		if paused, turnedOff, err = pauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID); err != nil {
 			return false, "", err
 		}
-		return false, fmt.Sprintf("holding: the cluster's Longhorn does not serve the live data engine upgrade API, and node %s holds attached v2 volumes (%s); detach them or set longhornV2Swap: Skip",
-			r.nu.Spec.NodeName, strings.Join(state.attachedV2On(r.nu.Spec.NodeName), ", ")), nil
+		if turnedOff {
+			// Longhorn decides from its informer cache: a node it started on the old value
+			// shows only a moment later. What runs is looked at on the next poll.
+			return false, fmt.Sprintf("turned Longhorn's setting %s off so that its live upgrade of v2 instance managers starts no node while node %s is down; looking at what runs next",
+				SettingV2AutomaticUpgrade, node), nil
+		}
 	}
-	return swap.Ensure(ctx, r.wc, r.nu)
+	if len(live.running) > 0 {
+		return false, fmt.Sprintf("holding: Longhorn's live upgrade of v2 instance managers is running (%s); node %s is not taken down until it ends. %s",
+			strings.Join(live.running, "; "), node, pauseNote(paused)), nil
+	}
+	state, err := readLonghorn(ctx, r.wc)
+	if err != nil {
+		return false, "", err
+	}
+	if engines := state.v2EnginesOn(node); len(engines) > 0 {
+		why := "Longhorn's live upgrade is idle, but"
+		if !live.served {
+			why = "the cluster's Longhorn does not serve the live upgrade of v2 instance managers (instancemanagerupgradecontrols.longhorn.io), and"
+		}
+		return false, fmt.Sprintf("holding: %s attached v2 volumes have their engine on node %s: %s; live-migrate their VMs to another node or detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept interrupting them",
+			why, node, strings.Join(engines, ", ")), nil
+	}
+	if !live.served {
+		return true, "no attached Longhorn v2 volume has its engine on node " + node, nil
+	}
+	return true, fmt.Sprintf("Longhorn's live upgrade of v2 instance managers is idle and no attached v2 volume has its engine on node %s. %s", node, pauseNote(paused)), nil
+}
+
+func pauseNote(paused bool) string {
+	if paused {
+		return "Longhorn's setting " + SettingV2AutomaticUpgrade + " is off until this node is back in service"
+	}
+	return "Longhorn's setting " + SettingV2AutomaticUpgrade + " was already off"
 }

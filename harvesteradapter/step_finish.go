@@ -20,8 +20,8 @@ var finishStep = step{
 	run:     (*Updater).runFinish,
 }
 
-// runFinish lifts the updater's own cordon and removes this node's Plans and data
-// engine upgrade (cleanup).
+// runFinish lifts the updater's own cordon, removes this node's Plans, starts again the
+// VMs it stopped and gives back its pause of Longhorn's live upgrade (cleanup).
 func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, error) {
 	if err := u.cleanup(ctx, r); err != nil {
 		return false, "", err
@@ -30,10 +30,12 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 }
 
 // cleanup removes what the updater created for the node (its Plans, the migrations
-// still under way, the data engine upgrade), starts again the VMs it stopped (unless
-// restoreVM is false or the node is a witness: the node goes back into service, at the
-// end or on an abort), and lifts the cordon the updater set, if it set one (runCordon).
-// The Plans go whether or not the node still exists.
+// still under way), starts again the VMs it stopped (unless restoreVM is false or the
+// node is a witness: the node goes back into service, at the end or on an abort), gives
+// back its pause of Longhorn's live upgrade of v2 instance managers (runDataEngine), and
+// lifts the cordon the updater set, if it set one (runCordon). The Plans go whether or
+// not the node still exists. It runs at Finish and when the node's update is aborted or
+// fails, so no node that has ended leaves Longhorn paused.
 func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 	if err := u.deleteUnfinishedMigrations(ctx, r); err != nil {
 		return err
@@ -57,12 +59,7 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete the Plans of node %s: %w", r.nu.Spec.NodeName, err)
 	}
-	if swap, err := chooseDataEngineSwap(r.wc); err != nil {
-		return err
-	} else if swap != nil {
-		return swap.Cleanup(ctx, r.wc, r.nu)
-	}
-	return nil
+	return releaseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
 }
 
 // deleteUnfinishedMigrations deletes this NodeUpdate's migrations that have not ended

@@ -39,10 +39,10 @@ var pipeline = []step{
 	preloadStep,
 	cordonStep,
 	evacuateStep,
+	dataEngineStep,
 	drainStep,
 	kubernetesStep,
 	osStep,
-	dataEngineStep,
 	restoreStep,
 	finishStep,
 }

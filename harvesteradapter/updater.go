@@ -306,8 +306,8 @@ func nodeReady(node *corev1.Node) bool {
 
 // Abort stops the node's upgrade at a safe point: it waits until no Job of this node's
 // Plans is running (an RKE2 or OS upgrade interrupted half-way could leave the node
-// unusable), then removes the Plans and the data engine upgrade and lifts the updater's
-// own cordon. A failed Job has ended: SUC keeps it until its TTL
+// unusable), then removes the Plans, gives back the node's pause of Longhorn's live upgrade
+// and lifts the updater's own cordon. A failed Job has ended: SUC keeps it until its TTL
 // and starts no other until the Plan changes (shared/facts/suc.md, facts 45 and 48), so
 // the Plans go at once. On a node that is gone nothing can be interrupted: its Plans go
 // without waiting.

@@ -3,27 +3,22 @@ package harvesteradapter_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
@@ -54,22 +49,28 @@ var clusterSeq int
 
 func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.SUC)) *harvesterCluster {
 	GinkgoHelper()
+	return newHarvesterClusterOn(workload, nodes, osImage, mutate, simOptions...)
+}
+
+// newHarvesterClusterOn is newHarvesterCluster on the workload API server wl.
+func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.SUC)) *harvesterCluster {
+	GinkgoHelper()
 	clusterSeq++
 	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
 	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
 	for _, ns := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
-		_ = workload.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		_ = wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	}
-	_ = workload.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
+	_ = wl.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
 
-	kubeconfig, err := workload.Kubeconfig()
+	kubeconfig, err := wl.Kubeconfig()
 	Expect(err).NotTo(HaveOccurred())
 	Expect(env.Client.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: workloadcluster.KubeconfigSecretName(c.name), Namespace: c.ns},
 		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: kubeconfig},
 	})).To(Succeed())
 
-	c.kubelet = &sim.Kubelet{Client: workload.Client, Record: c.rec, OSImage: osImage}
+	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage}
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("%s-node-%d", c.name, i)
 		_, err := c.kubelet.CreateNode(ctx, name, "v1.32.5+rke2r1", nil)
@@ -79,14 +80,14 @@ func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.Har
 
 	runCtx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
-	c.suc = &sim.SUC{Client: workload.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+	c.suc = &sim.SUC{Client: wl.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
 	for _, o := range simOptions {
 		o(c.suc) // before the simulator runs: it reads its settings without a lock
 	}
 	go func() { _ = c.suc.Run(runCtx) }()
-	c.repository = &sim.Repository{Client: workload.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
+	c.repository = &sim.Repository{Client: wl.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
 	c.repository.Start(runCtx)
-	c.longhorn = &sim.Longhorn{Client: workload.Client, Namespace: harvesteradapter.LonghornNamespace}
+	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: harvesteradapter.LonghornNamespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
 
 	c.config = &harvesterv1.HarvesterUpgrader{
@@ -134,6 +135,13 @@ func (c *harvesterCluster) nodeUpdate(node string) *inplacev1.NodeUpdate {
 // status, again after RequeueAfter) until it is done or fails, and returns the error.
 func drive(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Duration) error {
 	GinkgoHelper()
+	return driveUntil(u, nu, limit, nil)
+}
+
+// driveUntil is drive that also stops, with no error, as soon as until (when set) says
+// so after a reconcile.
+func driveUntil(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Duration, until func(*inplacev1.NodeUpdate) bool) error {
+	GinkgoHelper()
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		res, err := u.Reconcile(ctx, nu)
@@ -146,7 +154,7 @@ func drive(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Dur
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		if res.Done {
+		if res.Done || (until != nil && until(nu)) {
 			return nil
 		}
 		time.Sleep(res.RequeueAfter)
@@ -279,90 +287,6 @@ var _ = Describe("The Harvester updater", func() {
 		Expect(err).To(MatchError(ContainSubstring("sha512 checksum mismatch")))
 	})
 })
-
-var _ = Describe("Longhorn v2 volumes", Ordered, func() {
-	var c *harvesterCluster
-
-	BeforeAll(func() {
-		c = newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			h.Spec.PreloadImages = ptr.To(false)
-			h.Spec.UpgradeOS = ptr.To(false)
-		})
-		// Longhorn's CRD makes several enums required when present; a typed Volume would
-		// send them empty, so the volume is written with only the fields Longhorn sets.
-		vol := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
-			"metadata": map[string]any{"name": "pvc-" + c.name, "namespace": harvesteradapter.LonghornNamespace},
-			"spec":     map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(2)},
-		}}
-		Expect(workload.Client.Create(ctx, vol)).To(Succeed())
-		Expect(unstructured.SetNestedMap(vol.Object, map[string]any{"state": "attached", "robustness": "healthy"}, "status")).To(Succeed())
-		Expect(workload.Client.Status().Update(ctx, vol)).To(Succeed())
-		for _, n := range c.nodes {
-			r := &unstructured.Unstructured{Object: map[string]any{
-				"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
-				"metadata": map[string]any{"name": vol.GetName() + "-r-" + n, "namespace": harvesteradapter.LonghornNamespace},
-				"spec":     map[string]any{"volumeName": vol.GetName(), "nodeID": n, "dataEngine": "v2", "healthyAt": "2026-11-01T00:00:00Z"},
-			}}
-			Expect(workload.Client.Create(ctx, r)).To(Succeed())
-			lhNode := &unstructured.Unstructured{Object: map[string]any{
-				"apiVersion": "longhorn.io/v1beta2", "kind": "Node",
-				"metadata": map[string]any{"name": n, "namespace": harvesteradapter.LonghornNamespace},
-			}}
-			Expect(workload.Client.Create(ctx, lhNode)).To(Succeed())
-		}
-	})
-
-	preflightOf := func(node string) map[string]string {
-		out := map[string]string{}
-		for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
-			Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.33.3+rke2r1",
-			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
-		}) {
-			if !r.Passed {
-				out[r.Name] = r.Message
-			}
-		}
-		return out
-	}
-
-	It("holds a node with an attached v2 volume when the cluster does not serve the live upgrade API", func() {
-		Expect(preflightOf(c.nodes[0])).To(HaveKeyWithValue(harvesteradapter.CheckLonghornV2SwapAvailable, ContainSubstring("would interrupt its attached v2 volumes: pvc-"+c.name+";")))
-
-		nu := c.nodeUpdate(c.nodes[0])
-		err := drive(c.updater, nu, 3*time.Second)
-		Expect(err).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
-		step := nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine)
-		Expect(step.State).To(Equal(inplacev1.StepStateRunning))
-		Expect(step.Message).To(ContainSubstring("holding: the cluster's Longhorn does not serve the live data engine upgrade API"))
-	})
-
-	It("swaps the data engine live through DataEngineUpgradeManager once the cluster serves it", func() {
-		installDataEngineCRDs()
-		Eventually(preflightOf).WithArguments(c.nodes[1]).WithTimeout(15 * time.Second).Should(BeEmpty())
-		nu := c.nodeUpdate(c.nodes[1])
-		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
-		Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine)).To(Equal(inplacev1.StepStateSucceeded))
-		Expect(c.longhorn.Upgraded()).To(Equal([]string{c.nodes[1]}))
-	})
-})
-
-func installDataEngineCRDs() {
-	GinkgoHelper()
-	dir := filepath.Join(env.RepoRoot, "test", "crds", "longhorn-dataengine")
-	entries, err := os.ReadDir(dir)
-	Expect(err).NotTo(HaveOccurred())
-	var crds []*apiextensionsv1.CustomResourceDefinition
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		Expect(err).NotTo(HaveOccurred())
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		Expect(yaml.Unmarshal(data, crd)).To(Succeed())
-		crds = append(crds, crd)
-	}
-	_, err = envtest.InstallCRDs(workload.Config, envtest.CRDInstallOptions{CRDs: crds})
-	Expect(err).NotTo(HaveOccurred())
-}
 
 var _ = Describe("Aborting a node's upgrade", func() {
 	It("waits for the running SUC Job to end, then removes the node's Plans and lifts its own cordon", func() {

@@ -296,9 +296,9 @@ func createRunningNodeUpdates(ctx context.Context, c client.Client, ns, cluster 
 			Steps: []inplacev1.NodeUpdateStep{
 				{Name: harvesteradapter.StepRepository, State: inplacev1.StepStateSucceeded, StartTime: &start, CompletionTime: &start, Message: "repository ready at http://upgrade-repo-hvst-upgrade.harvester-system/harvester-iso"},
 				{Name: harvesteradapter.StepImagePreload, State: inplacev1.StepStateSucceeded, StartTime: &start, CompletionTime: &start},
+				{Name: harvesteradapter.StepLonghornDataEngine, State: inplacev1.StepStateSucceeded, StartTime: &start, CompletionTime: &start},
 				{Name: harvesteradapter.StepKubernetesUpgrade, State: inplacev1.StepStateRunning, StartTime: &start, Message: "SUC Plan capi-inplace-rke2 running on the node"},
 				{Name: harvesteradapter.StepOSUpgrade, State: inplacev1.StepStatePending},
-				{Name: harvesteradapter.StepLonghornDataEngine, State: inplacev1.StepStatePending},
 				{Name: harvesteradapter.StepFinish, State: inplacev1.StepStatePending},
 			},
 		}

@@ -82,7 +82,8 @@ func MaxDownAtOnce(log []sim.DownEvent, nodes []string) int {
 // Invariants checks the safety of what happened so far: each node ran each Plan at most
 // once (exactly once for the nodes in upgraded), never more control plane nodes down
 // than one nor more workers down than the MachineDeployment's maxUnavailable, no worker
-// started before the control plane finished, and no Plan left behind for an upgraded node.
+// started before the control plane finished, no Plan left behind for an upgraded node,
+// and, with Longhorn v2, no node taken down while Longhorn's live upgrade ran.
 func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 	done := map[string]bool{}
 	for _, n := range upgraded {
@@ -97,7 +98,7 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		}
 	}
 	runs := s.Record.Runs()
-	return []Check{
+	checks := []Check{
 		onceEach(runs, s.NodeNames(), done),
 		atMostDown(s.Record.DownLog(), "control plane", cp, 1),
 		atMostDown(s.Record.DownLog(), "worker", workers, s.Options.WorkerMaxUnavailable),
@@ -106,6 +107,21 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		s.noVMWhileDrained(),
 		s.vmsRestored(ctx, done),
 	}
+	if s.Options.LonghornV2 && s.Longhorn != nil {
+		checks = append(checks, longhornLiveUpgradeLeftAlone(s.Longhorn))
+	}
+	return checks
+}
+
+// longhornLiveUpgradeLeftAlone checks that no node was cordoned or NotReady while
+// Longhorn's live upgrade of a v2 instance manager was active
+// (shared/facts/longhorn-v2-live-upgrade.md, fact 37), as the Longhorn simulator saw it.
+func longhornLiveUpgradeLeftAlone(lh *sim.Longhorn) Check {
+	c := Check{Name: fmt.Sprintf("no node taken down while Longhorn's live upgrade of a v2 instance manager ran (%d node upgrades by Longhorn)", len(lh.Upgrades())), OK: true}
+	if v := lh.Violations(); len(v) > 0 {
+		c.OK, c.Detail = false, strings.Join(v, "; ")
+	}
+	return c
 }
 
 // noVMWhileDrained: every VMI left its node (live-migrated or stopped) before the node's

@@ -24,7 +24,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -76,9 +75,14 @@ minUpgradableVersion: v1.5.0
 	MachineDeploymentName = "workers"
 	// VMNamespace holds the sample virtual machines on the workload cluster.
 	VMNamespace = "vms"
-	// V2VolumeName is the Longhorn v2 volume with a replica on every worker, whose data
-	// engine is swapped live on each worker (see Options.LonghornV2).
+	// V2VolumeName is the Longhorn v2 volume with a replica on every worker (see
+	// Options.LonghornV2).
 	V2VolumeName = "pvc-v2-demo"
+	// LonghornIMImage is the image of every node's v2 instance manager at the start, and
+	// LonghornIMTargetImage the one Longhorn's live upgrade rolls them to (see
+	// Options.LonghornV2).
+	LonghornIMImage       = "longhornio/longhorn-instance-manager:v1.12.2"
+	LonghornIMTargetImage = "longhornio/longhorn-instance-manager:v1.13.0"
 )
 
 // Options say what to build.
@@ -94,10 +98,11 @@ type Options struct {
 	// WorkerMaxUnavailable is the MachineDeployment's rollout maxUnavailable; default 1.
 	WorkerMaxUnavailable int
 	// StepDelay is how long each simulated step takes (a SUC Plan's Job on a node, a
-	// Longhorn data engine swap); default 1s.
+	// state of Longhorn's live upgrade of a node's v2 instance manager); default 1s.
 	StepDelay time.Duration
-	// LonghornV2 adds a Longhorn v2 volume with a replica on every worker and the live
-	// data engine upgrade API, so the workers go through the LonghornDataEngine step.
+	// LonghornV2 adds a Longhorn v2 volume with a replica on every worker and Longhorn's
+	// live upgrade of v2 instance managers, running from the start (createLonghornV2), so
+	// the nodes go through the LonghornDataEngine step while Longhorn's roll runs.
 	LonghornV2 bool
 	// WorkDir receives the kubeconfigs, serving certificates and the manager's log.
 	// Required.
@@ -294,51 +299,31 @@ func (s *Scenario) createWorkload(ctx context.Context) error {
 	return nil
 }
 
-// createLonghornV2 serves Longhorn's live data engine upgrade API on the workload cluster
-// and creates an attached, healthy v2 volume with a replica on every worker, as Longhorn
-// would report it.
+// createLonghornV2 gives the workload cluster a Longhorn that serves the live upgrade of
+// v2 instance managers, with the setting that allows it on and every node's v2
+// instance manager on an older image than the one the simulator rolls to
+// (LonghornIMImage, LonghornIMTargetImage): Longhorn's own roll runs while the nodes are
+// upgraded, and the updater must pause it and not take a node down while it runs. It
+// also creates an attached, healthy v2 volume with a replica on every worker, as
+// Longhorn would report it.
 func (s *Scenario) createLonghornV2(ctx context.Context) error {
-	if err := installCRDs(s.Workload, filepath.Join(s.Workload.RepoRoot, "test", "crds", "longhorn-dataengine")); err != nil {
+	if err := installCRDs(s.Workload, filepath.Join(s.Workload.RepoRoot, "test", "crds", "longhorn-liveupgrade")); err != nil {
 		return err
 	}
 	wc := s.Workload.Client
-	// Longhorn's CRD makes several enums required when present; a typed Volume would send
-	// them empty, so the objects carry only the fields Longhorn sets.
-	vol := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
-		"metadata": map[string]any{"name": V2VolumeName, "namespace": harvesteradapter.LonghornNamespace},
-		"spec":     map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(s.Options.Workers)},
-	}}
-	if err := wc.Create(ctx, vol); err != nil {
-		return fmt.Errorf("create Longhorn volume: %w", err)
-	}
-	if err := unstructured.SetNestedMap(vol.Object, map[string]any{"state": "attached", "robustness": "healthy"}, "status"); err != nil {
-		return err
-	}
-	if err := wc.Status().Update(ctx, vol); err != nil {
-		return fmt.Errorf("report Longhorn volume attached and healthy: %w", err)
-	}
+	var workers []string
 	for _, n := range s.Nodes {
-		lhNode := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "longhorn.io/v1beta2", "kind": "Node",
-			"metadata": map[string]any{"name": n.Name, "namespace": harvesteradapter.LonghornNamespace},
-		}}
-		if err := wc.Create(ctx, lhNode); err != nil {
-			return fmt.Errorf("create Longhorn node %s: %w", n.Name, err)
+		if err := sim.CreateLonghornV2InstanceManager(ctx, wc, harvesteradapter.LonghornNamespace, n.Name, LonghornIMImage); err != nil {
+			return err
 		}
-		if n.ControlPlane {
-			continue
-		}
-		r := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
-			"metadata": map[string]any{"name": V2VolumeName + "-r-" + n.Name, "namespace": harvesteradapter.LonghornNamespace},
-			"spec":     map[string]any{"volumeName": V2VolumeName, "nodeID": n.Name, "dataEngine": "v2", "healthyAt": "2026-01-01T00:00:00Z"},
-		}}
-		if err := wc.Create(ctx, r); err != nil {
-			return fmt.Errorf("create Longhorn replica on %s: %w", n.Name, err)
+		if !n.ControlPlane {
+			workers = append(workers, n.Name)
 		}
 	}
-	return nil
+	if err := sim.SetLonghornSetting(ctx, wc, harvesteradapter.LonghornNamespace, harvesteradapter.SettingV2AutomaticUpgrade, "true"); err != nil {
+		return fmt.Errorf("allow Longhorn's live upgrade: %w", err)
+	}
+	return sim.CreateLonghornV2Volume(ctx, wc, harvesteradapter.LonghornNamespace, sim.LonghornV2Volume{Name: V2VolumeName, ReplicaNodes: workers})
 }
 
 func installCRDs(env *testenv.Environment, dir string) error {
@@ -434,7 +419,10 @@ func (s *Scenario) startSimulators() {
 	delay := s.Options.StepDelay
 	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
 	s.Repository = &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: ReleaseMetadata, Delay: delay}
-	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Duration: delay}
+	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, StateDuration: delay, Interval: 50 * time.Millisecond}
+	if s.Options.LonghornV2 {
+		s.Longhorn.SetTargetImage(LonghornIMTargetImage)
+	}
 	s.KubeVirt = &sim.KubeVirt{Client: wc, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
 	s.Repository.Start(ctx)
 	s.simsDone.Add(3)

@@ -34,7 +34,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/dataengine"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 )
 
 // Environment is a running test API server with the project's CRDs installed.
@@ -70,7 +70,7 @@ func NewScheme() (*runtime.Scheme, error) {
 		sucv1.AddToScheme,
 		longhornv1.AddToScheme,
 		harvesterv1.AddToScheme,
-		dataengine.AddToScheme,
+		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {

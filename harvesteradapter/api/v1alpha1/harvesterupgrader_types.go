@@ -142,11 +142,12 @@ type Drain struct {
 type LonghornV2Swap string
 
 const (
-	// LonghornV2SwapAuto swaps the v2 data engine live when the workload cluster serves
-	// Longhorn's live-upgrade API, and holds a node that holds v2 volumes otherwise.
+	// LonghornV2SwapAuto holds a node while attached v2 volumes have their engine on it,
+	// and, where Longhorn serves its live upgrade of v2 instance managers, pauses that
+	// upgrade while the node is down and waits for a running one to end.
 	LonghornV2SwapAuto LonghornV2Swap = "Auto"
-	// LonghornV2SwapSkip never swaps: the node is upgraded even if it holds v2 volumes,
-	// whose I/O is then interrupted while the node restarts.
+	// LonghornV2SwapSkip does none of that: the node is upgraded even if v2 volumes have
+	// their engine on it, whose I/O is then interrupted while the node restarts.
 	LonghornV2SwapSkip LonghornV2Swap = "Skip"
 )
 
@@ -173,7 +174,10 @@ type Timeouts struct {
 	// +optional
 	// +kubebuilder:default="45m"
 	OSUpgrade *metav1.Duration `json:"osUpgrade,omitempty"`
-	// dataEngineUpgrade bounds the Longhorn v2 data engine swap of one node.
+	// dataEngineUpgrade bounds how long a node waits, before it is drained, for Longhorn
+	// v2 to let it go: for Longhorn's own live upgrade of v2 instance managers to end, and
+	// for attached v2 volumes to move their engine off the node. (The name is kept from
+	// an earlier design.)
 	// +optional
 	// +kubebuilder:default="30m"
 	DataEngineUpgrade *metav1.Duration `json:"dataEngineUpgrade,omitempty"`
