@@ -71,8 +71,10 @@ var _ = Describe("The Dockerfile", func() {
 				argNames = append(argNames, name)
 			}
 		}
-		Expect(argNames).To(ContainElements("VERSION", "GOPROXY", "GOSUMDB"))
-		Expect(runs).To(ContainElement("make build VERSION=${VERSION}"))
+		Expect(argNames).To(ContainElements("VERSION", "GOPROXY", "GOSUMDB", "IMG"))
+		// IMG, when given, is the image the binary names as its node image
+		// (--harvester-node-image's default), the image being built.
+		Expect(runs).To(ContainElement("make build VERSION=${VERSION} ${IMG:+IMG=${IMG}}"))
 
 		makefile, err := os.ReadFile(filepath.Join(env.RepoRoot, "Makefile"))
 		Expect(err).NotTo(HaveOccurred())
