@@ -201,8 +201,13 @@ func (u *Updater) start(ctx context.Context, nu *inplacev1.NodeUpdate) *updateSt
 }
 
 // taskOf names the NodeUpdate's UpgradeTask and its maxUnavailable resolved against the
-// target's size now (1 for a control plane, as the controller takes it).
+// target's size now (1 for a control plane, as the controller takes it). The task is read
+// on the test's own terms, not the reconcile's: a manager that is stopping cancels the
+// reconcile's context, and a task that could not be read is judged by the smallest
+// budget there is (the soak's seed 310 judged a 100% task by maxUnavailable 1 that way).
 func (u *Updater) taskOf(ctx context.Context, nu *inplacev1.NodeUpdate) (string, int) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
 	name := ""
 	for _, ref := range nu.OwnerReferences {
 		if ref.Kind == "UpgradeTask" {
