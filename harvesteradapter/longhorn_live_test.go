@@ -66,9 +66,17 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 		}
 		return out
 	}
+	// longhornStep is the Longhorn step the node is at: LonghornPause (before the cordon)
+	// until it is done, then LonghornDataEngine (after the evacuation).
+	longhornStep := func(nu *inplacev1.NodeUpdate) *inplacev1.NodeUpdateStep {
+		if !nodeupdater.StepDone(nu, harvesteradapter.StepLonghornPause) {
+			return nodeupdater.Step(nu, harvesteradapter.StepLonghornPause)
+		}
+		return nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine)
+	}
 	stepMessages := func(messages *[]string) func(*inplacev1.NodeUpdate) bool {
 		return func(nu *inplacev1.NodeUpdate) bool {
-			if m := nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine).Message; m != "" && (len(*messages) == 0 || (*messages)[len(*messages)-1] != m) {
+			if m := longhornStep(nu).Message; m != "" && (len(*messages) == 0 || (*messages)[len(*messages)-1] != m) {
 				*messages = append(*messages, m)
 			}
 			return false
@@ -104,8 +112,10 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(step.State).To(Equal(inplacev1.StepStateRunning))
 			Expect(step.Message).To(ContainSubstring("holding: the cluster's Longhorn does not serve the live upgrade of v2 instance managers"))
 			Expect(step.Message).To(ContainSubstring("have their engine on node " + c.nodes[0] + ": pvc-" + c.name))
+			// Cordoned as ours (a volume attached by a VM would have moved with its VM's
+			// migration in EvacuateVMs, just before), but not drained.
 			Expect(nodeupdater.StepState(held, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStatePending), "the node is not drained")
-			Expect(unschedulableOn(lh, c.nodes[0])).To(BeFalse())
+			Expect(unschedulableOn(lh, c.nodes[0])).To(BeTrue(), "the node was cordoned before the evacuation")
 
 			free := c.nodeUpdate(c.nodes[1])
 			Expect(drive(c.updater, free, 30*time.Second)).To(Succeed())
@@ -146,16 +156,18 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			var messages []string
 			Expect(driveUntil(c.updater, nu, 30*time.Second, func(nu *inplacev1.NodeUpdate) bool {
 				stepMessages(&messages)(nu)
-				if nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine) == inplacev1.StepStateRunning {
+				if step := longhornStep(nu); step.State == inplacev1.StepStateRunning && !strings.HasPrefix(step.Message, "turned") {
 					Expect(setting().Value).To(Equal("false"), "Longhorn's roll is paused while the node waits")
 					Expect(pausers()).To(Equal(string(nu.UID)))
 				}
-				if strings.HasPrefix(nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine).Message, "holding: Longhorn's live upgrade") {
+				if strings.HasPrefix(longhornStep(nu).Message, "holding: Longhorn's live upgrade") {
+					Expect(nodeupdater.StepState(nu, harvesteradapter.StepCordon)).To(Equal(inplacev1.StepStatePending), "the node is not cordoned while Longhorn's roll runs")
 					c.longhorn.ReleaseNode(c.nodes[0])
 				}
 				return false
 			})).To(Succeed())
 			Expect(strings.Join(messages, "\n")).To(ContainSubstring("holding: Longhorn's live upgrade of v2 instance managers is running (InstanceManagerUpgrade " + first.IMU + " on node " + c.nodes[0]))
+			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornPause)).To(Equal(inplacev1.StepStateSucceeded))
 			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine)).To(Equal(inplacev1.StepStateSucceeded))
 
 			upgrades := c.longhorn.Upgrades()
@@ -239,7 +251,8 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(step.Message).To(ContainSubstring("holding: Longhorn's live upgrade is idle, but attached v2 volumes have their engine on node " + c.nodes[0] + ": " + vol + ";"))
 			Expect(step.Message).To(ContainSubstring("live-migrate their VMs to another node or detach them"))
 			Expect(pausers()).To(Equal(string(nu.UID)), "the node pauses Longhorn's roll while it waits")
-			Expect(unschedulableOn(lh, c.nodes[0])).To(BeFalse(), "the node is not cordoned while held")
+			Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStatePending), "the node is not drained while held")
+			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornPause)).To(Equal(inplacev1.StepStateSucceeded), "the pause came before the cordon")
 
 			// A VM's live migration moves its volume's engine to the VM's new node.
 			Expect(sim.MoveLonghornEngine(ctx, lh.Client, harvesteradapter.LonghornNamespace, vol, c.nodes[1])).To(Succeed())

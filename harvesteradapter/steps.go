@@ -18,6 +18,7 @@ const (
 	StepKubernetesUpgrade  = "KubernetesUpgrade"
 	StepOSUpgrade          = "OSUpgrade"
 	StepLonghornDataEngine = "LonghornDataEngine"
+	StepLonghornPause      = "LonghornPause"
 	StepRestoreVMs         = "RestoreVMs"
 	StepFinish             = "Finish"
 )
@@ -37,6 +38,7 @@ type step struct {
 var pipeline = []step{
 	repositoryStep,
 	preloadStep,
+	longhornPauseStep,
 	cordonStep,
 	evacuateStep,
 	dataEngineStep,

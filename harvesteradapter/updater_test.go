@@ -203,6 +203,7 @@ var _ = Describe("The Harvester updater", func() {
 				harvesteradapter.StepKubernetesUpgrade:  inplacev1.StepStateSucceeded,
 				harvesteradapter.StepOSUpgrade:          inplacev1.StepStateSucceeded,
 				harvesteradapter.StepLonghornDataEngine: inplacev1.StepStateSkipped,
+				harvesteradapter.StepLonghornPause:      inplacev1.StepStateSkipped,
 				harvesteradapter.StepRestoreVMs:         inplacev1.StepStateSucceeded,
 				harvesteradapter.StepFinish:             inplacev1.StepStateSucceeded,
 			}), "node %d", i+1)
