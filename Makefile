@@ -86,6 +86,7 @@ release-manifests: $(KUSTOMIZE) ## Write clusterctl's out/runtime-extension-comp
 	@mkdir -p out
 	$(KUSTOMIZE) build config/default \
 		| sed -e 's|image: $(IMAGE_REPO):dev|image: $${CAPI_INPLACE_IMAGE:=$(IMAGE_REPO):$(IMAGE_TAG)}|' \
+		      -e 's|^\(  *\)- --leader-elect$$|&\n\1- --harvester-node-image=$${CAPI_INPLACE_IMAGE:=$(IMAGE_REPO):$(IMAGE_TAG)}|' \
 		> out/runtime-extension-components.yaml
 	cp metadata.yaml out/metadata.yaml
 	@echo "Wrote out/runtime-extension-components.yaml and out/metadata.yaml"

@@ -226,6 +226,9 @@ var _ = Describe("clusterctl", func() {
 		components, err := os.ReadFile(filepath.Join(env.RepoRoot, "out", "runtime-extension-components.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(components)).To(ContainSubstring("image: ${CAPI_INPLACE_IMAGE:=ghcr.io/capi-inplace/capi-inplace:"))
+		// The Harvester updater's node program runs the manager's image: a mirrored image
+		// named by the variable is the nodes' too, not the binary's built-in default.
+		Expect(string(components)).To(ContainSubstring("- --harvester-node-image=${CAPI_INPLACE_IMAGE:=ghcr.io/capi-inplace/capi-inplace:"))
 		Expect(strings.Count(string(components), "kind: Namespace\n")).To(Equal(1), "clusterctl takes the one Namespace as the target namespace")
 
 		meta := decodeObjects(must(os.ReadFile(filepath.Join(env.RepoRoot, "out", "metadata.yaml"))))
