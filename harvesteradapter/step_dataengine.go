@@ -69,26 +69,9 @@ func (u *Updater) skipDataEngine(ctx context.Context, r *nodeRun) (string, error
 // (timeouts.dataEngineUpgrade) bounds the wait.
 func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, error) {
 	node := r.nu.Spec.NodeName
-	live, err := readLiveUpgrade(ctx, r.wc)
-	if err != nil {
-		return false, "", err
-	}
-	paused := false
-	if live.served {
-		var turnedOff bool
-		if paused, turnedOff, err = pauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID); err != nil {
-			return false, "", err
-		}
-		if turnedOff {
-			// Longhorn decides from its informer cache: a node it started on the old value
-			// shows only a moment later. What runs is looked at on the next poll.
-			return false, fmt.Sprintf("turned Longhorn's setting %s off so that its live upgrade of v2 instance managers starts no node while node %s is down; looking at what runs next",
-				SettingV2AutomaticUpgrade, node), nil
-		}
-	}
-	if len(live.running) > 0 {
-		return false, fmt.Sprintf("holding: Longhorn's live upgrade of v2 instance managers is running (%s); node %s is not taken down until it ends. %s",
-			strings.Join(live.running, "; "), node, pauseNote(paused)), nil
+	live, paused, held, err := pauseLiveUpgrade(ctx, r, "taken down")
+	if err != nil || held != "" {
+		return false, held, err
 	}
 	state, err := readLonghorn(ctx, r.wc)
 	if err != nil {

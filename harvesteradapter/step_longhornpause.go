@@ -42,24 +42,37 @@ func (u *Updater) skipLonghornPause(ctx context.Context, r *nodeRun) (string, er
 // runLonghornPause is done when this NodeUpdate pauses Longhorn's live upgrade (or the
 // setting was off already) and no upgrade of it runs.
 func (u *Updater) runLonghornPause(ctx context.Context, r *nodeRun) (bool, string, error) {
+	live, paused, held, err := pauseLiveUpgrade(ctx, r, "cordoned")
+	if err != nil || held != "" {
+		return false, held, err
+	}
+	if !live.served {
+		return true, "the cluster's Longhorn does not serve the live upgrade of v2 instance managers: nothing to pause", nil
+	}
+	return true, fmt.Sprintf("Longhorn's live upgrade of v2 instance managers is idle. %s", pauseNote(paused)), nil
+}
+
+// pauseLiveUpgrade pauses Longhorn's live upgrade of v2 instance managers for the
+// NodeUpdate, where Longhorn serves it, and says what the node is held for: the pause just
+// made (Longhorn decides from its informer cache, so a node it started on the old value
+// shows only a moment later; what runs is looked at on the next poll), or an upgrade that
+// runs. held is empty when neither holds; not is what is not done to the node meanwhile.
+func pauseLiveUpgrade(ctx context.Context, r *nodeRun, not string) (live liveUpgrade, paused bool, held string, err error) {
 	node := r.nu.Spec.NodeName
-	live, err := readLiveUpgrade(ctx, r.wc)
-	if err != nil {
-		return false, "", err
+	if live, err = readLiveUpgrade(ctx, r.wc); err != nil || !live.served {
+		return live, false, "", err
 	}
 	paused, turnedOff, err := pauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
 	if err != nil {
-		return false, "", err
+		return live, false, "", err
 	}
 	if turnedOff {
-		// Longhorn decides from its informer cache: a node it started on the old value
-		// shows only a moment later. What runs is looked at on the next poll.
-		return false, fmt.Sprintf("turned Longhorn's setting %s off so that its live upgrade of v2 instance managers starts no node while node %s is out of service; looking at what runs next",
+		return live, paused, fmt.Sprintf("turned Longhorn's setting %s off so that its live upgrade of v2 instance managers starts no node while node %s is out of service; looking at what runs next",
 			SettingV2AutomaticUpgrade, node), nil
 	}
 	if len(live.running) > 0 {
-		return false, fmt.Sprintf("holding: Longhorn's live upgrade of v2 instance managers is running (%s); node %s is not cordoned until it ends. %s",
-			strings.Join(live.running, "; "), node, pauseNote(paused)), nil
+		return live, paused, fmt.Sprintf("holding: Longhorn's live upgrade of v2 instance managers is running (%s); node %s is not %s until it ends. %s",
+			strings.Join(live.running, "; "), node, not, pauseNote(paused)), nil
 	}
-	return true, fmt.Sprintf("Longhorn's live upgrade of v2 instance managers is idle. %s", pauseNote(paused)), nil
+	return live, paused, "", nil
 }
