@@ -238,12 +238,13 @@ func run(opts options) error {
 	// that drives them.
 	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme()}
 	registry := nodeupdater.NewRegistry()
+	harvester := &harvesteradapter.Updater{
+		Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
+		NodeImage: opts.harvesterNodeImage, Version: version, Recorder: mgr.GetEventRecorder("harvester-updater"),
+	}
 	updaters := []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval}).Registration(),
-		(&harvesteradapter.Updater{
-			Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
-			NodeImage: opts.harvesterNodeImage, Version: version, Recorder: mgr.GetEventRecorder("harvester-updater"),
-		}).Registration(),
+		harvester.Registration(),
 	}
 	for _, reg := range updaters {
 		if err := registry.Register(reg); err != nil {
@@ -254,6 +255,13 @@ func run(opts options) error {
 	controllerOpts := controller.Options{MaxConcurrentReconciles: opts.concurrency}
 	if err := (&nodeupdater.Reconciler{Registry: registry, PollInterval: opts.pollInterval}).SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
+	}
+	plans := &harvesteradapter.PlanReconciler{
+		Updater: harvester, Checks: harvesteradapter.DefaultClusterChecks(workloads),
+		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval,
+	}
+	if err := plans.SetupWithManager(mgr, controllerOpts); err != nil {
+		return fmt.Errorf("set up the UpgradePlan controller: %w", err)
 	}
 	// The UpgradeTask controller reads every Node of a workload cluster at each reconcile:
 	// from a watch of them, per Cluster.

@@ -19,3 +19,6 @@ func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.N
 	}
 	return planForNode(cfg, nu, planKind(kind), repositoryURL)
 }
+
+// ClusterObjectName is clusterObjectName, for specs.
+func ClusterObjectName(what string, plan *harvesterv1.UpgradePlan) string { return clusterObjectName(what, plan) }

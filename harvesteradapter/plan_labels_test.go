@@ -8,10 +8,12 @@ import (
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -69,7 +71,9 @@ func reconcileUntilPlan(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 
 var _ = Describe("Two NodeUpdates of the same node", func() {
 	It("never write the same Plan, so the second cannot take over the first's running Job", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil, func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.ImagePreload.Concurrency = ptr.To[int32](-1) // each node preloads in its turn, with its own Plan
+		}, func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
 		node := c.nodes[0]
 		first := c.nodeUpdate(node)
 		reconcileUntilPlan(c, first)

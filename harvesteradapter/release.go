@@ -111,3 +111,11 @@ func sameVersion(a, b string) bool {
 	}
 	return va.String() == vb.String()
 }
+
+// versionLess reports whether version a is older than b; versions that do not parse
+// are never older.
+func versionLess(a, b string) bool {
+	va, errA := version.ParseSemantic(a)
+	vb, errB := version.ParseSemantic(b)
+	return errA == nil && errB == nil && va.LessThan(vb)
+}

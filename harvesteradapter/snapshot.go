@@ -98,4 +98,5 @@ const (
 	defaultOSUpgradeTimeout         = 45 * time.Minute
 	defaultDataEngineTimeout        = 30 * time.Minute
 	defaultNodeTimeout              = 4 * time.Hour
+	defaultClusterUpgradeTimeout    = 3 * time.Hour
 )

@@ -13,7 +13,13 @@ import (
 var cordonStep = step{
 	name:    StepCordon,
 	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Drain, defaultDrainTimeout) },
-	run:     (*Updater).runCordon,
+	skip: func(_ *Updater, _ context.Context, r *nodeRun) (string, error) {
+		if singleNode(r) {
+			return singleNodeSkip, nil
+		}
+		return "", nil
+	},
+	run: (*Updater).runCordon,
 }
 
 // runCordon cordons the node itself and records that the cordon is its own (cordon.go).

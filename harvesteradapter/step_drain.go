@@ -16,9 +16,20 @@ var drainStep = step{
 	run:     (*Updater).runDrain,
 }
 
+// singleNodeSkip is why the only node of a cluster is neither cordoned nor drained, as
+// Harvester's single-node upgrade does not (harvester-node-upgrade.md, facts 12, 29-30):
+// nothing could move to another node, and a cordon would keep any pod recreated during
+// the upgrade (the repository, SUC, the Plans' Jobs are tolerated but a Deployment's new
+// pod is not) from running. Its virtual machines are shut down and started again
+// (EvacuateVMs, RestoreVMs: every VM of a one-node cluster is non-migratable, fact 31).
+const singleNodeSkip = "the only node of the cluster: Harvester's single-node upgrade neither cordons nor drains it (its virtual machines are shut down instead)"
+
 // skipDrain: with drain.enabled false there is nothing to run; the node stays cordoned
 // and its virtual machines were evacuated by EvacuateVMs all the same.
 func (u *Updater) skipDrain(_ context.Context, r *nodeRun) (string, error) {
+	if singleNode(r) {
+		return singleNodeSkip, nil
+	}
 	if drainArgs(r.cfg.Spec.Drain, r.nu.Spec.NodeName) == nil {
 		return "drain.enabled is false in the HarvesterUpgrader: the node is only cordoned", nil
 	}

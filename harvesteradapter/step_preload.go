@@ -2,6 +2,7 @@ package harvesteradapter
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -15,7 +16,19 @@ var preloadStep = step{
 	run:     (*Updater).runPreload,
 }
 
-func (u *Updater) skipPreload(_ context.Context, r *nodeRun) (string, error) {
+// skipPreload: the node was preloaded with every other node by its cluster's
+// UpgradePlan (the cluster Plan's label on the node says so), or preloadImages is false.
+func (u *Updater) skipPreload(ctx context.Context, r *nodeRun) (string, error) {
+	if r.plan != nil {
+		node, err := u.node(ctx, r)
+		if err != nil {
+			return "", err
+		}
+		name := clusterObjectName("preload", r.plan)
+		if _, ok := node.Labels["plan.upgrade.cattle.io/"+name]; ok {
+			return fmt.Sprintf("preloaded with every node of the cluster by UpgradePlan %s (SUC plan %s)", r.plan.Name, name), nil
+		}
+	}
 	if p := r.cfg.Spec.PreloadImages; p != nil && !*p {
 		return "preloadImages is false in the HarvesterUpgrader", nil
 	}

@@ -10,6 +10,7 @@ import (
 // The steps of one node's upgrade, in the order they run; each shows in
 // NodeUpdate.status.steps.
 const (
+	StepClusterUpgrade     = "ClusterUpgrade"
 	StepRepository         = "Repository"
 	StepImagePreload       = "ImagePreload"
 	StepCordon             = "Cordon"
@@ -36,6 +37,7 @@ type step struct {
 // pipeline is the order of a node's steps, as upgrade-toolkit orders its phases: adding
 // a step is adding its file and one line here.
 var pipeline = []step{
+	clusterUpgradeStep,
 	repositoryStep,
 	preloadStep,
 	longhornPauseStep,

@@ -111,7 +111,9 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 
 	It("lets an image preload run longer than SUC's default 600 s deadline", func() {
 		clk := clocktesting.NewFakeClock(time.Now())
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil, func(s *sim.SUC) {
+		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.PreloadImages = ptr.To(false) // only the Plan the spec creates runs
+		}, func(s *sim.SUC) {
 			s.Clock = clk
 			s.Work = func(*sucv1.Plan) time.Duration { return 15 * time.Minute }
 		})
@@ -129,7 +131,7 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 
 var _ = Describe("A node's drain", func() {
 	It("reads a numeric drain timeout as seconds and sends SUC a duration", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 			h.Spec.Drain.Timeout = ptr.To(intstr.FromInt32(900))
@@ -145,7 +147,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("happens once per node, and SUC never uncordons the node between its steps", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		err := drive(c.updater, nu, 30*time.Second)
@@ -156,7 +158,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("holds a node cordoned by someone else, and leaves the cordon", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -173,7 +175,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("holds a node in Harvester maintenance mode", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -194,6 +196,7 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 	It("does not change the node's running Plans: SUC would delete their Jobs", func() {
 		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.UpgradeOS = ptr.To(false)
+			h.Spec.ImagePreload.Concurrency = ptr.To[int32](-1) // each node preloads in its turn, with its own Plan
 		}, func(s *sim.SUC) { s.JobDuration = 2 * time.Second })
 		_ = workload.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "other-sa", Namespace: "cattle-system"}})
 		node := c.nodes[0]
@@ -237,7 +240,9 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 
 var _ = Describe("Upgrading the manager while a node is upgraded", func() {
 	It("keeps the node on the node image it started with, and starts the next node on the new manager's", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.ImagePreload.Concurrency = ptr.To[int32](-1) // each node preloads in its turn, with its own Plan
+		}, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		// The old manager starts the node: its preload Plan runs.

@@ -110,6 +110,9 @@ type nodeRun struct {
 	wc    client.Client
 	repo  string
 	plans map[planKind]*sucv1.Plan
+	// plan is the cluster's UpgradePlan for the release, nil until the ClusterUpgrade
+	// step created it.
+	plan *harvesterv1.UpgradePlan
 }
 
 // Reconcile advances the node through its steps as far as it can now.
@@ -223,6 +226,13 @@ func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate, start b
 	r.repo = cfg.Spec.Release.RepositoryURL
 	if r.repo == "" {
 		r.repo = repositoryServiceURL(cfg.Spec.Release.Version)
+	}
+	plan := &harvesterv1.UpgradePlan{}
+	switch err := u.Client.Get(ctx, client.ObjectKey{Namespace: nu.Namespace, Name: UpgradePlanName(nu.Spec.ClusterName, cfg.Spec.Release.Version)}, plan); {
+	case err == nil:
+		r.plan = plan
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("get the UpgradePlan of cluster %s: %w", nu.Spec.ClusterName, err)
 	}
 	return r, nil
 }

@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,6 +44,10 @@ type harvesterCluster struct {
 	longhorn   *sim.Longhorn
 	updater    *harvesteradapter.Updater
 	config     *harvesterv1.HarvesterUpgrader
+	// plans is the UpgradePlan controller, running on the cluster's namespace, and plan
+	// the cluster's UpgradePlan, created ahead of the nodes as an operator may.
+	plans *harvesteradapter.PlanReconciler
+	plan  *harvesterv1.UpgradePlan
 }
 
 var clusterSeq int
@@ -70,7 +75,9 @@ func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, m
 		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: kubeconfig},
 	})).To(Succeed())
 
-	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage}
+	// The specs' clusters share one workload API server: each labels its nodes, and its
+	// UpgradePlan covers those only (spec.nodeSelector).
+	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage, Labels: map[string]string{labelTestCluster: c.name}}
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("%s-node-%d", c.name, i)
 		_, err := c.kubelet.CreateNode(ctx, name, "v1.32.5+rke2r1", nil)
@@ -108,8 +115,22 @@ func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, m
 		NodeImage:     managerNodeImage,
 		Version:       managerVersion,
 	}
+	c.plans = startPlans(c.ns, c.updater)
+	c.plan = &harvesterv1.UpgradePlan{
+		ObjectMeta: metav1.ObjectMeta{Name: harvesteradapter.UpgradePlanName(c.name, c.config.Spec.Release.Version), Namespace: c.ns},
+		Spec: harvesterv1.UpgradePlanSpec{
+			ClusterName: c.name, UpgraderName: c.config.Name, Version: c.config.Spec.Release.Version,
+			ImagePreload: c.config.Spec.ImagePreload,
+			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{labelTestCluster: c.name}},
+		},
+	}
+	Expect(env.Client.Create(ctx, c.plan)).To(Succeed())
 	return c
 }
+
+// labelTestCluster names, on a node of the shared workload API server, the spec's
+// cluster it belongs to.
+const labelTestCluster = "test.capi-inplace.io/cluster"
 
 // The manager these specs play: its version and its own node image (main.go's
 // --harvester-node-image default).
@@ -195,8 +216,9 @@ var _ = Describe("The Harvester updater", func() {
 		}
 		for i, nu := range results {
 			Expect(stepStates(nu)).To(Equal(map[string]inplacev1.StepState{
+				harvesteradapter.StepClusterUpgrade:     inplacev1.StepStateSucceeded,
 				harvesteradapter.StepRepository:         inplacev1.StepStateSucceeded,
-				harvesteradapter.StepImagePreload:       inplacev1.StepStateSucceeded,
+				harvesteradapter.StepImagePreload:       inplacev1.StepStateSkipped, // the UpgradePlan preloaded every node
 				harvesteradapter.StepCordon:             inplacev1.StepStateSucceeded,
 				harvesteradapter.StepEvacuateVMs:        inplacev1.StepStateSucceeded,
 				harvesteradapter.StepDrain:              inplacev1.StepStateSucceeded,
@@ -213,18 +235,21 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(node.Status.NodeInfo.OSImage).To(Equal("Harvester v1.6.0"))
 			Expect(node.Spec.Unschedulable).To(BeFalse())
 		}
-		for _, kind := range []string{"preload", "drain", "rke2", "os"} {
+		for _, kind := range []string{"drain", "rke2", "os"} {
 			for _, nu := range results {
 				node := nu.Spec.NodeName
 				Expect(c.rec.RunsOf(harvesteradapter.PlanName(kind, nu))).To(Equal(map[string]int{node: 1}), "plan %s ran once, on its node only", kind)
 			}
 		}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), c.plan)).To(Succeed())
+		preload := harvesteradapter.ClusterObjectName("preload", c.plan)
+		Expect(c.rec.RunsOf(preload)).To(Equal(map[string]int{c.nodes[0]: 1, c.nodes[1]: 1, c.nodes[2]: 1}), "one preload of every node, by the UpgradePlan")
 		Expect(c.rec.MaxDown()).To(Equal(1), "one node down at a time")
 		Expect(ourPlans(c)).To(BeEmpty(), "every node's Plans are deleted at the end")
 	})
 
 	It("fails the Kubernetes step with the SUC Job's reason when the RKE2 upgrade fails on a node", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
@@ -240,13 +265,23 @@ var _ = Describe("The Harvester updater", func() {
 		Expect(c.rec.RunsOf(harvesteradapter.PlanName("os", nu))).To(BeEmpty())
 	})
 
-	It("refuses a release the node's Harvester version cannot be upgraded to, before touching the node", func() {
-		c := newHarvesterCluster(1, "Harvester v1.4.2", nil)
+	It("holds a release the cluster's Harvester version cannot be upgraded to, before touching a node, until the plan is forced", func() {
+		c := newHarvesterCluster(2, "Harvester v1.4.2", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
 		nu := c.nodeUpdate(c.nodes[0])
-		err := drive(c.updater, nu, 10*time.Second)
-		Expect(err).To(MatchError(ContainSubstring("the node runs Harvester v1.4.2, but Harvester v1.6.0 installs only over v1.5.0 or newer: upgrade to v1.5.0 first")))
-		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRepository)).To(Equal(inplacev1.StepStateFailed))
+		err := drive(c.updater, nu, 5*time.Second)
+		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
+		step := nodeupdater.Step(nu, harvesteradapter.StepClusterUpgrade)
+		Expect(step.State).To(Equal(inplacev1.StepStateRunning))
+		Expect(step.Message).To(ContainSubstring("the node runs Harvester v1.4.2, but Harvester v1.6.0 installs only over v1.5.0 or newer: upgrade to v1.5.0 first"))
 		Expect(runsOn(c.rec, c.nodes[0])).To(BeEmpty(), "no Plan ran on the node")
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), c.plan)).To(Succeed())
+		Expect(c.plan.Status.Phase).To(Equal(harvesterv1.UpgradePlanMetadataPopulating))
+		Expect(meta.IsStatusConditionTrue(c.plan.Status.Conditions, harvesterv1.UpgradePlanDegraded)).To(BeTrue())
+
+		// spec.force skips the eligibility check, as the toolkit's force skips its version guard.
+		c.plan.Spec.Force = true
+		Expect(env.Client.Update(ctx, c.plan)).To(Succeed())
+		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
 	})
 
 	It("deploys one repository for many nodes", func() {
@@ -274,7 +309,8 @@ var _ = Describe("The Harvester updater", func() {
 		nu := c.nodeUpdate(c.nodes[0])
 		err := drive(c.updater, nu, 3*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
-		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRepository)).To(Equal(inplacev1.StepStateRunning))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepClusterUpgrade)).To(Equal(inplacev1.StepStateRunning), "the UpgradePlan waits for its repository")
+		Expect(nodeupdater.Step(nu, harvesteradapter.StepClusterUpgrade).Message).To(ContainSubstring("RepoCreating"))
 	})
 
 	It("fails clearly when the repository cannot verify the ISO's checksum", func() {
@@ -293,7 +329,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 	It("waits for the running SUC Job to end, then removes the node's Plans and lifts its own cordon", func() {
 		// Long enough that the Job still runs when Abort is first asked, on a loaded machine
 		// too (1.5 s was not: the Job had ended and Abort rightly said done).
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
+		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
 			func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)

@@ -160,8 +160,22 @@ func stateFromNodeUpdate(nu *inplacev1.NodeUpdate) (inplacev1.MachineState, stri
 	return inplacev1.MachineStateInProgress, ""
 }
 
+// labelWitnessNode marks a Harvester witness node: an etcd member that runs nothing else.
+// Harvester upgrades it after the management nodes and before the workers; within a
+// control plane the witness goes last.
+const labelWitnessNode = "node-role.harvesterhci.io/witness"
+
+func isWitnessMember(m *member) bool {
+	if m.node == nil {
+		return false
+	}
+	v, ok := m.node.Labels[labelWitnessNode]
+	return ok && v != "false"
+}
+
 // orderMembers sorts the members in the planned order: nodes named in nodeOrder first,
-// in that order; then, for a control plane, the oldest machine first, else by name.
+// in that order; then witness nodes after the others; then, for a control plane, the
+// oldest machine first, else by name.
 func orderMembers(members []*member, nodeOrder []string, controlPlane bool) {
 	rank := func(m *member) int {
 		for i, n := range nodeOrder {
@@ -175,6 +189,9 @@ func orderMembers(members []*member, nodeOrder []string, controlPlane bool) {
 		a, b := members[i], members[j]
 		if ra, rb := rank(a), rank(b); ra != rb {
 			return ra < rb
+		}
+		if wa, wb := isWitnessMember(a), isWitnessMember(b); wa != wb {
+			return wb
 		}
 		if controlPlane && a.machine != nil && b.machine != nil {
 			ta, tb := a.machine.CreationTimestamp.Time, b.machine.CreationTimestamp.Time

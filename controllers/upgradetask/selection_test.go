@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -44,6 +45,19 @@ var _ = Describe("selection order", func() {
 		Entry("nodeOrder first on a control plane too", true, []string{"node-a"}, []string{"a", "d", "b", "c"}),
 		Entry("unknown names in nodeOrder are ignored", false, []string{"ghost"}, []string{"a", "b", "c", "d"}),
 	)
+
+	It("puts a Harvester witness node after the management nodes, unless nodeOrder names it", func() {
+		members := []*member{
+			testMember("w", "node-w", t0),
+			testMember("m1", "node-m1", t0.Add(time.Hour)),
+			testMember("m2", "node-m2", t0.Add(2*time.Hour)),
+		}
+		members[0].node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-w", Labels: map[string]string{labelWitnessNode: "true"}}}
+		orderMembers(members, nil, true)
+		Expect(names(members)).To(Equal([]string{"m1", "m2", "w"}), "the oldest machine is the witness, yet it goes last")
+		orderMembers(members, []string{"node-w"}, true)
+		Expect(names(members)).To(Equal([]string{"w", "m1", "m2"}))
+	})
 })
 
 var _ = Describe("task phase", func() {

@@ -20,11 +20,16 @@ type Kubelet struct {
 	Record *Record
 	// OSImage is the OS image new nodes report. Default "Harvester v1.5.0".
 	OSImage string
+	// Labels are put on every node it creates, besides those CreateNode is given.
+	Labels map[string]string
 }
 
 // CreateNode registers a Ready node at the given kubelet version (e.g. v1.32.5+rke2r1).
 func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels map[string]string) (*corev1.Node, error) {
 	all := map[string]string{corev1.LabelHostname: name}
+	for key, v := range k.Labels {
+		all[key] = v
+	}
 	for key, v := range labels {
 		all[key] = v
 	}

@@ -185,6 +185,25 @@ type Timeouts struct {
 	// +optional
 	// +kubebuilder:default="4h"
 	Node *metav1.Duration `json:"node,omitempty"`
+	// clusterUpgrade bounds how long a node waits for its cluster's UpgradePlan to finish
+	// the cluster-level phases (repository, metadata, preload of every node, the cluster
+	// upgrade) before it is let go.
+	// +optional
+	// +kubebuilder:default="3h"
+	ClusterUpgrade *metav1.Duration `json:"clusterUpgrade,omitempty"`
+}
+
+// ClusterUpgradeOptions says how the cluster upgrade Job runs on the workload cluster.
+type ClusterUpgradeOptions struct {
+	// serviceAccountName is the service account of the cluster upgrade Job, in
+	// harvester-system. It updates Rancher's provisioning Cluster, Deployments in
+	// cattle-system, the harvester-charts ClusterRepo and Harvester's ManagedCharts. The
+	// default is Harvester's own service account, which holds those rights.
+	// +optional
+	// +kubebuilder:default="harvester"
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 }
 
 // RepositoryStorage is the volume the repository keeps the ISO on.
@@ -245,6 +264,16 @@ type HarvesterUpgraderSpec struct {
 	// +optional
 	// +kubebuilder:default=Auto
 	LonghornV2Swap LonghornV2Swap `json:"longhornV2Swap,omitempty"`
+
+	// imagePreload says how the cluster's UpgradePlan preloads the release's images on
+	// every node before the first node is disrupted; it is copied into the UpgradePlan
+	// the updater creates.
+	// +optional
+	ImagePreload ImagePreloadOption `json:"imagePreload,omitempty"`
+
+	// clusterUpgrade says how the cluster upgrade Job runs.
+	// +optional
+	ClusterUpgrade ClusterUpgradeOptions `json:"clusterUpgrade,omitempty"`
 
 	// repositoryStorage is the volume of the deployed repository.
 	// +optional

@@ -1,0 +1,431 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// Node states the plan shows before a node's NodeUpdate starts and after it ends.
+const (
+	NodeStateWaiting         = "Waiting"
+	NodeStateImagePreloading = "ImagePreloading"
+	NodeStateImagePreloaded  = "ImagePreloaded"
+	NodeStateAtRelease       = "AtRelease"
+)
+
+// initialize records the running version and the cluster's shape and runs the preflight
+// checks (fact 46). A failing check holds the plan here, before anything is created on
+// the cluster, and is run again at every look until it passes or is skipped.
+func (r *PlanReconciler) initialize(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return false, "", err
+	}
+	if len(nodes) == 0 {
+		return false, "", heldf("the workload cluster %s has no nodes yet", pr.Cluster.Name)
+	}
+	previous, nonWitness := "", 0
+	for _, n := range nodes {
+		if n.role != harvesterv1.NodeRoleWitness {
+			nonWitness++
+		}
+		v, err := HarvesterVersionFromOSImage(n.node.Status.NodeInfo.OSImage)
+		if err != nil {
+			return false, "", heldf("node %s: %v", n.node.Name, err)
+		}
+		if previous == "" || versionLess(v, previous) {
+			previous = v
+		}
+	}
+	pr.Plan.Status.PreviousVersion = previous
+	pr.Plan.Status.SingleNode = nonWitness == 1
+	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateWaiting, pr)
+	if r.Checks != nil {
+		pr.Plan.Status.Preflight = r.Checks(ctx, pr)
+	}
+	var failed []string
+	for _, c := range pr.Plan.Status.Preflight {
+		if c.Result == harvesterv1.CheckFailed {
+			failed = append(failed, fmt.Sprintf("%s: %s", c.Name, c.Message))
+		}
+	}
+	if len(failed) > 0 {
+		return false, "", heldf("preflight checks failed (fix them, or skip one with the annotation skip-check.harvester.inplace.cluster.x-k8s.io/<name>: \"true\"): %s", strings.Join(failed, "; "))
+	}
+	return true, fmt.Sprintf("%d nodes at Harvester %s; %d preflight checks passed or skipped", len(nodes), previous, len(pr.Plan.Status.Preflight)), nil
+}
+
+// createRepository deploys the release's repository and waits until it serves; with
+// release.repositoryURL there is none to deploy.
+func (r *PlanReconciler) createRepository(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	if pr.Config.Spec.Release.RepositoryURL != "" {
+		return true, "the release is served by the existing repository " + pr.Config.Spec.Release.RepositoryURL, nil
+	}
+	return ensureRepository(ctx, pr.Workload, pr.Config)
+}
+
+// populateMetadata reads harvester-release.yaml into the status and checks the release
+// installs over the running one (unless spec.force), as the toolkit's version guard.
+func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	readURL := pr.repo
+	if pr.Config.Spec.Release.RepositoryURL == "" && r.Updater.RepositoryURL != nil {
+		readURL = r.Updater.RepositoryURL(pr.repo)
+	}
+	data, err := r.Updater.Releases.ReadRelease(ctx, pr.Cluster, readURL)
+	if err != nil {
+		return false, "", fmt.Errorf("read the release metadata of Harvester %s: %w", pr.Plan.Spec.Version, err)
+	}
+	rel, err := ParseReleaseMetadata(data)
+	if err != nil {
+		return false, "", nodeupdater.Permanent("InvalidReleaseMetadata", err)
+	}
+	pr.Plan.Status.ReleaseMetadata = &harvesterv1.ReleaseInfo{
+		Harvester: rel.Harvester, HarvesterChart: rel.HarvesterChart, OS: rel.OS, Kubernetes: rel.Kubernetes,
+		Rancher: rel.Rancher, MinUpgradableVersion: rel.MinUpgradableVersion,
+	}
+	if !sameVersion(rel.Harvester, pr.Plan.Spec.Version) {
+		return false, "", nodeupdater.Permanentf("WrongRelease", "the repository serves Harvester %s, but the plan is for %s: point the HarvesterUpgrader's release at the %s release", rel.Harvester, pr.Plan.Spec.Version, pr.Plan.Spec.Version)
+	}
+	if !pr.Plan.Spec.Force {
+		if err := rel.CheckEligible(pr.Plan.Spec.Version, rel.Kubernetes, pr.Plan.Status.PreviousVersion); err != nil {
+			return false, "", heldf("%v (set spec.force to install it anyway)", err)
+		}
+	}
+	return true, fmt.Sprintf("Harvester %s: Kubernetes %s, Rancher %s, chart %s", rel.Harvester, rel.Kubernetes, rel.Rancher, rel.HarvesterChart), nil
+}
+
+// preloadImages pulls the release's images onto every node with one SUC Plan,
+// concurrency nodes at a time (fact 50), before any node is disrupted. A negative
+// concurrency skips it: each node then preloads in its own turn.
+func (r *PlanReconciler) preloadImages(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	if p := pr.Config.Spec.PreloadImages; p != nil && !*p {
+		return true, "skipped: preloadImages is false in the HarvesterUpgrader", nil
+	}
+	concurrency := pr.Plan.Spec.ImagePreload.Concurrency
+	if concurrency != nil && *concurrency < 0 {
+		return true, "skipped (imagePreload.concurrency is negative): each node preloads before it is drained", nil
+	}
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return false, "", err
+	}
+	n := int64(len(nodes))
+	if concurrency != nil && *concurrency > 0 && int64(*concurrency) < n {
+		n = int64(*concurrency)
+	}
+	want := clusterPreloadPlan(pr, n)
+	done, message, states, err := applyClusterPlan(ctx, pr, want, nodes)
+	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, states, NodeStateImagePreloading, pr)
+	return done, message, err
+}
+
+// clusterPreloadPlan is the SUC Plan that preloads the release's images on every node,
+// concurrency at a time: the node program's preload, as each node's own preload Plan
+// runs it (planForNode), selecting every node.
+func clusterPreloadPlan(pr *PlanRun, concurrency int64) *sucv1.Plan {
+	spec := pr.Config.Spec
+	release := spec.Release.Version
+	return &sucv1.Plan{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      clusterObjectName("preload", pr.Plan),
+			Namespace: spec.SystemUpgradeController.Namespace,
+			Labels:    map[string]string{LabelUpgradePlan: pr.Plan.Name, LabelPlanKind: string(planPreload)},
+		},
+		Spec: sucv1.PlanSpec{
+			Concurrency:           concurrency,
+			Version:               release,
+			ServiceAccountName:    spec.SystemUpgradeController.ServiceAccountName,
+			JobActiveDeadlineSecs: ptr.To(deadlineSeconds(planTimeout(planPreload, spec.Timeouts))),
+			NodeSelector:          planNodes(pr.Plan),
+			Tolerations:           []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Upgrade:               nodeProgram(spec.Images.Node, []string{"preload"}, pr.repo, release, privilegedRoot()),
+		},
+	}
+}
+
+// planNodes selects the nodes the plan covers: its spec.nodeSelector, and every node
+// (each carries kubernetes.io/hostname; SUC selects no node with a nil selector).
+func planNodes(plan *harvesterv1.UpgradePlan) *metav1.LabelSelector {
+	sel := &metav1.LabelSelector{}
+	if plan.Spec.NodeSelector != nil {
+		sel = plan.Spec.NodeSelector.DeepCopy()
+	}
+	sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpExists})
+	return sel
+}
+
+// applyClusterPlan creates or updates a Plan of the plan's own (one for every node) and
+// reports, as SUC signals it (a node done once it carries the Plan's latest hash), each
+// node's state and whether every node is done. A failed Job fails the plan.
+func applyClusterPlan(ctx context.Context, pr *PlanRun, want *sucv1.Plan, nodes []clusterNode) (bool, string, map[string]string, error) {
+	current := &sucv1.Plan{}
+	err := pr.Workload.Get(ctx, client.ObjectKeyFromObject(want), current)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := pr.Workload.Create(ctx, want); err != nil {
+			return false, "", nil, fmt.Errorf("create SUC plan %s: %w", want.Name, err)
+		}
+		return false, fmt.Sprintf("created SUC plan %s/%s for %d nodes", want.Namespace, want.Name, len(nodes)), nil, nil
+	case err != nil:
+		return false, "", nil, fmt.Errorf("get SUC plan %s: %w", want.Name, err)
+	}
+	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) {
+		current.Spec = want.Spec
+		if current.Labels == nil {
+			current.Labels = map[string]string{}
+		}
+		maps.Copy(current.Labels, want.Labels)
+		if err := pr.Workload.Update(ctx, current); err != nil {
+			return false, "", nil, fmt.Errorf("update SUC plan %s: %w", want.Name, err)
+		}
+		return false, "updated SUC plan " + want.Name, nil, nil
+	}
+	if current.Status.LatestHash == "" {
+		return false, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil, nil
+	}
+	jobs := &batchv1.JobList{}
+	if err := pr.Workload.List(ctx, jobs, client.InNamespace(current.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": current.Name}); err != nil {
+		return false, "", nil, fmt.Errorf("list jobs of plan %s: %w", current.Name, err)
+	}
+	for _, job := range jobs.Items {
+		if job.CreationTimestamp.Before(&current.CreationTimestamp) {
+			continue
+		}
+		for _, c := range job.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				return false, "", nil, nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s",
+					job.Name, current.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
+			}
+		}
+	}
+	states := map[string]string{}
+	done := 0
+	for _, n := range nodes {
+		if n.node.Labels["plan.upgrade.cattle.io/"+current.Name] == current.Status.LatestHash {
+			states[n.node.Name] = "done"
+			done++
+		}
+	}
+	if done == len(nodes) {
+		return true, fmt.Sprintf("SUC plan %s completed on all %d nodes", current.Name, len(nodes)), states, nil
+	}
+	return false, fmt.Sprintf("System Upgrade Controller is applying plan %s: %d of %d nodes done, %d at a time", current.Name, done, len(nodes), current.Spec.Concurrency), states, nil
+}
+
+// upgradeNodes lets the nodes go (their NodeUpdates wait for this phase) and follows
+// them until every node of the cluster runs the release and no NodeUpdate of the
+// cluster still runs. A failed node makes the plan Degraded; it does not fail it: the
+// node can be upgraded again (a task retries it, or a new NodeUpdate).
+func (r *PlanReconciler) upgradeNodes(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return false, "", err
+	}
+	nus, err := r.nodeUpdatesOf(ctx, pr)
+	if err != nil {
+		return false, "", err
+	}
+	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateImagePreloaded, pr, nus)
+	at, running := 0, 0
+	for _, n := range pr.Plan.Status.Nodes {
+		switch n.State {
+		case NodeStateAtRelease:
+			at++
+		case string(inplacev1.NodeUpdatePhasePending), "":
+		default:
+			if strings.HasPrefix(n.State, string(inplacev1.NodeUpdatePhaseInProgress)) {
+				running++
+			}
+		}
+	}
+	if at == len(nodes) && running == 0 {
+		return true, fmt.Sprintf("all %d nodes run Harvester %s", len(nodes), pr.Plan.Spec.Version), nil
+	}
+	return false, fmt.Sprintf("%d of %d nodes run Harvester %s; %d upgrading", at, len(nodes), pr.Plan.Spec.Version, running), nil
+}
+
+// nodeUpdatesOf maps each node of the plan's cluster to its newest NodeUpdate by the
+// Harvester updater.
+func (r *PlanReconciler) nodeUpdatesOf(ctx context.Context, pr *PlanRun) (map[string]*inplacev1.NodeUpdate, error) {
+	list := &inplacev1.NodeUpdateList{}
+	if err := r.Updater.Client.List(ctx, list, client.InNamespace(pr.Plan.Namespace)); err != nil {
+		return nil, fmt.Errorf("list NodeUpdates: %w", err)
+	}
+	out := map[string]*inplacev1.NodeUpdate{}
+	for i := range list.Items {
+		nu := &list.Items[i]
+		if nu.Spec.ClusterName != pr.Plan.Spec.ClusterName || nu.Spec.UpdaterRef.Kind != GroupKind.Kind {
+			continue
+		}
+		if prev, ok := out[nu.Spec.NodeName]; !ok || prev.CreationTimestamp.Before(&nu.CreationTimestamp) {
+			out[nu.Spec.NodeName] = nu
+		}
+	}
+	return out, nil
+}
+
+// nodeStatuses describes the cluster's nodes in their order. planStates are the states
+// of a cluster Plan's nodes ("done"); before says what a node not done and without a
+// NodeUpdate is; a running NodeUpdate shows as InProgress/<step>, an ended one by its
+// phase unless the node runs the release.
+func (r *PlanReconciler) nodeStatuses(nodes []clusterNode, planStates map[string]string, before string, pr *PlanRun, nus ...map[string]*inplacev1.NodeUpdate) []harvesterv1.NodeUpgradeStatus {
+	out := make([]harvesterv1.NodeUpgradeStatus, 0, len(nodes))
+	release := pr.Plan.Status.ReleaseMetadata
+	at, total := 0, len(nodes)
+	for _, n := range nodes {
+		s := harvesterv1.NodeUpgradeStatus{Name: n.node.Name, Role: n.role, State: before}
+		if planStates[n.node.Name] == "done" {
+			s.State = NodeStateImagePreloaded
+		}
+		atRelease := release != nil && func() bool {
+			ok, _ := nodeAtTarget(n.node.Status.NodeInfo, release.Kubernetes, pr.Plan.Spec.Version, upgradesOS(pr.Config))
+			return ok
+		}()
+		var nu *inplacev1.NodeUpdate
+		if len(nus) > 0 {
+			nu = nus[0][n.node.Name]
+		}
+		switch {
+		case nu != nil && (nu.Status.Phase == inplacev1.NodeUpdatePhaseInProgress || nu.Status.Phase == inplacev1.NodeUpdatePhasePending) && nu.DeletionTimestamp.IsZero():
+			s.NodeUpdate = nu.Name
+			s.State = string(inplacev1.NodeUpdatePhaseInProgress)
+			if nu.Status.CurrentStep != "" {
+				s.State += "/" + nu.Status.CurrentStep
+			}
+			if st := nodeupdater.Step(nu, nu.Status.CurrentStep); st != nil {
+				s.Message = st.Message
+			}
+		case atRelease:
+			s.State = NodeStateAtRelease
+			if nu != nil {
+				s.NodeUpdate = nu.Name
+			}
+			at++
+		case nu != nil && nu.Status.Phase == inplacev1.NodeUpdatePhaseFailed:
+			s.NodeUpdate, s.State, s.Message = nu.Name, string(nu.Status.Phase), nu.Status.FailureMessage
+		}
+		out = append(out, s)
+	}
+	pr.Plan.Status.Upgraded = fmt.Sprintf("%d/%d", at, total)
+	return out
+}
+
+// cleanImages removes the previous release's images from every node, one node at a
+// time (fact 55), while the repository still serves the image lists.
+func (r *PlanReconciler) cleanImages(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	previous := pr.Plan.Status.PreviousVersion
+	if previous == "" || sameVersion(previous, pr.Plan.Spec.Version) {
+		return true, "skipped: no previous release on the nodes", nil
+	}
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return false, "", err
+	}
+	want := imageCleanupPlan(pr.Config, clusterObjectName("image-cleanup", pr.Plan), pr.repo, previous)
+	want.Labels[LabelUpgradePlan] = pr.Plan.Name
+	want.Spec.NodeSelector = planNodes(pr.Plan)
+	done, message, _, err := applyClusterPlan(ctx, pr, want, nodes)
+	return done, message, err
+}
+
+// cleanUp removes what the plan created on the workload cluster.
+func (r *PlanReconciler) cleanUp(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	if err := r.removeClusterObjects(ctx, pr); err != nil {
+		return false, "", err
+	}
+	return true, "removed the repository, the Plans and the Job of the plan", nil
+}
+
+// removeClusterObjects deletes the repository (unless it was an existing one), the SUC
+// Plans and the Jobs and ConfigMaps the plan created on the workload cluster.
+func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) error {
+	if pr.Config.Spec.Release.RepositoryURL == "" {
+		pvc, dep, svc, err := repositoryObjects(pr.Config)
+		if err != nil {
+			return err
+		}
+		for _, obj := range []client.Object{dep, svc, pvc} {
+			if obj == nil {
+				continue
+			}
+			if err := pr.Workload.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete the upgrade repository's %T %s: %w", obj, obj.GetName(), err)
+			}
+		}
+	}
+	return removeLabelled(ctx, pr.Workload, pr.Plan.Name)
+}
+
+// removeLabelled deletes the Plans, Jobs and ConfigMaps labelled with the plan's name,
+// in every namespace.
+func removeLabelled(ctx context.Context, wc client.Client, plan string) error {
+	sel := client.MatchingLabels{LabelUpgradePlan: plan}
+	for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}, &corev1.ConfigMapList{}} {
+		if err := wc.List(ctx, list, sel); err != nil {
+			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+				continue // SUC not installed: no Plan of ours
+			}
+			return fmt.Errorf("list %T of plan %s: %w", list, plan, err)
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			return err
+		}
+		for _, item := range items {
+			obj, ok := item.(client.Object)
+			if !ok {
+				continue
+			}
+			if err := wc.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// ensurePlanFor returns the UpgradePlan of the node's cluster and release, creating it
+// from the HarvesterUpgrader when there is none (the first node of a cluster and release
+// creates it).
+func ensurePlanFor(ctx context.Context, c client.Client, nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader) (*harvesterv1.UpgradePlan, bool, error) {
+	key := types.NamespacedName{Namespace: nu.Namespace, Name: UpgradePlanName(nu.Spec.ClusterName, cfg.Spec.Release.Version)}
+	plan := &harvesterv1.UpgradePlan{}
+	err := c.Get(ctx, key, plan)
+	if err == nil {
+		return plan, false, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, false, fmt.Errorf("get UpgradePlan %s: %w", key, err)
+	}
+	plan = &harvesterv1.UpgradePlan{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
+		Spec: harvesterv1.UpgradePlanSpec{
+			ClusterName: nu.Spec.ClusterName, UpgraderName: nu.Spec.UpdaterRef.Name, Version: cfg.Spec.Release.Version,
+			ImagePreload: cfg.Spec.ImagePreload,
+		},
+	}
+	if err := c.Create(ctx, plan); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil, false, fmt.Errorf("UpgradePlan %s was just created by another node; looking again", key)
+		}
+		return nil, false, fmt.Errorf("create UpgradePlan %s: %w", key, err)
+	}
+	return plan, true, nil
+}
