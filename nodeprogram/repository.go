@@ -287,7 +287,23 @@ func fetch(ctx context.Context, env *Env, url string) (io.ReadCloser, error) {
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		return nil, retryf("GET %s: %s", url, resp.Status)
 	}
-	return nil, fmt.Errorf("GET %s: %s: check the URL", url, resp.Status)
+	return nil, &statusError{url: url, status: resp.Status, code: resp.StatusCode}
+}
+
+// statusError is a 4xx answer other than 429: the URL is wrong, or names nothing.
+type statusError struct {
+	url, status string
+	code        int
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("GET %s: %s: check the URL", e.url, e.status)
+}
+
+// isNotFound tells whether err is a 404 answer.
+func isNotFound(err error) bool {
+	var s *statusError
+	return errors.As(err, &s) && s.code == http.StatusNotFound
 }
 
 type mountOptions struct {
