@@ -57,3 +57,47 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 		t.Errorf("nginx %s, readiness %s", nginx.Image, nginx.ReadinessProbe.HTTPGet.Path)
 	}
 }
+
+func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
+	cfg := testUpgrader()
+	cfg.Spec.Release = harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/harvester-v1.6.0"}
+	cfg.Spec.Images.Nginx = "rancher/mirrored-library-nginx:1.27-alpine"
+	pvc, dep, svc, err := repositoryObjects(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pvc != nil {
+		t.Errorf("a PVC %s of the repository's own: the image's volume holds the ISO", pvc.Name)
+	}
+	if dep.Namespace != RepositoryNamespace || svc.Namespace != RepositoryNamespace || dep.Name != "capi-inplace-repo-v1-6-0" {
+		t.Errorf("repository %s/%s, Service in %s: it stays where the nodes reach it", dep.Namespace, dep.Name, svc.Namespace)
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.InitContainers) != 0 || len(pod.Containers) != 2 {
+		t.Fatalf("init containers %v, containers %d; want no downloader, a mounter and nginx", pod.InitContainers, len(pod.Containers))
+	}
+	var volume *corev1.PersistentVolumeClaimVolumeSource
+	for _, v := range pod.Volumes {
+		if v.Name == "repository" {
+			volume = v.PersistentVolumeClaim
+		}
+	}
+	if volume == nil || volume.ClaimName != "harvester-v1.6.0" || !volume.ReadOnly {
+		t.Errorf("repository volume %+v, want the image's PVC harvester-v1.6.0, read-only", volume)
+	}
+	mount := pod.Containers[0]
+	wantMount := "node repository mount --image=/repository/disk.img --ready-flag=false --target=/iso --hold"
+	if mount.Image != testNodeImage || strings.Join(mount.Args, " ") != wantMount {
+		t.Errorf("mounter runs %s %v, want %s", mount.Image, mount.Args, wantMount)
+	}
+	for _, m := range mount.VolumeMounts {
+		if m.Name == "repository" && (!m.ReadOnly || m.MountPath != "/repository") {
+			t.Errorf("mounter mounts the image's volume %+v, want read-only at /repository", m)
+		}
+	}
+
+	cfg.Spec.Release.Image = "default/harvester-v1.6.0"
+	if _, _, _, err := repositoryObjects(cfg); err == nil || !strings.Contains(err.Error(), "is not in harvester-system") {
+		t.Errorf("an image outside harvester-system: %v", err)
+	}
+}
