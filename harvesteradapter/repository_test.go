@@ -1,10 +1,13 @@
 package harvesteradapter
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
@@ -99,5 +102,37 @@ func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
 	cfg.Spec.Release.Image = "default/harvester-v1.6.0"
 	if _, _, _, err := repositoryObjects(cfg); err == nil || !strings.Contains(err.Error(), "is not in harvester-system") {
 		t.Errorf("an image outside harvester-system: %v", err)
+	}
+}
+
+func TestImageVolumeReady(t *testing.T) {
+	ctx := context.Background()
+	vol := func(mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, phase corev1.PersistentVolumeClaimPhase) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "harvester-v1.6.0", Namespace: RepositoryNamespace},
+			Spec:       corev1.PersistentVolumeClaimSpec{VolumeMode: &mode, AccessModes: []corev1.PersistentVolumeAccessMode{access}},
+			Status:     corev1.PersistentVolumeClaimStatus{Phase: phase},
+		}
+	}
+	for _, tc := range []struct {
+		name         string
+		pvc          *corev1.PersistentVolumeClaim
+		ready        bool
+		message, err string
+	}{
+		{"no volume yet", nil, false, "waiting for the volume harvester-system/harvester-v1.6.0", ""},
+		{"importing", vol(corev1.PersistentVolumeFilesystem, corev1.ReadWriteMany, corev1.ClaimPending), false, "waiting for the import", ""},
+		{"imported", vol(corev1.PersistentVolumeFilesystem, corev1.ReadWriteMany, corev1.ClaimBound), true, "", ""},
+		{"a block volume", vol(corev1.PersistentVolumeBlock, corev1.ReadWriteMany, corev1.ClaimBound), false, "", "harvesterhci.io/os-upgrade-image"},
+		{"one node only", vol(corev1.PersistentVolumeFilesystem, corev1.ReadWriteOnce, corev1.ClaimBound), false, "", "not a ReadWriteMany file system volume"},
+	} {
+		b := fake.NewClientBuilder()
+		if tc.pvc != nil {
+			b = b.WithObjects(tc.pvc)
+		}
+		ready, message, err := imageVolumeReady(ctx, b.Build(), "harvester-system/harvester-v1.6.0", "harvester-v1.6.0")
+		if ready != tc.ready || !strings.Contains(message, tc.message) || (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: %v, %q, %v", tc.name, ready, message, err)
+		}
 	}
 }
