@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -44,7 +45,16 @@ const (
 	repositoryISOFile = "harvester.iso"
 	// repositoryMountPath is where the mounter mounts the ISO, in the emptyDir nginx serves.
 	repositoryMountPath = "/iso"
+	// imageDiskFile is the ISO on the volume of a VirtualMachineImage imported with the
+	// cdi backend, which Harvester's repository loop-mounts (facts, fact 15).
+	imageDiskFile = "disk.img"
 )
+
+// releaseImage is the namespace and name of release.image, ok false when it is not set.
+func releaseImage(release harvesterv1.Release) (namespace, name string, ok bool) {
+	namespace, name, ok = strings.Cut(release.Image, "/")
+	return namespace, name, ok && namespace != "" && name != ""
+}
 
 // repositoryName is the name of the repository of a release: one per workload cluster
 // and release, shared by every node.
@@ -69,10 +79,25 @@ func repositoryServiceURL(release string) string {
 // flag; a privileged sidecar loop-mounts the ISO with bidirectional mount propagation;
 // nginx serves the mounted tree; the pods are ready once /harvester-release.yaml is
 // served, and spread across nodes.
+//
+// With release.image there is no PVC of the repository's own and no downloader: the
+// pods mount, read-only, the PVC that backs the VirtualMachineImage (named as the image,
+// in its namespace), and the sidecar loop-mounts its disk.img, as Harvester's own
+// repository does (facts, facts 15 and 48). The image must be in the repository's
+// namespace, harvester-system (the API refuses another): a pod mounts PVCs of its own
+// namespace only, and the repository stays where Harvester's is and where the nodes
+// reach it (repositoryServiceURL), whatever the image.
 func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVolumeClaim, *appsv1.Deployment, *corev1.Service, error) {
 	spec := cfg.Spec
 	name := repositoryName(spec.Release.Version)
 	labels := map[string]string{LabelRepository: name, "app.kubernetes.io/name": "capi-inplace-upgrade-repository"}
+	if imageNS, image, ok := releaseImage(spec.Release); ok {
+		if imageNS != RepositoryNamespace {
+			return nil, nil, nil, nodeupdater.Permanentf("InvalidReleaseImage", "HarvesterUpgrader %s: release.image %s is not in %s, where the upgrade repository runs and mounts its volume", cfg.Name, spec.Release.Image, RepositoryNamespace)
+		}
+		dep, svc := repositoryDeployment(cfg, name, labels, image)
+		return nil, dep, svc, nil
+	}
 	size, err := resource.ParseQuantity(spec.RepositoryStorage.Size)
 	if err != nil {
 		return nil, nil, nil, nodeupdater.Permanentf("InvalidRepositoryStorage", "HarvesterUpgrader %s: repositoryStorage.size %q is not a quantity: %v", cfg.Name, spec.RepositoryStorage.Size, err)
@@ -87,16 +112,42 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 		},
 	}
 
+	dep, svc := repositoryDeployment(cfg, name, labels, "")
+	return pvc, dep, svc, nil
+}
+
+// repositoryDeployment is the repository's Deployment and Service: with image empty,
+// the pods download the ISO into the repository's PVC, named name; else they serve the
+// disk.img of the VirtualMachineImage image's PVC, mounted read-only.
+func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, labels map[string]string, image string) (*appsv1.Deployment, *corev1.Service) {
+	spec := cfg.Spec
+	node := spec.Images.Node
 	// The node program's repository subcommands (nodeprogram/repository.go): the leader
 	// downloads into the shared volume and checks the SHA-512, the others wait for its
 	// ready flag; the mounter loop-mounts the checked ISO where nginx serves it. The pod
 	// name identifies a downloader in the leader lock.
-	node := spec.Images.Node
-	download := []string{"node", "repository", "download", "--dir=" + repositoryVolumePath,
-		"--iso-url=" + spec.Release.ISOURL, "--sha512=" + spec.Release.ISOChecksum, "--file=" + repositoryISOFile}
 	mount := []string{"node", "repository", "mount", "--image=" + repositoryVolumePath + "/" + repositoryISOFile,
 		"--target=" + repositoryMountPath, "--hold"}
-	podName := []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
+	volume := corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}
+	initContainers := []corev1.Container{{
+		Name: downloaderContainer, Image: node, Command: []string{nodeProgramBinary},
+		Args: []string{"node", "repository", "download", "--dir=" + repositoryVolumePath,
+			"--iso-url=" + spec.Release.ISOURL, "--sha512=" + spec.Release.ISOChecksum, "--file=" + repositoryISOFile},
+		Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+		// Root, for the shared volume's root-owned directory (the image's user is 65532);
+		// no privilege beyond it.
+		SecurityContext:          &corev1.SecurityContext{RunAsUser: ptr.To[int64](0), AllowPrivilegeEscalation: ptr.To(false)},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		VolumeMounts:             []corev1.VolumeMount{{Name: "repository", MountPath: repositoryVolumePath}},
+	}}
+	if image != "" {
+		// The image's volume, read-only, holds the complete ISO once a pod can mount it:
+		// nothing to download, no ready flag to wait for.
+		initContainers = nil
+		volume = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: image, ReadOnly: true}}
+		mount = []string{"node", "repository", "mount", "--image=" + repositoryVolumePath + "/" + imageDiskFile,
+			"--ready-flag=false", "--target=" + repositoryMountPath, "--hold"}
+	}
 	bidirectional := corev1.MountPropagationBidirectional
 	hostToContainer := corev1.MountPropagationHostToContainer
 	dep := &appsv1.Deployment{
@@ -116,15 +167,8 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 							},
 						}},
 					}},
-					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-					InitContainers: []corev1.Container{{
-						Name: downloaderContainer, Image: node, Command: []string{nodeProgramBinary}, Args: download, Env: podName,
-						// Root, for the shared volume's root-owned directory (the image's
-						// user is 65532); no privilege beyond it.
-						SecurityContext:          &corev1.SecurityContext{RunAsUser: ptr.To[int64](0), AllowPrivilegeEscalation: ptr.To(false)},
-						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-						VolumeMounts:             []corev1.VolumeMount{{Name: "repository", MountPath: repositoryVolumePath}},
-					}},
+					Tolerations:    []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					InitContainers: initContainers,
 					Containers: []corev1.Container{
 						{
 							Name: mounterContainer, Image: node, Command: []string{nodeProgramBinary}, Args: mount,
@@ -147,7 +191,7 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 						},
 					},
 					Volumes: []corev1.Volume{
-						{Name: "repository", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}},
+						{Name: "repository", VolumeSource: volume},
 						{Name: "iso-mount", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 					},
 				},
@@ -162,7 +206,7 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 			Ports:    []corev1.ServicePort{{Name: "http", Port: repositoryPort, TargetPort: intstr.FromString("http")}},
 		},
 	}
-	return pvc, dep, svc, nil
+	return dep, svc
 }
 
 // ensureRepository creates the repository's objects that do not exist yet and reports
@@ -178,7 +222,16 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 	current := &appsv1.Deployment{}
 	err = c.Get(ctx, client.ObjectKeyFromObject(dep), current)
 	if apierrors.IsNotFound(err) {
-		for _, obj := range []client.Object{pvc, svc, dep} {
+		if _, image, ok := releaseImage(cfg.Spec.Release); ok {
+			if ready, message, err := imageVolumeReady(ctx, c, cfg.Spec.Release.Image, image); err != nil || !ready {
+				return false, message, err
+			}
+		}
+		objs := []client.Object{svc, dep}
+		if pvc != nil { // none of its own with release.image
+			objs = append([]client.Object{pvc}, objs...)
+		}
+		for _, obj := range objs {
 			if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
 				return false, "", fmt.Errorf("create upgrade repository %T %s: %w", obj, obj.GetName(), err)
 			}
@@ -198,6 +251,29 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 		return false, fmt.Sprintf("waiting for the upgrade repository %s/%s to download Harvester %s and serve it", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
 	}
 	return true, fmt.Sprintf("the upgrade repository %s/%s serves Harvester %s", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
+}
+
+// imageVolumeReady tells whether the PVC of the VirtualMachineImage ref (named image, in
+// the repository's namespace) is one the repository's pods can serve: bound, which CDI
+// does once the import is done, and a ReadWriteMany file system volume, which Harvester
+// gives an image annotated harvesterhci.io/os-upgrade-image: "True" (pkg/image/cdi
+// generateDVTargetStorage) and which the pods on several nodes mount to read disk.img.
+func imageVolumeReady(ctx context.Context, c client.Client, ref, image string) (bool, string, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := c.Get(ctx, client.ObjectKey{Namespace: RepositoryNamespace, Name: image}, pvc)
+	if apierrors.IsNotFound(err) {
+		return false, fmt.Sprintf("waiting for the volume %s/%s of the VirtualMachineImage %s: it appears when the image is imported with the cdi backend", RepositoryNamespace, image, ref), nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("get the volume of the VirtualMachineImage %s: %w", ref, err)
+	}
+	if (pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem) || !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
+		return false, "", nodeupdater.Permanentf("InvalidReleaseImage", "the volume %s/%s of the VirtualMachineImage %s is not a ReadWriteMany file system volume holding %s: import the ISO with the cdi backend and the annotation harvesterhci.io/os-upgrade-image: \"True\", as Harvester's own upgrade image", RepositoryNamespace, image, ref, imageDiskFile)
+	}
+	if pvc.Status.Phase != corev1.ClaimBound {
+		return false, fmt.Sprintf("waiting for the import of the VirtualMachineImage %s: its volume is %s", ref, pvc.Status.Phase), nil
+	}
+	return true, "", nil
 }
 
 // downloaderFailure looks for a repository pod whose downloader failed for good: exit

@@ -37,9 +37,23 @@ var _ = Describe("HarvesterUpgrader validation", func() {
 			Expect(err.Error()).To(ContainSubstring(want))
 		},
 		Entry("no source", harvesterv1.Release{Version: "v1.6.0"},
-			"set exactly one of release.isoURL (with release.isoChecksum) or release.repositoryURL"),
+			"set exactly one of release.isoURL (with release.isoChecksum), release.repositoryURL or release.image"),
 		Entry("two sources", harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso", ISOChecksum: checksum, RepositoryURL: "http://repo.example"},
 			"set exactly one of release.isoURL"),
+		Entry("an image and a repository", harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/h", RepositoryURL: "http://repo.example"},
+			"set exactly one of release.isoURL (with release.isoChecksum), release.repositoryURL or release.image"),
+		Entry("an image and an ISO", harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/h", ISOURL: "https://r.example/h.iso", ISOChecksum: checksum},
+			"set exactly one of release.isoURL"),
+		Entry("all three sources", harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/h", ISOURL: "https://r.example/h.iso", ISOChecksum: checksum, RepositoryURL: "http://repo.example"},
+			"set exactly one of release.isoURL"),
+		Entry("an image without its namespace", harvesterv1.Release{Version: "v1.6.0", Image: "harvester-v1.6.0"},
+			"release.image must be <namespace>/<name> of a VirtualMachineImage"),
+		Entry("an image with two slashes", harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/images/h"},
+			"release.image must be <namespace>/<name> of a VirtualMachineImage"),
+		Entry("an image with an upper-case name", harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/Harvester"},
+			"release.image must be <namespace>/<name> of a VirtualMachineImage"),
+		Entry("an image in another namespace than the repository's", harvesterv1.Release{Version: "v1.6.0", Image: "default/harvester-v1.6.0"},
+			"release.image must be in the namespace harvester-system, where the upgrade repository runs"),
 		Entry("ISO without checksum", harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso"},
 			"release.isoChecksum is required with release.isoURL"),
 		Entry("a checksum that is not SHA-512", harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://r.example/h.iso", ISOChecksum: "abc123"},
@@ -49,6 +63,11 @@ var _ = Describe("HarvesterUpgrader validation", func() {
 		Entry("a version that is no Harvester version", harvesterv1.Release{Version: "1.6", RepositoryURL: "http://repo.example"},
 			"release.version must be a Harvester version such as v1.6.0"),
 	)
+
+	It("accepts the ISO as a VirtualMachineImage in harvester-system", func() {
+		u := newUpgrader(harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/harvester-v1.6.0"})
+		Expect(env.Client.Create(ctx, u)).To(Succeed())
+	})
 
 	DescribeTable("refuses what SUC would misread, saying what to fix",
 		func(mutate func(*harvesterv1.HarvesterUpgraderSpec), want string) {

@@ -85,8 +85,19 @@ func commands() []command {
 		{name: "repository mount", summary: "loop-mount the downloaded ISO read-only for the repository's web server", run: runMount},
 		{name: "preload", summary: "import the release's container images from the repository into the node's containerd", run: runPreload},
 		{name: "remove-archives", summary: "after the RKE2 upgrade, remove the RKE2 image archives preload placed for RKE2 to import", run: runRemoveArchives},
+		{name: "remove-images", summary: "once every node runs the release, remove the previous release's images it no longer lists from the node's containerd", run: runRemoveImages},
 		{name: "os-upgrade", summary: "install the release's operating system from the repository and schedule the reboot", run: runOSUpgrade},
 	}
+}
+
+// Subcommands are the names of the node program's subcommands, such as "preload" or
+// "repository download": what a Plan or a repository pod may run as `node <name>`.
+func Subcommands() []string {
+	var names []string
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	return names
 }
 
 // Main runs `capi-inplace node <args>` and returns the process exit code. terminationLog

@@ -287,20 +287,38 @@ func fetch(ctx context.Context, env *Env, url string) (io.ReadCloser, error) {
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		return nil, retryf("GET %s: %s", url, resp.Status)
 	}
-	return nil, fmt.Errorf("GET %s: %s: check the URL", url, resp.Status)
+	return nil, &statusError{url: url, status: resp.Status, code: resp.StatusCode}
+}
+
+// statusError is a 4xx answer other than 429: the URL is wrong, or names nothing.
+type statusError struct {
+	url, status string
+	code        int
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("GET %s: %s: check the URL", e.url, e.status)
+}
+
+// isNotFound tells whether err is a 404 answer.
+func isNotFound(err error) bool {
+	var s *statusError
+	return errors.As(err, &s) && s.code == http.StatusNotFound
 }
 
 type mountOptions struct {
-	image  string
-	target string
-	fstype string
-	hold   bool
+	image     string
+	readyFlag bool
+	target    string
+	fstype    string
+	hold      bool
 }
 
 func runMount(ctx context.Context, env *Env, args []string) error {
 	var o mountOptions
 	fs := newFlagSet(env, "repository mount")
-	fs.StringVar(&o.image, "image", "/iso/harvester.iso", "the downloaded ISO; its ready flag <image>.ready must exist")
+	fs.StringVar(&o.image, "image", "/iso/harvester.iso", "the ISO to mount: the downloaded one, or the disk.img of a VirtualMachineImage's volume")
+	fs.BoolVar(&o.readyFlag, "ready-flag", true, "the ISO is one `repository download` writes: mount it only once its ready flag <image>.ready exists; false for an ISO complete as soon as its volume is there (a VirtualMachineImage's disk.img)")
 	fs.StringVar(&o.target, "target", "/srv/www/htdocs/harvester-iso", "directory to mount the ISO on (the web server's document root, shared with mount propagation)")
 	fs.StringVar(&o.fstype, "fstype", "iso9660", "file system type of the image")
 	fs.BoolVar(&o.hold, "hold", false, "after mounting, keep running until SIGTERM, then unmount (for a long-running container, so that the pod's volumes can be torn down)")
@@ -310,8 +328,12 @@ func runMount(ctx context.Context, env *Env, args []string) error {
 	if o.image == "" || o.target == "" || o.fstype == "" {
 		return usagef("--image, --target and --fstype must not be empty")
 	}
-	if _, err := os.Stat(o.image + readySuffix); err != nil {
-		return retryf("%s has no ready flag yet (%s): the download has not finished; run `repository download` first", o.image, o.image+readySuffix)
+	if o.readyFlag {
+		if _, err := os.Stat(o.image + readySuffix); err != nil {
+			return retryf("%s has no ready flag yet (%s): the download has not finished; run `repository download` first", o.image, o.image+readySuffix)
+		}
+	} else if _, err := os.Stat(o.image); err != nil {
+		return fmt.Errorf("the ISO to mount is not there: %w (a VirtualMachineImage's volume holds disk.img when the image is imported with the cdi backend)", err)
 	}
 	if err := os.MkdirAll(o.target, 0o755); err != nil {
 		return fmt.Errorf("create the mount point %s: %w", o.target, err)

@@ -270,3 +270,28 @@ func TestMount(t *testing.T) {
 		t.Errorf("mounted again: %+v, %q", host.mountHistory, r.stdout)
 	}
 }
+
+// TestMountAVirtualMachineImage mounts the disk.img of a VirtualMachineImage's volume,
+// which has no ready flag: it is complete when the volume is there (facts, fact 15).
+func TestMountAVirtualMachineImage(t *testing.T) {
+	host := newFakeHost(t)
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	target := filepath.Join(t.TempDir(), "htdocs", "harvester-iso")
+	args := []string{"repository", "mount", "--image=" + disk, "--ready-flag=false", "--target=" + target}
+
+	runNode(t, host, nil, args...).expect(t, ExitFailed, "the ISO to mount is not there", "disk.img")
+	if len(host.mountHistory) != 0 {
+		t.Fatalf("mounted a missing image: %v", host.mountHistory)
+	}
+
+	if err := os.WriteFile(disk, fakeISO, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runNode(t, host, nil, args...).expect(t, ExitOK, "repository mount: done")
+	want := mountRecord{image: disk, target: target, fstype: "iso9660"}
+	if len(host.mountHistory) != 1 || host.mountHistory[0] != want {
+		t.Fatalf("mounts %+v, want %+v", host.mountHistory, want)
+	}
+
+	runNode(t, host, nil, "repository", "mount", "--image="+disk, "--ready-flag=maybe").expect(t, ExitUsage, "invalid boolean value")
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +17,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 )
 
 // This file plays what a real cluster does with the Jobs SUC creates, which a test API
@@ -101,6 +104,29 @@ func nodeSubcommand(image string, args []string) string {
 		return args[1] + " " + args[2]
 	}
 	return args[1]
+}
+
+// knownSubcommand tells whether the node program of this build has the subcommand sub
+// (nodeprogram.Subcommands): a Job's container that runs another one exits with code 2
+// at once, as the real program does (nodeprogram/program.go). Every subcommand the
+// Harvester updater's Plans run is known this way, remove-images among them, the image
+// cleanup of upgrade-toolkit run on each node once all nodes run the release
+// (shared/facts/harvester-node-upgrade.md, fact 55); apart from os-upgrade (which
+// reboots the node, DefaultOSImage) the simulator plays them all alike: the Job runs
+// for its work duration and completes, and the Record has the run.
+func knownSubcommand(sub string) bool {
+	return slices.Contains(nodeprogram.Subcommands(), sub)
+}
+
+// unknownSubcommand is the message of the first container of pod that runs a node
+// program subcommand this build does not have, or "".
+func unknownSubcommand(pod corev1.PodSpec) string {
+	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
+		if sub := nodeSubcommand(c.Image, c.Args); sub != "" && !knownSubcommand(sub) {
+			return fmt.Sprintf("container %s: capi-inplace node: unknown subcommand %q (exit code %d)", c.Name, sub, nodeprogram.ExitUsage)
+		}
+	}
+	return ""
 }
 
 // imageRepository is an image reference without its tag or digest.
@@ -240,6 +266,9 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 // NotReady. A kubectl drain whose --timeout is shorter than the drain fails the pod.
 func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun, now time.Time) error {
 	pod := job.Spec.Template.Spec
+	if message := unknownSubcommand(pod); message != "" {
+		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, "Job has reached the specified backoff limit", message)
+	}
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		if len(c.Args) < 2 || !strings.Contains(imageRepository(c.Image), "kubectl") {
 			continue

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"slices"
 	"sync"
 	"time"
@@ -173,6 +174,11 @@ func (r *Repository) failDownloader(ctx context.Context, dep *appsv1.Deployment,
 //     device and mount(2)), onto a volume it shares with Bidirectional propagation, which
 //     nginx mounts with HostToContainer propagation to see the mount; otherwise nginx has
 //     nothing to serve and the readiness probe never passes.
+//
+// A template that serves a Harvester VirtualMachineImage (release.image) has no
+// downloader: its volume is the image's PVC, read-only, whose disk.img is the complete
+// ISO (harvester-node-upgrade.md, facts 15 and 48), and its mounter mounts that file
+// with --ready-flag=false, since no download writes a ready flag there.
 func podProblem(spec corev1.PodSpec) (string, int32) {
 	var download *corev1.Container
 	for i := range spec.InitContainers {
@@ -181,6 +187,9 @@ func podProblem(spec corev1.PodSpec) (string, int32) {
 		}
 	}
 	if download == nil {
+		if problem, isImage := imagePodProblem(spec); isImage {
+			return problem, 0
+		}
 		return "no init container runs `capi-inplace node repository download`", 0
 	}
 	if !DefaultImageExists(download.Image) {
@@ -192,6 +201,39 @@ func podProblem(spec corev1.PodSpec) (string, int32) {
 	if !runsAsRoot(download) {
 		return "capi-inplace node repository download: failed: open the leader lock /repository/leader.lock: permission denied (the container does not run as root)", 1
 	}
+	return mountProblem(spec), 0
+}
+
+// imagePodProblem is podProblem of a template without a downloader that mounts a
+// read-only PVC, which serves a VirtualMachineImage; isImage is false for any other.
+func imagePodProblem(spec corev1.PodSpec) (problem string, isImage bool) {
+	var claim *corev1.Volume
+	for i := range spec.Volumes {
+		if pvc := spec.Volumes[i].PersistentVolumeClaim; pvc != nil && pvc.ReadOnly {
+			claim = &spec.Volumes[i]
+		}
+	}
+	if claim == nil {
+		return "", false
+	}
+	for _, c := range spec.Containers {
+		if nodeSubcommand(c.Image, c.Args) != "repository mount" {
+			continue
+		}
+		for _, m := range c.VolumeMounts {
+			if m.Name == claim.Name && flagValue(c.Args, "--image") != path.Join(m.MountPath, "disk.img") {
+				return fmt.Sprintf("capi-inplace node repository mount: failed: %s is not there; the image's volume %s holds disk.img", flagValue(c.Args, "--image"), claim.PersistentVolumeClaim.ClaimName), true
+			}
+		}
+		if flagValue(c.Args, "--ready-flag") != "false" {
+			return fmt.Sprintf("capi-inplace node repository mount: not done yet: %s has no ready flag yet (no download writes one on an image's volume)", flagValue(c.Args, "--image")), true
+		}
+	}
+	return mountProblem(spec), true
+}
+
+// mountProblem is podProblem's check of the mounter and nginx.
+func mountProblem(spec corev1.PodSpec) string {
 	propagation := map[string]corev1.MountPropagationMode{}
 	var mounter *corev1.Container
 	for i := range spec.Containers {
@@ -206,10 +248,10 @@ func podProblem(spec corev1.PodSpec) (string, int32) {
 		}
 	}
 	if mounter == nil || !slices.Contains(mounter.Args, "--hold") {
-		return "no container runs `capi-inplace node repository mount --hold`", 0
+		return "no container runs `capi-inplace node repository mount --hold`"
 	}
 	if !runsAsRoot(mounter) || mounter.SecurityContext.Privileged == nil || !*mounter.SecurityContext.Privileged {
-		return fmt.Sprintf("container %s: open /dev/loop-control: the container must be privileged and run as root", mounter.Name), 0
+		return fmt.Sprintf("container %s: open /dev/loop-control: the container must be privileged and run as root", mounter.Name)
 	}
 	target := flagValue(mounter.Args, "--target")
 	for _, m := range mounter.VolumeMounts {
@@ -218,11 +260,11 @@ func podProblem(spec corev1.PodSpec) (string, int32) {
 		}
 		for _, c := range spec.Containers {
 			if c.Name != mounter.Name && propagation[c.Name+"/"+m.Name] == corev1.MountPropagationHostToContainer {
-				return "", 0
+				return ""
 			}
 		}
 	}
-	return fmt.Sprintf("container %s mounts the ISO on %s, which no other container sees through Bidirectional and HostToContainer propagation", mounter.Name, target), 0
+	return fmt.Sprintf("container %s mounts the ISO on %s, which no other container sees through Bidirectional and HostToContainer propagation", mounter.Name, target)
 }
 
 // runsAsRoot tells whether a container of the capi-inplace image (USER 65532) runs as root.

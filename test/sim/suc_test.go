@@ -283,3 +283,45 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 		Expect(c.rec.Runs()[0].Message).To(Equal(fmt.Sprintf("container drain: error: unable to drain node %q due to error: global timeout reached: 900ns", node)))
 	})
 })
+
+var _ = Describe("The SUC simulator plays the node program's subcommands", func() {
+	It("runs remove-images, the image cleanup of every node, one node at a time (harvester-node-upgrade.md fact 55)", func() {
+		c := newCluster(3)
+		p := c.onePlan("image-cleanup", "", func(p *sucv1.Plan) {
+			p.Spec.NodeSelector = &metav1.LabelSelector{
+				MatchLabels:      map[string]string{"pool": c.pool},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpExists}},
+			}
+			p.Spec.Version = "v1.6.0"
+			p.Spec.Upgrade = &sucv1.ContainerSpec{
+				Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Command: []string{"/capi-inplace"},
+				Args: []string{"node", "remove-images", "--previous-version=v1.5.1", "--host-root=/host", "--repository-url=http://repo.example", "--version=v1.6.0"},
+			}
+		})
+		Eventually(planComplete(p), 20*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		runs := c.rec.Runs()
+		Expect(runs).To(HaveLen(3))
+		nodes := map[string]bool{}
+		for i, r := range runs {
+			Expect(r.Failed).To(BeFalse(), "run %+v", r)
+			nodes[r.Node] = true
+			for _, other := range runs[:i] {
+				Expect(r.Start.Before(other.End) && other.Start.Before(r.End)).To(BeFalse(), "%s and %s ran at once", r.Node, other.Node)
+			}
+		}
+		Expect(nodes).To(HaveLen(3))
+		Expect(c.rec.MaxDown()).To(Equal(0), "removing images takes no node down")
+	})
+
+	It("fails the Job of a subcommand the node program does not have, as its exit code 2 does", func() {
+		c := newCluster(1)
+		node := c.pool + "-node-1"
+		p := c.onePlan("typo", node, func(p *sucv1.Plan) {
+			p.Spec.Version = "v1.6.0"
+			p.Spec.Upgrade = &sucv1.ContainerSpec{Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Args: []string{"node", "remove-image"}}
+		})
+		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Expect(c.rec.Runs()).To(HaveLen(1))
+		Expect(c.rec.Runs()[0].Message).To(Equal(`container upgrade: capi-inplace node: unknown subcommand "remove-image" (exit code 2)`))
+	})
+})

@@ -6,8 +6,9 @@ import (
 )
 
 // Release says where the Harvester release to install comes from: an ISO that the
-// upgrade repository downloads and serves, or a repository that already serves it.
-// +kubebuilder:validation:XValidation:rule="has(self.isoURL) != has(self.repositoryURL)",message="set exactly one of release.isoURL (with release.isoChecksum) or release.repositoryURL"
+// upgrade repository downloads and serves, a Harvester VirtualMachineImage of the ISO
+// that the upgrade repository serves, or a repository that already serves it.
+// +kubebuilder:validation:XValidation:rule="[has(self.isoURL), has(self.repositoryURL), has(self.image)].filter(x, x).size() == 1",message="set exactly one of release.isoURL (with release.isoChecksum), release.repositoryURL or release.image"
 // +kubebuilder:validation:XValidation:rule="!has(self.isoURL) || has(self.isoChecksum)",message="release.isoChecksum is required with release.isoURL: the repository refuses an ISO it cannot verify"
 type Release struct {
 	// version is the Harvester version of the release, for example v1.6.0. The release
@@ -40,6 +41,20 @@ type Release struct {
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://[^ ]+$')",message="release.repositoryURL must be an http:// or https:// URL"
 	RepositoryURL string `json:"repositoryURL,omitempty"`
+
+	// image is an existing Harvester VirtualMachineImage of the release ISO, as
+	// <namespace>/<name>, as the image of Harvester's own upgrade (its Upgrade's and
+	// upgrade-toolkit's spec.image). The upgrade repository serves the ISO from the
+	// image's volume and downloads nothing: the image must be imported with the cdi
+	// backend and the annotation harvesterhci.io/os-upgrade-image: "True", which is what
+	// makes Harvester give it a ReadWriteMany file system volume, named as the image,
+	// holding the ISO as disk.img. It must be in harvester-system, where the repository
+	// runs, since a pod mounts volumes of its own namespace only.
+	// +optional
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$')",message="release.image must be <namespace>/<name> of a VirtualMachineImage, such as harvester-system/harvester-v1.6.0"
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('harvester-system/')",message="release.image must be in the namespace harvester-system, where the upgrade repository runs: a pod mounts volumes of its own namespace only"
+	Image string `json:"image,omitempty"`
 }
 
 // Images are the container images the Harvester updater runs. The updater tags every
