@@ -45,6 +45,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
@@ -121,6 +122,7 @@ func newScheme() (*runtime.Scheme, error) {
 		longhornv1.AddToScheme,
 		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
+		harvesterapi.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err

@@ -12,7 +12,10 @@ import (
 )
 
 // Kubelet plays the kubelets of a workload cluster's nodes: it creates Nodes, reports
-// them Ready or NotReady and at which version, and records every transition.
+// them Ready or NotReady and at which version, and records every transition. With
+// ServeAddress set it also serves each node's kubelet /stats/summary and /configz over
+// HTTPS, reachable through the API server's node proxy (see SetDiskStats; Close stops
+// the servers).
 type Kubelet struct {
 	// Client reaches the workload cluster.
 	Client client.Client
@@ -22,6 +25,13 @@ type Kubelet struct {
 	OSImage string
 	// Labels are put on every node it creates, besides those CreateNode is given.
 	Labels map[string]string
+	// ServeAddress, when set, is the IP address (see NonLoopbackIPv4) on which CreateNode
+	// starts the new node's kubelet server, on a port of its own, and which the node's
+	// status names (InternalIP, daemonEndpoints.kubeletEndpoint.Port). Empty serves
+	// nothing and leaves nodes without addresses.
+	ServeAddress string
+
+	servers kubeletServers
 }
 
 // CreateNode registers a Ready node at the given kubelet version (e.g. v1.32.5+rke2r1).
@@ -44,6 +54,13 @@ func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels m
 	node.Status = corev1.NodeStatus{
 		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage},
 		Conditions: []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
+	}
+	if k.ServeAddress != "" {
+		host, port, err := k.serve(name)
+		if err != nil {
+			return nil, err
+		}
+		servedStatus(&node.Status, host, port)
 	}
 	if err := k.Client.Status().Update(ctx, node); err != nil {
 		return nil, fmt.Errorf("report node %s ready: %w", name, err)
