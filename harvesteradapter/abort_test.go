@@ -48,7 +48,7 @@ func unschedulable(node string) bool {
 
 var _ = Describe("Aborting a node that failed", func() {
 	It("after a failed SUC Job removes every Plan of the NodeUpdate and uncordons the node SUC left cordoned", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
@@ -56,7 +56,7 @@ var _ = Describe("Aborting a node that failed", func() {
 		perm, ok := nodeupdater.AsPermanent(err)
 		Expect(ok).To(BeTrue(), "%v", err)
 		Expect(perm.Reason).To(Equal("PlanJobFailed"))
-		Expect(plansOf(nu)).To(HaveLen(3), "the preload and drain Plans that succeeded and the RKE2 Plan whose Job failed")
+		Expect(plansOf(nu)).To(HaveLen(2), "the drain Plan that succeeded and the RKE2 Plan whose Job failed (the UpgradePlan preloaded the node)")
 		Expect(unschedulable(node)).To(BeTrue(), "the updater's cordon stays until the abort")
 
 		abortUntilDone(c, nu)

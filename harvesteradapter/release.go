@@ -11,6 +11,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/yaml"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
 
 // maxReleaseMetadataBytes bounds what is read of harvester-release.yaml; the real file is
@@ -118,4 +120,15 @@ func versionLess(a, b string) bool {
 	va, errA := version.ParseSemantic(a)
 	vb, errB := version.ParseSemantic(b)
 	return errA == nil && errB == nil && va.LessThan(vb)
+}
+
+// forcedFloor is the version eligibility is judged from: the running one, or, when the
+// cluster's UpgradePlan is forced (spec.force, as the toolkit's force skips its version
+// guard) and the running one is older than the release's minUpgradableVersion, that
+// minimum. A downgrade is refused even when forced.
+func forcedFloor(plan *harvesterv1.UpgradePlan, current string, meta *ReleaseMetadata) string {
+	if plan != nil && plan.Spec.Force && versionLess(current, meta.MinUpgradableVersion) {
+		return meta.MinUpgradableVersion
+	}
+	return current
 }

@@ -46,7 +46,7 @@ func (u *Updater) runRepository(ctx context.Context, r *nodeRun) (bool, string, 
 	if err != nil {
 		return false, "", nodeupdater.Permanent("UnknownHarvesterVersion", err)
 	}
-	if err := meta.CheckEligible(r.cfg.Spec.Release.Version, r.nu.Spec.Version, current); err != nil {
+	if err := meta.CheckEligible(r.cfg.Spec.Release.Version, r.nu.Spec.Version, forcedFloor(r.plan, current, meta)); err != nil {
 		return false, "", nodeupdater.Permanent("IneligibleRelease", err)
 	}
 	return true, fmt.Sprintf("Harvester %s (Kubernetes %s) is served at %s and installs over %s", meta.Harvester, meta.Kubernetes, r.repo, current), nil

@@ -103,10 +103,8 @@ func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (boo
 	if !sameVersion(rel.Harvester, pr.Plan.Spec.Version) {
 		return false, "", nodeupdater.Permanentf("WrongRelease", "the repository serves Harvester %s, but the plan is for %s: point the HarvesterUpgrader's release at the %s release", rel.Harvester, pr.Plan.Spec.Version, pr.Plan.Spec.Version)
 	}
-	if !pr.Plan.Spec.Force {
-		if err := rel.CheckEligible(pr.Plan.Spec.Version, rel.Kubernetes, pr.Plan.Status.PreviousVersion); err != nil {
-			return false, "", heldf("%v (set spec.force to install it anyway)", err)
-		}
+	if err := rel.CheckEligible(pr.Plan.Spec.Version, rel.Kubernetes, forcedFloor(pr.Plan, pr.Plan.Status.PreviousVersion, rel)); err != nil {
+		return false, "", heldf("%v (spec.force installs over a version older than minUpgradableVersion; never a downgrade)", err)
 	}
 	return true, fmt.Sprintf("Harvester %s: Kubernetes %s, Rancher %s, chart %s", rel.Harvester, rel.Kubernetes, rel.Rancher, rel.HarvesterChart), nil
 }

@@ -7,6 +7,3 @@ import "context"
 func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool, string, error) {
 	return true, "WIP: not implemented in this commit", nil
 }
-
-// DefaultClusterChecks: WIP, see above.
-func DefaultClusterChecks(w interface{}) ClusterChecks { return nil }
