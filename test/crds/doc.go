@@ -2,8 +2,11 @@
 
 // Package crds holds CustomResourceDefinitions that the test API servers install and
 // that their projects ship in no usable form: System Upgrade Controller's Plan,
-// Longhorn's v1beta2 kinds and KubeVirt's VirtualMachine, VirtualMachineInstance and
-// VirtualMachineInstanceMigration (KubeVirt's operator builds its CRDs in code). They are generated from those projects' Go types with
+// Longhorn's v1beta2 kinds, KubeVirt's VirtualMachine, VirtualMachineInstance and
+// VirtualMachineInstanceMigration (KubeVirt's operator builds its CRDs in code), and the
+// Rancher kinds the Harvester cluster upgrade drives (rancher/: provisioning Cluster,
+// ManagedChart, Setting, ClusterRepo), generated from our own types in
+// harvesteradapter/rancher since Rancher's Go module is not available through the proxy. They are generated from those projects' Go types with
 // controller-gen (make test-crds) and checked in; none is written by hand. KubeVirt's
 // get the status subresource KubeVirt gives them (virt-operator's
 // resource/generate/components/crds.go) added by the Makefile.

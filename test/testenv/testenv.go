@@ -1,8 +1,9 @@
 // Package testenv starts a real kube-apiserver and etcd (built from their Go modules by
 // `make test-binaries` into bin/k8s) through controller-runtime's envtest, with every
 // CustomResourceDefinition capi-inplace works with installed: its own, Cluster API's
-// (core, kubeadm control plane, kubeadm bootstrap), System Upgrade Controller's Plan and
-// Longhorn's v1beta2 kinds. Nothing an API server does is mocked.
+// (core, kubeadm control plane, kubeadm bootstrap), System Upgrade Controller's Plan,
+// Longhorn's v1beta2 kinds, KubeVirt's and the Rancher kinds of the Harvester cluster
+// upgrade. Nothing an API server does is mocked.
 package testenv
 
 import (
@@ -35,6 +36,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 )
 
 // Environment is a running test API server with the project's CRDs installed.
@@ -72,6 +74,7 @@ func NewScheme() (*runtime.Scheme, error) {
 		harvesterv1.AddToScheme,
 		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
+		rancher.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err
@@ -242,6 +245,7 @@ func CRDDirectories(root string) ([]string, error) {
 		filepath.Join(root, "test", "crds", "suc"),
 		filepath.Join(root, "test", "crds", "longhorn"),
 		filepath.Join(root, "test", "crds", "kubevirt"),
+		filepath.Join(root, "test", "crds", "rancher"),
 		filepath.Join(capiDir, "core", "config", "crd", "bases"),
 		filepath.Join(capiDir, "controlplane", "kubeadm", "config", "crd", "bases"),
 		filepath.Join(capiDir, "bootstrap", "kubeadm", "config", "crd", "bases"),
