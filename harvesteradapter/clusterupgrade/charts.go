@@ -34,7 +34,7 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 	}
 	if mc.Spec.Version == target && !mc.Spec.Paused && mc.Status.ObservedGeneration == mc.Generation {
 		if ok, _ := chartReady(mc); ok {
-			return r.already(name, fmt.Sprintf("ManagedChart %s is already at %s and ready", key, target))
+			return r.already(name, fmt.Sprintf("ManagedChart %s is already at %s and ready", key, target), r.ours(mc))
 		}
 	}
 	from, resumed := int64(0), false

@@ -92,11 +92,11 @@ func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	return nil
 }
 
-// already is how a sub-step whose work it finds done ends: Done when an earlier run of
-// this upgrade recorded it Done (this upgrade did it), Skipped when the cluster was there
-// before.
-func (r *runner) already(name, message string) (StepState, string, error) {
-	if r.prior[name].State == StateDone {
+// already is how a sub-step whose work it finds done ends: Done when this upgrade did
+// it (ours: the object carries this plan's last-upgrade-name, or an earlier run recorded
+// the sub-step Done), Skipped when the cluster was there before.
+func (r *runner) already(name, message string, ours bool) (StepState, string, error) {
+	if ours || r.prior[name].State == StateDone {
 		return StateDone, message + " (done by an earlier run)", nil
 	}
 	return StateSkipped, message, nil
@@ -114,6 +114,10 @@ func (r *runner) poll(ctx context.Context, what, remedy string, check func(ctx c
 	last := ""
 	for {
 		done, status, err := check(ctx)
+		if err != nil && ctx.Err() != nil {
+			// The deadline ended a read: say what was awaited, not how the read ended.
+			return fmt.Errorf("gave up waiting for %s (%w); last seen: %s; %s", what, ctx.Err(), last, remedy)
+		}
 		if err != nil {
 			return err
 		}

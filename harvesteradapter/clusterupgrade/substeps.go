@@ -56,7 +56,11 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 		return "", "", fmt.Errorf("read Rancher's Setting %s: %w", rancher.ServerVersionSetting, err)
 	}
 	if setting.Effective() == target {
-		return r.already(StepUpgradeRancher, fmt.Sprintf("Rancher's server-version is already %s", target))
+		dep := &appsv1.Deployment{}
+		if err := r.c.Get(ctx, rancherKey, dep); err != nil {
+			return "", "", fmt.Errorf("read Rancher's Deployment %s: %w", rancherKey, err)
+		}
+		return r.already(StepUpgradeRancher, fmt.Sprintf("Rancher's server-version is already %s", target), r.ours(dep))
 	}
 	dep := &appsv1.Deployment{}
 	if err := r.c.Get(ctx, rancherKey, dep); err != nil {
@@ -129,7 +133,7 @@ func (r *runner) decoupleLocalCluster(ctx context.Context) (StepState, string, e
 	workspace := cl.Status.FleetWorkspaceName == rancher.FleetLocal
 	if labelled && workspace {
 		return r.already(StepDecoupleLocalCluster, fmt.Sprintf("provisioning Cluster %s is already labelled %s=%s with fleetWorkspaceName %s",
-			localClusterKey, rancher.ManagementClusterNameLabel, rancher.LocalCluster, rancher.FleetLocal))
+			localClusterKey, rancher.ManagementClusterNameLabel, rancher.LocalCluster, rancher.FleetLocal), false)
 	}
 	if !labelled {
 		before := cl.DeepCopy()
@@ -170,7 +174,7 @@ func (r *runner) upgradeClusterRepo(ctx context.Context) (StepState, string, err
 			return "", "", err
 		}
 		if done {
-			return r.already(StepUpgradeClusterRepo, fmt.Sprintf("Deployment %s already runs %s", clusterRepoKey, image))
+			return r.already(StepUpgradeClusterRepo, fmt.Sprintf("Deployment %s already runs %s", clusterRepoKey, image), r.ours(dep))
 		}
 	} else if err := r.setImage(ctx, dep, rancher.ClusterRepoDeployment, image); err != nil {
 		return "", "", err
@@ -234,6 +238,11 @@ func (r *runner) refreshHarvesterCharts(ctx context.Context) (StepState, string,
 		return "", "", err
 	}
 	return StateDone, fmt.Sprintf("ClusterRepo %s downloaded its index after the refresh of %s", rancher.HarvesterChartsRepo, forced.UTC().Format(time.RFC3339)), nil
+}
+
+// ours says whether this upgrade (its plan) last changed obj.
+func (r *runner) ours(obj client.Object) bool {
+	return obj.GetAnnotations()[lastUpgradeNameAnnotation] == r.in.Plan
 }
 
 // condition is the condition of type t, or nil.
