@@ -3,6 +3,7 @@ package clusterupgrade_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -140,8 +141,11 @@ func settle() {
 	GinkgoHelper()
 	Eventually(func() error {
 		ok, msg, err := clusterupgrade.ManagedChartsReady(ctx, env.Client)
-		if err != nil || !ok {
-			return fmt.Errorf("%v %s", err, msg)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New(msg)
 		}
 		return nil
 	}).Should(Succeed())
@@ -196,7 +200,9 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(err).To(MatchError(And(
 			ContainSubstring("UpgradeHarvesterChart"),
 			ContainSubstring("ManagedChart fleet-local/harvester"),
-			ContainSubstring("rendered manifests contain a resource that already exists"))))
+			ContainSubstring("failed to deploy version 1.6.0"),
+			ContainSubstring("rendered manifests contain a resource that already exists"),
+			Not(ContainSubstring("gave up waiting")))))
 		steps, rerr := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed})))
