@@ -52,10 +52,13 @@ func newProgress() clusterupgrade.Progress {
 }
 
 // seed re-creates the Rancher objects at rel and starts a Rancher simulator for the spec.
-func seed(rel sim.HarvesterRelease) *sim.Rancher {
+func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher {
 	GinkgoHelper()
 	Expect(sim.Seed(ctx, env.Client, rel)).To(Succeed())
 	r := &sim.Rancher{Client: env.Client}
+	for _, o := range options {
+		o(r)
+	}
 	simCtx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
 	r.Start(simCtx)
@@ -247,6 +250,26 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(steps[4].State).To(Equal(clusterupgrade.StateDone))
 		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("1"), "the second run kept the generation the first started from")
+	})
+
+	It("waits for the chart index download before it upgrades the charts, and a second run waits for the same refresh", func() {
+		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 3 * time.Second })
+		settle()
+		p := newProgress()
+		in := input("up-download")
+		in.Timeout = 1500 * time.Millisecond
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(
+			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)[3:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending"}))
+		Expect(chart(rancher.HarvesterCRDChart).Generation).To(Equal(int64(1)), "no chart was touched before the index was downloaded")
+		forced := clusterRepo().Spec.ForceUpdate
+		Expect(forced).NotTo(BeNil())
+
+		in.Timeout = 30 * time.Second
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(Succeed())
+		Expect(clusterRepo().Spec.ForceUpdate.Equal(forced)).To(BeTrue(), "the refresh the first run asked for was awaited, not asked again")
 	})
 
 	It("skips everything, writing nothing, on a cluster already at the release", func() {

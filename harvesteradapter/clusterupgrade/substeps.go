@@ -214,8 +214,13 @@ func (r *runner) refreshHarvesterCharts(ctx context.Context) (StepState, string,
 	since = metav1.NewTime(since.Truncate(time.Second)) // what the ConfigMap and the ClusterRepo keep
 	if repo.Spec.ForceUpdate == nil || repo.Spec.ForceUpdate.Before(&since) || since.IsZero() {
 		before := repo.DeepCopy()
-		now := metav1.NewTime(r.in.Clock.Now().Truncate(time.Second))
-		repo.Spec.ForceUpdate = &now
+		// Both times are kept to the second: a refresh asked for in the second of the
+		// last download would look downloaded already, so it is asked for after it.
+		force := r.in.Clock.Now().Truncate(time.Second)
+		if last := repo.Status.DownloadTime.Time; !force.After(last) {
+			force = last.Truncate(time.Second).Add(time.Second)
+		}
+		repo.Spec.ForceUpdate = &metav1.Time{Time: force}
 		if err := r.c.Patch(ctx, repo, client.MergeFrom(before)); err != nil {
 			return "", "", fmt.Errorf("set spec.forceUpdate of ClusterRepo %s: %w", rancher.HarvesterChartsRepo, err)
 		}
