@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -114,9 +115,9 @@ func (r *runner) poll(ctx context.Context, what, remedy string, check func(ctx c
 	last := ""
 	for {
 		done, status, err := check(ctx)
-		if err != nil && ctx.Err() != nil {
+		if err != nil && deadlineEnded(ctx) {
 			// The deadline ended a read: say what was awaited, not how the read ended.
-			return fmt.Errorf("gave up waiting for %s (%w); last seen: %s; %s", what, ctx.Err(), last, remedy)
+			return fmt.Errorf("gave up waiting for %s (%w); last seen: %s; %s", what, context.DeadlineExceeded, last, remedy)
 		}
 		if err != nil {
 			return err
@@ -134,4 +135,15 @@ func (r *runner) poll(ctx context.Context, what, remedy string, check func(ctx c
 		case <-r.in.Clock.After(r.in.PollInterval):
 		}
 	}
+}
+
+// deadlineEnded says whether ctx has ended, or is about to: client-go's rate limiter
+// refuses a request it could not send before the deadline, a moment before the context
+// itself ends.
+func deadlineEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	deadline, ok := ctx.Deadline()
+	return ok && time.Until(deadline) < time.Second
 }
