@@ -115,7 +115,7 @@ tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_
 ##@ Generate
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
-	$(CONTROLLER_GEN) object paths=./api/... paths=./harvesteradapter/api/... paths=./harvesteradapter/longhornlive/... paths=./harvesteradapter/harvesterapi/...
+	$(CONTROLLER_GEN) object paths=./api/... paths=./harvesteradapter/api/... paths=./harvesteradapter/longhornlive/... paths=./harvesteradapter/harvesterapi/... paths=./harvesteradapter/rancher/...
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, and the test CRDs.
@@ -123,12 +123,13 @@ manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, a
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./... output:rbac:artifacts:config=config/rbac
 
 .PHONY: test-crds
-test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn (with its live upgrade), KubeVirt and Harvester (VM backups) CRDs the test API servers install.
-	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-liveupgrade test/crds/kubevirt test/crds/harvester
+test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn (with its live upgrade), KubeVirt, Harvester (VM backups) and Rancher CRDs the test API servers install.
+	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-liveupgrade test/crds/kubevirt test/crds/harvester test/crds/rancher
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=$(SUC_APIS_PKG) output:crd:dir=test/crds/suc
 	$(CONTROLLER_GEN) crd paths=$(LONGHORN_APIS_PKG) output:crd:dir=test/crds/longhorn
 	$(CONTROLLER_GEN) crd paths=./harvesteradapter/longhornlive/... output:crd:dir=test/crds/longhorn-liveupgrade
 	$(CONTROLLER_GEN) crd paths=./harvesteradapter/harvesterapi/... output:crd:dir=test/crds/harvester
+	$(CONTROLLER_GEN) crd paths=./harvesteradapter/rancher/... output:crd:dir=test/crds/rancher
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=$(KUBEVIRT_APIS_PKG) output:crd:dir=test/crds/kubevirt.tmp
 	mkdir -p test/crds/kubevirt
 	for k in $(KUBEVIRT_KINDS); do mv test/crds/kubevirt.tmp/kubevirt.io_$$k.yaml test/crds/kubevirt/; done

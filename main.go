@@ -47,6 +47,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -123,6 +124,7 @@ func newScheme() (*runtime.Scheme, error) {
 		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
 		harvesterapi.AddToScheme,
+		rancher.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err

@@ -123,6 +123,9 @@ type PlanReconciler struct {
 	Recorder events.EventRecorder
 	// PollInterval is how often a plan is looked at while it waits. Default 5s.
 	PollInterval time.Duration
+	// ClusterUpgradePollInterval is how often the cluster upgrade Job looks again at what
+	// it waits for; 0 is the Job's default (5s, as Harvester's script).
+	ClusterUpgradePollInterval time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }

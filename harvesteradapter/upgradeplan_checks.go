@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 )
 
 // DefaultClusterChecks runs the cluster preflight (clusterchecks.go) of a plan with the
@@ -20,8 +20,32 @@ func DefaultClusterChecks(configs RESTConfigs) ClusterChecks {
 				in.Kubelets = k
 			}
 		}
-		return preflightStatus(RunClusterChecks(ctx, in))
+		results := RunClusterChecks(ctx, in)
+		return append(preflightStatus(results), managedChartsCheck(ctx, pr))
 	}
+}
+
+// CheckManagedChartsReady: every ManagedChart of fleet-local is ready (facts 4a, 47), so
+// the cluster upgrade starts from settled charts.
+const CheckManagedChartsReady = "ManagedChartsReady"
+
+// managedChartsCheck is the ManagedChartsReady check, skipped by its annotation.
+func managedChartsCheck(ctx context.Context, pr *PlanRun) harvesterv1.PreflightCheck {
+	c := harvesterv1.PreflightCheck{Name: CheckManagedChartsReady}
+	if pr.Plan.Annotations[SkipCheckAnnotationPrefix+CheckManagedChartsReady] == "true" {
+		c.Result, c.Message = harvesterv1.CheckSkipped, "skipped by the annotation "+SkipCheckAnnotationPrefix+CheckManagedChartsReady
+		return c
+	}
+	ok, message, err := clusterupgrade.ManagedChartsReady(ctx, pr.Workload)
+	switch {
+	case err != nil:
+		c.Result, c.Message = harvesterv1.CheckFailed, err.Error()
+	case ok:
+		c.Result, c.Message = harvesterv1.CheckPassed, message
+	default:
+		c.Result, c.Message = harvesterv1.CheckFailed, message
+	}
+	return c
 }
 
 // preflightStatus is the checks' results as the plan's status shows them.

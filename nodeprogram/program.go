@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Exit codes of every subcommand. SUC and the repository Deployment only tell zero from
@@ -51,6 +53,9 @@ type Env struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Identity names this process in the leader lock (the pod name in a cluster).
 	Identity string
+	// Client returns the client of the cluster the program runs in (cluster-upgrade).
+	// Default: the in-cluster configuration of the pod's service account.
+	Client func() (client.Client, error)
 
 	// The flags every subcommand accepts, before or after its name.
 	hostRoot       string
@@ -87,6 +92,7 @@ func commands() []command {
 		{name: "remove-archives", summary: "after the RKE2 upgrade, remove the RKE2 image archives preload placed for RKE2 to import", run: runRemoveArchives},
 		{name: "remove-images", summary: "once every node runs the release, remove the previous release's images it no longer lists from the node's containerd", run: runRemoveImages},
 		{name: "os-upgrade", summary: "install the release's operating system from the repository and schedule the reboot", run: runOSUpgrade},
+		{name: "cluster-upgrade", summary: "upgrade Rancher, the chart repository and Harvester's charts (run in a Job, not on a node)", run: runClusterUpgrade},
 	}
 }
 

@@ -2,12 +2,14 @@
 
 // Package crds holds CustomResourceDefinitions that the test API servers install and
 // that their projects ship in no usable form: System Upgrade Controller's Plan,
-// Longhorn's v1beta2 kinds and KubeVirt's VirtualMachine, VirtualMachineInstance and
-// VirtualMachineInstanceMigration (KubeVirt's operator builds its CRDs in code), and
-// Harvester's VirtualMachineBackup and ScheduleVMBackup (Harvester's module is not served
-// by the module proxy: the updater's own types of them, harvesteradapter/harvesterapi, are
-// the source). They are generated from Go types with controller-gen (make test-crds) and
-// checked in; none is written by hand. KubeVirt's
+// Longhorn's v1beta2 kinds, KubeVirt's VirtualMachine, VirtualMachineInstance and
+// VirtualMachineInstanceMigration (KubeVirt's operator builds its CRDs in code),
+// Harvester's VirtualMachineBackup and ScheduleVMBackup, and the Rancher kinds the
+// Harvester cluster upgrade drives (provisioning Cluster, ManagedChart, Setting,
+// ClusterRepo). Harvester's and Rancher's Go modules are not served by the module proxy:
+// the updater's own types of them (harvesteradapter/harvesterapi, harvesteradapter/rancher)
+// are the source. They are generated from Go types with controller-gen (make test-crds)
+// and checked in; none is written by hand. KubeVirt's
 // get the status subresource KubeVirt gives them (virt-operator's
 // resource/generate/components/crds.go) added by the Makefile.
 package crds

@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -127,19 +126,7 @@ func (r *Repository) pass(ctx context.Context) {
 			r.failDownloader(ctx, dep, r.FailMessage, code)
 			continue
 		}
-		_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			cur := &appsv1.Deployment{}
-			if err := r.Client.Get(ctx, client.ObjectKeyFromObject(dep), cur); err != nil {
-				return err
-			}
-			replicas := int32(1)
-			if cur.Spec.Replicas != nil {
-				replicas = *cur.Spec.Replicas
-			}
-			cur.Status.Replicas, cur.Status.ReadyReplicas, cur.Status.AvailableReplicas, cur.Status.UpdatedReplicas = replicas, replicas, replicas, replicas
-			cur.Status.ObservedGeneration = cur.Generation
-			return r.Client.Status().Update(ctx, cur)
-		})
+		_ = rollOut(ctx, r.Client, client.ObjectKeyFromObject(dep))
 	}
 }
 

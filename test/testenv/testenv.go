@@ -2,7 +2,8 @@
 // `make test-binaries` into bin/k8s) through controller-runtime's envtest, with every
 // CustomResourceDefinition capi-inplace works with installed: its own, Cluster API's
 // (core, kubeadm control plane, kubeadm bootstrap), System Upgrade Controller's Plan,
-// Longhorn's v1beta2 kinds, KubeVirt's and Harvester's VM backup kinds. Nothing an API server does is mocked.
+// Longhorn's v1beta2 kinds, KubeVirt's, Harvester's VM backup kinds and the Rancher kinds
+// of the Harvester cluster upgrade. Nothing an API server does is mocked.
 package testenv
 
 import (
@@ -36,6 +37,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 )
 
 // Environment is a running test API server with the project's CRDs installed.
@@ -74,6 +76,7 @@ func NewScheme() (*runtime.Scheme, error) {
 		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
 		harvesterapi.AddToScheme,
+		rancher.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err
@@ -245,6 +248,7 @@ func CRDDirectories(root string) ([]string, error) {
 		filepath.Join(root, "test", "crds", "longhorn"),
 		filepath.Join(root, "test", "crds", "kubevirt"),
 		filepath.Join(root, "test", "crds", "harvester"),
+		filepath.Join(root, "test", "crds", "rancher"),
 		filepath.Join(capiDir, "core", "config", "crd", "bases"),
 		filepath.Join(capiDir, "controlplane", "kubeadm", "config", "crd", "bases"),
 		filepath.Join(capiDir, "bootstrap", "kubeadm", "config", "crd", "bases"),

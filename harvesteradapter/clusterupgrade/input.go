@@ -1,0 +1,208 @@
+// Package clusterupgrade is the cluster-level part of a Harvester upgrade, run once per
+// cluster and release in a Job on the workload cluster (`capi-inplace node
+// cluster-upgrade`): what Harvester's upgrade_manifests.sh does to Rancher, the local
+// provisioning Cluster, the chart repository and Harvester's ManagedCharts
+// (shared/facts/harvester-node-upgrade.md, facts 40 to 42; the upgrade-toolkit runs the
+// same script in its ClusterUpgrade phase, fact 51). It is a short list of named
+// sub-steps (StepNames), each of which looks at the cluster first and does nothing when
+// its work is already done, so a Job that is run again (a retry, a new pod after a node
+// went away) resumes where the last one stopped. Each sub-step's state is written to a
+// ConfigMap the caller names (ReadProgress reads it back).
+//
+// It does less than the script; what it leaves out is listed in Run's comment.
+package clusterupgrade
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Input is everything the cluster upgrade needs to know; the Job carries each of it as a
+// flag (Args), so the Job is self-contained.
+type Input struct {
+	// Plan names the upgrade (the UpgradePlan); it is written into the annotations of the
+	// ManagedCharts, as Harvester writes its Upgrade's name (fact 41.13).
+	Plan string
+	// HarvesterVersion is the release upgraded to, such as v1.6.0.
+	HarvesterVersion string
+	// HarvesterChartVersion is the version of the harvester and harvester-crd charts of
+	// the release (its metadata's harvesterChart), such as 1.6.0.
+	HarvesterChartVersion string
+	// RancherVersion is the Rancher version of the release, such as v2.12.0.
+	RancherVersion string
+	// RancherImage is the repository of Rancher's image; empty keeps the repository the
+	// rancher Deployment already runs (a mirror stays a mirror) and changes its tag.
+	RancherImage string
+	// ClusterRepoImage is the harvester-cluster-repo image of the release; the default
+	// (DefaultClusterRepoImage) is rancher/harvester-cluster-repo:<HarvesterVersion>.
+	ClusterRepoImage string
+
+	// PollInterval is how often a wait looks again. Default 5s, as wait_managed_chart
+	// (fact 42).
+	PollInterval time.Duration
+	// ChartFailAfter is how long a ManagedChart may report a failed apply before the
+	// upgrade gives up on it (Fleet retries Helm meanwhile). Default 5m.
+	ChartFailAfter time.Duration
+	// Timeout bounds the whole run; 0 leaves it to the caller's context.
+	Timeout time.Duration
+
+	// Clock is the time the run records and measures with. Default the real clock.
+	Clock clock.WithTicker
+}
+
+// Progress is where the run reports how far it got.
+type Progress struct {
+	// ConfigMap is the ConfigMap on the workload cluster that holds each sub-step's
+	// state; Run creates it when it is missing.
+	ConfigMap client.ObjectKey
+	// Log receives a line per thing done or waited for; nil writes nothing.
+	Log io.Writer
+}
+
+// DefaultClusterRepoImage is the image of harvester-cluster-repo of a release (fact 41.11).
+func DefaultClusterRepoImage(harvesterVersion string) string {
+	return "rancher/harvester-cluster-repo:" + harvesterVersion
+}
+
+const (
+	defaultPollInterval   = 5 * time.Second
+	defaultChartFailAfter = 5 * time.Minute
+)
+
+func (in Input) withDefaults() Input {
+	if in.ClusterRepoImage == "" && in.HarvesterVersion != "" {
+		in.ClusterRepoImage = DefaultClusterRepoImage(in.HarvesterVersion)
+	}
+	if in.PollInterval <= 0 {
+		in.PollInterval = defaultPollInterval
+	}
+	if in.ChartFailAfter <= 0 {
+		in.ChartFailAfter = defaultChartFailAfter
+	}
+	if in.Clock == nil {
+		in.Clock = clock.RealClock{}
+	}
+	return in
+}
+
+var (
+	// releaseVersion is a Harvester or Rancher release: v1.6.0, v1.6.0-rc1, v2.12.0-alpha5.
+	releaseVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
+	// chartVersion is a Helm chart version: 1.6.0, 1.6.0-rc1 (no leading v).
+	chartVersion = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
+	// imageRef is an image reference with a tag or digest.
+	imageRef = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]*|@sha256:[a-f0-9]{64})$`)
+	// imageRepo is an image repository without tag or digest.
+	imageRepo = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?(:[0-9]+/[a-z0-9._/-]*[a-z0-9])?$`)
+)
+
+// Validate says what is wrong with the input, every problem at once, or nil.
+func (in Input) Validate() error {
+	var errs []error
+	if in.Plan == "" {
+		errs = append(errs, errors.New("--plan is required: the name of the upgrade plan this run belongs to"))
+	} else if msgs := validation.IsDNS1123Subdomain(in.Plan); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--plan %q is not a valid object name: %s", in.Plan, strings.Join(msgs, "; ")))
+	}
+	if !releaseVersion.MatchString(in.HarvesterVersion) {
+		errs = append(errs, fmt.Errorf("--harvester-version %q must be a release such as v1.6.0", in.HarvesterVersion))
+	}
+	if !chartVersion.MatchString(in.HarvesterChartVersion) {
+		errs = append(errs, fmt.Errorf("--harvester-chart-version %q must be a chart version such as 1.6.0 (the release metadata's harvesterChart)", in.HarvesterChartVersion))
+	}
+	if !releaseVersion.MatchString(in.RancherVersion) {
+		errs = append(errs, fmt.Errorf("--rancher-version %q must be a Rancher release such as v2.12.0", in.RancherVersion))
+	}
+	if in.RancherImage != "" && !imageRepo.MatchString(in.RancherImage) {
+		errs = append(errs, fmt.Errorf("--rancher-image %q must be an image repository without tag, such as rancher/rancher", in.RancherImage))
+	}
+	if in.ClusterRepoImage != "" && !imageRef.MatchString(in.ClusterRepoImage) {
+		errs = append(errs, fmt.Errorf("--cluster-repo-image %q must be an image with a tag or digest, such as rancher/harvester-cluster-repo:v1.6.0", in.ClusterRepoImage))
+	}
+	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.Timeout < 0 {
+		errs = append(errs, errors.New("--poll-interval, --chart-fail-after and --timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Validate says what is wrong with where progress goes, or nil.
+func (p Progress) Validate() error {
+	var errs []error
+	if msgs := validation.IsDNS1123Label(p.ConfigMap.Namespace); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--progress-namespace %q: %s", p.ConfigMap.Namespace, strings.Join(msgs, "; ")))
+	}
+	if msgs := validation.IsDNS1123Subdomain(p.ConfigMap.Name); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--progress-name %q: %s", p.ConfigMap.Name, strings.Join(msgs, "; ")))
+	}
+	return errors.Join(errs...)
+}
+
+// BindFlags adds the flags of `capi-inplace node cluster-upgrade` to fs, writing into in
+// and p. Args is their inverse.
+func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
+	fs.StringVar(&in.Plan, "plan", in.Plan, "name of the upgrade plan (recorded on the charts)")
+	fs.StringVar(&in.HarvesterVersion, "harvester-version", in.HarvesterVersion, "Harvester release upgraded to, such as v1.6.0")
+	fs.StringVar(&in.HarvesterChartVersion, "harvester-chart-version", in.HarvesterChartVersion, "version of the harvester and harvester-crd charts, such as 1.6.0")
+	fs.StringVar(&in.RancherVersion, "rancher-version", in.RancherVersion, "Rancher release of the Harvester release, such as v2.12.0")
+	fs.StringVar(&in.RancherImage, "rancher-image", in.RancherImage, "Rancher image repository; empty keeps the rancher Deployment's")
+	fs.StringVar(&in.ClusterRepoImage, "cluster-repo-image", in.ClusterRepoImage, "harvester-cluster-repo image; default rancher/harvester-cluster-repo:<harvester-version>")
+	fs.DurationVar(&in.PollInterval, "poll-interval", in.PollInterval, "how often waits look again (default 5s)")
+	fs.DurationVar(&in.ChartFailAfter, "chart-fail-after", in.ChartFailAfter, "how long a ManagedChart may report a failed apply before the upgrade fails (default 5m)")
+	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
+	fs.StringVar(&p.ConfigMap.Namespace, "progress-namespace", p.ConfigMap.Namespace, "namespace of the progress ConfigMap")
+	fs.StringVar(&p.ConfigMap.Name, "progress-name", p.ConfigMap.Name, "name of the progress ConfigMap")
+}
+
+// Args are the flags that BindFlags parses back into in and p (zero values left out).
+func Args(in Input, p Progress) []string {
+	var args []string
+	add := func(name, value string) {
+		if value != "" {
+			args = append(args, "--"+name+"="+value)
+		}
+	}
+	dur := func(name string, d time.Duration) {
+		if d != 0 {
+			add(name, d.String())
+		}
+	}
+	add("plan", in.Plan)
+	add("harvester-version", in.HarvesterVersion)
+	add("harvester-chart-version", in.HarvesterChartVersion)
+	add("rancher-version", in.RancherVersion)
+	add("rancher-image", in.RancherImage)
+	add("cluster-repo-image", in.ClusterRepoImage)
+	dur("poll-interval", in.PollInterval)
+	dur("chart-fail-after", in.ChartFailAfter)
+	dur("timeout", in.Timeout)
+	add("progress-namespace", p.ConfigMap.Namespace)
+	add("progress-name", p.ConfigMap.Name)
+	return args
+}
+
+// ParseArgs parses the flags of `capi-inplace node cluster-upgrade` (without those two
+// words) and checks them. The test simulator's Job runner uses it to run a Job's
+// arguments as the node program would.
+func ParseArgs(args []string) (Input, Progress, error) {
+	var in Input
+	var p Progress
+	fs := flag.NewFlagSet("cluster-upgrade", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	BindFlags(fs, &in, &p)
+	if err := fs.Parse(args); err != nil {
+		return in, p, err
+	}
+	if fs.NArg() > 0 {
+		return in, p, fmt.Errorf("unexpected arguments %q; every input is a flag", fs.Args())
+	}
+	return in, p, errors.Join(in.Validate(), p.Validate())
+}

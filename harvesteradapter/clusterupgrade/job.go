@@ -1,0 +1,186 @@
+package clusterupgrade
+
+import (
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/rancher/wrangler/v3/pkg/name"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Labels of the cluster upgrade's Job and progress ConfigMap.
+const (
+	// LabelUpgradePlan is the upgrade plan the Job belongs to.
+	LabelUpgradePlan = "harvester.inplace.cluster.x-k8s.io/upgrade-plan"
+	// LabelComponent says which part of the upgrade the object is: ComponentClusterUpgrade.
+	LabelComponent = "harvester.inplace.cluster.x-k8s.io/upgrade-component"
+	// ComponentClusterUpgrade is LabelComponent's value for the cluster upgrade.
+	ComponentClusterUpgrade = "cluster-upgrade"
+)
+
+// Defaults of JobInput.
+const (
+	// DefaultNamespace is where Harvester runs its cluster upgrade Job (facts 40, 51).
+	DefaultNamespace = "harvester-system"
+	// DefaultServiceAccount is the account Harvester runs it with (facts 40, 51): in
+	// Harvester it holds the rights on Rancher's objects and the Deployments this needs.
+	DefaultServiceAccount = "harvester"
+	// DefaultActiveDeadline bounds the Job: a Rancher upgrade and two chart upgrades take
+	// minutes to tens of minutes on a real cluster.
+	DefaultActiveDeadline = 2 * time.Hour
+	// DefaultBackoffLimit is how many times a failed pod is retried; each retry resumes.
+	DefaultBackoffLimit = int32(3)
+	// ttlAfterFinished keeps the finished Job 7 days, as Harvester does (facts 40, 51).
+	ttlAfterFinished = int32(7 * 24 * 3600)
+	// nonRootUser is the image's user (the Dockerfile's USER 65532): the program only
+	// talks to the API server.
+	nonRootUser = int64(65532)
+)
+
+// JobInput is what the cluster upgrade's Job is built from.
+type JobInput struct {
+	// Plan is the upgrade plan's name: the Job is SafeConcatName(Plan, "cluster-upgrade").
+	Plan string
+	// Image is the capi-inplace image whose node program runs the upgrade.
+	Image string
+	// Namespace of the Job. Default DefaultNamespace.
+	Namespace string
+	// ServiceAccount the Job runs as. Default DefaultServiceAccount.
+	ServiceAccount string
+	// Input is what the upgrade does; its Plan defaults to Plan. Clock is not carried.
+	Input Input
+	// Progress is the progress ConfigMap. Default ProgressKey(Namespace, Plan).
+	Progress client.ObjectKey
+	// ActiveDeadline bounds the Job. Default DefaultActiveDeadline.
+	ActiveDeadline time.Duration
+	// BackoffLimit is how many failed pods are retried. Default DefaultBackoffLimit.
+	BackoffLimit *int32
+	// Labels are added to the Job and its pod.
+	Labels map[string]string
+}
+
+// JobName is the name of the cluster upgrade's Job of plan, as the upgrade-toolkit names
+// it (fact 51).
+func JobName(plan string) string { return name.SafeConcatName(plan, "cluster-upgrade") }
+
+// ProgressKey is the default progress ConfigMap of plan's cluster upgrade.
+func ProgressKey(namespace, plan string) client.ObjectKey {
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	return client.ObjectKey{Namespace: namespace, Name: name.SafeConcatName(plan, "cluster-upgrade", "progress")}
+}
+
+// Job builds the Job that runs `capi-inplace node cluster-upgrade` with every input as a
+// flag, so that it needs nothing else to run (or to run again). Its shape follows
+// Harvester's apply-manifests Job (fact 40) and the upgrade-toolkit's cluster-upgrade Job
+// (fact 51): container apply, service account harvester, TTL 7 days; unlike them it
+// tolerates nothing special (it needs no particular node) and runs as the image's
+// non-root user.
+func Job(in JobInput) *batchv1.Job {
+	ns := in.Namespace
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	sa := in.ServiceAccount
+	if sa == "" {
+		sa = DefaultServiceAccount
+	}
+	deadline := in.ActiveDeadline
+	if deadline <= 0 {
+		deadline = DefaultActiveDeadline
+	}
+	backoff := ptr.Deref(in.BackoffLimit, DefaultBackoffLimit)
+	progress := in.Progress
+	if progress.Name == "" {
+		progress = ProgressKey(ns, in.Plan)
+	}
+	if progress.Namespace == "" {
+		progress.Namespace = ns
+	}
+	upgrade := in.Input
+	if upgrade.Plan == "" {
+		upgrade.Plan = in.Plan
+	}
+	if upgrade.ClusterRepoImage == "" && upgrade.HarvesterVersion != "" {
+		upgrade.ClusterRepoImage = DefaultClusterRepoImage(upgrade.HarvesterVersion)
+	}
+	if upgrade.Timeout <= 0 {
+		// The run ends a little before the Job's deadline, so that it writes why.
+		upgrade.Timeout = deadline - time.Minute
+		if upgrade.Timeout <= 0 {
+			upgrade.Timeout = deadline
+		}
+	}
+	labels := map[string]string{}
+	maps.Copy(labels, in.Labels)
+	labels[LabelUpgradePlan] = in.Plan
+	labels[LabelComponent] = ComponentClusterUpgrade
+
+	args := append([]string{"node", "cluster-upgrade"}, Args(upgrade, Progress{ConfigMap: progress})...)
+	return &batchv1.Job{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: JobName(in.Plan), Labels: labels},
+		Spec: batchv1.JobSpec{
+			BackoffLimit:            ptr.To(backoff),
+			ActiveDeadlineSeconds:   ptr.To(int64(deadline / time.Second)),
+			TTLSecondsAfterFinished: ptr.To(ttlAfterFinished),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: sa,
+					RestartPolicy:      corev1.RestartPolicyNever,
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   ptr.To(true),
+						RunAsUser:      ptr.To(nonRootUser),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:                     "apply",
+						Image:                    in.Image,
+						Command:                  []string{"/capi-inplace"},
+						Args:                     args,
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false),
+							ReadOnlyRootFilesystem:   ptr.To(true),
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+				},
+			},
+		},
+	}
+}
+
+// JobState reads a cluster upgrade Job: done when it completed, failed (with the Job
+// controller's reason and message, which the simulator and the termination message carry
+// the error in) when it failed; neither while it runs or has not started.
+func JobState(job *batchv1.Job) (done bool, failed bool, message string) {
+	if job == nil {
+		return false, false, "the cluster upgrade Job does not exist yet"
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete:
+			return true, false, fmt.Sprintf("Job %s/%s completed", job.Namespace, job.Name)
+		case batchv1.JobFailed:
+			return false, true, fmt.Sprintf("Job %s/%s failed (%s): %s", job.Namespace, job.Name, c.Reason, c.Message)
+		}
+	}
+	switch {
+	case job.Status.Active > 0:
+		return false, false, fmt.Sprintf("Job %s/%s is running (%d failed pods so far)", job.Namespace, job.Name, job.Status.Failed)
+	case job.Spec.Suspend != nil && *job.Spec.Suspend:
+		return false, false, fmt.Sprintf("Job %s/%s is suspended", job.Namespace, job.Name)
+	}
+	return false, false, fmt.Sprintf("Job %s/%s has not started", job.Namespace, job.Name)
+}

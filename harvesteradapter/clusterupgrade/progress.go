@@ -1,0 +1,145 @@
+package clusterupgrade
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// StepState is where one sub-step stands.
+type StepState string
+
+// The states of a sub-step.
+const (
+	// StatePending: not started.
+	StatePending StepState = "Pending"
+	// StateRunning: started and not finished (or the run that started it ended without
+	// finishing it: the next run looks again).
+	StateRunning StepState = "Running"
+	// StateDone: this upgrade did the sub-step's work.
+	StateDone StepState = "Done"
+	// StateSkipped: there was nothing to do, the cluster was already there.
+	StateSkipped StepState = "Skipped"
+	// StateFailed: the sub-step failed; Message says why and what to do.
+	StateFailed StepState = "Failed"
+)
+
+// The sub-steps, in the order Run runs them.
+const (
+	StepUpgradeRancher           = "UpgradeRancher"
+	StepDecoupleLocalCluster     = "DecoupleLocalCluster"
+	StepUpgradeClusterRepo       = "UpgradeClusterRepo"
+	StepRefreshHarvesterCharts   = "RefreshHarvesterCharts"
+	StepUpgradeHarvesterCRDChart = "UpgradeHarvesterCRDChart"
+	StepUpgradeHarvesterChart    = "UpgradeHarvesterChart"
+)
+
+// StepNames are the sub-steps in the order Run runs them. The order is the script's
+// (fact 41): Rancher (41.8), then the local cluster (41.9), the repository (41.11) and
+// Harvester's charts (41.13).
+func StepNames() []string {
+	return []string{
+		StepUpgradeRancher,
+		StepDecoupleLocalCluster,
+		StepUpgradeClusterRepo,
+		StepRefreshHarvesterCharts,
+		StepUpgradeHarvesterCRDChart,
+		StepUpgradeHarvesterChart,
+	}
+}
+
+// StepProgress is one sub-step's state, as the progress ConfigMap holds it.
+type StepProgress struct {
+	// Name is the sub-step (one of StepNames).
+	Name string `json:"name"`
+	// State is where it stands.
+	State StepState `json:"state"`
+	// Message says what was done, what is awaited, or why it failed.
+	Message string `json:"message,omitempty"`
+	// Time is when State was last set.
+	Time metav1.Time `json:"time,omitzero"`
+}
+
+// ProgressLabel marks the ConfigMaps that hold a cluster upgrade's progress.
+const ProgressLabel = "inplace.cluster.x-k8s.io/cluster-upgrade-progress"
+
+// ReadProgress reads the progress ConfigMap at key: every sub-step in StepNames order,
+// Pending when the ConfigMap does not say. A missing ConfigMap is all Pending, not an
+// error (the Job has not written it yet).
+func ReadProgress(ctx context.Context, c client.Client, key client.ObjectKey) ([]StepProgress, error) {
+	cm := &corev1.ConfigMap{}
+	if err := c.Get(ctx, key, cm); err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("read the cluster upgrade's progress ConfigMap %s: %w", key, err)
+	}
+	return decodeProgress(cm.Data)
+}
+
+func decodeProgress(data map[string]string) ([]StepProgress, error) {
+	steps := make([]StepProgress, 0, len(StepNames()))
+	for _, name := range StepNames() {
+		sp := StepProgress{Name: name, State: StatePending}
+		if raw, ok := data[name]; ok {
+			if err := json.Unmarshal([]byte(raw), &sp); err != nil {
+				return nil, fmt.Errorf("progress of %s is not what the cluster upgrade writes (%q): %w", name, raw, err)
+			}
+			sp.Name = name
+		}
+		steps = append(steps, sp)
+	}
+	return steps, nil
+}
+
+// ensureProgress creates the progress ConfigMap when missing and returns what it holds.
+func (r *runner) ensureProgress(ctx context.Context) (map[string]StepProgress, error) {
+	key := r.p.ConfigMap
+	cm := &corev1.ConfigMap{}
+	err := r.c.Get(ctx, key, cm)
+	if apierrors.IsNotFound(err) {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Namespace: key.Namespace, Name: key.Name,
+			Labels: map[string]string{ProgressLabel: "true"},
+		}}
+		if err := r.c.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create the progress ConfigMap %s: %w", key, err)
+		}
+		return map[string]StepProgress{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the progress ConfigMap %s: %w", key, err)
+	}
+	steps, err := decodeProgress(cm.Data)
+	if err != nil {
+		return nil, err
+	}
+	prior := map[string]StepProgress{}
+	for _, s := range steps {
+		prior[s.Name] = s
+	}
+	return prior, nil
+}
+
+// record writes one sub-step's state into the progress ConfigMap (a merge patch of its
+// one key, so nothing else there is touched).
+func (r *runner) record(ctx context.Context, name string, state StepState, message string) error {
+	sp := StepProgress{Name: name, State: state, Message: message, Time: metav1.NewTime(r.in.Clock.Now())}
+	r.current[name] = sp
+	raw, err := json.Marshal(sp)
+	if err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{"data": map[string]string{name: string(raw)}})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.p.ConfigMap.Namespace, Name: r.p.ConfigMap.Name}}
+	if err := r.c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("record %s %s in the progress ConfigMap %s: %w", name, state, r.p.ConfigMap, err)
+	}
+	return nil
+}

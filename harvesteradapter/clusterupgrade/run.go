@@ -1,0 +1,149 @@
+package clusterupgrade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// runner is one Run: its input, where it reports, and what earlier runs recorded.
+type runner struct {
+	c  client.Client
+	in Input
+	p  Progress
+	// prior is the progress an earlier run left; current what this run recorded.
+	prior   map[string]StepProgress
+	current map[string]StepProgress
+}
+
+// step is one sub-step. It returns StateDone or StateSkipped with a message saying what
+// it found or did, or an error.
+type step struct {
+	name string
+	run  func(r *runner, ctx context.Context) (StepState, string, error)
+}
+
+func steps() []step {
+	return []step{
+		{StepUpgradeRancher, (*runner).upgradeRancher},
+		{StepDecoupleLocalCluster, (*runner).decoupleLocalCluster},
+		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
+		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
+		{StepUpgradeHarvesterCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
+			return r.upgradeChart(ctx, harvesterCRDChart)
+		}},
+		{StepUpgradeHarvesterChart, func(r *runner, ctx context.Context) (StepState, string, error) {
+			return r.upgradeChart(ctx, harvesterChart)
+		}},
+	}
+}
+
+// Run upgrades the cluster-level parts of a Harvester cluster to the release in, as
+// Harvester's upgrade_manifests.sh does (shared/facts/harvester-node-upgrade.md, fact 41),
+// in the sub-steps of StepNames, recording each one's state in the ConfigMap p names. A
+// sub-step whose work is already done (by an earlier run, or before the upgrade) is not
+// done again. The error names the sub-step, the object, what was expected and what to do.
+//
+// Of the script it does: the Rancher upgrade (41.8, as a change of the rancher
+// Deployment's image, see upgradeRancher), the decoupling of the local cluster (41.9, the
+// label and the status; not the local-rke-state Secret conversion), the cluster
+// repository (41.11) and the harvester-crd and harvester ManagedCharts (41.13, the version
+// only: none of the script's value migrations). It leaves out the version pre-hooks,
+// chart pausing (41.4), the RKE2 restart skip (41.5), KubeVirt's workload update method
+// (41.6), the Longhorn CRD migration (41.10), the extra manifests and addons (41.12,
+// 41.14 to 41.17) and the waits for KubeVirt and Longhorn that follow the charts (42).
+func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
+	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
+		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)
+	}
+	in = in.withDefaults()
+	if in.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, in.Timeout)
+		defer cancel()
+	}
+	r := &runner{c: c, in: in, p: p, current: map[string]StepProgress{}}
+	prior, err := r.ensureProgress(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster upgrade: %w", err)
+	}
+	r.prior = prior
+	for _, s := range steps() {
+		r.logf("%s: started", s.name)
+		if err := r.record(ctx, s.name, StateRunning, "started"); err != nil {
+			return fmt.Errorf("cluster upgrade: %w", err)
+		}
+		state, message, err := s.run(r, ctx)
+		if err != nil {
+			r.logf("%s: failed: %v", s.name, err)
+			// The context may be what ended the step; the record still has to be written.
+			if rerr := r.record(context.WithoutCancel(ctx), s.name, StateFailed, err.Error()); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+			return fmt.Errorf("cluster upgrade step %s: %w", s.name, err)
+		}
+		r.logf("%s: %s: %s", s.name, state, message)
+		if err := r.record(ctx, s.name, state, message); err != nil {
+			return fmt.Errorf("cluster upgrade: %w", err)
+		}
+	}
+	return nil
+}
+
+// already is how a sub-step whose work it finds done ends: Done when this upgrade did
+// it (ours: the object carries this plan's last-upgrade-name, or an earlier run recorded
+// the sub-step Done), Skipped when the cluster was there before.
+func (r *runner) already(name, message string, ours bool) (StepState, string, error) {
+	if ours || r.prior[name].State == StateDone {
+		return StateDone, message + " (done by an earlier run)", nil
+	}
+	return StateSkipped, message, nil
+}
+
+func (r *runner) logf(format string, args ...any) {
+	if r.p.Log != nil {
+		_, _ = fmt.Fprintf(r.p.Log, "%s "+format+"\n", append([]any{r.in.Clock.Now().UTC().Format("2006-01-02T15:04:05Z")}, args...)...)
+	}
+}
+
+// poll calls check every PollInterval until it reports done or fails, or ctx ends. what
+// names what is awaited for the error: "<object>: expected <what>".
+func (r *runner) poll(ctx context.Context, what, remedy string, check func(ctx context.Context) (done bool, status string, err error)) error {
+	last := ""
+	for {
+		done, status, err := check(ctx)
+		if err != nil && deadlineEnded(ctx) {
+			// The deadline ended a read: say what was awaited, not how the read ended.
+			return fmt.Errorf("gave up waiting for %s (%w); last seen: %s; %s", what, context.DeadlineExceeded, last, remedy)
+		}
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if status != last {
+			r.logf("waiting for %s: %s", what, status)
+			last = status
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("gave up waiting for %s (%w); last seen: %s; %s", what, ctx.Err(), last, remedy)
+		case <-r.in.Clock.After(r.in.PollInterval):
+		}
+	}
+}
+
+// deadlineEnded says whether ctx has ended, or is about to: client-go's rate limiter
+// refuses a request it could not send before the deadline, a moment before the context
+// itself ends.
+func deadlineEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	deadline, ok := ctx.Deadline()
+	return ok && time.Until(deadline) < time.Second
+}

@@ -1,0 +1,372 @@
+package clusterupgrade_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+)
+
+var (
+	oldRelease = sim.HarvesterRelease{Version: "v1.5.1", Rancher: "v2.11.3"}
+	newRelease = sim.HarvesterRelease{Version: "v1.6.0", Rancher: "v2.12.0"}
+)
+
+// input is the upgrade to newRelease with test-speed waits.
+func input(plan string) clusterupgrade.Input {
+	return clusterupgrade.Input{
+		Plan:                  plan,
+		HarvesterVersion:      newRelease.Version,
+		HarvesterChartVersion: "1.6.0",
+		RancherVersion:        newRelease.Rancher,
+		PollInterval:          10 * time.Millisecond,
+		ChartFailAfter:        300 * time.Millisecond,
+		Timeout:               30 * time.Second,
+	}
+}
+
+var progressSeq int
+
+// newProgress is a progress ConfigMap of its own for one spec.
+func newProgress() clusterupgrade.Progress {
+	progressSeq++
+	return clusterupgrade.Progress{
+		ConfigMap: client.ObjectKey{Namespace: "harvester-system", Name: fmt.Sprintf("progress-%d", progressSeq)},
+		Log:       GinkgoWriter,
+	}
+}
+
+// seed re-creates the Rancher objects at rel and starts a Rancher simulator for the spec.
+func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher {
+	GinkgoHelper()
+	Expect(sim.Seed(ctx, env.Client, rel)).To(Succeed())
+	r := &sim.Rancher{Client: env.Client}
+	for _, o := range options {
+		o(r)
+	}
+	simCtx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	r.Start(simCtx)
+	return r
+}
+
+func states(steps []clusterupgrade.StepProgress) []string {
+	var out []string
+	for _, s := range steps {
+		out = append(out, s.Name+"="+string(s.State))
+	}
+	return out
+}
+
+func want(state clusterupgrade.StepState, except map[string]clusterupgrade.StepState) []string {
+	var out []string
+	for _, n := range clusterupgrade.StepNames() {
+		s := state
+		if e, ok := except[n]; ok {
+			s = e
+		}
+		out = append(out, n+"="+string(s))
+	}
+	return out
+}
+
+func chart(name string) *managementv3.ManagedChart {
+	GinkgoHelper()
+	mc := &managementv3.ManagedChart{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: name}, mc)).To(Succeed())
+	return mc
+}
+
+func deployment(name string) *appsv1.Deployment {
+	GinkgoHelper()
+	d := &appsv1.Deployment{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.CattleSystem, Name: name}, d)).To(Succeed())
+	return d
+}
+
+func clusterRepo() *catalogv1.ClusterRepo {
+	GinkgoHelper()
+	r := &catalogv1.ClusterRepo{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Name: rancher.HarvesterChartsRepo}, r)).To(Succeed())
+	return r
+}
+
+func localCluster() *provisioningv1.Cluster {
+	GinkgoHelper()
+	c := &provisioningv1.Cluster{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.LocalCluster}, c)).To(Succeed())
+	return c
+}
+
+func serverVersion() string {
+	GinkgoHelper()
+	s := &managementv3.Setting{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Name: rancher.ServerVersionSetting}, s)).To(Succeed())
+	return s.Value
+}
+
+// resourceVersions are the resourceVersions of every Rancher object Seed creates: equal
+// before and after means nothing was written.
+func resourceVersions() map[string]string {
+	GinkgoHelper()
+	out := map[string]string{}
+	for _, n := range []string{rancher.HarvesterCRDChart, rancher.HarvesterChart, rancher.MonitoringCRDChart, rancher.LoggingCRDChart} {
+		out["chart/"+n] = chart(n).ResourceVersion
+	}
+	for _, n := range []string{rancher.RancherDeployment, rancher.ClusterRepoDeployment} {
+		out["deployment/"+n] = deployment(n).ResourceVersion
+	}
+	out["clusterrepo"] = clusterRepo().ResourceVersion
+	out["cluster"] = localCluster().ResourceVersion
+	s := &managementv3.Setting{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Name: rancher.ServerVersionSetting}, s)).To(Succeed())
+	out["setting"] = s.ResourceVersion
+	return out
+}
+
+// settle lets the Rancher simulator finish what it does after Seed.
+func settle() {
+	GinkgoHelper()
+	Eventually(func() error {
+		ok, msg, err := clusterupgrade.ManagedChartsReady(ctx, env.Client)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New(msg)
+		}
+		return nil
+	}).Should(Succeed())
+	time.Sleep(200 * time.Millisecond)
+}
+
+var _ = Describe("Run", Ordered, func() {
+	It("upgrades every part, in order, to the new release", func() {
+		seed(oldRelease)
+		settle()
+		monitoring := chart(rancher.MonitoringCRDChart)
+		p := newProgress()
+		Expect(clusterupgrade.Run(ctx, env.Client, input("up-full"), p)).To(Succeed())
+
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
+		for i := 1; i < len(steps); i++ {
+			Expect(steps[i].Time.Before(&steps[i-1].Time)).To(BeFalse(), "%s finished before %s", steps[i].Name, steps[i-1].Name)
+		}
+
+		Expect(serverVersion()).To(Equal("v2.12.0"))
+		Expect(deployment(rancher.RancherDeployment).Spec.Template.Spec.Containers[0].Image).To(Equal("rancher/rancher:v2.12.0"))
+		Expect(deployment(rancher.ClusterRepoDeployment).Spec.Template.Spec.Containers[0].Image).To(Equal("rancher/harvester-cluster-repo:v1.6.0"))
+		cl := localCluster()
+		Expect(cl.Labels).To(HaveKeyWithValue(rancher.ManagementClusterNameLabel, "local"))
+		Expect(cl.Status.FleetWorkspaceName).To(Equal("fleet-local"))
+		Expect(cl.Spec.KubernetesVersion).To(Equal("v1.32.4+rke2r1"), "the label patch kept the spec")
+		repo := clusterRepo()
+		Expect(repo.Spec.ForceUpdate).NotTo(BeNil())
+		Expect(repo.Status.DownloadTime.Before(repo.Spec.ForceUpdate)).To(BeFalse())
+		for _, n := range []string{rancher.HarvesterCRDChart, rancher.HarvesterChart} {
+			mc := chart(n)
+			Expect(mc.Spec.Version).To(Equal("1.6.0"), n)
+			Expect(mc.Generation).To(Equal(int64(2)), n)
+			Expect(mc.Status.ObservedGeneration).To(Equal(int64(2)), n)
+			Expect(mc.Spec.TimeoutSeconds).To(Equal(601), n)
+			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-full"))
+			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-target-version", "v1.6.0"))
+		}
+		Expect(string(chart(rancher.HarvesterChart).Spec.Values.Raw)).To(ContainSubstring("LiveMigrate"), "the chart's values were kept")
+		Expect(chart(rancher.MonitoringCRDChart).Generation).To(Equal(monitoring.Generation), "the monitoring CRD chart is not part of this upgrade")
+		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("1"))
+	})
+
+	It("fails naming the chart whose deployment fails, and a second run resumes without redoing finished work", func() {
+		r := seed(oldRelease)
+		settle()
+		r.FailChart(rancher.HarvesterChart, "helm upgrade: rendered manifests contain a resource that already exists")
+		p := newProgress()
+		err := clusterupgrade.Run(ctx, env.Client, input("up-resume"), p)
+		Expect(err).To(MatchError(And(
+			ContainSubstring("UpgradeHarvesterChart"),
+			ContainSubstring("ManagedChart fleet-local/harvester"),
+			ContainSubstring("failed to deploy version 1.6.0"),
+			ContainSubstring("rendered manifests contain a resource that already exists"),
+			Not(ContainSubstring("gave up waiting")))))
+		steps, rerr := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(rerr).NotTo(HaveOccurred())
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed})))
+		Expect(steps[5].Message).To(ContainSubstring("already exists"))
+
+		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
+		clusterRV := localCluster().ResourceVersion
+		Expect(harvester.Generation).To(Equal(int64(2)))
+
+		r.ClearChartFailure(rancher.HarvesterChart)
+		Expect(clusterupgrade.Run(ctx, env.Client, input("up-resume"), p)).To(Succeed())
+		steps, rerr = clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(rerr).NotTo(HaveOccurred())
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
+		for _, s := range steps[:5] {
+			Expect(s.Message).To(ContainSubstring("done by an earlier run"), s.Name)
+		}
+		Expect(chart(rancher.HarvesterCRDChart).ResourceVersion).To(Equal(crd.ResourceVersion), "harvester-crd was not patched again")
+		Expect(chart(rancher.HarvesterChart).Generation).To(Equal(harvester.Generation), "harvester was awaited, not patched again")
+		Expect(deployment(rancher.RancherDeployment).ResourceVersion).To(Equal(rancherDep.ResourceVersion))
+		Expect(clusterRepo().Spec.ForceUpdate.Equal(repo.Spec.ForceUpdate)).To(BeTrue(), "the index was not refreshed again")
+		Expect(localCluster().ResourceVersion).To(Equal(clusterRV))
+		Expect(chart(rancher.HarvesterChart).Status.Summary.Ready).To(Equal(1))
+	})
+
+	It("resumes a run cut off while it waited for a chart by waiting again, not patching again", func() {
+		r := seed(oldRelease)
+		settle()
+		r.FailChart(rancher.HarvesterCRDChart, "not yet")
+		p := newProgress()
+		in := input("up-cut")
+		in.ChartFailAfter = time.Hour
+		in.Timeout = 2 * time.Second
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(ContainSubstring("gave up waiting for ManagedChart fleet-local/harvester-crd")))
+		gen := chart(rancher.HarvesterCRDChart).Generation
+		Expect(gen).To(Equal(int64(2)))
+		r.ClearChartFailure(rancher.HarvesterCRDChart)
+		in.Timeout = 30 * time.Second
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(Succeed())
+		Expect(chart(rancher.HarvesterCRDChart).Generation).To(Equal(gen))
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(steps[4].State).To(Equal(clusterupgrade.StateDone))
+		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("1"), "the second run kept the generation the first started from")
+	})
+
+	It("waits for the chart index download before it upgrades the charts, and a second run waits for the same refresh", func() {
+		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 3 * time.Second })
+		settle()
+		p := newProgress()
+		in := input("up-download")
+		in.Timeout = 1500 * time.Millisecond
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(
+			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)[3:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending"}))
+		Expect(chart(rancher.HarvesterCRDChart).Generation).To(Equal(int64(1)), "no chart was touched before the index was downloaded")
+		forced := clusterRepo().Spec.ForceUpdate
+		Expect(forced).NotTo(BeNil())
+
+		in.Timeout = 30 * time.Second
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(Succeed())
+		Expect(clusterRepo().Spec.ForceUpdate.Equal(forced)).To(BeTrue(), "the refresh the first run asked for was awaited, not asked again")
+	})
+
+	It("skips everything, writing nothing, on a cluster already at the release", func() {
+		seed(newRelease)
+		settle()
+		// The local cluster as an earlier upgrade left it.
+		cl := localCluster()
+		before := cl.DeepCopy()
+		cl.Labels = map[string]string{rancher.ManagementClusterNameLabel: "local"}
+		Expect(env.Client.Patch(ctx, cl, client.MergeFrom(before))).To(Succeed())
+		before = cl.DeepCopy()
+		cl.Status.FleetWorkspaceName = "fleet-local"
+		Expect(env.Client.Status().Patch(ctx, cl, client.MergeFrom(before))).To(Succeed())
+		settle()
+
+		rvs := resourceVersions()
+		p := newProgress()
+		var log bytes.Buffer
+		p.Log = &log
+		Expect(clusterupgrade.Run(ctx, env.Client, input("up-noop"), p)).To(Succeed())
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateSkipped, nil)))
+		Expect(resourceVersions()).To(Equal(rvs))
+	})
+
+	It("refuses bad input before it changes anything", func() {
+		seed(oldRelease)
+		settle()
+		rvs := resourceVersions()
+		p := newProgress()
+		in := input("up-bad")
+		in.HarvesterVersion = "1.6"
+		in.HarvesterChartVersion = ""
+		err := clusterupgrade.Run(ctx, env.Client, in, p)
+		Expect(err).To(MatchError(And(ContainSubstring("bad input"), ContainSubstring("--harvester-version \"1.6\""), ContainSubstring("--harvester-chart-version"))))
+		Expect(resourceVersions()).To(Equal(rvs))
+		Expect(apierrors.IsNotFound(env.Client.Get(ctx, p.ConfigMap, &corev1.ConfigMap{}))).To(BeTrue(), "no progress ConfigMap")
+
+		bad := newProgress()
+		bad.ConfigMap.Name = ""
+		Expect(clusterupgrade.Run(ctx, env.Client, input("up-bad"), bad)).To(MatchError(ContainSubstring("--progress-name")))
+		Expect(resourceVersions()).To(Equal(rvs))
+	})
+
+	It("reports every ManagedChart ready, or which one is not", func() {
+		r := seed(oldRelease)
+		settle()
+		ok, msg, err := clusterupgrade.ManagedChartsReady(ctx, env.Client)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ok).To(BeTrue(), msg)
+		r.FailChart(rancher.LoggingCRDChart, "boom")
+		mc := chart(rancher.LoggingCRDChart)
+		before := mc.DeepCopy()
+		mc.Spec.TimeoutSeconds++
+		Expect(env.Client.Patch(ctx, mc, client.MergeFrom(before))).To(Succeed())
+		Eventually(func() string {
+			_, msg, _ := clusterupgrade.ManagedChartsReady(ctx, env.Client)
+			return msg
+		}).Should(ContainSubstring("rancher-logging-crd: 0 of 1 ready, 1 unavailable: ErrApplied(1) [Cluster fleet-local/local: boom]"))
+		ok, _, _ = clusterupgrade.ManagedChartsReady(ctx, env.Client)
+		Expect(ok).To(BeFalse())
+	})
+
+	It("runs as the Job the builder makes, through the simulator's Job runner", func() {
+		seed(oldRelease)
+		settle()
+		jobs := &sim.ClusterUpgradeJobs{Client: env.Client}
+		jobCtx, cancel := context.WithCancel(ctx)
+		DeferCleanup(cancel)
+		jobs.Start(jobCtx)
+		in := input("")
+		in.Timeout = 0
+		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: in})
+		Expect(env.Client.Create(ctx, job)).To(Succeed())
+		Eventually(func() bool {
+			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
+			done, failed, msg := clusterupgrade.JobState(job)
+			Expect(failed).To(BeFalse(), msg)
+			return done
+		}).WithTimeout(30 * time.Second).Should(BeTrue())
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
+		Expect(chart(rancher.HarvesterChart).Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-job"))
+
+		// A Job with arguments the program refuses fails with its usage message.
+		bad := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-bad", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: clusterupgrade.Input{HarvesterVersion: "v1.6.0"}})
+		Expect(env.Client.Create(ctx, bad)).To(Succeed())
+		Eventually(func() string {
+			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(bad), bad)).To(Succeed())
+			_, failed, msg := clusterupgrade.JobState(bad)
+			if !failed {
+				return ""
+			}
+			return msg
+		}).Should(ContainSubstring("--rancher-version"))
+		Expect(jobs.Runs()).To(Equal(2))
+	})
+})

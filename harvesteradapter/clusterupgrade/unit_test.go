@@ -1,0 +1,79 @@
+package clusterupgrade
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+)
+
+func TestBumpTimeoutAlwaysChangesIt(t *testing.T) {
+	for cur, want := range map[int]int{0: 600, 599: 600, 600: 601, 799: 800, 800: 600, 900: 600} {
+		if got := bumpTimeout(cur); got != want || got == cur {
+			t.Errorf("bumpTimeout(%d) = %d, want %d (and a change)", cur, got, want)
+		}
+	}
+}
+
+func TestArgsRoundTrip(t *testing.T) {
+	in := Input{Plan: "up-1", HarvesterVersion: "v1.6.0", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0",
+		RancherImage: "rancher/rancher", ClusterRepoImage: "mirror.local/rancher/harvester-cluster-repo:v1.6.0",
+		PollInterval: time.Second, ChartFailAfter: time.Minute, Timeout: time.Hour}
+	p := Progress{}
+	p.ConfigMap.Namespace, p.ConfigMap.Name = "harvester-system", "up-1-progress"
+	got, gotP, err := ParseArgs(Args(in, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, in) || gotP.ConfigMap != p.ConfigMap {
+		t.Errorf("round trip of %+v %s gave %+v %s", in, p.ConfigMap, got, gotP.ConfigMap)
+	}
+}
+
+func TestJobShape(t *testing.T) {
+	job := Job(JobInput{Plan: strings.Repeat("p", 60), Image: "capi-inplace:dev", Input: Input{HarvesterVersion: "v1.6.0"}})
+	if len(job.Name) > 63 || !strings.HasPrefix(job.Name, strings.Repeat("p", 50)) {
+		t.Errorf("Job name %q is not a SafeConcatName of the plan", job.Name)
+	}
+	if job.Namespace != DefaultNamespace || job.Spec.Template.Spec.ServiceAccountName != DefaultServiceAccount {
+		t.Errorf("Job in %s as %s", job.Namespace, job.Spec.Template.Spec.ServiceAccountName)
+	}
+	c := job.Spec.Template.Spec.Containers[0]
+	if c.Name != "apply" || c.Command[0] != "/capi-inplace" || c.Args[1] != "cluster-upgrade" {
+		t.Errorf("container %s runs %v %v", c.Name, c.Command, c.Args)
+	}
+	if *job.Spec.ActiveDeadlineSeconds != int64(DefaultActiveDeadline/time.Second) || *job.Spec.BackoffLimit != DefaultBackoffLimit {
+		t.Errorf("deadline %d, backoff %d", *job.Spec.ActiveDeadlineSeconds, *job.Spec.BackoffLimit)
+	}
+	if job.Labels[LabelUpgradePlan] != strings.Repeat("p", 60) || job.Spec.Template.Labels[LabelComponent] != ComponentClusterUpgrade {
+		t.Errorf("labels %v / %v", job.Labels, job.Spec.Template.Labels)
+	}
+	if !ptr.Deref(job.Spec.Template.Spec.SecurityContext.RunAsNonRoot, false) {
+		t.Error("the pod may run as root")
+	}
+}
+
+func TestJobState(t *testing.T) {
+	job := &batchv1.Job{}
+	job.Namespace, job.Name = "harvester-system", "up-cluster-upgrade"
+	if done, failed, msg := JobState(job); done || failed || !strings.Contains(msg, "not started") {
+		t.Errorf("new Job: %t %t %q", done, failed, msg)
+	}
+	job.Status.Active = 1
+	if done, failed, msg := JobState(job); done || failed || !strings.Contains(msg, "running") {
+		t.Errorf("running Job: %t %t %q", done, failed, msg)
+	}
+	failedJob := job.DeepCopy()
+	failedJob.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", Message: "ManagedChart fleet-local/harvester failed"}}
+	if done, failed, msg := JobState(failedJob); done || !failed || !strings.Contains(msg, "ManagedChart fleet-local/harvester failed") {
+		t.Errorf("failed Job: %t %t %q", done, failed, msg)
+	}
+	job.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
+	if done, failed, _ := JobState(job); !done || failed {
+		t.Errorf("complete Job: %t %t", done, failed)
+	}
+}

@@ -1,0 +1,51 @@
+// Package rancher gathers our own types of the Rancher kinds the Harvester cluster
+// upgrade drives (subpackages provisioningv1, managementv3 and catalogv1) and the names
+// of the objects Harvester keeps of them (shared/facts/harvester-node-upgrade.md,
+// section F).
+package rancher
+
+import (
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+)
+
+// Names of the Rancher objects of a Harvester cluster (facts 41.4, 41.8, 41.9, 41.11).
+const (
+	// FleetLocal is the namespace of the local cluster's provisioning Cluster and of the
+	// ManagedCharts, and the Fleet workspace of the local cluster.
+	FleetLocal = "fleet-local"
+	// LocalCluster is the provisioning Cluster that stands for the Harvester cluster.
+	LocalCluster = "local"
+	// CattleSystem is Rancher's namespace.
+	CattleSystem = "cattle-system"
+	// RancherDeployment is Rancher's Deployment in CattleSystem.
+	RancherDeployment = "rancher"
+	// ClusterRepoDeployment serves the harvester-charts Helm repository, in CattleSystem.
+	ClusterRepoDeployment = "harvester-cluster-repo"
+	// HarvesterChartsRepo is the ClusterRepo of Harvester's charts.
+	HarvesterChartsRepo = "harvester-charts"
+	// ServerVersionSetting is the Setting holding the running Rancher version.
+	ServerVersionSetting = "server-version"
+	// HarvesterChart and HarvesterCRDChart are Harvester's ManagedCharts.
+	HarvesterChart    = "harvester"
+	HarvesterCRDChart = "harvester-crd"
+	// MonitoringCRDChart and LoggingCRDChart are the addon CRD ManagedCharts.
+	MonitoringCRDChart = "rancher-monitoring-crd"
+	LoggingCRDChart    = "rancher-logging-crd"
+	// ManagementClusterNameLabel links a provisioning Cluster to its management cluster
+	// (fact 41.9).
+	ManagementClusterNameLabel = "provisioning.cattle.io/management-cluster-name"
+)
+
+// AddToScheme registers every kind of the subpackages.
+func AddToScheme(s *runtime.Scheme) error {
+	for _, add := range []func(*runtime.Scheme) error{provisioningv1.AddToScheme, managementv3.AddToScheme, catalogv1.AddToScheme} {
+		if err := add(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package nodeprogram
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+)
+
+var clusterUpgradeArgs = []string{
+	"cluster-upgrade", "--plan=up-1", "--harvester-version=v1.6.0", "--harvester-chart-version=1.6.0",
+	"--rancher-version=v2.12.0", "--progress-namespace=harvester-system", "--progress-name=up-1-progress",
+	"--poll-interval=10ms", "--timeout=5s",
+}
+
+// runClusterUpgradeWith runs `node cluster-upgrade args` with newClient as the cluster.
+func runClusterUpgradeWith(t *testing.T, newClient func() (client.Client, error), args ...string) result {
+	t.Helper()
+	termination := filepath.Join(t.TempDir(), "termination-log")
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), append([]string{"--termination-log=" + termination}, args...),
+		&Env{Host: newFakeHost(t), Stdout: &stdout, Stderr: &stderr, Client: newClient})
+	data, err := os.ReadFile(termination)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String(), termination: string(data)}
+}
+
+func TestClusterUpgradeFlags(t *testing.T) {
+	unreachable := func() (client.Client, error) { return nil, errors.New("no route to host") }
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{name: "every flag given: the client is asked for", args: clusterUpgradeArgs, code: ExitRetry, want: []string{"not done yet: reach the API server: no route to host"}},
+		{name: "nothing given", args: []string{"cluster-upgrade"}, code: ExitUsage,
+			want: []string{"--plan is required", `--harvester-version ""`, `--harvester-chart-version ""`, `--rancher-version ""`, `--progress-name ""`}},
+		{name: "a chart version with a v", args: append(append([]string(nil), clusterUpgradeArgs...), "--harvester-chart-version=v1.6.0"), code: ExitUsage,
+			want: []string{`--harvester-chart-version "v1.6.0" must be a chart version`}},
+		{name: "a cluster repo image without tag", args: append(append([]string(nil), clusterUpgradeArgs...), "--cluster-repo-image=rancher/harvester-cluster-repo"), code: ExitUsage,
+			want: []string{"--cluster-repo-image"}},
+		{name: "unknown flag", args: append(append([]string(nil), clusterUpgradeArgs...), "--version=v1.6.0"), code: ExitUsage, want: []string{"flag provided but not defined: -version"}},
+		{name: "positional argument", args: append(append([]string(nil), clusterUpgradeArgs...), "now"), code: ExitUsage, want: []string{`unexpected arguments ["now"]`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runClusterUpgradeWith(t, unreachable, tt.args...)
+			r.expect(t, tt.code, tt.want...)
+		})
+	}
+}
+
+// The program runs clusterupgrade.Run with the client it was given: on an empty cluster
+// the first sub-step fails reading Rancher's server-version, and the progress ConfigMap
+// the flags name records it.
+func TestClusterUpgradeRunsWithTheGivenClient(t *testing.T) {
+	s, err := ClusterScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(s).Build()
+	r := runClusterUpgradeWith(t, func() (client.Client, error) { return c, nil }, clusterUpgradeArgs...)
+	r.expect(t, ExitFailed, "cluster upgrade step UpgradeRancher", "read Rancher's Setting server-version")
+	steps, err := clusterupgrade.ReadProgress(context.Background(), c, client.ObjectKey{Namespace: "harvester-system", Name: "up-1-progress"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps[0].State != clusterupgrade.StateFailed || !strings.Contains(steps[0].Message, "server-version") {
+		t.Errorf("progress of the first step %+v, want Failed naming server-version", steps[0])
+	}
+	if !strings.Contains(r.stdout, "UpgradeRancher: started") {
+		t.Errorf("stdout %q does not log the sub-step", r.stdout)
+	}
+}
+
+// The Job the builder makes carries arguments the subcommand parses back into the same
+// input.
+func TestClusterUpgradeJobArgumentsParse(t *testing.T) {
+	in := clusterupgrade.Input{HarvesterVersion: "v1.6.0", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0", RancherImage: "registry.local:5000/rancher/rancher"}
+	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-1", Image: "capi-inplace:dev", Input: in})
+	args := job.Spec.Template.Spec.Containers[0].Args
+	if len(args) < 2 || args[0] != "node" || args[1] != "cluster-upgrade" {
+		t.Fatalf("Job args %q do not run `node cluster-upgrade`", args)
+	}
+	r := runClusterUpgradeWith(t, func() (client.Client, error) { return nil, errors.New("stop here") }, args[1:]...)
+	r.expect(t, ExitRetry, "stop here")
+	got, p, err := clusterupgrade.ParseArgs(args[2:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Plan != "up-1" || got.RancherImage != in.RancherImage || got.ClusterRepoImage != "rancher/harvester-cluster-repo:v1.6.0" || got.Timeout <= 0 {
+		t.Errorf("parsed input %+v", got)
+	}
+	if p.ConfigMap != clusterupgrade.ProgressKey("harvester-system", "up-1") {
+		t.Errorf("progress ConfigMap %s, want %s", p.ConfigMap, clusterupgrade.ProgressKey("harvester-system", "up-1"))
+	}
+}

@@ -1,0 +1,171 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+)
+
+// ClusterUpgradeJobs plays the Job controller and the pod for the Jobs that run the
+// capi-inplace node program's `node cluster-upgrade` (harvesteradapter/clusterupgrade
+// Job): it recognises them as the SUC Job runner recognises the node program
+// (nodeSubcommand, jobrunner.go), parses the container's arguments with the subcommand's
+// own flag parsing (clusterupgrade.ParseArgs) and runs the real clusterupgrade.Run
+// in-process against Client, the workload cluster, within the Job's
+// activeDeadlineSeconds. The Job then gets the conditions the Job controller sets:
+// Complete, or Failed with the error as its message (what the termination message
+// carries on a real cluster). A Job whose arguments do not parse fails as the program
+// would, with exit code 2's message. One pod is run per Job: backoffLimit retries are
+// not played (a test runs the Job again by deleting and re-creating it).
+type ClusterUpgradeJobs struct {
+	// Client reaches the workload cluster.
+	Client client.Client
+	// Namespace is where the Jobs are looked for. Default harvester-system.
+	Namespace string
+	// Interval is how often Jobs are looked at. Default 20ms.
+	Interval time.Duration
+
+	mu      sync.Mutex
+	started map[types.UID]bool
+	runs    int
+}
+
+// Runs is how many Jobs were started.
+func (j *ClusterUpgradeJobs) Runs() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.runs
+}
+
+// Start runs the Jobs until ctx ends.
+func (j *ClusterUpgradeJobs) Start(ctx context.Context) {
+	interval := orDefault(j.Interval, 20*time.Millisecond)
+	go func() {
+		for {
+			_ = j.pass(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+}
+
+func (j *ClusterUpgradeJobs) pass(ctx context.Context) error {
+	ns := j.Namespace
+	if ns == "" {
+		ns = clusterupgrade.DefaultNamespace
+	}
+	jobs := &batchv1.JobList{}
+	if err := j.Client.List(ctx, jobs, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		if job.DeletionTimestamp != nil || jobCondition(job, batchv1.JobComplete) != nil || jobCondition(job, batchv1.JobFailed) != nil || ptr.Deref(job.Spec.Suspend, false) {
+			continue
+		}
+		var args []string
+		for _, c := range job.Spec.Template.Spec.Containers {
+			if nodeSubcommand(c.Image, c.Args) == "cluster-upgrade" {
+				args = c.Args[2:]
+			}
+		}
+		if args == nil {
+			continue
+		}
+		j.mu.Lock()
+		if j.started == nil {
+			j.started = map[types.UID]bool{}
+		}
+		started := j.started[job.UID]
+		j.started[job.UID] = true
+		if !started {
+			j.runs++
+		}
+		j.mu.Unlock()
+		if !started {
+			go j.run(ctx, job.DeepCopy(), args)
+		}
+	}
+	return nil
+}
+
+func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []string) {
+	start := metav1.Now()
+	if err := j.updateStatus(ctx, job, func(st *batchv1.JobStatus) {
+		st.StartTime, st.Active, st.Ready = &start, 1, ptr.To[int32](1)
+	}); err != nil {
+		return
+	}
+	in, p, err := clusterupgrade.ParseArgs(args)
+	if err != nil {
+		j.finish(ctx, job, fmt.Errorf("capi-inplace node cluster-upgrade: %w (exit code 2)", err))
+		return
+	}
+	runCtx := ctx
+	if d := job.Spec.ActiveDeadlineSeconds; d != nil {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, time.Duration(*d)*time.Second)
+		defer cancel()
+	}
+	err = clusterupgrade.Run(runCtx, j.Client, in, p)
+	if ctx.Err() != nil {
+		return // the test ended
+	}
+	if err != nil {
+		err = fmt.Errorf("capi-inplace node cluster-upgrade: failed: %w", err)
+	}
+	j.finish(ctx, job, err)
+}
+
+func (j *ClusterUpgradeJobs) finish(ctx context.Context, job *batchv1.Job, runErr error) {
+	now := metav1.Now()
+	_ = j.updateStatus(ctx, job, func(st *batchv1.JobStatus) {
+		st.Active, st.Ready = 0, ptr.To[int32](0)
+		if runErr != nil {
+			reason := batchv1.JobReasonBackoffLimitExceeded
+			if errors.Is(runErr, context.DeadlineExceeded) {
+				reason = batchv1.JobReasonDeadlineExceeded
+			}
+			st.Failed = 1
+			st.Conditions = append(st.Conditions,
+				batchv1.JobCondition{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: reason, Message: runErr.Error(), LastProbeTime: now, LastTransitionTime: now},
+				batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: reason, Message: runErr.Error(), LastProbeTime: now, LastTransitionTime: now})
+			return
+		}
+		st.Succeeded = 1
+		st.CompletionTime = &now
+		st.Conditions = append(st.Conditions,
+			batchv1.JobCondition{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now},
+			batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now})
+	})
+}
+
+func (j *ClusterUpgradeJobs) updateStatus(ctx context.Context, job *batchv1.Job, mutate func(*batchv1.JobStatus)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &batchv1.Job{}
+		if err := j.Client.Get(ctx, client.ObjectKeyFromObject(job), cur); err != nil {
+			return err
+		}
+		if cur.UID != job.UID {
+			return apierrors.NewNotFound(batchv1.Resource("jobs"), job.Name)
+		}
+		mutate(&cur.Status)
+		return j.Client.Status().Update(ctx, cur)
+	})
+}

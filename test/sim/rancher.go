@@ -1,0 +1,444 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rancher/wrangler/v3/pkg/genericcondition"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+)
+
+// Rancher plays Rancher and Fleet on a workload cluster for the Harvester cluster upgrade
+// (harvesteradapter/clusterupgrade; shared/facts/harvester-node-upgrade.md, facts 41 and
+// 42), on the objects Seed creates:
+//   - a ManagedChart in fleet-local whose generation changes is reconciled by Fleet after
+//     ChartDelay: observedGeneration, and a bundle summary of one ready deployment with the
+//     Ready condition True; or, for a chart named in FailChart, one deployment in
+//     ErrApplied with Ready False and Fleet's message (fleet@3b2c622
+//     pkg/apis/fleet.cattle.io/v1alpha1/bundle_types.go BundleSummary, BundleStatus, which
+//     Rancher copies into the ManagedChart, rancher@59bd052
+//     pkg/apis/management.cattle.io/v3/managed_chart.go). A paused chart is observed but
+//     not deployed: its summary stays as it was;
+//   - a ClusterRepo whose spec.forceUpdate is later than its status.downloadTime
+//     downloads its index after DownloadDelay: downloadTime now, Downloaded True (fact
+//     41.11; rancher@59bd052 pkg/apis/catalog.cattle.io/v1/types.go RepoSpec.ForceUpdate);
+//   - a Deployment in cattle-system is rolled out by the Deployment controller after
+//     RolloutDelay (see rollOut);
+//   - once the rancher Deployment has rolled out, Rancher runs at its image's tag and
+//     writes it into the server-version Setting (fact 41.8: the script waits for that);
+//   - the provisioning Cluster fleet-local/local stays ready and provisioned at its
+//     generation (fact 47: Harvester requires it; fact 41.8 waits for it).
+//
+// Time is real time; the simulator looks at the cluster every Interval.
+type Rancher struct {
+	// Client reaches the workload cluster.
+	Client client.Client
+	// ChartDelay is how long Fleet takes to deploy a chart's new generation. Default 100ms.
+	ChartDelay time.Duration
+	// DownloadDelay is how long an index download takes. Default 50ms.
+	DownloadDelay time.Duration
+	// RolloutDelay is how long a Deployment's rollout takes. Default 50ms.
+	RolloutDelay time.Duration
+	// Interval is how often the cluster is looked at. Default 20ms.
+	Interval time.Duration
+
+	mu    sync.Mutex
+	fails map[string]string
+	// seen is when a generation (of a chart, a Deployment) or a forceUpdate was first seen.
+	seen map[string]time.Time
+}
+
+// FailChart makes Fleet fail to apply the ManagedChart name (in fleet-local) with message,
+// as a Helm error would, from its next generation on and until ClearChartFailure.
+func (r *Rancher) FailChart(name, message string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fails == nil {
+		r.fails = map[string]string{}
+	}
+	r.fails[name] = message
+}
+
+// ClearChartFailure lets Fleet's next retry of the chart name succeed.
+func (r *Rancher) ClearChartFailure(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.fails, name)
+}
+
+func (r *Rancher) failure(name string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.fails[name]
+	return m, ok
+}
+
+// due says whether what key names, first seen now or earlier, has waited delay.
+func (r *Rancher) due(key string, delay time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.seen == nil {
+		r.seen = map[string]time.Time{}
+	}
+	first, ok := r.seen[key]
+	if !ok {
+		r.seen[key] = time.Now()
+		return delay <= 0
+	}
+	return time.Since(first) >= delay
+}
+
+// Start plays Rancher until ctx ends.
+func (r *Rancher) Start(ctx context.Context) {
+	interval := r.Interval
+	if interval == 0 {
+		interval = 20 * time.Millisecond
+	}
+	go func() {
+		for {
+			_ = r.pass(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func (r *Rancher) pass(ctx context.Context) error {
+	return errors.Join(r.charts(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx))
+}
+
+func (r *Rancher) charts(ctx context.Context) error {
+	list := &managementv3.ManagedChartList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(rancher.FleetLocal)); err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		mc := &list.Items[i]
+		message, fail := r.failure(mc.Name)
+		failed := mc.Status.Summary.ErrApplied > 0
+		if mc.Status.ObservedGeneration == mc.Generation && (!failed || fail) {
+			continue // settled, or failing as told
+		}
+		if !r.due(fmt.Sprintf("chart/%s/%d/%t", mc.UID, mc.Generation, fail), orDefault(r.ChartDelay, 100*time.Millisecond)) {
+			continue
+		}
+		errs = append(errs, r.updateChartStatus(ctx, client.ObjectKeyFromObject(mc), func(cur *managementv3.ManagedChart) {
+			cur.Status.ObservedGeneration = cur.Generation
+			if cur.Spec.Paused {
+				return
+			}
+			SettleChart(cur, message, fail)
+		}))
+	}
+	return errors.Join(errs...)
+}
+
+// SettleChart sets a ManagedChart's status as Fleet reports a bundle deployed on the one
+// local cluster: ready, or (failed) in ErrApplied with Ready False and Fleet's message
+// "ErrApplied(1) [Cluster fleet-local/local: <message>]".
+func SettleChart(mc *managementv3.ManagedChart, message string, failed bool) {
+	now := time.Now().UTC().Format(time.RFC3339)
+	mc.Status.ObservedGeneration = mc.Generation
+	ready := genericcondition.GenericCondition{Type: "Ready", Status: corev1.ConditionTrue, LastUpdateTime: now}
+	if failed {
+		mc.Status.Summary = managementv3.BundleSummary{ErrApplied: 1, DesiredReady: 1}
+		mc.Status.Unavailable = 1
+		ready.Status = corev1.ConditionFalse
+		ready.Message = fmt.Sprintf("ErrApplied(1) [Cluster %s/%s: %s]", rancher.FleetLocal, rancher.LocalCluster, message)
+	} else {
+		mc.Status.Summary = managementv3.BundleSummary{Ready: 1, DesiredReady: 1}
+		mc.Status.Unavailable = 0
+	}
+	mc.Status.Conditions = []genericcondition.GenericCondition{ready}
+}
+
+func (r *Rancher) updateChartStatus(ctx context.Context, key client.ObjectKey, mutate func(*managementv3.ManagedChart)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &managementv3.ManagedChart{}
+		if err := r.Client.Get(ctx, key, cur); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		mutate(cur)
+		return r.Client.Status().Update(ctx, cur)
+	})
+}
+
+func (r *Rancher) repos(ctx context.Context) error {
+	list := &catalogv1.ClusterRepoList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		repo := &list.Items[i]
+		forced := repo.Spec.ForceUpdate
+		if forced == nil || !repo.Status.DownloadTime.Before(forced) {
+			continue
+		}
+		if !r.due(fmt.Sprintf("repo/%s/%s", repo.UID, forced.UTC().Format(time.RFC3339)), orDefault(r.DownloadDelay, 50*time.Millisecond)) {
+			continue
+		}
+		errs = append(errs, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur := &catalogv1.ClusterRepo{}
+			if err := r.Client.Get(ctx, client.ObjectKeyFromObject(repo), cur); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			now := metav1.Now()
+			if cur.Spec.ForceUpdate != nil && now.Before(cur.Spec.ForceUpdate) {
+				now = *cur.Spec.ForceUpdate // a forceUpdate set ahead of this clock
+			}
+			cur.Status.DownloadTime = now
+			cur.Status.ObservedGeneration = cur.Generation
+			cur.Status.Conditions = []genericcondition.GenericCondition{{Type: "Downloaded", Status: corev1.ConditionTrue, LastUpdateTime: now.UTC().Format(time.RFC3339)}}
+			return r.Client.Status().Update(ctx, cur)
+		}))
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Rancher) deployments(ctx context.Context) error {
+	list := &appsv1.DeploymentList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(rancher.CattleSystem)); err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		dep := &list.Items[i]
+		if !rolledOut(dep) {
+			if !r.due(fmt.Sprintf("deployment/%s/%d", dep.UID, dep.Generation), orDefault(r.RolloutDelay, 50*time.Millisecond)) {
+				continue
+			}
+			if err := rollOut(ctx, r.Client, client.ObjectKeyFromObject(dep)); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if dep.Name == rancher.RancherDeployment {
+			errs = append(errs, r.serverVersion(ctx, dep))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// serverVersion writes the tag of the running rancher container into server-version, as
+// Rancher does when it starts.
+func (r *Rancher) serverVersion(ctx context.Context, dep *appsv1.Deployment) error {
+	var image string
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		if c.Name == "rancher" {
+			image = c.Image
+		}
+	}
+	_, tag, ok := strings.Cut(strings.TrimPrefix(image, imageRepository(image)), ":")
+	if !ok || tag == "" {
+		return nil
+	}
+	s := &managementv3.Setting{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: rancher.ServerVersionSetting}, s); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if s.Value == tag {
+		return nil
+	}
+	s.Value = tag
+	return r.Client.Update(ctx, s)
+}
+
+func (r *Rancher) localCluster(ctx context.Context) error {
+	cl := &provisioningv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.LocalCluster}, cl); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if cl.Status.Ready && cl.Status.ObservedGeneration == cl.Generation {
+		return nil
+	}
+	markLocalClusterReady(cl)
+	return r.Client.Status().Update(ctx, cl)
+}
+
+func markLocalClusterReady(cl *provisioningv1.Cluster) {
+	now := time.Now().UTC().Format(time.RFC3339)
+	cl.Status.Ready = true
+	cl.Status.ObservedGeneration = cl.Generation
+	cl.Status.ClusterName = rancher.LocalCluster
+	cl.Status.Conditions = []genericcondition.GenericCondition{
+		{Type: "Provisioned", Status: corev1.ConditionTrue, LastUpdateTime: now},
+		{Type: "Ready", Status: corev1.ConditionTrue, LastUpdateTime: now},
+	}
+}
+
+// rolledOut says whether the Deployment controller has finished dep's rollout (what
+// rollOut writes).
+func rolledOut(dep *appsv1.Deployment) bool {
+	want := ptr.Deref(dep.Spec.Replicas, 1)
+	st := dep.Status
+	return st.ObservedGeneration >= dep.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want
+}
+
+// rollOut writes the status the Deployment controller writes once a rollout is complete:
+// every replica of the current template updated, ready and available, at the observed
+// generation (what `kubectl rollout status` reads).
+func rollOut(ctx context.Context, c client.Client, key client.ObjectKey) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &appsv1.Deployment{}
+		if err := c.Get(ctx, key, cur); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		replicas := ptr.Deref(cur.Spec.Replicas, 1)
+		cur.Status.Replicas, cur.Status.ReadyReplicas, cur.Status.AvailableReplicas, cur.Status.UpdatedReplicas = replicas, replicas, replicas, replicas
+		cur.Status.ObservedGeneration = cur.Generation
+		return c.Status().Update(ctx, cur)
+	})
+}
+
+// HarvesterRelease is what Seed installs: a Harvester release and the versions it ships.
+type HarvesterRelease struct {
+	// Version is the Harvester release, such as v1.5.1.
+	Version string
+	// Chart is the version of its harvester and harvester-crd charts; default Version
+	// without its v.
+	Chart string
+	// Rancher is its Rancher version, such as v2.11.3.
+	Rancher string
+	// Kubernetes is its RKE2 version; default v1.32.4+rke2r1.
+	Kubernetes string
+}
+
+// Seed creates (or re-creates) the Rancher objects of a Harvester cluster at release rel,
+// settled, as Rancher and Fleet would leave them: the provisioning Cluster
+// fleet-local/local (ready, not yet labelled with its management cluster nor given a
+// Fleet workspace in its status: fact 41.9 does that), the ManagedCharts harvester-crd,
+// harvester, rancher-monitoring-crd and rancher-logging-crd (fact 41.4) at the release's
+// chart, deployed and ready, the ClusterRepo harvester-charts downloaded, the Deployments
+// rancher and harvester-cluster-repo of the release rolled out (fact 41.11), and the
+// Setting server-version. Namespaces are created when missing. Stop a running Rancher
+// simulator before seeding again.
+func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
+	if rel.Chart == "" {
+		rel.Chart = strings.TrimPrefix(rel.Version, "v")
+	}
+	if rel.Kubernetes == "" {
+		rel.Kubernetes = "v1.32.4+rke2r1"
+	}
+	for _, ns := range []string{rancher.FleetLocal, rancher.CattleSystem, "harvester-system"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	cluster := &provisioningv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: rancher.LocalCluster},
+		Spec:       provisioningv1.ClusterSpec{KubernetesVersion: rel.Kubernetes, RKEConfig: &provisioningv1.RKEConfig{}},
+	}
+	charts := []*managementv3.ManagedChart{
+		seedChart(rancher.HarvesterCRDChart, rel.Chart, "harvester-system", nil),
+		seedChart(rancher.HarvesterChart, rel.Chart, "harvester-system", &apiextensionsv1.JSON{Raw: []byte(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}}`)}),
+		seedChart(rancher.MonitoringCRDChart, "105.1.2+up61.3.2", "cattle-monitoring-system", nil),
+		seedChart(rancher.LoggingCRDChart, "105.2.0+up4.10.0", "cattle-logging-system", nil),
+	}
+	repo := &catalogv1.ClusterRepo{
+		ObjectMeta: metav1.ObjectMeta{Name: rancher.HarvesterChartsRepo},
+		Spec:       catalogv1.RepoSpec{URL: "http://harvester-cluster-repo.cattle-system/charts"},
+	}
+	deps := []*appsv1.Deployment{
+		seedDeployment(rancher.RancherDeployment, "rancher", "rancher/rancher:"+rel.Rancher, 3),
+		seedDeployment(rancher.ClusterRepoDeployment, rancher.ClusterRepoDeployment, "rancher/harvester-cluster-repo:"+rel.Version, 1),
+	}
+	setting := &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ServerVersionSetting}, Value: rel.Rancher, Source: "env"}
+
+	objs := []client.Object{cluster, repo, setting}
+	for _, mc := range charts {
+		objs = append(objs, mc)
+	}
+	for _, d := range deps {
+		objs = append(objs, d)
+	}
+	for _, o := range objs {
+		if err := recreate(ctx, c, o); err != nil {
+			return err
+		}
+	}
+	// Status as Rancher, Fleet and the Deployment controller leave it.
+	markLocalClusterReady(cluster)
+	errs := []error{c.Status().Update(ctx, cluster)}
+	for _, mc := range charts {
+		SettleChart(mc, "", false)
+		errs = append(errs, c.Status().Update(ctx, mc))
+	}
+	repo.Status.DownloadTime = metav1.Now()
+	repo.Status.Conditions = []genericcondition.GenericCondition{{Type: "Downloaded", Status: corev1.ConditionTrue}}
+	errs = append(errs, c.Status().Update(ctx, repo))
+	for _, d := range deps {
+		errs = append(errs, rollOut(ctx, c, client.ObjectKeyFromObject(d)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("seed the status of the Rancher objects: %w", err)
+	}
+	return nil
+}
+
+func seedChart(name, version, namespace string, values *apiextensionsv1.JSON) *managementv3.ManagedChart {
+	return &managementv3.ManagedChart{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: name},
+		Spec: managementv3.ManagedChartSpec{
+			Chart: name, RepoName: rancher.HarvesterChartsRepo, ReleaseName: name, Version: version,
+			TimeoutSeconds: 600, DefaultNamespace: namespace, Values: values,
+		},
+	}
+}
+
+func seedDeployment(name, container, image string, replicas int32) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rancher.CattleSystem, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: container, Image: image}}},
+			},
+		},
+	}
+}
+
+// recreate deletes o if it exists (none of these objects has a finalizer on a test API
+// server) and creates it.
+func recreate(ctx context.Context, c client.Client, o client.Object) error {
+	if err := c.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete %T %s: %w", o, client.ObjectKeyFromObject(o), err)
+	}
+	o.SetResourceVersion("")
+	o.SetUID(types.UID(""))
+	if err := c.Create(ctx, o); err != nil {
+		return fmt.Errorf("create %T %s: %w", o, client.ObjectKeyFromObject(o), err)
+	}
+	return nil
+}
