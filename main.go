@@ -262,7 +262,7 @@ func run(opts options) error {
 	}
 	plans := &harvesteradapter.PlanReconciler{
 		Updater: harvester, Checks: harvesteradapter.DefaultClusterChecks(workloads),
-		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval,
+		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval, ClusterUpgradePollInterval: opts.pollInterval,
 	}
 	if err := plans.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradePlan controller: %w", err)

@@ -3,10 +3,12 @@ package harvesteradapter_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -30,7 +32,20 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	workload, err = testenv.Start()
 	Expect(err).NotTo(HaveOccurred())
+	startRancher(workload)
 })
+
+// startRancher seeds the Rancher objects of a Harvester cluster at v1.5.0 on a workload
+// API server and plays Rancher, Fleet and the cluster upgrade Jobs there until the suite
+// ends: the first UpgradePlan to v1.6.0 upgrades them, the next ones find them done.
+func startRancher(wl *testenv.Environment) {
+	GinkgoHelper()
+	Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3"})).To(Succeed())
+	rctx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond, Interval: 20 * time.Millisecond}).Start(rctx)
+	(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
+}
 
 var _ = AfterSuite(func() {
 	for _, e := range []*testenv.Environment{env, workload} {

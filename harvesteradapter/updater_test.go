@@ -76,7 +76,8 @@ func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, m
 	})).To(Succeed())
 
 	// The specs' clusters share one workload API server: each labels its nodes, and its
-	// UpgradePlan covers those only (spec.nodeSelector).
+	// UpgradePlan, created ahead of the nodes as an operator may, covers those only
+	// (spec.nodeSelector).
 	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage, Labels: map[string]string{labelTestCluster: c.name}}
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("%s-node-%d", c.name, i)
@@ -116,6 +117,9 @@ func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, m
 		Version:       managerVersion,
 	}
 	c.plans = startPlans(c.ns, c.updater)
+	if wl != workload {
+		return c // a workload cluster of its own: the first node creates the UpgradePlan
+	}
 	c.plan = &harvesterv1.UpgradePlan{
 		ObjectMeta: metav1.ObjectMeta{Name: harvesteradapter.UpgradePlanName(c.name, c.config.Spec.Release.Version), Namespace: c.ns},
 		Spec: harvesterv1.UpgradePlanSpec{

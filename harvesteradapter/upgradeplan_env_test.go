@@ -27,7 +27,7 @@ func startPlans(ns string, u *harvesteradapter.Updater) *harvesteradapter.PlanRe
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &harvesteradapter.PlanReconciler{Updater: u, PollInterval: 50 * time.Millisecond}
+	r := &harvesteradapter.PlanReconciler{Updater: u, PollInterval: 50 * time.Millisecond, ClusterUpgradePollInterval: 50 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

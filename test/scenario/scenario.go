@@ -50,7 +50,11 @@ const (
 	// ToVersion is the Kubernetes version of HarvesterRelease.
 	ToVersion = "v1.33.3+rke2r1"
 	// FromOSImage is the operating system the nodes start on.
-	FromOSImage = "Harvester v1.5.0"
+	FromOSImage = "Harvester " + FromRelease
+	// FromRelease is the Harvester release the cluster runs at first, and FromRancher its
+	// Rancher.
+	FromRelease = "v1.5.0"
+	FromRancher = "v2.11.3"
 	// HarvesterRelease is the Harvester release the nodes are upgraded to.
 	HarvesterRelease = "v1.6.0"
 	// ToOSImage is what a node reports once its OS upgrade to HarvesterRelease rebooted it.
@@ -174,6 +178,10 @@ type Scenario struct {
 	Longhorn   *sim.Longhorn
 	// KubeVirt plays the virtual machines of VMNamespace (see createVMs).
 	KubeVirt *sim.KubeVirt
+	// Rancher plays Rancher and Fleet (the objects the cluster upgrade drives, seeded at
+	// FromRelease), and ClusterUpgradeJobs runs the UpgradePlan's cluster upgrade Job.
+	Rancher            *sim.Rancher
+	ClusterUpgradeJobs *sim.ClusterUpgradeJobs
 
 	// Manager is the manager process; Certs its serving certificates.
 	Manager *manager.Process
@@ -211,7 +219,10 @@ func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
 	if err := s.createCluster(ctx); err != nil {
 		return nil, err
 	}
-	opts.Progress("starting the simulators: kubelets, System Upgrade Controller, Longhorn, upgrade repository")
+	opts.Progress("starting the simulators: kubelets, System Upgrade Controller, Longhorn, upgrade repository, Rancher")
+	if err := sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: FromRelease, Rancher: FromRancher}); err != nil {
+		return nil, fmt.Errorf("seed Rancher's objects on the workload cluster: %w", err)
+	}
 	s.startSimulators()
 	if err := s.createVMs(ctx); err != nil {
 		return nil, err
@@ -283,7 +294,13 @@ func (s *Scenario) createWorkload(ctx context.Context) error {
 		m := fmt.Sprintf("%s-%d", MachineDeploymentName, i)
 		s.Nodes = append(s.Nodes, Node{Machine: m, Name: fixtures.NodeName(ns, m)})
 	}
-	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: FromOSImage}
+	// The kubelets serve /stats/summary and /configz, which the UpgradePlan's disk space
+	// check reads through the API server's node proxy.
+	addr, err := sim.NonLoopbackIPv4()
+	if err != nil {
+		return fmt.Errorf("an address for the simulated kubelets: %w", err)
+	}
+	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: FromOSImage, ServeAddress: addr}
 	for _, n := range s.Nodes {
 		labels := map[string]string{"node-role.kubernetes.io/worker": "true"}
 		if n.ControlPlane {
@@ -425,6 +442,10 @@ func (s *Scenario) startSimulators() {
 	}
 	s.KubeVirt = &sim.KubeVirt{Client: wc, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
 	s.Repository.Start(ctx)
+	s.Rancher = &sim.Rancher{Client: wc, ChartDelay: delay, DownloadDelay: delay / 4, RolloutDelay: delay / 2, Interval: 50 * time.Millisecond}
+	s.Rancher.Start(ctx)
+	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Interval: 50 * time.Millisecond}
+	s.ClusterUpgradeJobs.Start(ctx)
 	s.simsDone.Add(3)
 	go func() { defer s.simsDone.Done(); _ = s.SUC.Run(ctx) }()
 	go func() { defer s.simsDone.Done(); s.Longhorn.Run(ctx) }()
@@ -598,6 +619,9 @@ func (s *Scenario) Stop() error {
 		s.stopSims()
 		s.simsDone.Wait()
 		s.stopSims = nil
+	}
+	if s.Kubelet != nil {
+		s.Kubelet.Close()
 	}
 	for _, env := range []**testenv.Environment{&s.Workload, &s.Management} {
 		if *env != nil {
