@@ -21,4 +21,6 @@ func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.N
 }
 
 // ClusterObjectName is clusterObjectName, for specs.
-func ClusterObjectName(what string, plan *harvesterv1.UpgradePlan) string { return clusterObjectName(what, plan) }
+func ClusterObjectName(what string, plan *harvesterv1.UpgradePlan) string {
+	return clusterObjectName(what, plan)
+}

@@ -118,7 +118,9 @@ var _ = Describe("Every Harvester cluster formation", func() {
 				}, 120*time.Second, 200*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted), "task %s", name)
 				return t
 			}
-			task("cp", func(s *inplacev1.UpgradeTaskSpec) { s.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"} })
+			task("cp", func(s *inplacev1.UpgradeTaskSpec) {
+				s.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
+			})
 			if f.workers > 0 {
 				task("workers", func(s *inplacev1.UpgradeTaskSpec) {
 					s.MachineDeploymentRef = &inplacev1.MachineDeploymentReference{Name: "workers"}
