@@ -53,7 +53,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			DeferCleanup(wl.Stop)
 			startRancher(wl)
 
-			c := newHarvesterClusterOn(wl, 0, "Harvester v1.5.0", nil)
+			c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil)
 			_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 			Expect(err).NotTo(HaveOccurred())
 			_, cpMachines, err := fixtures.ControlPlane(ctx, env.Client, c.ns, c.name, "cp", "v1.32.5+rke2r1", f.controlPlane(), true)

@@ -42,6 +42,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 		lh, err = testenv.Start()
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(lh.Stop()).To(Succeed()) })
+		startRancher(lh)
 	})
 
 	// newCluster is a cluster on lh with Longhorn's objects removed after the spec, once

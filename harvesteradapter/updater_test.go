@@ -60,6 +60,13 @@ func newHarvesterCluster(nodes int, osImage string, mutate func(*harvesterv1.Har
 // newHarvesterClusterOn is newHarvesterCluster on the workload API server wl.
 func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.SUC)) *harvesterCluster {
 	GinkgoHelper()
+	return newClusterWith(wl, true, nodes, osImage, mutate, simOptions...)
+}
+
+// newClusterWith is newHarvesterClusterOn; with planByHand false no UpgradePlan is created
+// ahead of the nodes (the first node's updater creates it, covering every node of wl).
+func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage string, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.SUC)) *harvesterCluster {
+	GinkgoHelper()
 	clusterSeq++
 	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
 	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
@@ -117,8 +124,8 @@ func newHarvesterClusterOn(wl *testenv.Environment, nodes int, osImage string, m
 		Version:       managerVersion,
 	}
 	c.plans = startPlans(c.ns, c.updater)
-	if wl != workload {
-		return c // a workload cluster of its own: the first node creates the UpgradePlan
+	if !planByHand {
+		return c
 	}
 	c.plan = &harvesterv1.UpgradePlan{
 		ObjectMeta: metav1.ObjectMeta{Name: harvesteradapter.UpgradePlanName(c.name, c.config.Spec.Release.Version), Namespace: c.ns},

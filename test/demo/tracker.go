@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/scenario"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -83,6 +84,8 @@ type tracker struct {
 	start time.Time
 	// events are the changes seen by the samples not yet taken by takeEvents.
 	events []string
+	// plans are the UpgradePlans' phases and messages, by name, as last seen.
+	plans map[string]string
 }
 
 func newTracker(s *scenario.Scenario) *tracker {
@@ -108,7 +111,12 @@ func (t *tracker) sample(ctx context.Context) error {
 	if err := t.s.Workload.Client.List(ctx, nodes); err != nil {
 		return err
 	}
+	plans := &harvesterv1.UpgradePlanList{}
+	if err := t.s.Management.Client.List(ctx, plans, client.InNamespace(ns)); err != nil {
+		return err
+	}
 	now := time.Now()
+	t.notePlans(plans.Items)
 
 	newest := map[string]*inplacev1.NodeUpdate{}
 	for i := range nus.Items {
@@ -185,6 +193,44 @@ func (t *tracker) readNodeUpdate(n *nodeState, nu *inplacev1.NodeUpdate, now tim
 	}
 }
 
+// notePlans records each UpgradePlan's phase changes: the cluster-level work (the
+// repository, the release metadata, the preload of every node, the cluster upgrade) shows
+// before any node moves, and image cleanup and cleanup after the last.
+func (t *tracker) notePlans(plans []harvesterv1.UpgradePlan) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.plans == nil {
+		t.plans = map[string]string{}
+	}
+	for _, p := range plans {
+		phase := string(p.Status.Phase)
+		if phase == "" || t.plans[p.Name] == phase {
+			continue
+		}
+		t.plans[p.Name] = phase
+		line := fmt.Sprintf("%-18s cluster phase %s", "UpgradePlan", phase)
+		switch p.Status.Phase {
+		case harvesterv1.UpgradePlanSucceeded:
+			line += fmt.Sprintf(": Harvester %s on %s nodes", p.Spec.Version, p.Status.Upgraded)
+		case harvesterv1.UpgradePlanFailed:
+			line += ": " + p.Status.Message
+		}
+		t.events = append(t.events, line)
+	}
+}
+
+// planLines are the UpgradePlans' phases, for the live view.
+func (t *tracker) planLines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for name, phase := range t.plans {
+		out = append(out, fmt.Sprintf("UpgradePlan %s: %s", name, phase))
+	}
+	sort.Strings(out)
+	return out
+}
+
 // noteChange records, for the plain output, what changed on a node, in the order it
 // happened: a node back up ends the previous step, a node going down belongs to the new one.
 func (t *tracker) noteChange(before, n *nodeState, now time.Time) {
@@ -243,9 +289,11 @@ func (t *tracker) count() (done, total int, frac float64) {
 	return done, len(nodes), frac
 }
 
-func (t *tracker) unit() string                  { return "nodes" }
-func (t *tracker) began() time.Time              { return t.start }
-func (t *tracker) lines(v *view) []string        { return v.nodeLines(t.snapshot()) }
+func (t *tracker) unit() string     { return "nodes" }
+func (t *tracker) began() time.Time { return t.start }
+func (t *tracker) lines(v *view) []string {
+	return append(t.planLines(), v.nodeLines(t.snapshot())...)
+}
 func (t *tracker) compactLines(v *view) []string { return v.compactLines(t.snapshot()) }
 
 // takeEvents returns the changes seen since the last call.
