@@ -9,6 +9,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -204,6 +206,12 @@ func (t *tracker) notePlans(plans []harvesterv1.UpgradePlan) {
 	}
 	for _, p := range plans {
 		phase := string(p.Status.Phase)
+		if held := meta.FindStatusCondition(p.Status.Conditions, harvesterv1.UpgradePlanDegraded); held != nil && held.Status == metav1.ConditionTrue {
+			if key := p.Name + "/held"; t.plans[key] != held.Message {
+				t.plans[key] = held.Message
+				t.events = append(t.events, fmt.Sprintf("%-18s held in %s: %s", "UpgradePlan", phase, held.Message))
+			}
+		}
 		if phase == "" || t.plans[p.Name] == phase {
 			continue
 		}
@@ -225,7 +233,9 @@ func (t *tracker) planLines() []string {
 	defer t.mu.Unlock()
 	var out []string
 	for name, phase := range t.plans {
-		out = append(out, fmt.Sprintf("UpgradePlan %s: %s", name, phase))
+		if !strings.HasSuffix(name, "/held") {
+			out = append(out, fmt.Sprintf("UpgradePlan %s: %s", name, phase))
+		}
 	}
 	sort.Strings(out)
 	return out

@@ -25,14 +25,21 @@ type Check struct {
 	Detail string
 }
 
-// PlanKinds are the Harvester updater's SUC Plans of one node, in the order they run.
+// PlanKinds are the Harvester updater's SUC Plans that run on each node while it is
+// upgraded, in the order they run: the UpgradePlan's preload of every node
+// (capi-inplace-preload-<release>-<hash>), then the node's own drain, RKE2 and OS Plans
+// (capi-inplace-<kind>-<node>-<hash>). The UpgradePlan's image cleanup
+// (capi-inplace-image-cleanup-<release>-<hash>) runs after the last node.
 var PlanKinds = []string{"preload", "drain", "rke2", "os"}
 
-// planKind is the kind of one of the updater's Plans (capi-inplace-<kind>-<node>), or "".
+// planKind is the kind of one of the updater's Plans (capi-inplace-<kind>-...), or "".
 func planKind(plan string) string {
 	rest, ok := strings.CutPrefix(plan, "capi-inplace-")
 	if !ok {
 		return ""
+	}
+	if strings.HasPrefix(rest, "image-cleanup-") {
+		return "image-cleanup"
 	}
 	kind, _, _ := strings.Cut(rest, "-")
 	return kind

@@ -552,6 +552,20 @@ func (s *Scenario) createUpdater(ctx context.Context) error {
 	if err := s.Management.Client.Create(ctx, hu); err != nil {
 		return fmt.Errorf("create HarvesterUpgrader %s: %w", UpdaterName, err)
 	}
+	// The cluster's UpgradePlan, created ahead of the nodes as an operator may (otherwise
+	// the first node creates it): the test API server's serving certificate lives 168
+	// hours (envtest's), which the APIServerCertificates check would refuse with its
+	// default of 7 days, so the plan asks for 1.
+	plan := &harvesterv1.UpgradePlan{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: harvesteradapter.UpgradePlanName(s.Options.ClusterName, HarvesterRelease), Namespace: s.Options.Namespace,
+			Annotations: map[string]string{harvesteradapter.AnnotationMinCertsExpirationDays: "1"},
+		},
+		Spec: harvesterv1.UpgradePlanSpec{ClusterName: s.Options.ClusterName, UpgraderName: UpdaterName, Version: HarvesterRelease},
+	}
+	if err := s.Management.Client.Create(ctx, plan); err != nil {
+		return fmt.Errorf("create UpgradePlan %s: %w", plan.Name, err)
+	}
 	return nil
 }
 
