@@ -25,6 +25,9 @@ import (
 	"syscall"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/scenario"
@@ -267,6 +270,31 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 	return res, nil
 }
 
+// waitForPlans waits until every UpgradePlan of the demo's namespace has ended.
+func waitForPlans(ctx context.Context, s *scenario.Scenario) error {
+	for {
+		plans := &harvesterv1.UpgradePlanList{}
+		if err := s.Management.Client.List(ctx, plans, client.InNamespace(s.Options.Namespace)); err != nil {
+			return fmt.Errorf("list the UpgradePlans: %w", err)
+		}
+		running := false
+		for _, p := range plans.Items {
+			if p.Status.Phase == harvesterv1.UpgradePlanFailed {
+				return fmt.Errorf("UpgradePlan %s failed: %s", p.Name, p.Status.Message)
+			}
+			running = running || p.Status.Phase != harvesterv1.UpgradePlanSucceeded
+		}
+		if !running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // follow triggers the upgrade and shows it live until it ends, then checks the result.
 func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *outcome {
 	runCtx, cancel := context.WithTimeout(ctx, cfg.timeout)
@@ -282,6 +310,10 @@ func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *
 		triggerErr = upgradeByHook(runCtx, s, view)
 	case viaCAPI:
 		triggerErr = upgradeByCAPI(runCtx, s, view)
+	}
+	if triggerErr == nil {
+		// The nodes are done; the UpgradePlan still cleans the images and what it created.
+		triggerErr = waitForPlans(runCtx, s)
 	}
 	// One last look, so the final frame shows the end state.
 	sampleCtx, cancelSample := context.WithTimeout(context.Background(), 10*time.Second)

@@ -222,6 +222,11 @@ func controlPlaneFirst(runs []sim.PlanRun, cp, workers []string) Check {
 	var lastCP, firstWorker time.Time
 	var lastCPNode, firstWorkerNode string
 	for _, r := range runs {
+		// A node's upgrade is its disruptive Plans: the UpgradePlan preloads every node
+		// (and cleans their images) before and after, in service, by design.
+		if k := planKind(r.Plan); k != "drain" && k != "rke2" && k != "os" {
+			continue
+		}
 		switch {
 		case isCP[r.Node] && (r.End.IsZero() || r.End.After(lastCP)):
 			lastCP, lastCPNode = r.End, r.Node

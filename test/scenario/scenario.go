@@ -23,6 +23,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -220,7 +221,17 @@ func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
 		return nil, err
 	}
 	opts.Progress("starting the simulators: kubelets, System Upgrade Controller, Longhorn, upgrade repository, Rancher")
-	if err := sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: FromRelease, Rancher: FromRancher}); err != nil {
+	// A client whose discovery predates the CRDs' being served answers "no matches" for a
+	// moment: look again, briefly.
+	seed := func() error {
+		return sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: FromRelease, Rancher: FromRancher})
+	}
+	err := seed()
+	for i := 0; i < 50 && meta.IsNoMatchError(err); i++ {
+		time.Sleep(200 * time.Millisecond)
+		err = seed()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("seed Rancher's objects on the workload cluster: %w", err)
 	}
 	s.startSimulators()
