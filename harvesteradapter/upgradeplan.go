@@ -33,7 +33,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
-// +kubebuilder:rbac:groups=harvester.inplace.cluster.x-k8s.io,resources=upgradeplans,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=harvester.inplace.cluster.x-k8s.io,resources=upgradeplans,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=harvester.inplace.cluster.x-k8s.io,resources=upgradeplans/status;upgradeplans/finalizers,verbs=get;update;patch
 
 // UpgradePlanFinalizer keeps an UpgradePlan until what it created on the workload
