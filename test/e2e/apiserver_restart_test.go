@@ -53,9 +53,10 @@ const (
 	hopeless = renewDeadline + retryPeriod
 )
 
-// nodesStarted counts the nodes on which at least one upgrade Plan started.
+// nodesStarted counts the nodes whose own upgrade started (a drain, RKE2 or OS Plan: the
+// UpgradePlan preloads every node before any starts).
 func nodesStarted(s *scenario.Scenario) int {
-	return len(scenario.RunsPerNode(s.Record.Runs()))
+	return len(scenario.NodesUpgraded(s.Record.Runs()))
 }
 
 // managerLogSize is the size of the scenario's manager log (every manager process of the

@@ -507,7 +507,7 @@ var _ = Describe("A node that fails its upgrade", func() {
 		By("the task stops: no node starts after the failed one")
 		started := func() []string {
 			var out []string
-			for node := range scenario.RunsPerNode(s.Record.Runs()) {
+			for node := range scenario.NodesUpgraded(s.Record.Runs()) {
 				out = append(out, node)
 			}
 			sort.Strings(out)

@@ -210,6 +210,22 @@ func atMostDown(log []sim.DownEvent, role string, nodes []string, limit int) Che
 	return c
 }
 
+// DisruptiveKind reports whether a Plan kind is part of a node's own, disruptive upgrade
+// (drain, RKE2, OS), as opposed to the UpgradePlan's work on every node in service
+// (preload before the nodes, image cleanup after).
+func DisruptiveKind(kind string) bool { return kind == "drain" || kind == "rke2" || kind == "os" }
+
+// NodesUpgraded names the nodes on which a disruptive Plan (DisruptiveKind) ran.
+func NodesUpgraded(runs []sim.PlanRun) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range runs {
+		if DisruptiveKind(planKind(r.Plan)) {
+			out[r.Node] = true
+		}
+	}
+	return out
+}
+
 func controlPlaneFirst(runs []sim.PlanRun, cp, workers []string) Check {
 	c := Check{Name: "the control plane finished before the first worker started", OK: true}
 	isCP, isWorker := map[string]bool{}, map[string]bool{}
@@ -224,7 +240,7 @@ func controlPlaneFirst(runs []sim.PlanRun, cp, workers []string) Check {
 	for _, r := range runs {
 		// A node's upgrade is its disruptive Plans: the UpgradePlan preloads every node
 		// (and cleans their images) before and after, in service, by design.
-		if k := planKind(r.Plan); k != "drain" && k != "rke2" && k != "os" {
+		if !DisruptiveKind(planKind(r.Plan)) {
 			continue
 		}
 		switch {
