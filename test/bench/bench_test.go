@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
 
 // TestSmoke runs every section of `make bench` at tiny sizes, so that the harness does
@@ -24,6 +27,7 @@ func TestSmoke(t *testing.T) {
 	cfg.orchSizes, cfg.orchMaxUnavailable, cfg.orchTimeout = []int{4}, []int{1, 2}, 2*time.Minute
 	cfg.memClusters, cfg.machinesPerCluster, cfg.memSettle = []int{1, 2}, 3, 0
 	cfg.memQuiet, cfg.memSampleEvery = 500*time.Millisecond, 50*time.Millisecond
+	cfg.makespanSizes, cfg.makespanScale = []int{2}, 1000
 	cfg.out = filepath.Join(t.TempDir(), "benchmarks.md")
 
 	var out bytes.Buffer
@@ -82,11 +86,29 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 
+	if len(rep.makespan) != 2*len(cfg.makespanSizes) {
+		t.Fatalf("%d makespan runs, want %d (each size with the cluster-wide and the per-node preload)", len(rep.makespan), 2*len(cfg.makespanSizes))
+	}
+	for _, m := range rep.makespan {
+		// Nothing can beat the critical path: a makespan below it was measured wrong (or a
+		// simulator skipped its work).
+		if !m.finished || m.makespan < m.bound || len(m.nodeTime) != m.nodes || m.setupTime() <= 0 {
+			t.Errorf("makespan of %d nodes (per-node preload %v): finished %v, makespan %s, bound %s, %d nodes timed, setup %s",
+				m.nodes, m.perNodePreload, m.finished, m.makespan, m.bound, len(m.nodeTime), m.setupTime())
+		}
+		if preloaded := m.phaseAt(harvesterv1.UpgradePlanImagePreloading) >= 0; preloaded == m.perNodePreload {
+			t.Errorf("makespan of %d nodes (per-node preload %v): the plan's ImagePreloading phase seen %v", m.nodes, m.perNodePreload, preloaded)
+		}
+		if _, ok := m.steps[harvesteradapter.StepImagePreload]; ok != m.perNodePreload {
+			t.Errorf("makespan of %d nodes (per-node preload %v): the nodes' ImagePreload step seen %v", m.nodes, m.perNodePreload, ok)
+		}
+	}
+
 	doc, err := os.ReadFile(cfg.out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows"} {
+	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade"} {
 		if !strings.Contains(string(doc), want) {
 			t.Errorf("the report lacks %q:\n%s", want, doc)
 		}

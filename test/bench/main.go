@@ -16,7 +16,10 @@
 //
 //  5. Growth: 2 and 4 at three sizes.
 //
-//     go run ./test/bench [--out docs/benchmarks.md] [--sections hooks,orchestration,memory] ...
+//  6. Makespan: a whole Harvester upgrade of 3, 5 and 10 simulated nodes with the step
+//     durations of a real one scaled down, against its critical path.
+//
+//     go run ./test/bench [--out docs/benchmarks.md] [--sections hooks,orchestration,memory,makespan] ...
 package main
 
 import (
@@ -66,13 +69,20 @@ type config struct {
 	memSampleEvery time.Duration
 	managerBinary  string
 
+	makespanSizes []int
+	// makespanScale is how many times faster than Harvester's real run the simulated
+	// upgrade goes; makespanPoll is the manager's --poll-interval and the simulators'.
+	makespanScale float64
+	makespanPoll  time.Duration
+	makespanTrace bool
+
 	cpuProfile       string
 	apiserverProfile string
 }
 
 func defaultConfig() config {
 	return config{
-		sections:           []string{sectionHooks, sectionOrchestration, sectionMemory},
+		sections:           []string{sectionHooks, sectionOrchestration, sectionMemory, sectionMakespan},
 		hookClients:        []int{1, 8, 64},
 		hookDuration:       2 * time.Second,
 		hookWarmup:         300 * time.Millisecond,
@@ -85,6 +95,9 @@ func defaultConfig() config {
 		memSettle:          5 * time.Second,
 		memQuiet:           3 * time.Second,
 		memSampleEvery:     time.Second,
+		makespanSizes:      []int{3, 5, 10},
+		makespanScale:      100,
+		makespanPoll:       20 * time.Millisecond,
 	}
 }
 
@@ -93,14 +106,15 @@ const (
 	sectionHooks         = "hooks"
 	sectionOrchestration = "orchestration"
 	sectionMemory        = "memory"
+	sectionMakespan      = "makespan"
 )
 
 func (c *config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.out, "out", c.out, "write the figures as Markdown to this file (make bench: docs/benchmarks.md); empty writes none")
-	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, memory (default all)", func(s string) error {
+	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, memory, makespan (default all)", func(s string) error {
 		c.sections = strings.Split(s, ",")
 		for _, sec := range c.sections {
-			if sec != sectionHooks && sec != sectionOrchestration && sec != sectionMemory {
+			if sec != sectionHooks && sec != sectionOrchestration && sec != sectionMemory && sec != sectionMakespan {
 				return fmt.Errorf("unknown section %q", sec)
 			}
 		}
@@ -118,6 +132,10 @@ func (c *config) bind(fs *flag.FlagSet) {
 	fs.IntVar(&c.machinesPerCluster, "machines-per-cluster", c.machinesPerCluster, "Machines (each with its Node) per Cluster of the memory measurement")
 	fs.DurationVar(&c.memSettle, "memory-settle", c.memSettle, "wait after the manager's controllers started before its memory is read")
 	fs.StringVar(&c.managerBinary, "manager", c.managerBinary, "a manager binary to measure instead of building one from this checkout")
+	intList(fs, &c.makespanSizes, "makespan-sizes", "nodes of the simulated Harvester clusters of the makespan section")
+	fs.Float64Var(&c.makespanScale, "makespan-scale", c.makespanScale, "how many times faster than Harvester's real run the makespan section's simulated upgrade goes")
+	fs.DurationVar(&c.makespanPoll, "makespan-poll-interval", c.makespanPoll, "the makespan section's --poll-interval of the manager, and the simulators' interval")
+	fs.BoolVar(&c.makespanTrace, "makespan-trace", c.makespanTrace, "print each makespan run's timeline: the plan's phases, each node's steps and each SUC Job, as the bench saw them")
 	fs.StringVar(&c.apiserverProfile, "apiserver-cpuprofile", c.apiserverProfile, "write a 30 s CPU profile of the test API server from the start of each upgrade to this file, suffixed -<machines>-<maxUnavailable>")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", c.cpuProfile, "write a CPU profile of the bench process (clients, hook servers and in-process managers) to this file, for go tool pprof")
 }
@@ -266,6 +284,22 @@ func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, 
 			rep.memory, rep.memoryTime = res, time.Since(s)
 			if err != nil {
 				return fmt.Errorf("memory: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	if cfg.has(sectionMakespan) {
+		// A management API server of its own; each upgrade gets a workload API server.
+		err := withEnvironment(ctx, cfg, out, tmp, func(b *bench) error {
+			_, _ = fmt.Fprintln(out, "== 6. Makespan of a simulated Harvester upgrade")
+			s := time.Now()
+			res, err := runMakespanBench(ctx, b)
+			rep.makespan, rep.makespanTime = res, time.Since(s)
+			if err != nil {
+				return fmt.Errorf("makespan: %w", err)
 			}
 			return nil
 		})

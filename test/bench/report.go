@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
 
 // Targets of issue #10.
@@ -26,6 +28,9 @@ const (
 	targetRSS            = 300 << 20
 	targetMemoryMachines = 5000
 	targetHookClients    = 64
+	// targetMakespanRatio bounds a simulated Harvester upgrade's makespan over its
+	// critical path.
+	targetMakespanRatio = 1.05
 )
 
 // machineInfo describes where the figures were measured.
@@ -124,6 +129,8 @@ type report struct {
 	orchestrationTime time.Duration
 	memory            []memResult
 	memoryTime        time.Duration
+	makespan          []makespanResult
+	makespanTime      time.Duration
 }
 
 func newReport(cfg config, args string) *report {
@@ -156,7 +163,7 @@ func (r *report) render(w io.Writer, full bool) error {
 		p("| Go | %s, GOMAXPROCS %d |\n", r.machine.goVersion, r.machine.gomaxprocs)
 		p("| Commit | %s |\n", r.commit)
 		p("| Test control plane | kube-apiserver v1.36.3 and etcd v3.6.14 built into `bin/k8s`, run by envtest on the same machine |\n")
-		p("| Run time | %s (hooks %s, orchestration %s, memory %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.memoryTime.Round(time.Second))
+		p("| Run time | %s (hooks %s, orchestration %s, memory %s, makespan %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.memoryTime.Round(time.Second), r.makespanTime.Round(time.Second))
 	}
 	r.renderTargets(w)
 	r.renderHooks(w, full)
@@ -164,6 +171,7 @@ func (r *report) render(w io.Writer, full bool) error {
 	r.renderWrites(w, full)
 	r.renderMemory(w, full)
 	r.renderGrowth(w, full)
+	r.renderMakespan(w, full)
 	if full {
 		r.renderLimits(w)
 	}
@@ -273,6 +281,18 @@ func (r *report) renderTargets(w io.Writer) {
 		if worstW != nil {
 			p("| at most %d writes per upgraded node | worst %.1f (%d machines, maxUnavailable %d; upgrades that finished) | %s |\n", targetWritesPerNode, worstW.writesPerNode(), worstW.machines, worstW.maxUnavailable, yesNo(worstW.writesPerNode() <= targetWritesPerNode))
 		}
+	}
+	if len(r.makespan) > 0 {
+		var figs []string
+		ok := true
+		for _, m := range r.makespan {
+			if m.perNodePreload {
+				continue
+			}
+			figs = append(figs, fmt.Sprintf("%d nodes %.3f", m.nodes, m.ratio()))
+			ok = ok && m.finished && m.ratio() <= targetMakespanRatio
+		}
+		p("| simulated Harvester upgrade within %.2f× its critical path at every size | %s | %s |\n", targetMakespanRatio, strings.Join(figs, "; "), yesNo(ok))
 	}
 	for _, m := range r.memory {
 		if m.machines == targetMemoryMachines {
@@ -533,6 +553,128 @@ func (r *report) renderGrowth(w io.Writer, full bool) {
 		}
 		p("\n")
 	}
+}
+
+func (r *report) renderMakespan(w io.Writer, full bool) {
+	if len(r.makespan) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	d := scaleDurations(r.cfg.makespanScale)
+	t := toolkitRun
+	p("## 6. Makespan of a Harvester upgrade\n\n")
+	if full {
+		p("A Harvester cluster of N simulated nodes (up to %d management nodes, the rest workers) is upgraded from Harvester v1.5.0 to %s ", makespanManagement, makespanRelease)
+		p("with the durations of a real run of Harvester's upgrade-toolkit, %.0f× shorter: ISO download %s, repository %s and metadata %s ", r.cfg.makespanScale, t.isoDownload, t.repository, t.metadata)
+		p("(%s scaled), image preload of every node at once %s (%s), cluster upgrade %s (%s), about 21 minutes of disruptive work per node ", secs(d.setup), t.preload, secs(d.preload), t.clusterUpgrade, secs(d.clusterUpgrade))
+		p("(%s), cleanup %s (%s). The node's 21 minutes are split among the Plans that do them: drain %s (%s; kubectl drain once the virtual machines ", secs(d.node()), t.cleanup, secs(d.cleanup), t.drain, secs(d.drain))
+		p("left), RKE2 upgrade %s (%s; the kubelet restarts), OS upgrade and reboot %s (%s, the longest: the OS install and the node's reboot).\n\n", t.rke2, secs(d.rke2), t.osUpgrade, secs(d.osUpgrade))
+		p("The real UpgradeTask controller, NodeUpdate reconciler with the Harvester updater and UpgradePlan controller run in one controller-runtime ")
+		p("manager against a management test API server, wired as `main.go` wires them with `--poll-interval %s` (no preflight checks of the plan: ", r.cfg.makespanPoll)
+		p("the simulated kubelets serve no disk statistics); the Harvester cluster is a workload test API server of its own per run, reached through ")
+		p("the Cluster's kubeconfig Secret, with the simulators of `test/sim`, each looking every %s: System Upgrade Controller (`Work` per Plan kind: ", r.cfg.makespanPoll)
+		p("preload, drain, rke2, os, image-cleanup), the upgrade repository (`Delay` = ISO download + repository + metadata: its server answers ")
+		p("the metadata at once, so the metadata's second is played by the repository's delay), Rancher and Fleet (their default small delays) ")
+		p("and the cluster upgrade Job, which runs the real `clusterupgrade.Run` and completes no sooner than the scaled cluster upgrade ")
+		p("(`ClusterUpgradeJobs.MinDuration`). The image cleanup runs one node at a time (as the toolkit's); the run's %s is shared among the ", t.cleanup)
+		p("nodes, so that it adds up to the same at every size. The control plane's UpgradeTask is created first, the workers' once it completed ")
+		p("(as the annotation cascade does), both with maxUnavailable 1: one node at a time, as Harvester.\n\n")
+		p("Makespan: from the first NodeUpdate seen (the control plane's UpgradeTask creates it, and it creates the UpgradePlan) to the ")
+		p("UpgradePlan seen `Succeeded`, by the bench's own clock (watches of the plan and the NodeUpdates; the status timestamps have whole ")
+		p("seconds only). The time from the UpgradeTask's creation to its first NodeUpdate is the task's first look at a workload cluster ")
+		p("(its clients and its Node cache), a constant of a few seconds that does not scale with the upgrade; it is shown apart. Bound: the critical path, setup + preload + cluster upgrade + N × the node's disruptive work + cleanup, all scaled: ")
+		p("nothing can finish sooner. The per-node preload variant is the same run with `imagePreload.concurrency: -1`: no cluster-wide ")
+		p("preload, each node preloads (%s) in its own turn before its drain; its ratio is to the same bound, and its own critical path adds ", secs(d.preload))
+		p("N × the preload.\n\n")
+	}
+	p("| nodes | makespan | bound | ratio | makespan with per-node preload | its ratio to the bound | its own critical path |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, n := range r.cfg.makespanSizes {
+		var cw, pn *makespanResult
+		for i := range r.makespan {
+			if m := &r.makespan[i]; m.nodes == n && m.perNodePreload {
+				pn = m
+			} else if m.nodes == n {
+				cw = m
+			}
+		}
+		if cw == nil {
+			continue
+		}
+		perNode, perNodeRatio := "-", "-"
+		if pn != nil {
+			perNode, perNodeRatio = secs(pn.makespan), fmt.Sprintf("%.3f", pn.ratio())
+		}
+		p("| %d | %s | %s | %.3f | %s | %s | %s |\n", n, secs(cw.makespan), secs(cw.bound), cw.ratio(), perNode, perNodeRatio, secs(cw.bound+time.Duration(n)*d.preload))
+	}
+	p("\n")
+	p("Where the time went, by the plan's phases as the bench saw them (measured, and in parentheses over the simulated work of the phase): ")
+	p("setup is from the first NodeUpdate to ImagePreloading (or the phase after it when it is skipped), the nodes are NodeUpgrading (with the per-node preload, the nodes' ")
+	p("work includes their preloads), cleanup is ImageCleaning and CleaningUp. A node is from when it may go (its NodeUpdate's creation, or the ")
+	p("plan's NodeUpgrading for the first) to its success; the hand-off from one node's success to the next NodeUpdate. A phase's ")
+	p("bounds are when the bench saw the plan's status change, which the controller writes at the end of a reconcile that may already have ")
+	p("started the next phase's work (and retries after a write conflict), so a phase can show a little less than its work; the makespan ")
+	p("does not depend on that.\n\n")
+	p("| nodes | preload | setup | preload | cluster upgrade | nodes | cleanup | node mean | hand-off mean |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, m := range r.makespan {
+		how := "cluster-wide"
+		nodeWork := time.Duration(m.nodes) * d.node()
+		preload := d.preload
+		if m.perNodePreload {
+			how, preload = "per node", 0
+			nodeWork += time.Duration(m.nodes) * d.preload
+		}
+		over := func(got, work time.Duration) string {
+			return fmt.Sprintf("%s (%+.1f s)", secs(got), (got - work).Seconds())
+		}
+		setup := m.setupTime()
+		cleanup := m.phaseTime(harvesterv1.UpgradePlanImageCleaning) + m.phaseTime(harvesterv1.UpgradePlanCleaningUp)
+		nodeMean, handoffMean := meanOf(m.nodeTime), meanOf(m.handoff)
+		perNodeWork := d.node()
+		if m.perNodePreload {
+			perNodeWork += d.preload
+		}
+		p("| %d | %s | %s | %s | %s | %s | %s | %s | %s ms |\n", m.nodes, how, over(setup, d.setup), over(m.phaseTime(harvesterv1.UpgradePlanImagePreloading), preload),
+			over(m.phaseTime(harvesterv1.UpgradePlanClusterUpgrading), d.clusterUpgrade), over(m.phaseTime(harvesterv1.UpgradePlanNodeUpgrading), nodeWork),
+			over(cleanup, d.cleanup), over(nodeMean, perNodeWork), ms(handoffMean))
+	}
+	p("\n")
+	p("A node's steps, mean over the nodes of each run (from when the bench first saw the step as the NodeUpdate's current step to the next one; ")
+	p("a step that began and ended within one reconcile is never seen and counts in the step before):\n\n")
+	for _, m := range r.makespan {
+		how := "cluster-wide preload"
+		if m.perNodePreload {
+			how = "per-node preload"
+		}
+		var parts []string
+		for _, step := range harvesterStepOrder() {
+			if v, ok := m.steps[step]; ok {
+				parts = append(parts, fmt.Sprintf("%s %s ms", step, ms(v)))
+			}
+		}
+		p("- %d nodes, %s: %s\n", m.nodes, how, strings.Join(parts, ", "))
+	}
+	p("\n")
+}
+
+// harvesterStepOrder is the Harvester updater's steps in their order.
+func harvesterStepOrder() []string {
+	return []string{
+		harvesteradapter.StepClusterUpgrade, harvesteradapter.StepRepository, harvesteradapter.StepImagePreload, harvesteradapter.StepLonghornPause,
+		harvesteradapter.StepCordon, harvesteradapter.StepEvacuateVMs, harvesteradapter.StepLonghornDataEngine, harvesteradapter.StepDrain,
+		harvesteradapter.StepKubernetesUpgrade, harvesteradapter.StepOSUpgrade, harvesteradapter.StepRestoreVMs, harvesteradapter.StepFinish,
+	}
+}
+
+func meanOf(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, x := range v {
+		sum += x
+	}
+	return sum / time.Duration(len(v))
 }
 
 // perNode lists counts divided by machines, largest first.

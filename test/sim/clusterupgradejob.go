@@ -37,6 +37,12 @@ type ClusterUpgradeJobs struct {
 	Namespace string
 	// Interval is how often Jobs are looked at. Default 20ms.
 	Interval time.Duration
+	// MinDuration, when set, is the least time a successful Job's pod runs: a run of
+	// clusterupgrade.Run that succeeds sooner completes when MinDuration has passed since
+	// the pod started, as on a cluster whose Rancher and Fleet take that long (the bench
+	// plays a real cluster upgrade's duration with it). It only delays: a failed run ends
+	// at once, and the Job's activeDeadlineSeconds still bounds the wait.
+	MinDuration time.Duration
 
 	mu      sync.Mutex
 	started map[types.UID]bool
@@ -124,6 +130,13 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 		defer cancel()
 	}
 	err = clusterupgrade.Run(runCtx, j.Client, in, p)
+	if rest := j.MinDuration - time.Since(start.Time); rest > 0 && err == nil {
+		select {
+		case <-runCtx.Done():
+			err = runCtx.Err()
+		case <-time.After(rest):
+		}
+	}
 	if ctx.Err() != nil {
 		return // the test ended
 	}

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -29,7 +30,9 @@ type Repository struct {
 	Namespace string
 	// Release is the content of harvester-release.yaml.
 	Release string
-	// Delay is how long the download takes. Default 100ms.
+	// Delay is how long the download takes, from when the simulator first sees the
+	// Deployment (its creationTimestamp has whole seconds only, too coarse for a short
+	// Delay). Default 100ms.
 	Delay time.Duration
 	// FailMessage, when set, makes the downloader fail with it.
 	FailMessage string
@@ -41,6 +44,8 @@ type Repository struct {
 	mu       sync.Mutex
 	requests int
 	problems map[string]string
+	// seen is when each Deployment was first seen.
+	seen map[types.UID]time.Time
 }
 
 // Problem is why the Deployment name's pods would not serve the release on a real node,
@@ -102,7 +107,7 @@ func (r *Repository) pass(ctx context.Context) {
 	}
 	for i := range deps.Items {
 		dep := &deps.Items[i]
-		if dep.Status.AvailableReplicas > 0 || time.Since(dep.CreationTimestamp.Time) < delay {
+		if dep.Status.AvailableReplicas > 0 || time.Since(r.firstSeen(dep.UID)) < delay {
 			continue
 		}
 		problem, exitCode := podProblem(dep.Spec.Template.Spec)
@@ -128,6 +133,21 @@ func (r *Repository) pass(ctx context.Context) {
 		}
 		_ = rollOut(ctx, r.Client, client.ObjectKeyFromObject(dep))
 	}
+}
+
+// firstSeen is when the simulator first saw the Deployment uid.
+func (r *Repository) firstSeen(uid types.UID) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.seen == nil {
+		r.seen = map[types.UID]time.Time{}
+	}
+	t, ok := r.seen[uid]
+	if !ok {
+		t = time.Now()
+		r.seen[uid] = t
+	}
+	return t
 }
 
 // failDownloader creates the leader pod with its downloader terminated in error, as the
