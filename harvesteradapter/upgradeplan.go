@@ -228,12 +228,16 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		}
 	}
 	before := plan.Status.DeepCopy()
-	if plan.Status.Phase == "" {
-		r.enter(plan, harvesterv1.UpgradePlanInitializing)
-	}
 	var result reconcile.Result
 	var runErr error
-	for !terminal(plan.Status.Phase) {
+	switch {
+	case plan.Status.Phase == "":
+		// Shown at once, before the preflight runs.
+		r.enter(plan, harvesterv1.UpgradePlanInitializing)
+		result.RequeueAfter = time.Millisecond
+	case !terminal(plan.Status.Phase):
+		// One phase per reconcile, its status written before the next begins, so that
+		// every phase shows (kubectl get, watches) however fast it goes.
 		pr, err := r.prepare(ctx, plan)
 		if err != nil {
 			runErr = err
@@ -246,11 +250,11 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 			break
 		}
 		plan.Status.Message = message
-		if !done {
-			break
+		if done {
+			r.event(plan, corev1.EventTypeNormal, EventPhaseCompleted, "Complete", "phase %s completed: %s", phase, message)
+			r.enter(plan, phaseOrder[phaseIndex(phase)+1])
+			result.RequeueAfter = time.Millisecond
 		}
-		r.event(plan, corev1.EventTypeNormal, EventPhaseCompleted, "Complete", "phase %s completed: %s", phase, message)
-		r.enter(plan, phaseOrder[phaseIndex(phase)+1])
 	}
 	degraded := ""
 	if runErr != nil {
@@ -275,7 +279,7 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 			return reconcile.Result{}, err
 		}
 	}
-	if !terminal(plan.Status.Phase) {
+	if !terminal(plan.Status.Phase) && result.RequeueAfter == 0 {
 		result.RequeueAfter = r.poll()
 	}
 	return result, nil
