@@ -9,10 +9,8 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -170,15 +168,5 @@ func (j *ClusterUpgradeJobs) finish(ctx context.Context, job *batchv1.Job, runEr
 }
 
 func (j *ClusterUpgradeJobs) updateStatus(ctx context.Context, job *batchv1.Job, mutate func(*batchv1.JobStatus)) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := &batchv1.Job{}
-		if err := j.Client.Get(ctx, client.ObjectKeyFromObject(job), cur); err != nil {
-			return err
-		}
-		if cur.UID != job.UID {
-			return apierrors.NewNotFound(batchv1.Resource("jobs"), job.Name)
-		}
-		mutate(&cur.Status)
-		return j.Client.Status().Update(ctx, cur)
-	})
+	return updateJobStatus(ctx, j.Client, job, mutate)
 }

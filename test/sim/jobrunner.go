@@ -343,16 +343,22 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 }
 
 func (s *SUC) updateJobStatus(ctx context.Context, job *batchv1.Job, mutate func(*batchv1.JobStatus)) error {
+	return updateJobStatus(ctx, s.Client, job, mutate)
+}
+
+// updateJobStatus changes the status of job, as the Job controller writes it, on the
+// newest copy; a Job deleted and created again under the same name is not job.
+func updateJobStatus(ctx context.Context, c client.Client, job *batchv1.Job, mutate func(*batchv1.JobStatus)) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		j := &batchv1.Job{}
-		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(job), j); err != nil {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(job), j); err != nil {
 			return err
 		}
 		if j.UID != job.UID {
 			return apierrors.NewNotFound(batchv1.Resource("jobs"), job.Name)
 		}
 		mutate(&j.Status)
-		return s.Client.Status().Update(ctx, j)
+		return c.Status().Update(ctx, j)
 	})
 }
 
