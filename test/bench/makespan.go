@@ -127,6 +127,9 @@ type makespanResult struct {
 	// steps is the mean time of each node step, from when it was first seen as the
 	// NodeUpdate's current step to when the next one was.
 	steps map[string]time.Duration
+	// clusterPreloads counts the runs of the UpgradePlan's preload Plan (one per node
+	// when the plan preloads, none when each node preloads in its turn).
+	clusterPreloads int
 }
 
 func (r makespanResult) ratio() float64 { return ratioOf(r.makespan, r.bound) }
@@ -303,6 +306,12 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 		return res, ctx.Err()
 	}
 	obs.fill(&res, t0, rec.Runs())
+	clusterPreload := "capi-inplace-preload-" + strings.NewReplacer(".", "-", "+", "-").Replace(makespanRelease) + "-"
+	for _, r := range rec.Runs() {
+		if strings.HasPrefix(r.Plan, clusterPreload) {
+			res.clusterPreloads++
+		}
+	}
 	if !res.finished {
 		plan := &harvesterv1.UpgradePlan{}
 		_ = mc.Get(ctx, client.ObjectKey{Namespace: ns, Name: harvesteradapter.UpgradePlanName(makespanCluster, makespanRelease)}, plan)
