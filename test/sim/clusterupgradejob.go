@@ -23,7 +23,9 @@ import (
 // (nodeSubcommand, jobrunner.go), parses the container's arguments with the subcommand's
 // own flag parsing (clusterupgrade.ParseArgs) and runs the real clusterupgrade.Run
 // in-process against Client, the workload cluster, within the Job's
-// activeDeadlineSeconds. The Job then gets the conditions the Job controller sets:
+// activeDeadlineSeconds (the Job of fact 51, harvester-node-upgrade.md, whose work is
+// fact 41's script). The Job then gets the conditions the Job controller sets, as the
+// SUC simulator's Jobs do (jobrunner.go):
 // Complete, or Failed with the error as its message (what the termination message
 // carries on a real cluster). A Job whose arguments do not parse fails as the program
 // would, with exit code 2's message. One pod is run per Job: backoffLimit retries are

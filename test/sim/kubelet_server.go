@@ -14,7 +14,10 @@ import (
 )
 
 // DiskStats is what a simulated kubelet reports of a node's filesystems in
-// /stats/summary, and its image garbage collection threshold in /configz.
+// /stats/summary, and its image garbage collection threshold in /configz: the two
+// endpoints upgrade-toolkit's preflight reads (shared/facts/harvester-node-upgrade.md,
+// fact 46), with the summary's shape of the kubelet's own types
+// (k8s.io/kubelet v0.36.3, pkg/apis/stats/v1alpha1: node.fs, node.runtime.imageFs).
 type DiskStats struct {
 	// RootCapacity and RootUsed are the node's root filesystem (summary node.fs).
 	RootCapacity, RootUsed uint64
