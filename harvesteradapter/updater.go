@@ -254,55 +254,97 @@ func (u *Updater) node(ctx context.Context, r *nodeRun) (*corev1.Node, error) {
 // Job's reason.
 func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind planKind) (bool, string, error) {
 	want := planForNode(r.cfg, r.nu, kind, r.repo)
-	current := &sucv1.Plan{}
-	err := r.wc.Get(ctx, client.ObjectKeyFromObject(want), current)
-	switch {
-	case apierrors.IsNotFound(err):
-		if err := r.wc.Create(ctx, want); err != nil {
-			return false, "", fmt.Errorf("create SUC plan %s for node %s: %w", want.Name, r.nu.Spec.NodeName, err)
-		}
-		return false, fmt.Sprintf("created SUC plan %s/%s for node %s", want.Namespace, want.Name, r.nu.Spec.NodeName), nil
-	case err != nil:
-		return false, "", fmt.Errorf("get SUC plan %s: %w", want.Name, err)
-	}
-	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) || current.Labels[LabelNodeUpdate] != want.Labels[LabelNodeUpdate] {
-		current.Spec = want.Spec
-		// Our labels only: labels another writer put on the Plan stay.
-		if current.Labels == nil {
-			current.Labels = map[string]string{}
-		}
-		maps.Copy(current.Labels, want.Labels)
-		if err := r.wc.Update(ctx, current); err != nil {
-			return false, "", fmt.Errorf("update SUC plan %s for node %s: %w", want.Name, r.nu.Spec.NodeName, err)
-		}
-		return false, fmt.Sprintf("updated SUC plan %s/%s for node %s", want.Namespace, want.Name, r.nu.Spec.NodeName), nil
-	}
-	if current.Status.LatestHash == "" {
-		return false, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil
+	current, message, err := syncPlan(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
+	if current == nil || err != nil {
+		return false, message, err
 	}
 	node, err := u.node(ctx, r)
 	if err != nil {
 		return false, "", err
 	}
-	if node.Labels["plan.upgrade.cattle.io/"+current.Name] == current.Status.LatestHash {
+	if planDoneOn(current, node) {
 		return true, fmt.Sprintf("SUC plan %s completed on node %s", current.Name, node.Name), nil
 	}
+	if err := failedPlanJob(ctx, r.wc, current, node.Name); err != nil {
+		return false, "", err
+	}
+	return false, fmt.Sprintf("System Upgrade Controller is applying plan %s on node %s", current.Name, node.Name), nil
+}
+
+// syncPlan makes the workload cluster's SUC Plan want.Name carry want's spec and labels
+// (labels another writer put on it stay). It returns the Plan once System Upgrade
+// Controller has resolved it (its latest hash is set); until then nil and what it waits
+// for. forWhat names what the Plan is for, in messages.
+func syncPlan(ctx context.Context, wc client.Client, want *sucv1.Plan, forWhat string) (*sucv1.Plan, string, error) {
+	current := &sucv1.Plan{}
+	err := wc.Get(ctx, client.ObjectKeyFromObject(want), current)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := wc.Create(ctx, want); err != nil {
+			return nil, "", fmt.Errorf("create SUC plan %s for %s: %w", want.Name, forWhat, err)
+		}
+		return nil, fmt.Sprintf("created SUC plan %s/%s for %s", want.Namespace, want.Name, forWhat), nil
+	case err != nil:
+		return nil, "", fmt.Errorf("get SUC plan %s: %w", want.Name, err)
+	}
+	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) || !hasLabels(current.Labels, want.Labels) {
+		current.Spec = want.Spec
+		if current.Labels == nil {
+			current.Labels = map[string]string{}
+		}
+		maps.Copy(current.Labels, want.Labels)
+		if err := wc.Update(ctx, current); err != nil {
+			return nil, "", fmt.Errorf("update SUC plan %s for %s: %w", want.Name, forWhat, err)
+		}
+		return nil, fmt.Sprintf("updated SUC plan %s/%s for %s", want.Namespace, want.Name, forWhat), nil
+	}
+	if current.Status.LatestHash == "" {
+		return nil, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil
+	}
+	return current, "", nil
+}
+
+// hasLabels reports whether labels carries every label of want.
+func hasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// planDoneOn reports whether SUC finished plan on node: the node carries
+// plan.upgrade.cattle.io/<plan> equal to the Plan's latest hash (shared/facts/suc.md,
+// fact 46).
+func planDoneOn(plan *sucv1.Plan, node *corev1.Node) bool {
+	return node.Labels["plan.upgrade.cattle.io/"+plan.Name] == plan.Status.LatestHash
+}
+
+// failedPlanJob is a permanent error naming a failed Job of plan on node (on any node when
+// node is empty), with the Job's reason; nil when none failed. A Job older than the Plan
+// belongs to an earlier Plan of the same name.
+func failedPlanJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) error {
+	selector := client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name}
+	if node != "" {
+		selector["upgrade.cattle.io/node"] = node
+	}
 	jobs := &batchv1.JobList{}
-	if err := r.wc.List(ctx, jobs, client.InNamespace(current.Namespace),
-		client.MatchingLabels{"upgrade.cattle.io/plan": current.Name, "upgrade.cattle.io/node": node.Name}); err != nil {
-		return false, "", fmt.Errorf("list jobs of plan %s: %w", current.Name, err)
+	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), selector); err != nil {
+		return fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
 	}
 	for _, job := range jobs.Items {
-		if job.CreationTimestamp.Before(&current.CreationTimestamp) {
-			continue // a Job of an earlier Plan of the same name
+		if job.CreationTimestamp.Before(&plan.CreationTimestamp) {
+			continue
 		}
 		for _, c := range job.Status.Conditions {
 			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
-				return false, "", nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s", job.Name, current.Name, node.Name, c.Reason, c.Message)
+				return nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s",
+					job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
 			}
 		}
 	}
-	return false, fmt.Sprintf("System Upgrade Controller is applying plan %s on node %s", current.Name, node.Name), nil
+	return nil
 }
 
 func nodeReady(node *corev1.Node) bool {

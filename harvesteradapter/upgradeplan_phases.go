@@ -3,13 +3,11 @@ package harvesteradapter
 import (
 	"context"
 	"fmt"
-	"maps"
 	"strings"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -173,50 +171,17 @@ func planNodes(plan *harvesterv1.UpgradePlan) *metav1.LabelSelector {
 // reports, as SUC signals it (a node done once it carries the Plan's latest hash), each
 // node's state and whether every node is done. A failed Job fails the plan.
 func applyClusterPlan(ctx context.Context, pr *PlanRun, want *sucv1.Plan, nodes []clusterNode) (bool, string, map[string]string, error) {
-	current := &sucv1.Plan{}
-	err := pr.Workload.Get(ctx, client.ObjectKeyFromObject(want), current)
-	switch {
-	case apierrors.IsNotFound(err):
-		if err := pr.Workload.Create(ctx, want); err != nil {
-			return false, "", nil, fmt.Errorf("create SUC plan %s: %w", want.Name, err)
-		}
-		return false, fmt.Sprintf("created SUC plan %s/%s for %d nodes", want.Namespace, want.Name, len(nodes)), nil, nil
-	case err != nil:
-		return false, "", nil, fmt.Errorf("get SUC plan %s: %w", want.Name, err)
+	current, message, err := syncPlan(ctx, pr.Workload, want, fmt.Sprintf("%d nodes", len(nodes)))
+	if current == nil || err != nil {
+		return false, message, nil, err
 	}
-	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) {
-		current.Spec = want.Spec
-		if current.Labels == nil {
-			current.Labels = map[string]string{}
-		}
-		maps.Copy(current.Labels, want.Labels)
-		if err := pr.Workload.Update(ctx, current); err != nil {
-			return false, "", nil, fmt.Errorf("update SUC plan %s: %w", want.Name, err)
-		}
-		return false, "updated SUC plan " + want.Name, nil, nil
-	}
-	if current.Status.LatestHash == "" {
-		return false, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil, nil
-	}
-	jobs := &batchv1.JobList{}
-	if err := pr.Workload.List(ctx, jobs, client.InNamespace(current.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": current.Name}); err != nil {
-		return false, "", nil, fmt.Errorf("list jobs of plan %s: %w", current.Name, err)
-	}
-	for _, job := range jobs.Items {
-		if job.CreationTimestamp.Before(&current.CreationTimestamp) {
-			continue
-		}
-		for _, c := range job.Status.Conditions {
-			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
-				return false, "", nil, nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s",
-					job.Name, current.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
-			}
-		}
+	if err := failedPlanJob(ctx, pr.Workload, current, ""); err != nil {
+		return false, "", nil, err
 	}
 	states := map[string]string{}
 	done := 0
 	for _, n := range nodes {
-		if n.node.Labels["plan.upgrade.cattle.io/"+current.Name] == current.Status.LatestHash {
+		if planDoneOn(current, n.node) {
 			states[n.node.Name] = "done"
 			done++
 		}

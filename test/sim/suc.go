@@ -71,6 +71,14 @@ type SUC struct {
 	ImageExists func(image string) bool
 	// Interval is how often the cluster is looked at, in real time. Default 50ms.
 	Interval time.Duration
+	// Watch, when set, makes the simulator react to events as SUC does: its handlers run
+	// on informer events, a Plan on its own, its Jobs' and matching Nodes' changes
+	// (shared/facts/suc.md, fact 50), and the Job controller and the kubelet act as soon
+	// as a Job changes or a pod's work ends. So besides every Interval a pass runs as soon
+	// as a Plan or a Job of Namespace or a Node changes, and when a running pod's work
+	// ends. Without it the simulator only polls, which adds up to an Interval to every
+	// hand-over.
+	Watch client.WithWatch
 	// KubeletVersion returns the kubelet version a node reports after the Plan
 	// succeeded on it, or "" for a Plan that does not change it. Default:
 	// DefaultKubeletVersion.
@@ -192,17 +200,86 @@ func (s *SUC) Run(ctx context.Context) error {
 	if interval == 0 {
 		interval = 50 * time.Millisecond
 	}
+	events := s.events(ctx)
 	var lastErr error
 	for {
 		if err := s.pass(ctx); err != nil && ctx.Err() == nil {
 			lastErr = err
 		}
+		wait := interval
+		if events != nil {
+			if left, ok := s.untilWorkEnds(); ok && left < wait {
+				wait = left
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return lastErr
-		case <-time.After(interval):
+		case <-time.After(wait):
+		case <-events:
 		}
 	}
+}
+
+// events signals (coalesced) every change of a Plan or a Job of Namespace or of a Node,
+// while ctx lasts, when Watch is set; nil otherwise. A watch the API server ends is
+// opened again.
+func (s *SUC) events(ctx context.Context) <-chan struct{} {
+	if s.Watch == nil {
+		return nil
+	}
+	kick := make(chan struct{}, 1)
+	inNamespace := []client.ListOption{client.InNamespace(s.Namespace)}
+	for _, kind := range []struct {
+		list func() client.ObjectList
+		opts []client.ListOption
+	}{
+		{func() client.ObjectList { return &sucv1.PlanList{} }, inNamespace},
+		{func() client.ObjectList { return &batchv1.JobList{} }, inNamespace},
+		{func() client.ObjectList { return &corev1.NodeList{} }, nil},
+	} {
+		go func() {
+			for ctx.Err() == nil {
+				w, err := s.Watch.Watch(ctx, kind.list(), kind.opts...)
+				if err != nil {
+					// The Interval still drives the simulator; try again later.
+					select {
+					case <-ctx.Done():
+					case <-time.After(time.Second):
+					}
+					continue
+				}
+				for range w.ResultChan() {
+					select {
+					case kick <- struct{}{}:
+					default:
+					}
+				}
+				w.Stop()
+			}
+		}()
+	}
+	return kick
+}
+
+// untilWorkEnds is how long, on Clock, until the first running pod's work ends; false
+// when no pod is working.
+func (s *SUC) untilWorkEnds() (time.Duration, bool) {
+	now := s.clock().Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var next time.Duration
+	found := false
+	for _, r := range s.running {
+		if !r.running || r.finished || r.pullError != "" {
+			continue
+		}
+		left := max(r.start.Add(s.work(r.plan)).Sub(now), time.Millisecond)
+		if !found || left < next {
+			next, found = left, true
+		}
+	}
+	return next, found
 }
 
 // pass is one look at the cluster: every Plan's status and Jobs (SUC's plan handlers),

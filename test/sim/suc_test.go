@@ -284,6 +284,24 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 	})
 })
 
+var _ = Describe("The SUC simulator with a watch", func() {
+	It("acts on Plan, Job and Node events and when a pod's work ends, not only on its Interval (fact 50)", func() {
+		watch, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		// One pass at the start, before the Plan exists; the next timed one an hour later.
+		c := newCluster(2, func(s *sim.SUC) { s.Watch, s.Interval = watch, time.Hour })
+		p := c.plan("events", 1, map[string]string{"pool": c.pool})
+		Eventually(planComplete(p), 20*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		runs := c.rec.Runs()
+		Expect(runs).To(HaveLen(2))
+		for _, r := range runs {
+			Expect(r.Failed).To(BeFalse(), "run %+v", r)
+			Expect(r.End.Sub(r.Start)).To(BeNumerically(">=", 150*time.Millisecond), "the work took its JobDuration")
+		}
+		Expect(runs[1].Start.Before(runs[0].End)).To(BeFalse(), "concurrency 1: one node at a time")
+	})
+})
+
 var _ = Describe("The SUC simulator plays the node program's subcommands", func() {
 	It("runs remove-images, the image cleanup of every node, one node at a time (harvester-node-upgrade.md fact 55)", func() {
 		c := newCluster(3)
