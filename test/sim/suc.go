@@ -301,7 +301,13 @@ func (s *SUC) pass(ctx context.Context) error {
 	}
 	var errs []error
 	for i := range plans.Items {
-		if err := s.syncPlan(ctx, &plans.Items[i], nodes.Items); err != nil {
+		wrote, err := s.syncPlan(ctx, &plans.Items[i], nodes.Items)
+		if err == nil && wrote && s.Watch != nil {
+			// The status write is itself a Plan event: SUC's handlers run again on it at
+			// once, and that sync resumes the Jobs the first created paused (fact 28).
+			_, err = s.syncPlan(ctx, &plans.Items[i], nodes.Items)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("plan %s: %w", plans.Items[i].Name, err))
 		}
 	}
@@ -311,12 +317,20 @@ func (s *SUC) pass(ctx context.Context) error {
 	if err := s.runPods(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if s.Watch != nil {
+		// A Job that just completed or failed is a Job event: SUC's job handler labels
+		// the node (or marks the Plan) at once.
+		if err := s.handleJobs(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // syncPlan is SUC's status handler then its generating handler on one Plan event
-// (handle_upgrade.go; facts 12 to 22, 48, 49).
-func (s *SUC) syncPlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Node) error {
+// (handle_upgrade.go; facts 12 to 22, 48, 49). It reports whether it wrote the Plan's
+// status; plan then carries the written object.
+func (s *SUC) syncPlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Node) (bool, error) {
 	now := s.clock().Now()
 	st := plan.Status.DeepCopy()
 	ensureCondition(st, "Complete", now)
@@ -348,7 +362,7 @@ func (s *SUC) syncPlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Nod
 	if conditionReason(st, "LatestResolved") != "Error" {
 		h, err := s.latestHash(ctx, plan, st.LatestVersion)
 		if err != nil {
-			return err
+			return false, err
 		}
 		st.LatestHash = h
 	}
@@ -358,19 +372,22 @@ func (s *SUC) syncPlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Nod
 	work.Status = *st
 	jobs, err := s.generate(work, nodes, now)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := s.apply(ctx, plan, jobs); err != nil {
-		return err
+		return false, err
 	}
 	if equality.Semantic.DeepEqual(plan.Status, work.Status) {
-		return nil
+		return false, nil
 	}
 	plan.Status = work.Status
-	if err := s.Client.Status().Update(ctx, plan); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("update status: %w", err)
+	if err := s.Client.Status().Update(ctx, plan); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("update status: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // validate is plan.go Validate (fact 13); the window is checked by SUC's timewindow
