@@ -251,11 +251,11 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 		}
 	}
 	defer kubelet.Close()
-	watch, err := client.NewWithWatch(wl.Config, client.Options{Scheme: wl.Scheme})
+	watcher, err := client.NewWithWatch(wl.Config, client.Options{Scheme: wl.Scheme})
 	if err != nil {
 		return res, err
 	}
-	suc := &sim.SUC{Client: wc, Watch: watch, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
+	suc := &sim.SUC{Client: wc, Watch: watcher, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
 	repository := &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
 	longhorn := &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Interval: poll}
 	repository.Start(runCtx)

@@ -319,7 +319,7 @@ func (s *SUC) pass(ctx context.Context) error {
 	}
 	if s.Watch != nil {
 		// A Job that just completed or failed is a Job event: SUC's job handler labels
-		// the node (or marks the Plan) at once.
+		// the node or marks the Plan failed at once (facts 44 to 46, 50).
 		if err := s.handleJobs(ctx); err != nil {
 			errs = append(errs, err)
 		}
