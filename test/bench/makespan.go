@@ -251,11 +251,16 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 		}
 	}
 	defer kubelet.Close()
-	watcher, err := client.NewWithWatch(wl.Config, client.Options{Scheme: wl.Scheme})
+	// SUC reads and reacts through informers (sim.SUC's Cache).
+	informers, err := cache.New(wl.Config, cache.Options{Scheme: wl.Scheme})
 	if err != nil {
 		return res, err
 	}
-	suc := &sim.SUC{Client: wc, Watch: watcher, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
+	go func() { _ = informers.Start(runCtx) }()
+	if !informers.WaitForCacheSync(runCtx) {
+		return res, errors.New("the SUC simulator's informers did not start")
+	}
+	suc := &sim.SUC{Client: wc, Cache: informers, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
 	repository := &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
 	longhorn := &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Interval: poll}
 	repository.Start(runCtx)

@@ -165,7 +165,7 @@ func (s *SUC) drainDuration() time.Duration {
 // runPods advances the pod of every un-paused, unfinished Job of this controller.
 func (s *SUC) runPods(ctx context.Context) error {
 	jobs := &batchv1.JobList{}
-	if err := s.Client.List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
+	if err := s.cached().List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
 		return fmt.Errorf("list jobs: %w", err)
 	}
 	var errs []error

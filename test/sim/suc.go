@@ -22,7 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -71,14 +73,19 @@ type SUC struct {
 	ImageExists func(image string) bool
 	// Interval is how often the cluster is looked at, in real time. Default 50ms.
 	Interval time.Duration
-	// Watch, when set, makes the simulator react to events as SUC does: its handlers run
-	// on informer events, a Plan on its own, its Jobs' and matching Nodes' changes
-	// (shared/facts/suc.md, fact 50), and the Job controller and the kubelet act as soon
-	// as a Job changes or a pod's work ends. So besides every Interval a pass runs as soon
-	// as a Plan or a Job of Namespace or a Node changes, and when a running pod's work
-	// ends. Without it the simulator only polls, which adds up to an Interval to every
-	// hand-over.
-	Watch client.WithWatch
+	// Cache, when set, makes the simulator read and react as SUC does: from informers,
+	// its handlers running on their events (shared/facts/suc.md, fact 50). The Plan
+	// handlers see the Plans and select among the Nodes of the informers' caches and read
+	// Secrets from them (SUC's handle_upgrade.go reads secrets.Cache() and nodes.Cache()),
+	// and the job handler sees the Jobs of the cache and reads their Nodes from it
+	// (handle_batch.go); the job handler's Plan, and the Jobs the apply compares, are read
+	// from the API server, as SUC reads them. The Job controller and the kubelet act on
+	// the cache's Jobs. So besides every Interval a pass runs as soon as a Plan or a Job
+	// of Namespace or a Node changes, and when a running pod's work ends. The cache must
+	// be started by the caller and serve Plans, Jobs, Nodes and Secrets. Without it the
+	// simulator lists everything from the API server on every pass and only polls, which
+	// adds up to an Interval to every hand-over.
+	Cache ctrlcache.Cache
 	// KubeletVersion returns the kubelet version a node reports after the Plan
 	// succeeded on it, or "" for a Plan that does not change it. Default:
 	// DefaultKubeletVersion.
@@ -200,7 +207,10 @@ func (s *SUC) Run(ctx context.Context) error {
 	if interval == 0 {
 		interval = 50 * time.Millisecond
 	}
-	events := s.events(ctx)
+	events, err := s.events(ctx)
+	if err != nil {
+		return err
+	}
 	var lastErr error
 	for {
 		if err := s.pass(ctx); err != nil && ctx.Err() == nil {
@@ -221,45 +231,48 @@ func (s *SUC) Run(ctx context.Context) error {
 	}
 }
 
-// events signals (coalesced) every change of a Plan or a Job of Namespace or of a Node,
-// while ctx lasts, when Watch is set; nil otherwise. A watch the API server ends is
-// opened again.
-func (s *SUC) events(ctx context.Context) <-chan struct{} {
-	if s.Watch == nil {
-		return nil
+// events signals (coalesced) every change of a Plan, a Job or a Node in Cache, while
+// ctx lasts, when Cache is set; nil otherwise.
+func (s *SUC) events(ctx context.Context) (<-chan struct{}, error) {
+	if s.Cache == nil {
+		return nil, nil
 	}
 	kick := make(chan struct{}, 1)
-	inNamespace := []client.ListOption{client.InNamespace(s.Namespace)}
-	for _, kind := range []struct {
-		list func() client.ObjectList
-		opts []client.ListOption
-	}{
-		{func() client.ObjectList { return &sucv1.PlanList{} }, inNamespace},
-		{func() client.ObjectList { return &batchv1.JobList{} }, inNamespace},
-		{func() client.ObjectList { return &corev1.NodeList{} }, nil},
-	} {
+	signal := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	handler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { signal() },
+		UpdateFunc: func(any, any) { signal() },
+		DeleteFunc: func(any) { signal() },
+	}
+	for _, obj := range []client.Object{&sucv1.Plan{}, &batchv1.Job{}, &corev1.Node{}} {
+		informer, err := s.Cache.GetInformer(ctx, obj)
+		if err != nil {
+			return nil, fmt.Errorf("informer of %T: %w", obj, err)
+		}
+		registration, err := informer.AddEventHandler(handler)
+		if err != nil {
+			return nil, fmt.Errorf("event handler of %T: %w", obj, err)
+		}
 		go func() {
-			for ctx.Err() == nil {
-				w, err := s.Watch.Watch(ctx, kind.list(), kind.opts...)
-				if err != nil {
-					// The Interval still drives the simulator; try again later.
-					select {
-					case <-ctx.Done():
-					case <-time.After(time.Second):
-					}
-					continue
-				}
-				for range w.ResultChan() {
-					select {
-					case kick <- struct{}{}:
-					default:
-					}
-				}
-				w.Stop()
-			}
+			<-ctx.Done()
+			_ = informer.RemoveEventHandler(registration)
 		}()
 	}
-	return kick
+	return kick, nil
+}
+
+// cached is where the simulator reads what SUC reads from its informers: Cache when set,
+// else the API server.
+func (s *SUC) cached() client.Reader {
+	if s.Cache != nil {
+		return s.Cache
+	}
+	return s.Client
 }
 
 // untilWorkEnds is how long, on Clock, until the first running pod's work ends; false
@@ -292,17 +305,17 @@ func (s *SUC) pass(ctx context.Context) error {
 	s.mu.Unlock()
 	// Fact 1: only this namespace.
 	plans := &sucv1.PlanList{}
-	if err := s.Client.List(ctx, plans, client.InNamespace(s.Namespace)); err != nil {
+	if err := s.cached().List(ctx, plans, client.InNamespace(s.Namespace)); err != nil {
 		return fmt.Errorf("list plans: %w", err)
 	}
 	nodes := &corev1.NodeList{}
-	if err := s.Client.List(ctx, nodes); err != nil {
+	if err := s.cached().List(ctx, nodes); err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
 	var errs []error
 	for i := range plans.Items {
 		wrote, err := s.syncPlan(ctx, &plans.Items[i], nodes.Items)
-		if err == nil && wrote && s.Watch != nil {
+		if err == nil && wrote && s.Cache != nil {
 			// The status write is itself a Plan event: SUC's handlers run again on it at
 			// once, and that sync resumes the Jobs the first created paused (fact 28).
 			_, err = s.syncPlan(ctx, &plans.Items[i], nodes.Items)
@@ -317,7 +330,7 @@ func (s *SUC) pass(ctx context.Context) error {
 	if err := s.runPods(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if s.Watch != nil {
+	if s.Cache != nil {
 		// A Job that just completed or failed is a Job event: SUC's job handler labels
 		// the node or marks the Plan failed at once (facts 44 to 46, 50).
 		if err := s.handleJobs(ctx); err != nil {
@@ -410,7 +423,7 @@ func (s *SUC) validate(ctx context.Context, plan *sucv1.Plan) error {
 		if sec.IgnoreUpdates {
 			continue
 		}
-		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: sec.Name}, &corev1.Secret{}); err != nil {
+		if err := s.cached().Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: sec.Name}, &corev1.Secret{}); err != nil {
 			return err
 		}
 	}
@@ -428,7 +441,7 @@ func (s *SUC) latestHash(ctx context.Context, plan *sucv1.Plan, latestVersion st
 			continue
 		}
 		secret := &corev1.Secret{}
-		if err := s.Client.Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: sec.Name}, secret); err != nil {
+		if err := s.cached().Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: sec.Name}, secret); err != nil {
 			return "", fmt.Errorf("secret %s: %w", sec.Name, err)
 		}
 		h, err := secretHash(secret)
@@ -580,7 +593,7 @@ func (s *SUC) apply(ctx context.Context, plan *sucv1.Plan, jobs []*batchv1.Job) 
 // when it changed since last time or when the handler asked to look at it again.
 func (s *SUC) handleJobs(ctx context.Context) error {
 	jobs := &batchv1.JobList{}
-	if err := s.Client.List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
+	if err := s.cached().List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
 		return fmt.Errorf("list jobs: %w", err)
 	}
 	now := s.clock().Now()
@@ -598,7 +611,14 @@ func (s *SUC) handleJobs(ctx context.Context) error {
 		if !due || job.DeletionTimestamp != nil {
 			continue
 		}
-		if err := s.handleJob(ctx, job, now); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		err := s.handleJob(ctx, job, now)
+		switch {
+		case err == nil || apierrors.IsNotFound(err):
+		case apierrors.IsConflict(err):
+			// A Node or Plan that changed since it was read: the handler's error re-queues
+			// the Job, as wrangler does.
+			s.requeueJob(job, now)
+		default:
 			errs = append(errs, fmt.Errorf("job %s: %w", job.Name, err))
 			s.requeueJob(job, now)
 		}
@@ -636,7 +656,7 @@ func (s *SUC) handleJob(ctx context.Context, job *batchv1.Job, now time.Time) er
 		return s.deleteJob(ctx, job, "malformed: no node label")
 	}
 	node := &corev1.Node{}
-	if err := s.Client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil {
+	if err := s.cached().Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil {
 		if apierrors.IsNotFound(err) {
 			return s.deleteJob(ctx, job, "its node is gone")
 		}

@@ -1,6 +1,7 @@
 package sim_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -284,12 +286,16 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 	})
 })
 
-var _ = Describe("The SUC simulator with a watch", func() {
+var _ = Describe("The SUC simulator with informers", func() {
 	It("acts on Plan, Job and Node events and when a pod's work ends, not only on its Interval (fact 50)", func() {
-		watch, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+		informers, err := ctrlcache.New(env.Config, ctrlcache.Options{Scheme: env.Scheme})
 		Expect(err).NotTo(HaveOccurred())
+		cacheCtx, stop := context.WithCancel(ctx)
+		DeferCleanup(stop)
+		go func() { _ = informers.Start(cacheCtx) }()
+		Expect(informers.WaitForCacheSync(cacheCtx)).To(BeTrue())
 		// One pass at the start, before the Plan exists; the next timed one an hour later.
-		c := newCluster(2, func(s *sim.SUC) { s.Watch, s.Interval = watch, time.Hour })
+		c := newCluster(2, func(s *sim.SUC) { s.Cache, s.Interval = informers, time.Hour })
 		p := c.plan("events", 1, map[string]string{"pool": c.pool})
 		Eventually(planComplete(p), 20*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
 		runs := c.rec.Runs()
