@@ -240,7 +240,7 @@ func run(opts options) error {
 
 	// The updaters the manager runs, by configuration kind, and the NodeUpdate lifecycle
 	// that drives them.
-	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme()}
+	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recheck: workloadcluster.SecretRecheck}
 	registry := nodeupdater.NewRegistry()
 	harvester := &harvesteradapter.Updater{
 		Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,

@@ -2,6 +2,7 @@ package harvesteradapter
 
 import (
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -24,3 +25,6 @@ func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.N
 func ClusterObjectName(what string, plan *harvesterv1.UpgradePlan) string {
 	return clusterObjectName(what, plan)
 }
+
+// NewReadOnce is newReadOnce, for specs.
+func NewReadOnce(c client.Client) client.Client { return newReadOnce(c) }

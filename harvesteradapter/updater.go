@@ -105,8 +105,10 @@ func (u *Updater) Registration() nodeupdater.Registration {
 
 // nodeRun is what one reconcile of one NodeUpdate works with.
 type nodeRun struct {
-	nu    *inplacev1.NodeUpdate
-	cfg   *harvesterv1.HarvesterUpgrader
+	nu  *inplacev1.NodeUpdate
+	cfg *harvesterv1.HarvesterUpgrader
+	// wc reaches the workload cluster; it answers a read it already made in this
+	// reconcile from what it read (readOnce).
 	wc    client.Client
 	repo  string
 	plans map[planKind]*sucv1.Plan
@@ -222,7 +224,7 @@ func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate, start b
 	if err != nil {
 		return nil, fmt.Errorf("reach the workload cluster %s: %w", nu.Spec.ClusterName, err)
 	}
-	r := &nodeRun{nu: nu, cfg: cfg, wc: wc, plans: map[planKind]*sucv1.Plan{}}
+	r := &nodeRun{nu: nu, cfg: cfg, wc: newReadOnce(wc), plans: map[planKind]*sucv1.Plan{}}
 	r.repo = cfg.Spec.Release.RepositoryURL
 	if r.repo == "" {
 		r.repo = repositoryServiceURL(cfg.Spec.Release.Version)

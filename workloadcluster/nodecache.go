@@ -21,9 +21,10 @@ const (
 	nodeCacheSyncTimeout = 10 * time.Second
 	// nodeCacheIdle is how long a workload cluster's Node cache lives unread.
 	nodeCacheIdle = 10 * time.Minute
-	// secretRecheck is how often the kubeconfig Secret behind a Node cache is read again,
-	// so that a rotated kubeconfig is picked up.
-	secretRecheck = 10 * time.Second
+	// SecretRecheck is how often the kubeconfig Secret behind a Node cache, or a client
+	// of Clients with Recheck set to it, is read again, so that a rotated kubeconfig is
+	// picked up.
+	SecretRecheck = 10 * time.Second
 )
 
 // NodeCaches hands out clients of workload clusters whose Node lists are served from a
@@ -199,7 +200,7 @@ func (n *NodeCaches) current(ctx context.Context, cluster types.NamespacedName) 
 	n.mu.Unlock()
 	if ok {
 		c.mu.Lock()
-		fresh := time.Since(c.checked) < secretRecheck
+		fresh := time.Since(c.checked) < SecretRecheck
 		c.mu.Unlock()
 		if fresh {
 			return c, nil

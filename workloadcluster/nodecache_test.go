@@ -360,14 +360,14 @@ func TestNodeCacheRebuiltWhenSecretChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Within secretRecheck of the cache's start the Secret is not read again.
+	// Within SecretRecheck of the cache's start the Secret is not read again.
 	again := cachedClient(t, caches, cluster)
-	if time.Since(built) < secretRecheck/2 && again.cache != old.cache {
-		t.Errorf("the Secret was read again %s after the cache started, before secretRecheck (%s)", time.Since(built), secretRecheck)
+	if time.Since(built) < SecretRecheck/2 && again.cache != old.cache {
+		t.Errorf("the Secret was read again %s after the cache started, before SecretRecheck (%s)", time.Since(built), SecretRecheck)
 	}
 
 	var current *nodeCachingClient
-	eventually(t, secretRecheck+30*time.Second, "a new cache is built from the changed Secret", func() error {
+	eventually(t, SecretRecheck+30*time.Second, "a new cache is built from the changed Secret", func() error {
 		current = cachedClient(t, caches, cluster)
 		if _, err := listNodes(ctx, current); err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -52,6 +53,11 @@ type Clients struct {
 	// Configure, when set, adjusts the REST config built from the kubeconfig (QPS,
 	// timeouts, user agent).
 	Configure func(*rest.Config)
+	// Recheck is how long a client is handed out after its Secret was read before the
+	// Secret is read again; zero reads it on every call. SecretRecheck is what the
+	// manager uses: a rotated kubeconfig is picked up within it, and the reconciles of
+	// a busy cluster do not read the Secret several times each.
+	Recheck time.Duration
 
 	mu      sync.Mutex
 	entries map[types.NamespacedName]entry
@@ -61,11 +67,13 @@ type entry struct {
 	resourceVersion string
 	config          *rest.Config
 	client          client.Client
+	// read is when the Secret was last read.
+	read time.Time
 }
 
 // Client returns a client of the workload cluster of the Cluster namespace/name. It
-// reads the kubeconfig Secret every time (a cheap GET) and builds a new client only when
-// the Secret's resourceVersion changed. The client reads from the API server directly,
+// reads the kubeconfig Secret (a cheap GET) unless it did within Recheck, and builds a
+// new client only when the Secret's resourceVersion changed. The client reads from the API server directly,
 // without a cache. A missing Secret is a *SecretNotFoundError.
 func (c *Clients) Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error) {
 	e, err := c.entry(ctx, cluster)
@@ -87,6 +95,14 @@ func (c *Clients) RESTConfig(ctx context.Context, cluster types.NamespacedName) 
 }
 
 func (c *Clients) entry(ctx context.Context, cluster types.NamespacedName) (entry, error) {
+	if c.Recheck > 0 {
+		c.mu.Lock()
+		e, ok := c.entries[cluster]
+		c.mu.Unlock()
+		if ok && time.Since(e.read) < c.Recheck {
+			return e, nil
+		}
+	}
 	key := types.NamespacedName{Namespace: cluster.Namespace, Name: KubeconfigSecretName(cluster.Name)}
 	secret := &corev1.Secret{}
 	if err := c.Reader.Get(ctx, key, secret); err != nil {
@@ -99,6 +115,8 @@ func (c *Clients) entry(ctx context.Context, cluster types.NamespacedName) (entr
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.entries[cluster]; ok && e.resourceVersion == secret.ResourceVersion {
+		e.read = time.Now()
+		c.entries[cluster] = e
 		return e, nil
 	}
 	data, ok := secret.Data[KubeconfigSecretKey]
@@ -125,7 +143,7 @@ func (c *Clients) entry(ctx context.Context, cluster types.NamespacedName) (entr
 	if c.entries == nil {
 		c.entries = map[types.NamespacedName]entry{}
 	}
-	e := entry{resourceVersion: secret.ResourceVersion, config: cfg, client: cl}
+	e := entry{resourceVersion: secret.ResourceVersion, config: cfg, client: cl, read: time.Now()}
 	c.entries[cluster] = e
 	return e, nil
 }

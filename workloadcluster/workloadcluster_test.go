@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
@@ -69,6 +71,53 @@ func TestClientsCacheAndRebuild(t *testing.T) {
 	if _, err := clients.Client(ctx, cluster); err != nil || len(hosts) != 3 {
 		t.Errorf("Forget must drop the cached client: err %v, hosts %v", err, hosts)
 	}
+}
+
+func TestClientsRecheck(t *testing.T) {
+	ctx := context.Background()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "prod-kubeconfig", Namespace: "clusters"},
+		Data:       map[string][]byte{KubeconfigSecretKey: kubeconfigFor("https://one.example:6443")},
+	}
+	reads := &countingReader{Reader: fake.NewClientBuilder().WithObjects(secret).Build()}
+	clients := &Clients{Reader: reads, Scheme: clientgoscheme.Scheme, Recheck: time.Hour}
+	cluster := types.NamespacedName{Namespace: "clusters", Name: "prod"}
+
+	first, err := clients.Client(ctx, cluster)
+	if err != nil {
+		t.Fatalf("first client: %v", err)
+	}
+	secret.Data[KubeconfigSecretKey] = kubeconfigFor("https://two.example:6443")
+	if err := reads.Reader.(client.Client).Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	again, err := clients.Client(ctx, cluster)
+	if err != nil {
+		t.Fatalf("second client: %v", err)
+	}
+	if again != first || reads.n != 1 {
+		t.Errorf("within Recheck the Secret must not be read again: %d reads, same client %v", reads.n, again == first)
+	}
+
+	clients.Recheck = time.Nanosecond
+	rotated, err := clients.Client(ctx, cluster)
+	if err != nil {
+		t.Fatalf("client after Recheck: %v", err)
+	}
+	if rotated == first || reads.n != 2 {
+		t.Errorf("after Recheck the Secret must be read again and the client rebuilt: %d reads, same client %v", reads.n, rotated == first)
+	}
+}
+
+// countingReader counts the Gets of its Reader.
+type countingReader struct {
+	client.Reader
+	n int
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.n++
+	return c.Reader.Get(ctx, key, obj, opts...)
 }
 
 func TestClientsErrors(t *testing.T) {

@@ -452,7 +452,7 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 	if err != nil {
 		return nil, err
 	}
-	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme()}
+	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recheck: workloadcluster.SecretRecheck}
 	harvester := &harvesteradapter.Updater{
 		Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.HTTPReleaseReader{},
 		RepositoryURL: func(string) string { return repository.URL() },

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
@@ -47,7 +48,8 @@ func (s *SUC) blockedByAntiAffinity(job *batchv1.Job) bool {
 	defer s.mu.Unlock()
 	exclusive := job.Labels[LabelExclusive] == "true"
 	for uid, r := range s.running {
-		if uid == job.UID || r.finished || r.node != job.Labels[LabelNode] {
+		// The node first: the runs of other nodes are being changed by their own kubelets.
+		if r.node != job.Labels[LabelNode] || uid == job.UID || r.finished {
 			continue
 		}
 		if exclusive && r.exclusive || !exclusive && r.plan.Name == job.Labels[LabelPlan] {
@@ -168,7 +170,10 @@ func (s *SUC) runPods(ctx context.Context) error {
 	if err := s.cached().List(ctx, jobs, client.InNamespace(s.Namespace), client.MatchingLabels{LabelController: s.name()}); err != nil {
 		return fmt.Errorf("list jobs: %w", err)
 	}
-	var errs []error
+	// Each node's kubelet runs its own pods, whatever the other nodes do: the nodes go
+	// at once, the Jobs of one node one after the other (so that one sees the pods the
+	// other started, for the anti-affinity).
+	byNode := map[string][]*batchv1.Job{}
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
 		if job.DeletionTimestamp != nil || jobCondition(job, batchv1.JobComplete) != nil || jobCondition(job, batchv1.JobFailed) != nil {
@@ -177,10 +182,28 @@ func (s *SUC) runPods(ctx context.Context) error {
 		if job.Spec.Parallelism == nil || *job.Spec.Parallelism == 0 {
 			continue // fact 28: paused until its node is applying
 		}
-		if err := s.runPod(ctx, job); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			errs = append(errs, fmt.Errorf("job %s: %w", job.Name, err))
-		}
+		node := job.Labels[LabelNode]
+		byNode[node] = append(byNode[node], job)
 	}
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for _, nodeJobs := range byNode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, job := range nodeJobs {
+				if err := s.runPod(ctx, job); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("job %s: %w", job.Name, err))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

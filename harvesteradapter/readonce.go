@@ -1,0 +1,178 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+)
+
+// readOnce is the workload cluster's client of one reconcile: a Get or List it already
+// answered is answered again from what it read, until something of that kind is written
+// through it. One reconcile runs several steps, and each reads what it decides on (the
+// node, Longhorn's volumes, replicas, engines and nodes, the VMs): read once, those are the
+// same answer a few milliseconds apart, and each further read would be a round trip to a
+// workload API server that may be far away. A write of a kind drops what was read of that
+// kind, so a step reads back what it wrote. Nothing is kept beyond the reconcile.
+type readOnce struct {
+	client.Client
+
+	mu sync.Mutex
+	// read is what was read, by kind, then by the read's key.
+	read map[schema.GroupVersionKind]map[string]runtime.Object
+}
+
+func newReadOnce(c client.Client) *readOnce {
+	return &readOnce{Client: c, read: map[schema.GroupVersionKind]map[string]runtime.Object{}}
+}
+
+// kindOf is the kind of obj (for a list, the list's kind), false when the scheme does
+// not know it: such reads are not kept.
+func (c *readOnce) kindOf(obj runtime.Object) (schema.GroupVersionKind, bool) {
+	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
+	return gvk, err == nil
+}
+
+// recall copies what was read under gvk and key into obj.
+func (c *readOnce) recall(gvk schema.GroupVersionKind, key string, obj runtime.Object) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kept, ok := c.read[gvk][key]
+	if !ok {
+		return false
+	}
+	out := reflect.ValueOf(obj)
+	in := reflect.ValueOf(kept.DeepCopyObject())
+	if out.Type() != in.Type() {
+		return false
+	}
+	out.Elem().Set(in.Elem())
+	return true
+}
+
+func (c *readOnce) keep(gvk schema.GroupVersionKind, key string, obj runtime.Object) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.read[gvk] == nil {
+		c.read[gvk] = map[string]runtime.Object{}
+	}
+	c.read[gvk][key] = obj.DeepCopyObject()
+}
+
+// forget drops what was read of obj's kind and of lists of it.
+func (c *readOnce) forget(obj runtime.Object) {
+	gvk, ok := c.kindOf(obj)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !ok {
+		// An unknown kind: whatever it is, nothing read is trusted after it.
+		clear(c.read)
+		return
+	}
+	delete(c.read, gvk)
+	delete(c.read, gvk.GroupVersion().WithKind(gvk.Kind+"List"))
+}
+
+func (c *readOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	gvk, ok := c.kindOf(obj)
+	if !ok || len(opts) > 0 {
+		return c.Client.Get(ctx, key, obj, opts...)
+	}
+	k := fmt.Sprintf("%T %s", obj, key)
+	if c.recall(gvk, k, obj) {
+		return nil
+	}
+	if err := c.Client.Get(ctx, key, obj); err != nil {
+		return err
+	}
+	c.keep(gvk, k, obj)
+	return nil
+}
+
+func (c *readOnce) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	gvk, ok := c.kindOf(list)
+	o := (&client.ListOptions{}).ApplyOptions(opts)
+	if !ok || o.Limit != 0 || o.Continue != "" || o.Raw != nil || o.UnsafeDisableDeepCopy != nil {
+		return c.Client.List(ctx, list, opts...)
+	}
+	k := fmt.Sprintf("%T ns=%q labels=%v fields=%v", list, o.Namespace, o.LabelSelector, o.FieldSelector)
+	if c.recall(gvk, k, list) {
+		return nil
+	}
+	if err := c.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	c.keep(gvk, k, list)
+	return nil
+}
+
+func (c *readOnce) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	defer c.forget(obj)
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+func (c *readOnce) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	defer c.forget(obj)
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+func (c *readOnce) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	defer c.forget(obj)
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+func (c *readOnce) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	c.mu.Lock()
+	clear(c.read)
+	c.mu.Unlock()
+	return c.Client.Apply(ctx, obj, opts...)
+}
+
+func (c *readOnce) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	defer c.forget(obj)
+	return c.Client.Delete(ctx, obj, opts...)
+}
+
+func (c *readOnce) DeleteAllOf(ctx context.Context, obj client.Object, opts ...client.DeleteAllOfOption) error {
+	defer c.forget(obj)
+	return c.Client.DeleteAllOf(ctx, obj, opts...)
+}
+
+func (c *readOnce) Status() client.SubResourceWriter { return c.SubResource("status") }
+
+func (c *readOnce) SubResource(subResource string) client.SubResourceClient {
+	return &readOnceSubResource{SubResourceClient: c.Client.SubResource(subResource), c: c}
+}
+
+// readOnceSubResource drops what was read of a kind when a subresource of it is written.
+type readOnceSubResource struct {
+	client.SubResourceClient
+	c *readOnce
+}
+
+func (s *readOnceSubResource) Create(ctx context.Context, obj client.Object, sub client.Object, opts ...client.SubResourceCreateOption) error {
+	defer s.c.forget(obj)
+	return s.SubResourceClient.Create(ctx, obj, sub, opts...)
+}
+
+func (s *readOnceSubResource) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	defer s.c.forget(obj)
+	return s.SubResourceClient.Update(ctx, obj, opts...)
+}
+
+func (s *readOnceSubResource) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	defer s.c.forget(obj)
+	return s.SubResourceClient.Patch(ctx, obj, patch, opts...)
+}
+
+func (s *readOnceSubResource) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+	s.c.mu.Lock()
+	clear(s.c.read)
+	s.c.mu.Unlock()
+	return s.SubResourceClient.Apply(ctx, obj, opts...)
+}
