@@ -64,18 +64,24 @@ func (c *readOnce) keep(gvk schema.GroupVersionKind, key string, obj runtime.Obj
 	c.read[gvk][key] = obj.DeepCopyObject()
 }
 
-// forget drops what was read of obj's kind and of lists of it.
+// forget drops what was read of obj's kind and of lists of it; for a kind the scheme
+// does not know, everything.
 func (c *readOnce) forget(obj runtime.Object) {
 	gvk, ok := c.kindOf(obj)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if !ok {
-		// An unknown kind: whatever it is, nothing read is trusted after it.
-		clear(c.read)
+		c.forgetAll()
 		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	delete(c.read, gvk)
 	delete(c.read, gvk.GroupVersion().WithKind(gvk.Kind+"List"))
+}
+
+func (c *readOnce) forgetAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.read)
 }
 
 func (c *readOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
@@ -126,10 +132,10 @@ func (c *readOnce) Patch(ctx context.Context, obj client.Object, patch client.Pa
 	return c.Client.Patch(ctx, obj, patch, opts...)
 }
 
+// Apply drops everything read: an apply configuration does not say its kind the way an
+// object does.
 func (c *readOnce) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
-	c.mu.Lock()
-	clear(c.read)
-	c.mu.Unlock()
+	defer c.forgetAll()
 	return c.Client.Apply(ctx, obj, opts...)
 }
 
@@ -171,8 +177,6 @@ func (s *readOnceSubResource) Patch(ctx context.Context, obj client.Object, patc
 }
 
 func (s *readOnceSubResource) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
-	s.c.mu.Lock()
-	clear(s.c.read)
-	s.c.mu.Unlock()
+	defer s.c.forgetAll()
 	return s.SubResourceClient.Apply(ctx, obj, opts...)
 }
