@@ -231,6 +231,9 @@ var _ = Describe("One disruption budget per Cluster", func() {
 		Expect(fixtures.Annotate(ctx, k8s, w.machines[0], clusterv1.MachineSkipRemediationAnnotation, "operator")).To(Succeed())
 		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
 
+		// The machine is claimed (and skipped from remediation) before its NodeUpdate is
+		// created: wait for the NodeUpdate, then look at both.
+		Eventually(func() *inplacev1.NodeUpdate { return w.nodeUpdateOf("workers-2") }, timeout, poll).ShouldNot(BeNil())
 		Eventually(func() map[string]string { return w.machine("workers-2").Annotations }, timeout, poll).Should(And(
 			HaveKey(clusterv1.MachineSkipRemediationAnnotation), HaveKeyWithValue(inplacev1.SkipRemediationSetByAnnotation, "md")),
 			"skip-remediation while workers-2's NodeUpdate runs")
