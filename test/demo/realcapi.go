@@ -184,12 +184,9 @@ func (d *realCAPI) start(ctx context.Context) error {
 		return err
 	}
 	d.managerLog = filepath.Join(d.workDir, "manager.log")
-	d.mgr, err = manager.Start(manager.Options{Binary: managerBin, Kubeconfig: d.kubeconfig, CertDir: certs.Dir, LogFile: d.managerLog,
-		ExtraArgs: []string{"--poll-interval=" + d.cfg.pollInterval.String()}})
+	d.mgr, err = manager.StartReady(manager.Options{Binary: managerBin, Kubeconfig: d.kubeconfig, CertDir: certs.Dir, LogFile: d.managerLog,
+		ExtraArgs: []string{"--poll-interval=" + d.cfg.pollInterval.String()}}, time.Minute)
 	if err != nil {
-		return err
-	}
-	if err := d.mgr.WaitReady(time.Minute); err != nil {
 		return err
 	}
 	// Cluster API reaches the manager through a recording proxy, so the demo can show

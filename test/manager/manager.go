@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -99,6 +100,39 @@ func Start(opts Options) (*Process, error) {
 	}
 	go func() { p.done <- p.cmd.Wait() }()
 	return p, nil
+}
+
+// StartReady is Start then WaitReady. A manager that exits because one of its ports was
+// taken between FreePorts and its listen (a port that was free a moment ago can be any
+// new connection's source port) is started again on other ports, up to three times. On
+// an error the process, if one was started, is returned too, to be stopped.
+func StartReady(opts Options, timeout time.Duration) (*Process, error) {
+	for attempt := 1; ; attempt++ {
+		var logged int64
+		if st, err := os.Stat(opts.LogFile); err == nil {
+			logged = st.Size()
+		}
+		p, err := Start(opts)
+		if err != nil {
+			return nil, err
+		}
+		err = p.WaitReady(timeout)
+		if err == nil {
+			return p, nil
+		}
+		if exited, _ := p.Exited(); !exited || attempt == 3 || !loggedSince(opts.LogFile, logged, "address already in use") {
+			return p, err
+		}
+	}
+}
+
+// loggedSince says whether the file has text after its first offset bytes.
+func loggedSince(file string, offset int64, text string) bool {
+	data, err := os.ReadFile(file)
+	if err != nil || int64(len(data)) < offset {
+		return false
+	}
+	return strings.Contains(string(data[offset:]), text)
 }
 
 // WaitReady waits until /readyz answers 200, or the process exits, or the timeout passes.

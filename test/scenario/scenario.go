@@ -586,14 +586,11 @@ func (s *Scenario) startManager() error {
 	if err != nil {
 		return err
 	}
-	s.Manager, err = manager.Start(manager.Options{
+	s.Manager, err = manager.StartReady(manager.Options{
 		Binary: s.Options.ManagerBinary, Kubeconfig: s.ManagementKubeconfig, CertDir: s.Certs.Dir,
 		LogFile: s.ManagerLog, ExtraArgs: s.Options.ManagerArgs,
-	})
+	}, time.Minute)
 	if err != nil {
-		return err
-	}
-	if err := s.Manager.WaitReady(time.Minute); err != nil {
 		return fmt.Errorf("%w (manager log: %s)", err, s.ManagerLog)
 	}
 	return nil
