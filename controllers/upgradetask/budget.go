@@ -41,19 +41,24 @@ func holds(older, task *inplacev1.UpgradeTask) bool {
 	return older.Name < task.Name
 }
 
-// controlPlaneBehind describes the Cluster's control plane machines (not being deleted)
-// that do not run target yet, as "machine (version)": a worker must never run a kubelet
-// newer than the API server.
+// controlPlaneBehind describes the Cluster's control plane machines that do not run
+// target yet, as "machine (version)": a worker must never run a kubelet newer than the
+// API server. A machine being deleted counts until it is gone: its API server serves
+// until Cluster API has drained it and removed its infrastructure. Cluster API's own
+// MachineSet preflight judges skew the same way: against the first of the control
+// plane's status.versions, which KubeadmControlPlane aggregates from all its Machines.
 func controlPlaneBehind(machines []clusterv1.Machine, target *version.Version) []string {
 	var out []string
 	for i := range machines {
 		m := &machines[i]
-		if !disruption.IsControlPlane(m) || !m.DeletionTimestamp.IsZero() {
+		if !disruption.IsControlPlane(m) || !upgraderequest.RequiresUpgrade(m, target) {
 			continue
 		}
-		if upgraderequest.RequiresUpgrade(m, target) {
-			out = append(out, fmt.Sprintf("%s (%s)", m.Name, upgraderequest.CurrentVersion(m)))
+		deleting := ""
+		if !m.DeletionTimestamp.IsZero() {
+			deleting = ", being deleted"
 		}
+		out = append(out, fmt.Sprintf("%s (%s%s)", m.Name, upgraderequest.CurrentVersion(m), deleting))
 	}
 	slices.Sort(out)
 	return out

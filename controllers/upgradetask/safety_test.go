@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -176,27 +175,16 @@ var _ = Describe("One disruption budget per Cluster", func() {
 		simulate(w.ns, 2*time.Second)
 		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
 		Eventually(func() *inplacev1.NodeUpdate { return w.nodeUpdateOf("workers-1") }, timeout, poll).ShouldNot(BeNil())
-		// Cluster API's own finalizer keeps a deleted Machine until its node is drained.
-		setFinalizers := func(finalizers []string) error {
-			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-				m := &clusterv1.Machine{}
-				if err := k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "workers-1"}, m); err != nil {
-					return err
-				}
-				m.Finalizers = finalizers
-				return k8s.Update(ctx, m)
-			})
-		}
-		Expect(setFinalizers([]string{"machine.cluster.x-k8s.io"})).To(Succeed())
+		Expect(w.setFinalizers("workers-1", []string{"machine.cluster.x-k8s.io"})).To(Succeed())
 		Expect(k8s.Delete(ctx, w.machine("workers-1"))).To(Succeed())
-		DeferCleanup(func() { Expect(client.IgnoreNotFound(setFinalizers(nil))).To(Succeed()) })
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(w.setFinalizers("workers-1", nil))).To(Succeed()) })
 
 		Eventually(func() string { return w.nodeUpdateOf("workers-1").Spec.AbortReason }, timeout, poll).Should(Equal(inplacev1.MachineDeletedReason))
 		Eventually(func() inplacev1.NodeUpdatePhase { return w.nodeUpdateOf("workers-1").Status.Phase }, timeout, poll).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
 		Expect(w.phaseOf("md")()).To(Equal(inplacev1.TaskPhaseInProgress), "a machine deleted mid-update does not fail the task")
 		// While it is being deleted the machine is down; once its node is drained Cluster
 		// API removes its finalizer and it is gone.
-		Expect(setFinalizers(nil)).To(Succeed())
+		Expect(w.setFinalizers("workers-1", nil)).To(Succeed())
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		t := w.task("md")
 		Expect(t.Status.Upgraded).To(Equal(int32(2)))
@@ -219,6 +207,34 @@ var _ = Describe("One disruption budget per Cluster", func() {
 		for _, m := range w.machines {
 			Expect(fixtures.Annotate(ctx, k8s, m, inplacev1.UpgradeReleaseAnnotation, targetVersion)).To(Succeed())
 		}
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+		Expect(w.nodeUpdates()).To(HaveLen(len(workers)))
+	})
+
+	// Found by the randomized safety test (seed 9114): a control plane machine still on the
+	// old version was being deleted, and a worker was upgraded past its API server.
+	It("holds a MachineDeployment's task on VersionSkew while a control plane machine behind the target is being deleted", func() {
+		w := newCPWorld(3)
+		_, workers, err := fixtures.MachineDeployment(ctx, k8s, w.ns, "harvester", "workers", fromVersion, 2)
+		Expect(err).NotTo(HaveOccurred())
+		simulate(w.ns, 200*time.Millisecond)
+		for _, m := range w.machines[:2] {
+			Expect(fixtures.Annotate(ctx, k8s, m, inplacev1.UpgradeReleaseAnnotation, targetVersion)).To(Succeed())
+		}
+		last := w.machines[2].Name
+		Expect(w.setFinalizers(last, []string{"machine.cluster.x-k8s.io"})).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(w.setFinalizers(last, nil))).To(Succeed()) })
+		Expect(k8s.Delete(ctx, w.machine(last))).To(Succeed())
+
+		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		Eventually(func() string {
+			return condition(w.task("md").Status.Conditions, inplacev1.PausedCondition).Message
+		}, timeout, poll).Should(ContainSubstring(last + " (" + fromVersion + ", being deleted)"))
+		Consistently(func() []inplacev1.NodeUpdate { return w.nodeUpdates() }, time.Second, poll).Should(BeEmpty(),
+			"no worker is upgraded while the control plane machine still serves the old version")
+
+		// Once Cluster API has removed the machine, its API server is gone.
+		Expect(w.setFinalizers(last, nil)).To(Succeed())
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 		Expect(w.nodeUpdates()).To(HaveLen(len(workers)))
 	})

@@ -176,6 +176,19 @@ func (w *world) machine(name string) *clusterv1.Machine {
 	return m
 }
 
+// setFinalizers sets a machine's finalizers: Cluster API's own finalizer keeps a deleted
+// Machine until its node is drained.
+func (w *world) setFinalizers(machine string, finalizers []string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m := &clusterv1.Machine{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: machine}, m); err != nil {
+			return err
+		}
+		m.Finalizers = finalizers
+		return k8s.Update(ctx, m)
+	})
+}
+
 func (w *world) nodeUpdates() []inplacev1.NodeUpdate {
 	GinkgoHelper()
 	list := &inplacev1.NodeUpdateList{}
