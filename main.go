@@ -257,7 +257,8 @@ func run(opts options) error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	controllerOpts := controller.Options{MaxConcurrentReconciles: opts.concurrency}
-	if err := (&nodeupdater.Reconciler{Registry: registry, PollInterval: opts.pollInterval}).SetupWithManager(mgr, controllerOpts); err != nil {
+	nodeUpdates := &nodeupdater.Reconciler{Registry: registry, PollInterval: opts.pollInterval}
+	if err := nodeUpdates.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
 	plans := &harvesteradapter.PlanReconciler{
@@ -268,8 +269,9 @@ func run(opts options) error {
 		return fmt.Errorf("set up the UpgradePlan controller: %w", err)
 	}
 	// The UpgradeTask controller reads every Node of a workload cluster at each reconcile:
-	// from a watch of them, per Cluster.
-	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads}
+	// from a watch of them, per Cluster. A change of a Node wakes its running NodeUpdates
+	// (a Plan that ended, a node back after its reboot) before their next poll.
+	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads, OnNodeChange: nodeUpdates.Wake}
 	if err := mgr.Add(nodeCaches); err != nil {
 		return fmt.Errorf("add the workload clusters' Node caches: %w", err)
 	}

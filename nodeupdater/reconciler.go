@@ -18,7 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
@@ -91,6 +93,9 @@ type Reconciler struct {
 	MaxAttempts int32
 	// ExternalAbortTimeout is how long an external updater has to confirm an abort.
 	ExternalAbortTimeout time.Duration
+
+	// wakes carries the NodeUpdates Wake asks to reconcile now.
+	wakes chan event.TypedGenericEvent[*inplacev1.NodeUpdate]
 }
 
 // scope is what one reconcile of a NodeUpdate read and decided.
@@ -137,6 +142,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		newNU, okNew := e.ObjectNew.(*inplacev1.NodeUpdate)
 		return okOld && okNew && oldNU.Status.Phase != newNU.Status.Phase
 	}}
+	r.wakes = make(chan event.TypedGenericEvent[*inplacev1.NodeUpdate], wakeBuffer)
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("nodeupdate").
 		For(&inplacev1.NodeUpdate{}, builder.WithPredicates(predicate.Or(
@@ -145,6 +151,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 			predicate.LabelChangedPredicate{},
 			phaseChanged,
 		))).
+		WatchesRawSource(source.Channel(r.wakes, &handler.TypedEnqueueRequestForObject[*inplacev1.NodeUpdate]{})).
 		WithOptions(ctrlqueue.Options(opts)).
 		Complete(faults.ErrorReporter{
 			Reconciler: r, Client: r.Client, Reader: r.APIReader, Recorder: r.Recorder,

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -107,6 +108,32 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		))
 		Expect(metricValue("capi_inplace_nodeupdate_duration_seconds", map[string]string{"updater": "ConfigMap", "result": "Succeeded"})).
 			To(Equal(succeededBefore + 1))
+	})
+
+	It("calls the updater at once when its node changed (Wake), not only at its next poll", func() {
+		u.pollAfter = time.Hour
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+		// The reconciles the NodeUpdate's own first writes start (its phase) are over.
+		Eventually(func() int {
+			before := u.count("poll", "Prepare")
+			time.Sleep(300 * time.Millisecond)
+			return u.count("poll", "Prepare") - before
+		}, wait).Should(BeZero())
+
+		u.openGate("Prepare")
+		// Another node of the Cluster, or the node of another Cluster, is not this one's.
+		r.Wake(types.NamespacedName{Namespace: ns, Name: nu.Spec.ClusterName}, "another-node")
+		r.Wake(types.NamespacedName{Namespace: ns, Name: "another-cluster"}, nu.Spec.NodeName)
+		r.Wake(types.NamespacedName{Namespace: "another-namespace", Name: nu.Spec.ClusterName}, nu.Spec.NodeName)
+		Consistently(stepStates(nu), 500*time.Millisecond).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}),
+			"the updater is called before its poll for a change of another node")
+
+		r.Wake(types.NamespacedName{Namespace: ns, Name: nu.Spec.ClusterName}, nu.Spec.NodeName)
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Succeeded", "Upgrade=Running", "Finish=Pending"}))
+		Expect(u.count("poll", "Upgrade")).To(Equal(1))
 	})
 
 	It("retries a retryable error with a growing backoff, counting the attempts", func() {

@@ -286,6 +286,8 @@ type scriptedUpdater struct {
 	// abortErrs are returned by the next calls of Abort, one each.
 	abortErrs []error
 	timeout   time.Duration
+	// pollAfter is when a step whose gate is closed asks to be called again; 20ms when zero.
+	pollAfter time.Duration
 	calls     []call
 }
 
@@ -323,7 +325,11 @@ func (u *scriptedUpdater) Reconcile(_ context.Context, nu *inplacev1.NodeUpdate)
 		}
 		if !u.open[name] {
 			u.record("poll", name)
-			return nodeupdater.Result{RequeueAfter: 20 * time.Millisecond}, nil
+			after := u.pollAfter
+			if after == 0 {
+				after = 20 * time.Millisecond
+			}
+			return nodeupdater.Result{RequeueAfter: after}, nil
 		}
 		nodeupdater.CompleteStep(nu, name, name+" done")
 		u.record("complete", name)

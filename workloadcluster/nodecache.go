@@ -3,11 +3,13 @@ package workloadcluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -44,6 +46,12 @@ const (
 type NodeCaches struct {
 	// Clients builds the clients and REST configs of the workload clusters.
 	Clients *Clients
+	// OnNodeChange, when set, is called, from the watch, for every change of a Node a
+	// step may wait for: its labels (System Upgrade Controller marks a finished Plan with
+	// one), annotations, spec (cordon, taints) or Ready condition. It must not block. A
+	// cache runs only while read, so it is a hint to act sooner than the next poll, never
+	// the only way a change is seen. Set it before the manager starts.
+	OnNodeChange func(cluster types.NamespacedName, node string)
 
 	started chan struct{}
 	once    sync.Once
@@ -259,7 +267,14 @@ func (n *NodeCaches) start(cluster types.NamespacedName, e entry) (*nodeCache, e
 		defer scancel()
 		listed := make(chan error, 1)
 		go func() {
-			_, err := cache.GetInformer(sctx, &corev1.Node{})
+			informer, err := cache.GetInformer(sctx, &corev1.Node{})
+			if err == nil && n.OnNodeChange != nil {
+				_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{UpdateFunc: func(oldObj, newObj any) {
+					if name, changed := nodeChanged(oldObj, newObj); changed {
+						n.OnNodeChange(cluster, name)
+					}
+				}})
+			}
 			if err == nil && !cache.WaitForCacheSync(sctx) {
 				err = fmt.Errorf("no list of its Nodes within %s", nodeCacheSyncTimeout)
 			}
@@ -301,6 +316,28 @@ func (c *nodeCache) seen(obj any) (any, error) {
 		node.Status.Images = nil
 	}
 	return obj, nil
+}
+
+// nodeChanged reports whether a Node changed in what OnNodeChange reports, and its name.
+func nodeChanged(oldObj, newObj any) (string, bool) {
+	before, ok1 := oldObj.(*corev1.Node)
+	after, ok2 := newObj.(*corev1.Node)
+	if !ok1 || !ok2 {
+		return "", false
+	}
+	changed := !maps.Equal(before.Labels, after.Labels) || !maps.Equal(before.Annotations, after.Annotations) ||
+		!equality.Semantic.DeepEqual(before.Spec, after.Spec) || readyOf(before) != readyOf(after)
+	return after.Name, changed
+}
+
+// readyOf is the status of a Node's Ready condition, empty when it has none.
+func readyOf(node *corev1.Node) corev1.ConditionStatus {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return ""
 }
 
 // ok notes that the workload cluster answered.

@@ -139,7 +139,13 @@ func testClients() (*Clients, *requestCounter) {
 // stops them at the end of the test.
 func startCaches(t *testing.T, clients *Clients) *NodeCaches {
 	t.Helper()
-	caches := &NodeCaches{Clients: clients}
+	return start(t, &NodeCaches{Clients: clients})
+}
+
+// start starts caches as a manager would, returns once they are started, and stops them
+// at the end of the test.
+func start(t *testing.T, caches *NodeCaches) *NodeCaches {
+	t.Helper()
 	caches.init()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -301,6 +307,78 @@ func TestNodeCacheServesListsFromWatch(t *testing.T) {
 	})
 	if got := counter.count("list", "nodes"); got != lists {
 		t.Errorf("the new Node reached the list through %d LIST nodes requests, want through the watch", got-lists)
+	}
+}
+
+// TestNodeCacheReportsNodeChanges: OnNodeChange hears of what a step waits for on a Node
+// (a label, the cordon, the Ready condition), not of a kubelet's heartbeat.
+func TestNodeCacheReportsNodeChanges(t *testing.T) {
+	node := createNode(t, "changes")
+	cluster := workloadCluster(t, envKubeconfig(t))
+	clients, _ := testClients()
+	var mu sync.Mutex
+	var heard []string
+	caches := start(t, &NodeCaches{Clients: clients, OnNodeChange: func(c types.NamespacedName, name string) {
+		if name != node {
+			return // another test's Node
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		heard = append(heard, c.String())
+	}})
+	mustListNodes(t, cachedClient(t, caches, cluster), node)
+	heardNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), heard...)
+	}
+	ctx := context.Background()
+	change := func(what string, edit func(*corev1.Node), status bool) {
+		t.Helper()
+		n := &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, n); err != nil {
+			t.Fatalf("get Node %s: %v", node, err)
+		}
+		edit(n)
+		write := env.Client.Update
+		if status {
+			write = func(ctx context.Context, obj client.Object, _ ...client.UpdateOption) error {
+				return env.Client.Status().Update(ctx, obj)
+			}
+		}
+		if err := write(ctx, n); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// want waits until OnNodeChange was called n times in all.
+	want := func(n int, after string) {
+		t.Helper()
+		eventually(t, 10*time.Second, "OnNodeChange after "+after, func() error {
+			if got := heardNow(); len(got) != n {
+				return fmt.Errorf("OnNodeChange called %d times (%v), want %d", len(got), got, n)
+			}
+			return nil
+		})
+	}
+	ready := func(status corev1.ConditionStatus, heartbeat time.Time) func(*corev1.Node) {
+		return func(n *corev1.Node) {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, LastHeartbeatTime: metav1.NewTime(heartbeat), Reason: "KubeletReady"}}
+		}
+	}
+	t0 := time.Now()
+	change("the kubelet reports Ready", ready(corev1.ConditionTrue, t0), true)
+	want(1, "Ready")
+	change("a heartbeat", ready(corev1.ConditionTrue, t0.Add(10*time.Second)), true)
+	change("a label", func(n *corev1.Node) { n.Labels = map[string]string{"plan.upgrade.cattle.io/drain": "hash"} }, false)
+	want(2, "a heartbeat, then a label (the heartbeat is not reported)")
+	change("the cordon", func(n *corev1.Node) { n.Spec.Unschedulable = true }, false)
+	want(3, "the cordon")
+	change("the reboot", ready(corev1.ConditionUnknown, t0.Add(20*time.Second)), true)
+	want(4, "NotReady")
+	for _, got := range heardNow() {
+		if got != cluster.String() {
+			t.Errorf("OnNodeChange named Cluster %s, want %s", got, cluster)
+		}
 	}
 }
 

@@ -463,7 +463,8 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 		return nil, err
 	}
 	opts := controller.Options{MaxConcurrentReconciles: managerConcurrency}
-	if err := (&nodeupdater.Reconciler{Registry: registry, PollInterval: poll}).SetupWithManager(mgr, opts); err != nil {
+	nodeUpdates := &nodeupdater.Reconciler{Registry: registry, PollInterval: poll}
+	if err := nodeUpdates.SetupWithManager(mgr, opts); err != nil {
 		return nil, err
 	}
 	plans := &harvesteradapter.PlanReconciler{
@@ -472,7 +473,7 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 	if err := plans.SetupWithManager(mgr, opts); err != nil {
 		return nil, err
 	}
-	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads}
+	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads, OnNodeChange: nodeUpdates.Wake}
 	if err := mgr.Add(nodeCaches); err != nil {
 		return nil, err
 	}
