@@ -241,9 +241,17 @@ func run(opts options) error {
 	// The updaters the manager runs, by configuration kind, and the NodeUpdate lifecycle
 	// that drives them.
 	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recheck: workloadcluster.SecretRecheck}
+	// The UpgradeTask controller and the Harvester updater list every Node of a workload
+	// cluster often: from a watch of them, per Cluster. A change of a Node wakes its
+	// running NodeUpdates (a Plan that ended, a node back after its reboot) before their
+	// next poll.
+	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads}
+	if err := mgr.Add(nodeCaches); err != nil {
+		return fmt.Errorf("add the workload clusters' Node caches: %w", err)
+	}
 	registry := nodeupdater.NewRegistry()
 	harvester := &harvesteradapter.Updater{
-		Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
+		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
 		NodeImage: opts.harvesterNodeImage, Version: version, Recorder: mgr.GetEventRecorder("harvester-updater"),
 	}
 	updaters := []nodeupdater.Registration{
@@ -261,19 +269,13 @@ func run(opts options) error {
 	if err := nodeUpdates.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
+	nodeCaches.OnNodeChange = nodeUpdates.Wake
 	plans := &harvesteradapter.PlanReconciler{
 		Updater: harvester, Checks: harvesteradapter.DefaultClusterChecks(workloads),
 		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval, ClusterUpgradePollInterval: opts.pollInterval,
 	}
 	if err := plans.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradePlan controller: %w", err)
-	}
-	// The UpgradeTask controller reads every Node of a workload cluster at each reconcile:
-	// from a watch of them, per Cluster. A change of a Node wakes its running NodeUpdates
-	// (a Plan that ended, a node back after its reboot) before their next poll.
-	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads, OnNodeChange: nodeUpdates.Wake}
-	if err := mgr.Add(nodeCaches); err != nil {
-		return fmt.Errorf("add the workload clusters' Node caches: %w", err)
 	}
 	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)

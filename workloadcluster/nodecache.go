@@ -48,7 +48,8 @@ type NodeCaches struct {
 	Clients *Clients
 	// OnNodeChange, when set, is called, from the watch, for every change of a Node a
 	// step may wait for: its labels (System Upgrade Controller marks a finished Plan with
-	// one), annotations, spec (cordon, taints) or Ready condition. It must not block. A
+	// one), annotations, spec (cordon, taints), Ready condition or node info (the kubelet's
+	// version, the OS image). It must not block. A
 	// cache runs only while read, so it is a hint to act sooner than the next poll, never
 	// the only way a change is seen. Set it before the manager starts.
 	OnNodeChange func(cluster types.NamespacedName, node string)
@@ -326,7 +327,8 @@ func nodeChanged(oldObj, newObj any) (string, bool) {
 		return "", false
 	}
 	changed := !maps.Equal(before.Labels, after.Labels) || !maps.Equal(before.Annotations, after.Annotations) ||
-		!equality.Semantic.DeepEqual(before.Spec, after.Spec) || readyOf(before) != readyOf(after)
+		!equality.Semantic.DeepEqual(before.Spec, after.Spec) || readyOf(before) != readyOf(after) ||
+		before.Status.NodeInfo != after.Status.NodeInfo
 	return after.Name, changed
 }
 

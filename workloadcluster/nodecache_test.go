@@ -22,6 +22,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -311,7 +312,8 @@ func TestNodeCacheServesListsFromWatch(t *testing.T) {
 }
 
 // TestNodeCacheReportsNodeChanges: OnNodeChange hears of what a step waits for on a Node
-// (a label, the cordon, the Ready condition), not of a kubelet's heartbeat.
+// (a label, the cordon, the Ready condition, the kubelet's version), not of a kubelet's
+// heartbeat.
 func TestNodeCacheReportsNodeChanges(t *testing.T) {
 	node := createNode(t, "changes")
 	cluster := workloadCluster(t, envKubeconfig(t))
@@ -375,6 +377,8 @@ func TestNodeCacheReportsNodeChanges(t *testing.T) {
 	want(3, "the cordon")
 	change("the reboot", ready(corev1.ConditionUnknown, t0.Add(20*time.Second)), true)
 	want(4, "NotReady")
+	change("the new kubelet", func(n *corev1.Node) { n.Status.NodeInfo.KubeletVersion = "v1.34.1+rke2r1" }, true)
+	want(5, "the kubelet's new version")
 	for _, got := range heardNow() {
 		if got != cluster.String() {
 			t.Errorf("OnNodeChange named Cluster %s, want %s", got, cluster)
@@ -510,6 +514,8 @@ func TestNodeCacheUnreachableClusterFails(t *testing.T) {
 			t.Errorf("read %d: the list of an unreachable workload cluster's Nodes hung until the deadline: %v", i+1, err)
 		case strings.Contains(err.Error(), "no list of its Nodes within"):
 			t.Errorf("read %d: the list waited for the sync timeout instead of failing on the watch error: %v", i+1, err)
+		case !nodeupdater.IsUnreachable(err):
+			t.Errorf("read %d: the NodeUpdate reconciler would count %v against a step's attempts instead of waiting for the cluster", i+1, err)
 		default:
 			t.Logf("read %d: %v", i+1, err)
 		}

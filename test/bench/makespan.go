@@ -453,8 +453,12 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 		return nil, err
 	}
 	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recheck: workloadcluster.SecretRecheck}
+	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads}
+	if err := mgr.Add(nodeCaches); err != nil {
+		return nil, err
+	}
 	harvester := &harvesteradapter.Updater{
-		Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.HTTPReleaseReader{},
+		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: harvesteradapter.HTTPReleaseReader{},
 		RepositoryURL: func(string) string { return repository.URL() },
 		PollInterval:  poll, NodeImage: makespanNodeImage, Version: "v0.4.0", Recorder: mgr.GetEventRecorder("harvester-updater"),
 	}
@@ -467,14 +471,11 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 	if err := nodeUpdates.SetupWithManager(mgr, opts); err != nil {
 		return nil, err
 	}
+	nodeCaches.OnNodeChange = nodeUpdates.Wake
 	plans := &harvesteradapter.PlanReconciler{
 		Updater: harvester, Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: poll, ClusterUpgradePollInterval: poll,
 	}
 	if err := plans.SetupWithManager(mgr, opts); err != nil {
-		return nil, err
-	}
-	nodeCaches := &workloadcluster.NodeCaches{Clients: workloads, OnNodeChange: nodeUpdates.Wake}
-	if err := mgr.Add(nodeCaches); err != nil {
 		return nil, err
 	}
 	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches, PollInterval: poll}).SetupWithManager(ctx, mgr, opts); err != nil {
