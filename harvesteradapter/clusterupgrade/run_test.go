@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
@@ -332,6 +333,37 @@ var _ = Describe("Run", Ordered, func() {
 		}).Should(ContainSubstring("rancher-logging-crd: 0 of 1 ready, 1 unavailable: ErrApplied(1) [Cluster fleet-local/local: boom]"))
 		ok, _, _ = clusterupgrade.ManagedChartsReady(ctx, env.Client)
 		Expect(ok).To(BeFalse())
+	})
+
+	It("runs as a Job through simulators driven by the events of their informers, not by their Interval", func() {
+		informers, err := ctrlcache.New(env.Config, ctrlcache.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		cacheCtx, stop := context.WithCancel(ctx)
+		DeferCleanup(stop)
+		go func() { _ = informers.Start(cacheCtx) }()
+		Expect(informers.WaitForCacheSync(cacheCtx)).To(BeTrue())
+		// One pass each at the start; the next one without an event an hour later.
+		seed(oldRelease, func(r *sim.Rancher) { r.Cache, r.Interval = informers, time.Hour })
+		settle()
+		jobs := &sim.ClusterUpgradeJobs{Client: env.Client, Cache: informers, Interval: time.Hour}
+		jobCtx, cancel := context.WithCancel(ctx)
+		DeferCleanup(cancel)
+		jobs.Start(jobCtx)
+		in := input("")
+		in.Timeout = 0
+		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-events", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: in})
+		Expect(env.Client.Create(ctx, job)).To(Succeed())
+		Eventually(func() bool {
+			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
+			done, failed, msg := clusterupgrade.JobState(job)
+			Expect(failed).To(BeFalse(), msg)
+			return done
+		}).WithTimeout(30 * time.Second).Should(BeTrue())
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job-events"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
+		Expect(serverVersion()).To(Equal("v2.12.0"), "Rancher rolled out and wrote its version")
+		Expect(jobs.Runs()).To(Equal(1))
 	})
 
 	It("runs as the Job the builder makes, through the simulator's Job runner", func() {

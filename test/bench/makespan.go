@@ -261,11 +261,11 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 		return res, errors.New("the SUC simulator's informers did not start")
 	}
 	suc := &sim.SUC{Client: wc, Cache: informers, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
-	repository := &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
+	repository := &sim.Repository{Client: wc, Cache: informers, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
 	longhorn := &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Interval: poll}
 	repository.Start(runCtx)
-	(&sim.Rancher{Client: wc, Interval: poll}).Start(runCtx)
-	(&sim.ClusterUpgradeJobs{Client: wc, Interval: poll, MinDuration: d.clusterUpgrade}).Start(runCtx)
+	(&sim.Rancher{Client: wc, Cache: informers}).Start(runCtx)
+	(&sim.ClusterUpgradeJobs{Client: wc, Cache: informers, MinDuration: d.clusterUpgrade}).Start(runCtx)
 	var sims sync.WaitGroup
 	sims.Add(2)
 	go func() { defer sims.Done(); _ = suc.Run(runCtx) }()

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
@@ -35,8 +36,12 @@ type ClusterUpgradeJobs struct {
 	Client client.Client
 	// Namespace is where the Jobs are looked for. Default harvester-system.
 	Namespace string
-	// Interval is how often Jobs are looked at. Default 20ms.
+	// Interval is how often Jobs are looked at: without Cache, default 20ms; with it, when
+	// no event came, default 1s.
 	Interval time.Duration
+	// Cache, when set, is a started cache of the workload cluster whose Job events start
+	// the simulator's passes, as they start the Job controller. Reads still go to Client.
+	Cache ctrlcache.Cache
 	// MinDuration, when set, is the least time a successful Job's pod runs: a run of
 	// clusterupgrade.Run that succeeds sooner completes when MinDuration has passed since
 	// the pod started, as on a cluster whose Rancher and Fleet take that long (the bench
@@ -44,6 +49,7 @@ type ClusterUpgradeJobs struct {
 	// at once, and the Job's activeDeadlineSeconds still bounds the wait.
 	MinDuration time.Duration
 
+	loop    passLoop
 	mu      sync.Mutex
 	started map[types.UID]bool
 	runs    int
@@ -58,17 +64,7 @@ func (j *ClusterUpgradeJobs) Runs() int {
 
 // Start runs the Jobs until ctx ends.
 func (j *ClusterUpgradeJobs) Start(ctx context.Context) {
-	interval := orDefault(j.Interval, 20*time.Millisecond)
-	go func() {
-		for {
-			_ = j.pass(ctx)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(interval):
-			}
-		}
-	}()
+	go j.loop.run(ctx, j.Interval, j.Cache, []client.Object{&batchv1.Job{}}, func(ctx context.Context) { _ = j.pass(ctx) })
 }
 
 func (j *ClusterUpgradeJobs) pass(ctx context.Context) error {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -46,19 +47,27 @@ import (
 //   - the provisioning Cluster fleet-local/local stays ready and provisioned at its
 //     generation (fact 47: Harvester requires it; fact 41.8 waits for it).
 //
-// Time is real time; the simulator looks at the cluster every Interval.
+// Time is real time; the simulator looks at the cluster every Interval, or, with Cache, on
+// the events of the kinds above and when a delay is due (passLoop).
 type Rancher struct {
 	// Client reaches the workload cluster.
 	Client client.Client
+	// Cache, when set, is a started cache of the workload cluster whose events of
+	// ManagedCharts, ClusterRepos, Deployments, Settings and provisioning Clusters start
+	// the simulator's passes, as they start Rancher's and Fleet's controllers. Reads still
+	// go to Client.
+	Cache ctrlcache.Cache
 	// ChartDelay is how long Fleet takes to deploy a chart's new generation. Default 100ms.
 	ChartDelay time.Duration
 	// DownloadDelay is how long an index download takes. Default 50ms.
 	DownloadDelay time.Duration
 	// RolloutDelay is how long a Deployment's rollout takes. Default 50ms.
 	RolloutDelay time.Duration
-	// Interval is how often the cluster is looked at. Default 20ms.
+	// Interval is how often the cluster is looked at: without Cache, default 20ms; with
+	// it, when no event came, default 1s.
 	Interval time.Duration
 
+	loop  passLoop
 	mu    sync.Mutex
 	fails map[string]string
 	// seen is when a generation (of a chart, a Deployment) or a forceUpdate was first seen.
@@ -74,6 +83,7 @@ func (r *Rancher) FailChart(name, message string) {
 		r.fails = map[string]string{}
 	}
 	r.fails[name] = message
+	r.loop.wake()
 }
 
 // ClearChartFailure lets Fleet's next retry of the chart name succeed.
@@ -81,6 +91,7 @@ func (r *Rancher) ClearChartFailure(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.fails, name)
+	r.loop.wake()
 }
 
 func (r *Rancher) failure(name string) (string, bool) {
@@ -99,27 +110,21 @@ func (r *Rancher) due(key string, delay time.Duration) bool {
 	}
 	first, ok := r.seen[key]
 	if !ok {
-		r.seen[key] = time.Now()
-		return delay <= 0
+		first = time.Now()
+		r.seen[key] = first
 	}
-	return time.Since(first) >= delay
+	if time.Since(first) >= delay {
+		return true
+	}
+	r.loop.dueAt(first.Add(delay))
+	return false
 }
 
 // Start plays Rancher until ctx ends.
 func (r *Rancher) Start(ctx context.Context) {
-	interval := r.Interval
-	if interval == 0 {
-		interval = 20 * time.Millisecond
-	}
+	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}}
 	go func() {
-		for {
-			_ = r.pass(ctx)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(interval):
-			}
-		}
+		r.loop.run(ctx, r.Interval, r.Cache, kinds, func(ctx context.Context) { _ = r.pass(ctx) })
 	}()
 }
 

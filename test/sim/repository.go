@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -39,7 +40,15 @@ type Repository struct {
 	// FailExitCode is the downloader's exit code with FailMessage: 1 (the default) is the
 	// node program's "failed", 3 its "not done yet, run me again" (nodeprogram.ExitRetry).
 	FailExitCode int32
+	// Cache, when set, is a started cache of the workload cluster whose Deployment events
+	// start the simulator's passes, as they start the Deployment controller. Reads still
+	// go to Client.
+	Cache ctrlcache.Cache
+	// Interval is how often the Deployments are looked at: without Cache, default 20ms;
+	// with it, when no event came, default 1s.
+	Interval time.Duration
 
+	loop     passLoop
 	server   *httptest.Server
 	mu       sync.Mutex
 	requests int
@@ -84,16 +93,7 @@ func (r *Repository) Start(ctx context.Context) {
 		<-ctx.Done()
 		r.server.Close()
 	}()
-	go func() {
-		for {
-			r.pass(ctx)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
+	go r.loop.run(ctx, r.Interval, r.Cache, []client.Object{&appsv1.Deployment{}}, r.pass)
 }
 
 func (r *Repository) pass(ctx context.Context) {
@@ -107,7 +107,11 @@ func (r *Repository) pass(ctx context.Context) {
 	}
 	for i := range deps.Items {
 		dep := &deps.Items[i]
-		if dep.Status.AvailableReplicas > 0 || time.Since(r.firstSeen(dep.UID)) < delay {
+		if dep.Status.AvailableReplicas > 0 {
+			continue
+		}
+		if first := r.firstSeen(dep.UID); time.Since(first) < delay {
+			r.loop.dueAt(first.Add(delay))
 			continue
 		}
 		problem, exitCode := podProblem(dep.Spec.Template.Spec)
