@@ -12,7 +12,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
@@ -154,6 +153,28 @@ func settle() {
 		return nil
 	}).Should(Succeed())
 	time.Sleep(200 * time.Millisecond)
+}
+
+// runJob starts jobs for the spec, runs the cluster upgrade as the Job the builder makes
+// for plan, waits for it to succeed, and returns its steps' states.
+func runJob(jobs *sim.ClusterUpgradeJobs, plan string) []string {
+	GinkgoHelper()
+	jobCtx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	jobs.Start(jobCtx)
+	in := input("")
+	in.Timeout = 0
+	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: plan, Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: in})
+	Expect(env.Client.Create(ctx, job)).To(Succeed())
+	Eventually(func() bool {
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
+		done, failed, msg := clusterupgrade.JobState(job)
+		Expect(failed).To(BeFalse(), msg)
+		return done
+	}).WithTimeout(30 * time.Second).Should(BeTrue())
+	steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", plan))
+	Expect(err).NotTo(HaveOccurred())
+	return states(steps)
 }
 
 var _ = Describe("Run", Ordered, func() {
@@ -336,32 +357,14 @@ var _ = Describe("Run", Ordered, func() {
 	})
 
 	It("runs as a Job through simulators driven by the events of their informers, not by their Interval", func() {
-		informers, err := ctrlcache.New(env.Config, ctrlcache.Options{Scheme: env.Scheme})
+		informers, err := env.StartCache(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		cacheCtx, stop := context.WithCancel(ctx)
-		DeferCleanup(stop)
-		go func() { _ = informers.Start(cacheCtx) }()
-		Expect(informers.WaitForCacheSync(cacheCtx)).To(BeTrue())
+		DeferCleanup(informers.Stop)
 		// One pass each at the start; the next one without an event an hour later.
 		seed(oldRelease, func(r *sim.Rancher) { r.Cache, r.Interval = informers, time.Hour })
 		settle()
 		jobs := &sim.ClusterUpgradeJobs{Client: env.Client, Cache: informers, Interval: time.Hour}
-		jobCtx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		jobs.Start(jobCtx)
-		in := input("")
-		in.Timeout = 0
-		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-events", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: in})
-		Expect(env.Client.Create(ctx, job)).To(Succeed())
-		Eventually(func() bool {
-			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
-			done, failed, msg := clusterupgrade.JobState(job)
-			Expect(failed).To(BeFalse(), msg)
-			return done
-		}).WithTimeout(30 * time.Second).Should(BeTrue())
-		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job-events"))
-		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
+		Expect(runJob(jobs, "up-job-events")).To(Equal(want(clusterupgrade.StateDone, nil)))
 		Expect(serverVersion()).To(Equal("v2.12.0"), "Rancher rolled out and wrote its version")
 		Expect(jobs.Runs()).To(Equal(1))
 	})
@@ -370,22 +373,7 @@ var _ = Describe("Run", Ordered, func() {
 		seed(oldRelease)
 		settle()
 		jobs := &sim.ClusterUpgradeJobs{Client: env.Client}
-		jobCtx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		jobs.Start(jobCtx)
-		in := input("")
-		in.Timeout = 0
-		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: in})
-		Expect(env.Client.Create(ctx, job)).To(Succeed())
-		Eventually(func() bool {
-			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
-			done, failed, msg := clusterupgrade.JobState(job)
-			Expect(failed).To(BeFalse(), msg)
-			return done
-		}).WithTimeout(30 * time.Second).Should(BeTrue())
-		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job"))
-		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
+		Expect(runJob(jobs, "up-job")).To(Equal(want(clusterupgrade.StateDone, nil)))
 		Expect(chart(rancher.HarvesterChart).Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-job"))
 
 		// A Job with arguments the program refuses fails with its usage message.

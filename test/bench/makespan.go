@@ -251,15 +251,13 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 		}
 	}
 	defer kubelet.Close()
-	// SUC reads and reacts through informers (sim.SUC's Cache).
-	informers, err := cache.New(wl.Config, cache.Options{Scheme: wl.Scheme})
+	// The simulators read and react through informers (their Cache), as the controllers
+	// they stand for do.
+	informers, err := wl.StartCache(runCtx)
 	if err != nil {
 		return res, err
 	}
-	go func() { _ = informers.Start(runCtx) }()
-	if !informers.WaitForCacheSync(runCtx) {
-		return res, errors.New("the SUC simulator's informers did not start")
-	}
+	defer informers.Stop()
 	suc := &sim.SUC{Client: wc, Cache: informers, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
 	repository := &sim.Repository{Client: wc, Cache: informers, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
 	longhorn := &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Interval: poll}

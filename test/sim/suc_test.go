@@ -1,7 +1,6 @@
 package sim_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"k8s.io/client-go/util/retry"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
-	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -288,12 +286,9 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 
 var _ = Describe("The SUC simulator with informers", func() {
 	It("acts on Plan, Job and Node events and when a pod's work ends, not only on its Interval (fact 50)", func() {
-		informers, err := ctrlcache.New(env.Config, ctrlcache.Options{Scheme: env.Scheme})
+		informers, err := env.StartCache(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		cacheCtx, stop := context.WithCancel(ctx)
-		DeferCleanup(stop)
-		go func() { _ = informers.Start(cacheCtx) }()
-		Expect(informers.WaitForCacheSync(cacheCtx)).To(BeTrue())
+		DeferCleanup(informers.Stop)
 		// One pass at the start, before the Plan exists; the next timed one an hour later.
 		c := newCluster(2, func(s *sim.SUC) { s.Cache, s.Interval = informers, time.Hour })
 		p := c.plan("events", 1, map[string]string{"pool": c.pool})

@@ -25,6 +25,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -204,6 +205,32 @@ func (e *Environment) RestartAPIServer(downFor time.Duration) error {
 	}
 	time.Sleep(downFor)
 	return e.StartAPIServer()
+}
+
+// StartedCache is a started and synced cache of a test API server, for a simulator that
+// acts on the events of informers as the controller it stands for does.
+type StartedCache struct {
+	ctrlcache.Cache
+	cancel context.CancelFunc
+}
+
+// Stop stops the cache's informers.
+func (c *StartedCache) Stop() { c.cancel() }
+
+// StartCache starts a cache of the test API server, for every kind of its scheme, that
+// runs until Stop or the end of ctx, and returns once it synced.
+func (e *Environment) StartCache(ctx context.Context) (*StartedCache, error) {
+	cache, err := ctrlcache.New(e.Config, ctrlcache.Options{Scheme: e.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("create a cache of the test API server: %w", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { _ = cache.Start(cctx) }()
+	if !cache.WaitForCacheSync(cctx) {
+		cancel()
+		return nil, errors.New("the cache of the test API server did not start")
+	}
+	return &StartedCache{Cache: cache, cancel: cancel}, nil
 }
 
 // CRDs returns the CustomResourceDefinitions that were installed.
