@@ -21,10 +21,14 @@ const (
 
 // passLoop runs a simulator's pass over the cluster. Without a cache it polls every
 // interval, as this package's simulators do by default. With one it runs the pass when
-// an object of a kind the real controller watches changes (Rancher's and Fleet's
-// controllers are wrangler controllers, the Deployment and Job controllers informer
-// driven: none of them polls), when a delay the simulator plays out is due (the pass
-// names it with dueAt), and every resync. Event-driven passes keep the simulators
+// an object of a kind the real controller watches changes, when a delay the simulator
+// plays out is due (the pass names it with dueAt), and every resync. None of the real
+// controllers polls: Rancher's and Fleet's are wrangler controllers, whose handlers run on
+// the events of a shared informer (rancher/wrangler v3.7.0-rc.1 pkg/generic/controller.go
+// registers them on rancher/lasso v0.2.9 pkg/controller/controller.go, which adds the
+// informer's event handler), and the Deployment and Job controllers enqueue on their
+// informers' events (kubernetes v1.36.3 pkg/controller/deployment/deployment_controller.go
+// and pkg/controller/job/job_controller.go, NewController). Event-driven passes keep the simulators
 // from loading the API server with lists that find nothing to do, which on a machine of
 // two cores slows the requests of the upgrade itself.
 type passLoop struct {

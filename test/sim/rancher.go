@@ -123,9 +123,7 @@ func (r *Rancher) due(key string, delay time.Duration) bool {
 // Start plays Rancher until ctx ends.
 func (r *Rancher) Start(ctx context.Context) {
 	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}}
-	go func() {
-		r.loop.run(ctx, r.Interval, r.Cache, kinds, func(ctx context.Context) { _ = r.pass(ctx) })
-	}()
+	go r.loop.run(ctx, r.Interval, r.Cache, kinds, func(ctx context.Context) { _ = r.pass(ctx) })
 }
 
 func orDefault(d, def time.Duration) time.Duration {
