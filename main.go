@@ -19,6 +19,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
@@ -269,13 +270,17 @@ func run(opts options) error {
 	if err := nodeUpdates.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
-	nodeCaches.OnNodeChange = nodeUpdates.Wake
 	plans := &harvesteradapter.PlanReconciler{
 		Updater: harvester, Checks: harvesteradapter.DefaultClusterChecks(workloads),
 		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval, ClusterUpgradePollInterval: opts.pollInterval,
 	}
 	if err := plans.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradePlan controller: %w", err)
+	}
+	// A change of a workload Node a step or a phase may wait for wakes them at once.
+	nodeCaches.OnNodeChange = func(cluster types.NamespacedName, node string) {
+		nodeUpdates.Wake(cluster, node)
+		plans.Wake(cluster, node)
 	}
 	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)

@@ -23,9 +23,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -128,6 +130,9 @@ type PlanReconciler struct {
 	ClusterUpgradePollInterval time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+
+	// wakes carries the UpgradePlans Wake asks to reconcile now.
+	wakes chan event.TypedGenericEvent[*harvesterv1.UpgradePlan]
 }
 
 // PlanRun is what one reconcile of one UpgradePlan works with.
@@ -146,12 +151,53 @@ type PlanRun struct {
 // SetupWithManager registers the reconciler: UpgradePlans, and the NodeUpdates of their
 // clusters (the node phase follows them).
 func (r *PlanReconciler) SetupWithManager(mgr manager.Manager, options controller.Options) error {
+	r.wakes = make(chan event.TypedGenericEvent[*harvesterv1.UpgradePlan], planWakeBuffer)
 	return ctrl.ControllerManagedBy(mgr).
 		Named("upgradeplan").
 		For(&harvesterv1.UpgradePlan{}).
 		Watches(&inplacev1.NodeUpdate{}, handler.EnqueueRequestsFromMapFunc(r.plansOfNodeUpdate)).
+		WatchesRawSource(source.Channel(r.wakes, &handler.TypedEnqueueRequestForObject[*harvesterv1.UpgradePlan]{})).
 		WithOptions(options).
 		Complete(r)
+}
+
+// planWakeBuffer is how many wakes wait for the controller before more are dropped (the
+// poll finds what a dropped wake would have).
+const planWakeBuffer = 64
+
+// Wake asks for a reconcile, now, of a Cluster's UpgradePlans whose phase waits on its
+// nodes: the preflight (a node's shape, its schedulability), the preload and the image
+// cleanup (System Upgrade Controller labels each node whose Job ended). A node of the
+// cluster changed, and the plan need not wait for its next poll to see it. Wake never
+// blocks: it is called from watches (workloadcluster.NodeCaches.OnNodeChange), and a
+// wake that finds the queue full is dropped. It does nothing before SetupWithManager.
+func (r *PlanReconciler) Wake(cluster types.NamespacedName, _ string) {
+	if r.wakes == nil {
+		return
+	}
+	plans := &harvesterv1.UpgradePlanList{}
+	if err := r.Updater.Client.List(context.Background(), plans, client.InNamespace(cluster.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return
+	}
+	for i := range plans.Items {
+		p := &plans.Items[i]
+		if p.Spec.ClusterName != cluster.Name || !waitsOnNodes(p.Status.Phase) {
+			continue
+		}
+		select {
+		case r.wakes <- event.TypedGenericEvent[*harvesterv1.UpgradePlan]{Object: &harvesterv1.UpgradePlan{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}}:
+		default:
+		}
+	}
+}
+
+// waitsOnNodes tells whether a plan in phase p waits for something its nodes show.
+func waitsOnNodes(p harvesterv1.UpgradePlanPhase) bool {
+	switch p {
+	case harvesterv1.UpgradePlanInitializing, harvesterv1.UpgradePlanImagePreloading, harvesterv1.UpgradePlanImageCleaning:
+		return true
+	}
+	return false
 }
 
 // plansOfNodeUpdate maps a NodeUpdate to the UpgradePlans of its cluster.

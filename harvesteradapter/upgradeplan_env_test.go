@@ -6,15 +6,21 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
+
+// planPoll is the PollInterval of the UpgradePlan controllers startPlans starts.
+var planPoll = 50 * time.Millisecond
 
 // startPlans runs the real UpgradePlan controller on namespace ns, as the manager does,
 // with the updater's clients; it stops when the spec ends.
@@ -27,7 +33,7 @@ func startPlans(ns string, u *harvesteradapter.Updater) *harvesteradapter.PlanRe
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &harvesteradapter.PlanReconciler{Updater: u, PollInterval: 50 * time.Millisecond, ClusterUpgradePollInterval: 50 * time.Millisecond}
+	r := &harvesteradapter.PlanReconciler{Updater: u, PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -35,3 +41,29 @@ func startPlans(ns string, u *harvesteradapter.Updater) *harvesteradapter.PlanRe
 	DeferCleanup(func() { cancel(); <-done })
 	return r
 }
+
+var _ = Describe("The UpgradePlan controller's wake", func() {
+	It("looks again at once at a plan held on its nodes when one of them changed (Wake), not only at its next poll", func() {
+		planPoll = time.Hour
+		DeferCleanup(func() { planPoll = 50 * time.Millisecond })
+		c := newHarvesterCluster(2, "SLES 15 SP6", nil)
+		held := func(g Gomega) string {
+			plan := &harvesterv1.UpgradePlan{}
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
+			return string(plan.Status.Phase) + ": " + plan.Status.Message
+		}
+		Eventually(held, 10*time.Second).Should(HavePrefix("Initializing: node " + c.nodes[0] + ": the node's OS image \"SLES 15 SP6\" is not a Harvester OS image"))
+
+		for _, n := range c.nodes {
+			Expect(c.kubelet.SetVersion(ctx, n, "", "Harvester v1.5.0")).To(Succeed())
+		}
+		cluster := types.NamespacedName{Namespace: c.ns, Name: c.name}
+		c.plans.Wake(types.NamespacedName{Namespace: c.ns, Name: "another-cluster"}, c.nodes[0])
+		c.plans.Wake(types.NamespacedName{Namespace: "another-namespace", Name: c.name}, c.nodes[0])
+		Consistently(held, 500*time.Millisecond).Should(HavePrefix("Initializing: node "+c.nodes[0]+":"),
+			"the plan is looked at before its poll for a change of another cluster's node")
+
+		c.plans.Wake(cluster, c.nodes[1])
+		Eventually(held, 5*time.Second).ShouldNot(HavePrefix("Initializing"))
+	})
+})

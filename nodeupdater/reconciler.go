@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -68,8 +70,9 @@ type Reconciler struct {
 	// manager's client when nil.
 	Client client.Client
 	// APIReader reads what must not come from a possibly stale cache: the NodeUpdate
-	// itself before the updater acts on it, CRDs and external updater configurations.
-	// The manager's API reader when nil.
+	// itself before the updater acts on it when Client's copy is not the one this
+	// reconciler last wrote, CRDs and external updater configurations. The manager's API
+	// reader when nil.
 	APIReader client.Reader
 	// Registry holds the updaters the manager runs. Required.
 	Registry *Registry
@@ -96,6 +99,9 @@ type Reconciler struct {
 
 	// wakes carries the NodeUpdates Wake asks to reconcile now.
 	wakes chan event.TypedGenericEvent[*inplacev1.NodeUpdate]
+	// written is, per NodeUpdate (types.NamespacedName), the resourceVersion of this
+	// reconciler's last write of it (read).
+	written sync.Map
 }
 
 // scope is what one reconcile of a NodeUpdate read and decided.
@@ -196,12 +202,40 @@ func (r *Reconciler) setDefaults() {
 	}
 }
 
-// Reconcile advances one NodeUpdate. It reads the NodeUpdate from the API server rather
-// than the cache, so that the updater never acts on a status older than the last one
-// written; the status is computed and patched once, at the end.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+// read returns the NodeUpdate as it is at least since this reconciler's last write of
+// it, so that the updater never acts on a status older than the last one written: from
+// Client (the manager's cache) when that holds the very version last written here,
+// else from the API server. A step that waits long is looked at every poll; once the
+// cache has caught up with the reconciler's own write, those looks cost the API server
+// nothing. A copy changed by another writer since (an abort, a deletion, an external
+// updater's status) is read from the API server too.
+func (r *Reconciler) read(ctx context.Context, key types.NamespacedName) (*inplacev1.NodeUpdate, error) {
+	if last, ok := r.written.Load(key); ok {
+		cached := &inplacev1.NodeUpdate{}
+		if err := r.Client.Get(ctx, key, cached); err == nil && cached.ResourceVersion == last {
+			return cached, nil
+		}
+	}
 	nu := &inplacev1.NodeUpdate{}
-	if err := r.APIReader.Get(ctx, req.NamespacedName, nu); err != nil {
+	if err := r.APIReader.Get(ctx, key, nu); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.written.Delete(key)
+		}
+		return nil, err
+	}
+	return nu, nil
+}
+
+// wrote records the version of a NodeUpdate this reconciler has just written.
+func (r *Reconciler) wrote(nu *inplacev1.NodeUpdate) {
+	r.written.Store(client.ObjectKeyFromObject(nu), nu.ResourceVersion)
+}
+
+// Reconcile advances one NodeUpdate, read as read says; the status is computed and
+// patched once, at the end.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	nu, err := r.read(ctx, req.NamespacedName)
+	if err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("nodeUpdate", klog.KObj(nu), "node", nu.Spec.NodeName,
@@ -220,6 +254,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		if err := r.Client.Patch(ctx, nu, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer to NodeUpdate %s: %w", klog.KObj(nu), err)
 		}
+		r.wrote(nu)
 	}
 	if nu.Status.Phase.IsFinal() {
 		r.updateGauges(ctx)
@@ -593,6 +628,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nu *inplacev1.NodeUpda
 	if err := r.Client.Patch(ctx, nu, patch); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("remove finalizer from NodeUpdate %s: %w", klog.KObj(nu), err)
 	}
+	r.written.Delete(client.ObjectKeyFromObject(nu))
 	return ctrl.Result{}, nil
 }
 

@@ -136,6 +136,44 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		Expect(u.count("poll", "Upgrade")).To(Equal(1))
 	})
 
+	It("looks at a waiting step without asking the API server for the NodeUpdate once its client holds the last write", func() {
+		api := &nodeUpdateGets{Reader: k8s}
+		r.Client, r.APIReader = k8s, api
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+
+		polls, reads := u.count("poll", "Prepare"), api.count()
+		Eventually(func() int { return u.count("poll", "Prepare") - polls }, wait).Should(BeNumerically(">=", 10))
+		Expect(api.count()-reads).To(BeZero(), "the NodeUpdate is read from the API server while the client holds the reconciler's last write")
+
+		u.openGate("Prepare")
+		u.openGate("Upgrade")
+		u.openGate("Finish")
+		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		for _, step := range u.steps {
+			Expect(u.count("run", step)).To(Equal(1), "step %s ran once", step)
+		}
+	})
+
+	It("reads the NodeUpdate from the API server while its client holds an older copy than the last write", func() {
+		api := &nodeUpdateGets{Reader: k8s}
+		r.Client, r.APIReader = &staleNodeUpdates{Client: k8s}, api
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+		u.openGate("Prepare")
+		u.openGate("Upgrade")
+		u.openGate("Finish")
+		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		for _, step := range u.steps {
+			Expect(u.count("run", step)).To(Equal(1), "step %s ran once: the updater never saw it Pending again", step)
+		}
+		Expect(api.count()).To(BeNumerically(">=", len(u.steps)), "every reconcile after a write read the API server")
+	})
+
 	It("retries a retryable error with a growing backoff, counting the attempts", func() {
 		r.RetryBaseDelay = 200 * time.Millisecond
 		r.RetryMaxDelay = 2 * time.Second

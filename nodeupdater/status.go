@@ -153,6 +153,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	if err := r.Client.Status().Patch(ctx, s.nu, patch); err != nil {
 		return fmt.Errorf("patch status of NodeUpdate %s: %w", klog.KObj(s.nu), err)
 	}
+	r.wrote(s.nu)
 	r.recordTransitions(ctx, s.before, s.nu)
 	return nil
 }

@@ -453,3 +453,54 @@ func poke(nu *inplacev1.NodeUpdate) {
 		return k8s.Update(ctx, got)
 	}, 10*time.Second).Should(Succeed())
 }
+
+// nodeUpdateGets is a reader that counts its Gets of NodeUpdates.
+type nodeUpdateGets struct {
+	client.Reader
+	mu   sync.Mutex
+	gets int
+}
+
+func (r *nodeUpdateGets) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*inplacev1.NodeUpdate); ok {
+		r.mu.Lock()
+		r.gets++
+		r.mu.Unlock()
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *nodeUpdateGets) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.gets
+}
+
+// staleNodeUpdates is a client whose Gets of a NodeUpdate answer the first copy they
+// read, as a cache that never catches up would; everything else goes through.
+type staleNodeUpdates struct {
+	client.Client
+	mu    sync.Mutex
+	first map[client.ObjectKey]*inplacev1.NodeUpdate
+}
+
+func (c *staleNodeUpdates) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	nu, ok := obj.(*inplacev1.NodeUpdate)
+	if !ok {
+		return c.Client.Get(ctx, key, obj, opts...)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.first[key]; ok {
+		old.DeepCopyInto(nu)
+		return nil
+	}
+	if err := c.Client.Get(ctx, key, nu, opts...); err != nil {
+		return err
+	}
+	if c.first == nil {
+		c.first = map[client.ObjectKey]*inplacev1.NodeUpdate{}
+	}
+	c.first[key] = nu.DeepCopy()
+	return nil
+}

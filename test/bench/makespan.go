@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
@@ -469,12 +470,16 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 	if err := nodeUpdates.SetupWithManager(mgr, opts); err != nil {
 		return nil, err
 	}
-	nodeCaches.OnNodeChange = nodeUpdates.Wake
 	plans := &harvesteradapter.PlanReconciler{
 		Updater: harvester, Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: poll, ClusterUpgradePollInterval: poll,
 	}
 	if err := plans.SetupWithManager(mgr, opts); err != nil {
 		return nil, err
+	}
+	// A change of a workload Node a step or a phase may wait for wakes them at once.
+	nodeCaches.OnNodeChange = func(cluster types.NamespacedName, node string) {
+		nodeUpdates.Wake(cluster, node)
+		plans.Wake(cluster, node)
 	}
 	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches, PollInterval: poll}).SetupWithManager(ctx, mgr, opts); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
@@ -144,42 +145,55 @@ func (l *Longhorn) Run(ctx context.Context) {
 		interval = 20 * time.Millisecond
 	}
 	for {
-		l.pass(ctx)
+		wait := interval
+		if !l.pass(ctx) {
+			wait = max(interval, unservedRecheck)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(interval):
+		case <-time.After(wait):
 		}
 	}
 }
 
-func (l *Longhorn) pass(ctx context.Context) {
+// unservedRecheck is how long the simulator waits to look again for the live-upgrade
+// kinds when the cluster does not serve them (fact 35): a Longhorn without them does
+// no live upgrade, and each look at a kind the client's REST mapper does not know asks
+// the API server's discovery again (about 40 requests a second at a 20ms interval).
+const unservedRecheck = time.Second
+
+// pass does what Longhorn's controllers would do now. It reports false when the cluster
+// does not serve the live-upgrade kinds.
+func (l *Longhorn) pass(ctx context.Context) bool {
 	imus := &longhornlive.InstanceManagerUpgradeList{}
 	if err := l.Client.List(ctx, imus, client.InNamespace(l.Namespace)); err != nil {
-		return // not a Longhorn with the live upgrade (fact 35), or not yet
+		// Not a Longhorn with the live upgrade (fact 35), or not yet.
+		return !meta.IsNoMatchError(err)
 	}
 	l.watchNodes(ctx, imus.Items)
 	allowed, err := l.automaticUpgradeAllowed(ctx)
 	if err != nil {
-		return
+		return true
 	}
 	offTarget, err := l.offTargetNodes(ctx)
 	if err != nil {
-		return
+		return true
 	}
 	control, err := l.syncControl(ctx, allowed, offTarget)
 	if err != nil || control == nil {
-		return
+		return true
 	}
 	if control.Status.CurrentNode != "" {
 		// The node in progress goes on whatever the setting says: turning it off lets
 		// the current node finish (facts 12, 36a).
 		l.advance(ctx, control)
-		return
+		return true
 	}
 	if allowed {
 		l.startNext(ctx, control)
 	}
+	return true
 }
 
 // watchNodes records any node of Longhorn (one with a Longhorn Node) cordoned or not
