@@ -100,6 +100,11 @@ func TestSmoke(t *testing.T) {
 		if want := map[bool]int{false: m.nodes, true: 0}[m.perNodePreload]; m.clusterPreloads != want {
 			t.Errorf("makespan of %d nodes (per-node preload %v): the plan's preload Plan ran %d times, want %d", m.nodes, m.perNodePreload, m.clusterPreloads, want)
 		}
+		// Every node ran its drain, RKE2 and OS Plans (and its preload, when it preloads in
+		// its turn), each with SUC's chain around its work.
+		if want := m.nodes * map[bool]int{false: 3, true: 4}[m.perNodePreload]; m.sucChains != want || m.sucChain <= 0 {
+			t.Errorf("makespan of %d nodes (per-node preload %v): %d SUC chains of the nodes' Plans (%s), want %d", m.nodes, m.perNodePreload, m.sucChains, m.sucChain, want)
+		}
 		if _, ok := m.steps[harvesteradapter.StepImagePreload]; ok != m.perNodePreload {
 			t.Errorf("makespan of %d nodes (per-node preload %v): the nodes' ImagePreload step seen %v", m.nodes, m.perNodePreload, ok)
 		}

@@ -133,9 +133,23 @@ type makespanResult struct {
 	// clusterPreloads counts the runs of the UpgradePlan's preload Plan (one per node
 	// when the plan preloads, none when each node preloads in its turn).
 	clusterPreloads int
+	// sucChain is the total of System Upgrade Controller's chains around the work of the
+	// nodes' own Plans (sim.PlanRun: from the Plan seen to the pod started, from the
+	// Job's completion to the node's label), which lie on the critical path one after
+	// the other; sucChains counts them.
+	sucChain  time.Duration
+	sucChains int
 }
 
 func (r makespanResult) ratio() float64 { return ratioOf(r.makespan, r.bound) }
+
+// sucChainMean is the mean of the nodes' SUC chains; 0 when none was seen.
+func (r makespanResult) sucChainMean() time.Duration {
+	if r.sucChains == 0 {
+		return 0
+	}
+	return r.sucChain / time.Duration(r.sucChains)
+}
 
 // phaseTime is how long the plan was seen in phase p; 0 when not seen.
 func (r makespanResult) phaseTime(p harvesterv1.UpgradePlanPhase) time.Duration {
@@ -187,7 +201,8 @@ func runMakespanBench(ctx context.Context, b *bench) ([]makespanResult, error) {
 			if perNode {
 				how = "per-node preload   "
 			}
-			b.printf("  %2d nodes, %s: makespan %s, bound %s, ratio %.3f\n", n, how, secs(r.makespan), secs(r.bound), r.ratio())
+			b.printf("  %2d nodes, %s: makespan %s, bound %s, ratio %.3f; System Upgrade Controller's chains around the nodes' Plans %s (%d, %s ms each)\n",
+				n, how, secs(r.makespan), secs(r.bound), r.ratio(), secs(r.sucChain), r.sucChains, ms(r.sucChainMean()))
 			var phases []string
 			for _, ph := range r.phases {
 				phases = append(phases, fmt.Sprintf("%s %.2f", ph.phase, ph.at.Seconds()))
@@ -697,6 +712,12 @@ func (o *makespanObserver) fill(r *makespanResult, t0 time.Time, runs []sim.Plan
 		r.steps[step] = sum / time.Duration(counts[step])
 	}
 	for _, run := range runs {
-		r.trace = append(r.trace, fmt.Sprintf("SUC run %s on %s: %.3f to %.3f", run.Plan, run.Node, rel(run.Start).Seconds(), rel(run.End).Seconds()))
+		r.trace = append(r.trace, fmt.Sprintf("SUC run %s on %s: Plan seen %.3f, pod %.3f to %.3f, node labelled %.3f",
+			run.Plan, run.Node, rel(run.PlanSeen).Seconds(), rel(run.Start).Seconds(), rel(run.End).Seconds(), rel(run.Labelled).Seconds()))
+		// A node's own Plan is named after its node; the plan's cluster-wide ones are not.
+		if strings.Contains(run.Plan, run.Node) && !run.PlanSeen.IsZero() && !run.Labelled.IsZero() {
+			r.sucChain += run.Start.Sub(run.PlanSeen) + run.Labelled.Sub(run.End)
+			r.sucChains++
+		}
 	}
 }

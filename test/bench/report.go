@@ -574,7 +574,8 @@ func (r *report) renderMakespan(w io.Writer, full bool) {
 		p("the simulated kubelets serve no disk statistics); the Harvester cluster is a workload test API server of its own per run, reached through ")
 		p("the Cluster's kubeconfig Secret, with the simulators of `test/sim`, each acting on the events of informers of the kinds its real ")
 		p("controller watches and when a delay it plays is due, as those controllers do (none of them polls; a pass every second without an ")
-		p("event is the safety net), except Longhorn's, which looks every %s: System Upgrade Controller (`Work` per Plan kind: ", r.cfg.makespanPoll)
+		p("event is the safety net), except Longhorn's, which looks every %s (once a second while the cluster does not serve the kinds of ", r.cfg.makespanPoll)
+		p("its live upgrade, as here): System Upgrade Controller (`Work` per Plan kind: ")
 		p("preload, drain, rke2, os, image-cleanup; it reads Plans, Nodes, Secrets and its Jobs from informers and acts at once on every Plan, ")
 		p("Job and Node event and when a pod's work ends, as SUC's informer-driven handlers do, shared/facts/suc.md fact 50; each node's ")
 		p("pods run on their own, as each node's kubelet runs them), the upgrade repository (`Delay` = ISO download + repository + metadata: its server answers ")
@@ -628,8 +629,13 @@ func (r *report) renderMakespan(w io.Writer, full bool) {
 	p("plan's NodeUpgrading for the first) to its success; the hand-off from one node's success to the next NodeUpdate. A phase's ")
 	p("bounds are when the bench saw the plan's status change, which the controller writes at the end of a reconcile that may already have ")
 	p("started the next phase's work (and retries after a write conflict), so a phase can show a little less than its work; the makespan ")
-	p("does not depend on that.\n\n")
-	p("| nodes | preload | setup | preload | cluster upgrade | nodes | cleanup | node mean | hand-off mean |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("does not depend on that. The nodes' SUC chains are what the simulated System Upgrade Controller takes around the work of each ")
+	p("of the nodes' own Plans (drain, RKE2, OS; sim.PlanRun): from when it first saw the Plan to its pod's start (a Job created paused, ")
+	p("the Plan's applying status, the Job resumed, the pod: shared/facts/suc.md fact 28) and from the Job's completion to the node's ")
+	p("label (fact 46); they lie on the critical path one after the other and are part of the nodes' time over their work. What the rest ")
+	p("of that time is made of: capi-inplace's hand-overs (the wake, a reconcile, its requests) and the requests' latency on these ")
+	p("two cores.\n\n")
+	p("| nodes | preload | setup | preload | cluster upgrade | nodes | cleanup | node mean | hand-off mean | nodes' SUC chains |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range r.makespan {
 		how := "cluster-wide"
 		nodeWork := time.Duration(m.nodes) * d.node()
@@ -648,9 +654,9 @@ func (r *report) renderMakespan(w io.Writer, full bool) {
 		if m.perNodePreload {
 			perNodeWork += d.preload
 		}
-		p("| %d | %s | %s | %s | %s | %s | %s | %s | %s ms |\n", m.nodes, how, over(setup, d.setup), over(m.phaseTime(harvesterv1.UpgradePlanImagePreloading), preload),
+		p("| %d | %s | %s | %s | %s | %s | %s | %s | %s ms | %s (%d, %s ms each) |\n", m.nodes, how, over(setup, d.setup), over(m.phaseTime(harvesterv1.UpgradePlanImagePreloading), preload),
 			over(m.phaseTime(harvesterv1.UpgradePlanClusterUpgrading), d.clusterUpgrade), over(m.phaseTime(harvesterv1.UpgradePlanNodeUpgrading), nodeWork),
-			over(cleanup, d.cleanup), over(nodeMean, perNodeWork), ms(handoffMean))
+			over(cleanup, d.cleanup), over(nodeMean, perNodeWork), ms(handoffMean), secs(m.sucChain), m.sucChains, ms(m.sucChainMean()))
 	}
 	p("\n")
 	p("A node's steps, mean over the nodes of each run (from when the bench first saw the step as the NodeUpdate's current step to the next one; ")

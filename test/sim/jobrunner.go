@@ -274,7 +274,10 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 	}); err != nil {
 		return err
 	}
-	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Images: images, Start: now})
+	s.mu.Lock()
+	seen := s.planSeen[plan.UID]
+	s.mu.Unlock()
+	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Images: images, PlanSeen: seen, Start: now})
 	if run.pullError != "" {
 		s.Record.noteRun(run.record, run.pullError)
 	}

@@ -21,8 +21,17 @@ type PlanRun struct {
 	Version string
 	// Images are the images of the run's pod, init containers first.
 	Images []string
-	Start  time.Time
-	End    time.Time
+	// PlanSeen is when the simulator first synced the run's Plan: with Start and
+	// Labelled, what System Upgrade Controller's chain around the pod's work took (facts
+	// 28 and 46): from the Plan to the pod started (a Job created paused, the Plan's
+	// applying status, the Job resumed, the pod), and from the Job's completion to the
+	// node's label.
+	PlanSeen time.Time
+	Start    time.Time
+	End      time.Time
+	// Labelled is when the simulator labelled the node with the run's hash after its Job
+	// completed (fact 46); zero until then.
+	Labelled time.Time
 	// Failed is true when the run's Job failed; Message is its reason, or what holds a
 	// run that has not ended (an image that cannot be pulled).
 	Failed  bool
@@ -83,6 +92,14 @@ func (r *Record) endRun(i int, end time.Time, failed bool, message string, inter
 	r.runs[i].End, r.runs[i].Failed, r.runs[i].Interrupted = end, failed, interrupted
 	if message != "" {
 		r.runs[i].Message = message
+	}
+}
+
+func (r *Record) labelledRun(i int, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.runs[i].Labelled.IsZero() {
+		r.runs[i].Labelled = at
 	}
 }
 

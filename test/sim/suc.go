@@ -107,6 +107,8 @@ type SUC struct {
 	jobRequeue map[types.UID]time.Time
 	// running is what the pod of each started Job is doing (jobrunner.go).
 	running map[types.UID]*podRun
+	// planSeen is when the simulator first synced each Plan (by UID).
+	planSeen map[types.UID]time.Time
 }
 
 // DefaultKubeletVersion is the Plan's version when its upgrade image is an rke2-upgrade
@@ -301,6 +303,7 @@ func (s *SUC) pass(ctx context.Context) error {
 	s.mu.Lock()
 	if s.appliedRV == nil {
 		s.appliedRV, s.jobSeen, s.jobRequeue, s.running = map[types.UID]string{}, map[types.UID]string{}, map[types.UID]time.Time{}, map[types.UID]*podRun{}
+		s.planSeen = map[types.UID]time.Time{}
 	}
 	s.mu.Unlock()
 	// Fact 1: only this namespace.
@@ -345,6 +348,11 @@ func (s *SUC) pass(ctx context.Context) error {
 // status; plan then carries the written object.
 func (s *SUC) syncPlan(ctx context.Context, plan *sucv1.Plan, nodes []corev1.Node) (bool, error) {
 	now := s.clock().Now()
+	s.mu.Lock()
+	if _, ok := s.planSeen[plan.UID]; !ok {
+		s.planSeen[plan.UID] = now
+	}
+	s.mu.Unlock()
 	st := plan.Status.DeepCopy()
 	ensureCondition(st, "Complete", now)
 
@@ -697,6 +705,12 @@ func (s *SUC) handleJob(ctx context.Context, job *batchv1.Job, now time.Time) er
 			}
 			if err := s.Client.Update(ctx, node); err != nil {
 				return err
+			}
+			s.mu.Lock()
+			run := s.running[job.UID]
+			s.mu.Unlock()
+			if run != nil && node.Labels[hashLabel] == hash {
+				s.Record.labelledRun(run.record, now)
 			}
 			if uncordon {
 				s.Record.uncordonedBySUC(node.Name, plan.Name, now)

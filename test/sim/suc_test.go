@@ -298,8 +298,13 @@ var _ = Describe("The SUC simulator with informers", func() {
 		for _, r := range runs {
 			Expect(r.Failed).To(BeFalse(), "run %+v", r)
 			Expect(r.End.Sub(r.Start)).To(BeNumerically(">=", 150*time.Millisecond), "the work took its JobDuration")
+			Expect(r.PlanSeen).NotTo(BeZero(), "run %+v", r)
+			Expect(r.Start.Before(r.PlanSeen)).To(BeFalse(), "the pod started after SUC saw its Plan: run %+v", r)
+			Expect(r.Labelled.Before(r.End)).To(BeFalse(), "the node was labelled once the Job completed: run %+v", r)
+			Expect(nodeLabel(r.Node, sim.NodePlanPrefix+"events")).To(Equal(latestHash(p)))
 		}
 		Expect(runs[1].Start.Before(runs[0].End)).To(BeFalse(), "concurrency 1: one node at a time")
+		Expect(runs[1].Start.Before(runs[0].Labelled)).To(BeFalse(), "the next node starts once SUC saw the first labelled")
 	})
 })
 
