@@ -319,7 +319,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	}
 	if n > makespanManagement {
 		// As the annotation cascade does: the workers once the control plane is done.
-		if err := waitMakespanTask(ctx, mc, ns, "cp", t0.Add(timeout), poll); err != nil {
+		if err := waitMakespanTask(ctx, b.watchClient, ns, "cp", t0.Add(timeout)); err != nil {
 			return res, err
 		}
 		if err := createMakespanTask(ctx, mc, ns, "workers", nil, &inplacev1.MachineDeploymentReference{Name: "workers"}); err != nil {
@@ -520,24 +520,32 @@ func createMakespanTask(ctx context.Context, c client.Client, ns, name string, c
 	return nil
 }
 
-// waitMakespanTask polls the task every poll until it completed; it fails when the task
-// failed or deadline passed.
-func waitMakespanTask(ctx context.Context, c client.Client, ns, name string, deadline time.Time, poll time.Duration) error {
-	for time.Now().Before(deadline) {
-		task := &inplacev1.UpgradeTask{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, task); err != nil {
+// waitMakespanTask waits on a watch of the task, as the annotation cascade acts on the
+// task's events, until it completed; it fails when the task failed or the deadline passed.
+func waitMakespanTask(ctx context.Context, c client.WithWatch, ns, name string, deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for ctx.Err() == nil {
+		// A watch from no resourceVersion starts with the task as it is.
+		w, err := c.Watch(ctx, &inplacev1.UpgradeTaskList{}, client.InNamespace(ns), client.MatchingFields{"metadata.name": name})
+		if err != nil {
 			return err
 		}
-		switch task.Status.Phase {
-		case inplacev1.TaskPhaseCompleted:
-			return nil
-		case inplacev1.TaskPhaseFailed:
-			return fmt.Errorf("UpgradeTask %s failed: %+v", name, task.Status.Machines)
+		for ev := range w.ResultChan() {
+			task, ok := ev.Object.(*inplacev1.UpgradeTask)
+			if !ok {
+				continue
+			}
+			switch task.Status.Phase {
+			case inplacev1.TaskPhaseCompleted:
+				w.Stop()
+				return nil
+			case inplacev1.TaskPhaseFailed:
+				w.Stop()
+				return fmt.Errorf("UpgradeTask %s failed: %+v", name, task.Status.Machines)
+			}
 		}
-		sleep(ctx, poll)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+		w.Stop() // the watch ended (a timeout of the API server): watch again
 	}
 	return fmt.Errorf("UpgradeTask %s did not complete in time", name)
 }
