@@ -205,7 +205,7 @@ func (r *Reconciler) setDefaults() {
 // read returns the NodeUpdate as it is at least since this reconciler's last write of
 // it, so that the updater never acts on a status older than the last one written: from
 // Client (the manager's cache) when that holds the very version last written here,
-// else from the API server. A step that waits long is looked at every poll; once the
+// else (and after a write that failed) from the API server. A step that waits long is looked at every poll; once the
 // cache has caught up with the reconciler's own write, those looks cost the API server
 // nothing. A copy changed by another writer since (an abort, a deletion, an external
 // updater's status) is read from the API server too.
@@ -231,6 +231,15 @@ func (r *Reconciler) wrote(nu *inplacev1.NodeUpdate) {
 	r.written.Store(client.ObjectKeyFromObject(nu), nu.ResourceVersion)
 }
 
+// writeFailed forgets the version last written of a NodeUpdate whose write just failed:
+// the write may have landed all the same (an answer lost with its connection) while the
+// cache, its watch broken, still holds the version before it. Until a write succeeds
+// again the NodeUpdate is read from the API server; while that is down, the reconcile
+// then ends at its read, before the updater is called.
+func (r *Reconciler) writeFailed(nu *inplacev1.NodeUpdate) {
+	r.written.Delete(client.ObjectKeyFromObject(nu))
+}
+
 // Reconcile advances one NodeUpdate, read as read says; the status is computed and
 // patched once, at the end.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
@@ -252,6 +261,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		patch := client.MergeFromWithOptions(nu.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(nu, inplacev1.NodeUpdateFinalizer)
 		if err := r.Client.Patch(ctx, nu, patch); err != nil {
+			r.writeFailed(nu)
 			return ctrl.Result{}, fmt.Errorf("add finalizer to NodeUpdate %s: %w", klog.KObj(nu), err)
 		}
 		r.wrote(nu)
@@ -626,6 +636,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nu *inplacev1.NodeUpda
 	patch := client.MergeFromWithOptions(nu.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(nu, inplacev1.NodeUpdateFinalizer)
 	if err := r.Client.Patch(ctx, nu, patch); err != nil && !apierrors.IsNotFound(err) {
+		r.writeFailed(nu)
 		return ctrl.Result{}, fmt.Errorf("remove finalizer from NodeUpdate %s: %w", klog.KObj(nu), err)
 	}
 	r.written.Delete(client.ObjectKeyFromObject(nu))

@@ -157,6 +157,25 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		}
 	})
 
+	It("reads the NodeUpdate from the API server after a status write failed, which may have landed all the same", func() {
+		failing := &failingStatusWrites{Client: k8s}
+		r.Client = failing
+		// The first status write, the one that starts Prepare, lands and its answer is lost.
+		failing.failNext.Store(true)
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+		Expect(failing.failNext.Load()).To(BeFalse(), "the write was made")
+		u.openGate("Prepare")
+		u.openGate("Upgrade")
+		u.openGate("Finish")
+		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		for _, step := range u.steps {
+			Expect(u.count("run", step)).To(Equal(1), "step %s ran once: the reconcile after the lost answer did not see it Pending", step)
+		}
+	})
+
 	It("reads the NodeUpdate from the API server while its client holds an older copy than the last write", func() {
 		api := &nodeUpdateGets{Reader: k8s}
 		r.Client, r.APIReader = &staleNodeUpdates{Client: k8s}, api

@@ -3,6 +3,7 @@ package nodeupdater_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -503,4 +504,57 @@ func (c *staleNodeUpdates) Get(ctx context.Context, key client.ObjectKey, obj cl
 	}
 	c.first[key] = nu.DeepCopy()
 	return nil
+}
+
+// failingStatusWrites is a client whose next status write, once failNext is set, lands
+// on the API server and then answers an error, as a write whose answer was lost with its
+// connection; from then on its Gets of that NodeUpdate answer the copy from before the
+// write, as a cache whose watch broke with the connection.
+type failingStatusWrites struct {
+	client.Client
+	failNext atomic.Bool
+	mu       sync.Mutex
+	stale    map[client.ObjectKey]*inplacev1.NodeUpdate
+}
+
+func (c *failingStatusWrites) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if nu, ok := obj.(*inplacev1.NodeUpdate); ok {
+		c.mu.Lock()
+		old := c.stale[key]
+		c.mu.Unlock()
+		if old != nil {
+			old.DeepCopyInto(nu)
+			return nil
+		}
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c *failingStatusWrites) Status() client.SubResourceWriter {
+	return &lostAnswers{SubResourceWriter: c.Client.Status(), c: c}
+}
+
+type lostAnswers struct {
+	client.SubResourceWriter
+	c *failingStatusWrites
+}
+
+func (w *lostAnswers) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if !w.c.failNext.CompareAndSwap(true, false) {
+		return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	}
+	before := &inplacev1.NodeUpdate{}
+	if err := w.c.Client.Get(ctx, client.ObjectKeyFromObject(obj), before); err != nil {
+		return err
+	}
+	if err := w.SubResourceWriter.Patch(ctx, obj, patch, opts...); err != nil {
+		return err
+	}
+	w.c.mu.Lock()
+	if w.c.stale == nil {
+		w.c.stale = map[client.ObjectKey]*inplacev1.NodeUpdate{}
+	}
+	w.c.stale[client.ObjectKeyFromObject(obj)] = before
+	w.c.mu.Unlock()
+	return errors.New("the answer to the status write was lost")
 }
