@@ -140,21 +140,13 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		api := &nodeUpdateGets{Reader: k8s}
 		r.Client, r.APIReader = k8s, api
 		startManager(ns, r)
-		nu := newNodeUpdate(ns, configRef)
-		Expect(k8s.Create(ctx, nu)).To(Succeed())
-		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+		nu := startedNodeUpdate(ns)
 
 		polls, reads := u.count("poll", "Prepare"), api.count()
 		Eventually(func() int { return u.count("poll", "Prepare") - polls }, wait).Should(BeNumerically(">=", 10))
 		Expect(api.count()-reads).To(BeZero(), "the NodeUpdate is read from the API server while the client holds the reconciler's last write")
 
-		u.openGate("Prepare")
-		u.openGate("Upgrade")
-		u.openGate("Finish")
-		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
-		for _, step := range u.steps {
-			Expect(u.count("run", step)).To(Equal(1), "step %s ran once", step)
-		}
+		finishOnce(u, nu, "")
 	})
 
 	It("reads the NodeUpdate from the API server after a status write failed, which may have landed all the same", func() {
@@ -163,33 +155,17 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		// The first status write, the one that starts Prepare, lands and its answer is lost.
 		failing.failNext.Store(true)
 		startManager(ns, r)
-		nu := newNodeUpdate(ns, configRef)
-		Expect(k8s.Create(ctx, nu)).To(Succeed())
-		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+		nu := startedNodeUpdate(ns)
 		Expect(failing.failNext.Load()).To(BeFalse(), "the write was made")
-		u.openGate("Prepare")
-		u.openGate("Upgrade")
-		u.openGate("Finish")
-		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
-		for _, step := range u.steps {
-			Expect(u.count("run", step)).To(Equal(1), "step %s ran once: the reconcile after the lost answer did not see it Pending", step)
-		}
+		finishOnce(u, nu, ": the reconcile after the lost answer did not see it Pending")
 	})
 
 	It("reads the NodeUpdate from the API server while its client holds an older copy than the last write", func() {
 		api := &nodeUpdateGets{Reader: k8s}
 		r.Client, r.APIReader = &staleNodeUpdates{Client: k8s}, api
 		startManager(ns, r)
-		nu := newNodeUpdate(ns, configRef)
-		Expect(k8s.Create(ctx, nu)).To(Succeed())
-		Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
-		u.openGate("Prepare")
-		u.openGate("Upgrade")
-		u.openGate("Finish")
-		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
-		for _, step := range u.steps {
-			Expect(u.count("run", step)).To(Equal(1), "step %s ran once: the updater never saw it Pending again", step)
-		}
+		nu := startedNodeUpdate(ns)
+		finishOnce(u, nu, ": the updater never saw it Pending again")
 		Expect(api.count()).To(BeNumerically(">=", len(u.steps)), "every reconcile after a write read the API server")
 	})
 
@@ -805,3 +781,26 @@ var _ = Describe("NodeUpdate reconciler across a restart of the manager", func()
 		Expect(u.count("run", "Upgrade")).To(Equal(1))
 	})
 })
+
+// startedNodeUpdate creates a NodeUpdate of the test updater in ns and waits until its
+// first step runs.
+func startedNodeUpdate(ns string) *inplacev1.NodeUpdate {
+	GinkgoHelper()
+	nu := newNodeUpdate(ns, configRef)
+	Expect(k8s.Create(ctx, nu)).To(Succeed())
+	Eventually(stepStates(nu), wait).Should(Equal([]string{"Prepare=Running", "Upgrade=Pending", "Finish=Pending"}))
+	return nu
+}
+
+// finishOnce opens every step of u, waits for nu to succeed and checks that each step's
+// one-time work ran once; why says what that shows.
+func finishOnce(u *scriptedUpdater, nu *inplacev1.NodeUpdate, why string) {
+	GinkgoHelper()
+	for _, step := range u.steps {
+		u.openGate(step)
+	}
+	Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+	for _, step := range u.steps {
+		Expect(u.count("run", step)).To(Equal(1), "step %s ran once%s", step, why)
+	}
+}
