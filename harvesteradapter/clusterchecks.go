@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 )
 
 // Names of the cluster preflight checks: Harvester's upgrade preflight (the
@@ -364,7 +366,7 @@ func apiServerAddress(cfg *rest.Config) (addr, serverName string, err error) {
 // unless AnnotationSkipDetachedSingleReplicaVolumes accepts it. A cluster without
 // Longhorn passes.
 func checkSingleReplicaVolumes(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
-	served, err := kindServed(in.Workload, schema.GroupKind{Group: longhornv1.SchemeGroupVersion.Group, Kind: "Volume"}, longhornv1.SchemeGroupVersion.Version)
+	served, err := kube.KindServed(in.Workload, schema.GroupKind{Group: longhornv1.SchemeGroupVersion.Group, Kind: "Volume"}, longhornv1.SchemeGroupVersion.Version)
 	if err != nil {
 		return failed("%v", err)
 	}
@@ -376,8 +378,8 @@ func checkSingleReplicaVolumes(ctx context.Context, in ClusterCheckInput) Cluste
 		return failed("%v", err)
 	}
 	volumes := &longhornv1.VolumeList{}
-	if err := in.Workload.List(ctx, volumes, client.InNamespace(LonghornNamespace)); err != nil {
-		return failed("list Longhorn volumes in %s: %v", LonghornNamespace, err)
+	if err := in.Workload.List(ctx, volumes, client.InNamespace(longhorn.Namespace)); err != nil {
+		return failed("list Longhorn volumes in %s: %v", longhorn.Namespace, err)
 	}
 	var active, detached []string
 	for i := range volumes.Items {
@@ -435,7 +437,7 @@ func describeVolume(v *longhornv1.Volume, withNode bool) string {
 // when asked to (spec.suspend). A cluster that serves neither kind passes.
 func checkVMBackupsIdle(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
 	var problems, checked []string
-	backupsServed, err := kindServed(in.Workload, harvesterapi.GroupVersion.WithKind("VirtualMachineBackup").GroupKind(), harvesterapi.GroupVersion.Version)
+	backupsServed, err := kube.KindServed(in.Workload, harvesterapi.GroupVersion.WithKind("VirtualMachineBackup").GroupKind(), harvesterapi.GroupVersion.Version)
 	if err != nil {
 		return failed("%v", err)
 	}
@@ -462,7 +464,7 @@ func checkVMBackupsIdle(ctx context.Context, in ClusterCheckInput) ClusterCheckR
 			problems = append(problems, fmt.Sprintf("VM backups are running: %s; wait until they finish", strings.Join(running, ", ")))
 		}
 	}
-	schedulesServed, err := kindServed(in.Workload, harvesterapi.GroupVersion.WithKind("ScheduleVMBackup").GroupKind(), harvesterapi.GroupVersion.Version)
+	schedulesServed, err := kube.KindServed(in.Workload, harvesterapi.GroupVersion.WithKind("ScheduleVMBackup").GroupKind(), harvesterapi.GroupVersion.Version)
 	if err != nil {
 		return failed("%v", err)
 	}
@@ -515,7 +517,7 @@ func checkNodesSchedulable(ctx context.Context, in ClusterCheckInput) ClusterChe
 	var notReady, cordoned []string
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		if !nodeReady(n) {
+		if !kube.NodeReady(n) {
 			notReady = append(notReady, n.Name)
 		}
 		if n.Spec.Unschedulable {

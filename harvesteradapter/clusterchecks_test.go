@@ -19,6 +19,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -91,7 +92,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 		}
 		kubelets, err = harvesteradapter.NewProxyKubeletReader(cw.Config)
 		Expect(err).NotTo(HaveOccurred())
-		for _, ns := range []string{harvesteradapter.LonghornNamespace, "vms"} {
+		for _, ns := range []string{longhorn.Namespace, "vms"} {
 			Expect(cw.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		}
 
@@ -261,7 +262,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 			GinkgoHelper()
 			v := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": longhornv1.SchemeGroupVersion.String(), "kind": "Volume",
-				"metadata": map[string]any{"name": name, "namespace": harvesteradapter.LonghornNamespace},
+				"metadata": map[string]any{"name": name, "namespace": longhorn.Namespace},
 				"spec":     map[string]any{"numberOfReplicas": replicas, "dataEngine": "v1"},
 			}}
 			Expect(cw.Client.Create(ctx, v)).To(Succeed())

@@ -19,6 +19,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -65,7 +66,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 				if f.witness && i == 0 {
 					// The oldest machine, which a control plane upgrades first: the witness
 					// must still go after the management nodes.
-					labels = map[string]string{"node-role.kubernetes.io/etcd": "true", harvesteradapter.LabelWitnessNode: "true"}
+					labels = map[string]string{"node-role.kubernetes.io/etcd": "true", kubevirt.LabelWitnessNode: "true"}
 					role[m.Status.NodeRef.Name] = harvesterv1.NodeRoleWitness
 				}
 				_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.32.5+rke2r1", labels)

@@ -16,6 +16,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -149,8 +150,8 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		for _, name := range []string{"vm-pinned", "vm-gpu"} {
 			vm := c.getVM(name)
 			Expect(runStrategy(vm)).To(Equal(kubevirtv1.RunStrategyHalted), name)
-			Expect(vm.Labels).To(HaveKeyWithValue(harvesteradapter.LabelStoppedBy, string(nu.UID)), name)
-			Expect(vm.Annotations).To(HaveKeyWithValue(harvesteradapter.AnnotationRunStrategyBeforeStop, "Always"), name)
+			Expect(vm.Labels).To(HaveKeyWithValue(kubevirt.LabelStoppedBy, string(nu.UID)), name)
+			Expect(vm.Annotations).To(HaveKeyWithValue(kubevirt.AnnotationRunStrategyBeforeStop, "Always"), name)
 		}
 		Expect(c.getVM("vm-gpu").Spec.Running).To(HaveValue(BeFalse()), "a VM that uses spec.running is stopped through it: KubeVirt refuses both fields")
 		Expect(c.getVM("vm-gpu").Spec.RunStrategy).To(BeNil())
@@ -180,7 +181,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 			Expect(c.kubevirt.Starts(key)).To(Equal(2), "%s started once again, no more", key)
 			Expect(c.kubevirt.Migrations(key)).To(BeZero())
 		}
-		Expect(c.getVM("vm-pinned").Labels).NotTo(HaveKey(harvesteradapter.LabelStoppedBy), "the record goes with the restore")
+		Expect(c.getVM("vm-pinned").Labels).NotTo(HaveKey(kubevirt.LabelStoppedBy), "the record goes with the restore")
 		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty())
 	})
 
@@ -234,10 +235,10 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRestoreVMs)).To(Equal(inplacev1.StepStateSkipped))
 		vm := c.getVM("vm-pinned")
 		Expect(runStrategy(vm)).To(Equal(kubevirtv1.RunStrategyHalted))
-		Expect(vm.Labels).To(HaveKeyWithValue(harvesteradapter.LabelStoppedBy, string(nu.UID)), "the record stays, for the operator to find")
+		Expect(vm.Labels).To(HaveKeyWithValue(kubevirt.LabelStoppedBy, string(nu.UID)), "the record stays, for the operator to find")
 		Expect(c.kubevirt.Starts(p)).To(Equal(1))
 		Expect(runStrategy(c.getVM("vm-user-stopped"))).To(Equal(kubevirtv1.RunStrategyHalted))
-		Expect(c.getVM("vm-user-stopped").Labels).NotTo(HaveKey(harvesteradapter.LabelStoppedBy))
+		Expect(c.getVM("vm-user-stopped").Labels).NotTo(HaveKey(kubevirt.LabelStoppedBy))
 		Expect(c.kubevirt.Starts(c.ns + "/vm-user-stopped")).To(BeZero())
 	})
 

@@ -19,6 +19,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -86,10 +87,10 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 	setting := func() *longhornv1.Setting {
 		GinkgoHelper()
 		s := &longhornv1.Setting{}
-		Expect(lh.Client.Get(ctx, client.ObjectKey{Namespace: harvesteradapter.LonghornNamespace, Name: harvesteradapter.SettingV2AutomaticUpgrade}, s)).To(Succeed())
+		Expect(lh.Client.Get(ctx, client.ObjectKey{Namespace: longhorn.Namespace, Name: longhorn.SettingV2AutomaticUpgrade}, s)).To(Succeed())
 		return s
 	}
-	pausers := func() string { return setting().Annotations[harvesteradapter.AnnotationV2UpgradePausedBy] }
+	pausers := func() string { return setting().Annotations[longhorn.AnnotationV2UpgradePausedBy] }
 	untilStepDone := func(nu *inplacev1.NodeUpdate) bool {
 		return nodeupdater.StepDone(nu, harvesteradapter.StepLonghornDataEngine)
 	}
@@ -98,12 +99,12 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 		It("holds a node where an attached v2 volume has its engine, naming it, and lets a node without one go", func() {
 			c := newCluster(2)
 			for _, n := range c.nodes {
-				Expect(sim.CreateLonghornV2InstanceManager(ctx, lh.Client, harvesteradapter.LonghornNamespace, n, imOld)).To(Succeed())
+				Expect(sim.CreateLonghornV2InstanceManager(ctx, lh.Client, longhorn.Namespace, n, imOld)).To(Succeed())
 			}
-			Expect(sim.CreateLonghornV2Volume(ctx, lh.Client, harvesteradapter.LonghornNamespace,
+			Expect(sim.CreateLonghornV2Volume(ctx, lh.Client, longhorn.Namespace,
 				sim.LonghornV2Volume{Name: "pvc-" + c.name, ReplicaNodes: c.nodes, EngineNode: c.nodes[0]})).To(Succeed())
 
-			Expect(preflightOf(c, c.nodes[0])).To(HaveKeyWithValue(harvesteradapter.CheckLonghornV2SwapAvailable,
+			Expect(preflightOf(c, c.nodes[0])).To(HaveKeyWithValue(longhorn.CheckLonghornV2SwapAvailable,
 				ContainSubstring("would interrupt the attached v2 volumes whose engine runs on it: pvc-"+c.name+";")))
 			Expect(preflightOf(c, c.nodes[1])).To(BeEmpty(), "a v2 replica alone does not hold a node")
 
@@ -133,11 +134,11 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			GinkgoHelper()
 			c := newCluster(nodes)
 			for _, n := range c.nodes {
-				Expect(sim.CreateLonghornV2InstanceManager(ctx, lh.Client, harvesteradapter.LonghornNamespace, n, imOld)).To(Succeed())
+				Expect(sim.CreateLonghornV2InstanceManager(ctx, lh.Client, longhorn.Namespace, n, imOld)).To(Succeed())
 			}
-			Expect(sim.CreateLonghornV2Volume(ctx, lh.Client, harvesteradapter.LonghornNamespace,
+			Expect(sim.CreateLonghornV2Volume(ctx, lh.Client, longhorn.Namespace,
 				sim.LonghornV2Volume{Name: "pvc-" + c.name, ReplicaNodes: c.nodes, EngineNode: c.nodes[0]})).To(Succeed())
-			Expect(sim.SetLonghornSetting(ctx, lh.Client, harvesteradapter.LonghornNamespace, harvesteradapter.SettingV2AutomaticUpgrade, "true")).To(Succeed())
+			Expect(sim.SetLonghornSetting(ctx, lh.Client, longhorn.Namespace, longhorn.SettingV2AutomaticUpgrade, "true")).To(Succeed())
 			c.longhorn.SetTargetImage(imNew)
 			return c
 		}
@@ -150,7 +151,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(first.Node).To(Equal(c.nodes[0]), "Longhorn starts the smallest node name")
 			Expect(first.IMU).To(HavePrefix("upgrade-" + c.nodes[0] + "-"))
 
-			Expect(preflightOf(c, c.nodes[2])).To(HaveKeyWithValue(harvesteradapter.CheckLonghornLiveUpgradeIdle,
+			Expect(preflightOf(c, c.nodes[2])).To(HaveKeyWithValue(longhorn.CheckLonghornLiveUpgradeIdle,
 				ContainSubstring("InstanceManagerUpgrade "+first.IMU+" on node "+c.nodes[0])), "no node is picked while Longhorn's roll runs")
 
 			nu := c.nodeUpdate(c.nodes[2])
@@ -183,8 +184,8 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 			s := setting()
 			Expect(s.Value).To(Equal("true"), "Finish gives the setting back")
-			Expect(s.Annotations).NotTo(HaveKey(harvesteradapter.AnnotationV2UpgradePausedBy))
-			Expect(s.Annotations).NotTo(HaveKey(harvesteradapter.AnnotationV2UpgradePausedValue))
+			Expect(s.Annotations).NotTo(HaveKey(longhorn.AnnotationV2UpgradePausedBy))
+			Expect(s.Annotations).NotTo(HaveKey(longhorn.AnnotationV2UpgradePausedValue))
 			Eventually(c.longhorn.Upgraded, 20*time.Second, 50*time.Millisecond).Should(ConsistOf(c.nodes), "Longhorn's roll goes on once released")
 			Expect(c.longhorn.Violations()).To(BeEmpty(), "no node was cordoned or NotReady while an upgrade was active")
 		})
@@ -197,7 +198,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(driveUntil(c.updater, b, 30*time.Second, untilStepDone)).To(Succeed())
 			Expect(setting().Value).To(Equal("false"))
 			Expect(strings.Split(pausers(), ",")).To(ConsistOf(string(a.UID), string(b.UID)))
-			Expect(setting().Annotations).To(HaveKeyWithValue(harvesteradapter.AnnotationV2UpgradePausedValue, "true"))
+			Expect(setting().Annotations).To(HaveKeyWithValue(longhorn.AnnotationV2UpgradePausedValue, "true"))
 
 			Expect(drive(c.updater, a, 30*time.Second)).To(Succeed())
 			Expect(setting().Value).To(Equal("false"), "b still pauses it")
@@ -205,7 +206,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 			Expect(drive(c.updater, b, 30*time.Second)).To(Succeed())
 			Expect(setting().Value).To(Equal("true"))
-			Expect(setting().Annotations).NotTo(HaveKey(harvesteradapter.AnnotationV2UpgradePausedBy))
+			Expect(setting().Annotations).NotTo(HaveKey(longhorn.AnnotationV2UpgradePausedBy))
 		})
 
 		It("gives the setting back when a node's update is aborted", func() {
@@ -256,7 +257,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornPause)).To(Equal(inplacev1.StepStateSucceeded), "the pause came before the cordon")
 
 			// A VM's live migration moves its volume's engine to the VM's new node.
-			Expect(sim.MoveLonghornEngine(ctx, lh.Client, harvesteradapter.LonghornNamespace, vol, c.nodes[1])).To(Succeed())
+			Expect(sim.MoveLonghornEngine(ctx, lh.Client, longhorn.Namespace, vol, c.nodes[1])).To(Succeed())
 			Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
 			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine)).To(Equal(inplacev1.StepStateSucceeded))
 			Expect(setting().Value).To(Equal("true"))
@@ -267,7 +268,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 // resetLonghorn empties Longhorn's namespace of what a spec created.
 func resetLonghorn(wl *testenv.Environment) {
 	GinkgoHelper()
-	opts := []client.DeleteAllOfOption{client.InNamespace(harvesteradapter.LonghornNamespace)}
+	opts := []client.DeleteAllOfOption{client.InNamespace(longhorn.Namespace)}
 	for _, obj := range []client.Object{
 		&longhornv1.Volume{}, &longhornv1.Engine{}, &longhornv1.Replica{}, &longhornv1.InstanceManager{}, &longhornv1.Node{}, &longhornv1.Setting{},
 	} {

@@ -12,6 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -41,27 +43,27 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 	}
 	results = append(results, sucInstalled(ctx, wc, cfg.Spec.SystemUpgradeController))
 
-	served, err := kindServed(wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
+	served, err := kube.KindServed(wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
 	if err != nil {
-		return append(results, nodeupdater.CheckResult{Name: CheckLonghornVolumesHealthy, Message: err.Error()})
+		return append(results, nodeupdater.CheckResult{Name: longhorn.CheckLonghornVolumesHealthy, Message: err.Error()})
 	}
 	if !served {
 		return results // not a Longhorn cluster: nothing to protect
 	}
-	state, err := readLonghorn(ctx, wc)
+	state, err := longhorn.Read(ctx, wc)
 	if err != nil {
-		return append(results, nodeupdater.CheckResult{Name: CheckLonghornVolumesHealthy, Message: err.Error()})
+		return append(results, nodeupdater.CheckResult{Name: longhorn.CheckLonghornVolumesHealthy, Message: err.Error()})
 	}
-	live, err := readLiveUpgrade(ctx, wc)
+	live, err := longhorn.ReadLiveUpgrade(ctx, wc)
 	if err != nil {
-		return append(results, nodeupdater.CheckResult{Name: CheckLonghornLiveUpgradeIdle, Message: err.Error()})
+		return append(results, nodeupdater.CheckResult{Name: longhorn.CheckLonghornLiveUpgradeIdle, Message: err.Error()})
 	}
-	return append(results, state.longhornChecks(downSet{candidate: target.NodeName, disrupted: target.Disrupted, picked: target.Picked}, live, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
+	return append(results, state.Checks(longhorn.DownSet{Candidate: target.NodeName, Disrupted: target.Disrupted, Picked: target.Picked}, live, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
 }
 
 func sucInstalled(ctx context.Context, wc client.Client, suc harvesterv1.SystemUpgradeController) nodeupdater.CheckResult {
 	r := nodeupdater.CheckResult{Name: CheckSUCInstalled}
-	served, err := kindServed(wc, schema.GroupKind{Group: sucv1.SchemeGroupVersion.Group, Kind: "Plan"}, sucv1.SchemeGroupVersion.Version)
+	served, err := kube.KindServed(wc, schema.GroupKind{Group: sucv1.SchemeGroupVersion.Group, Kind: "Plan"}, sucv1.SchemeGroupVersion.Version)
 	switch {
 	case err != nil:
 		r.Message = err.Error()

@@ -7,8 +7,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -19,7 +19,7 @@ func createLonghornVolume(name, dataEngine string, nodes ...string) {
 	GinkgoHelper()
 	vol := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "longhorn.io/v1beta2", "kind": "Volume",
-		"metadata": map[string]any{"name": name, "namespace": harvesteradapter.LonghornNamespace},
+		"metadata": map[string]any{"name": name, "namespace": longhorn.Namespace},
 		"spec":     map[string]any{"dataEngine": dataEngine, "numberOfReplicas": int64(len(nodes))},
 	}}
 	Expect(workload.Client.Create(ctx, vol)).To(Succeed())
@@ -28,7 +28,7 @@ func createLonghornVolume(name, dataEngine string, nodes ...string) {
 	for _, n := range nodes {
 		r := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
-			"metadata": map[string]any{"name": name + "-r-" + n, "namespace": harvesteradapter.LonghornNamespace},
+			"metadata": map[string]any{"name": name + "-r-" + n, "namespace": longhorn.Namespace},
 			"spec":     map[string]any{"volumeName": name, "nodeID": n, "dataEngine": dataEngine, "healthyAt": "2026-11-01T00:00:00Z"},
 		}}
 		Expect(workload.Client.Create(ctx, r)).To(Succeed())
@@ -55,14 +55,14 @@ var _ = Describe("The Longhorn preflight across the nodes down together", func()
 			return out
 		}
 
-		Expect(held([]string{c.nodes[1]}, nil)).To(HaveKeyWithValue(harvesteradapter.CheckLonghornV1ReplicaElsewhere, And(
+		Expect(held([]string{c.nodes[1]}, nil)).To(HaveKeyWithValue(longhorn.CheckLonghornV1ReplicaElsewhere, And(
 			ContainSubstring(vol+" (healthy replicas on "+c.nodes[0]+", "+c.nodes[1]+")"),
 			ContainSubstring(c.nodes[0]+" (this node), "+c.nodes[1]+" (down)"))))
-		Expect(held(nil, []string{c.nodes[1]})).To(HaveKeyWithValue(harvesteradapter.CheckLonghornV1ReplicaElsewhere,
+		Expect(held(nil, []string{c.nodes[1]})).To(HaveKeyWithValue(longhorn.CheckLonghornV1ReplicaElsewhere,
 			ContainSubstring(c.nodes[1]+" (picked this round)")))
 		// Volumes of other specs share the workload cluster's Longhorn: only this one's
 		// absence from the message is this spec's to assert.
-		Expect(held([]string{c.nodes[2]}, nil)[harvesteradapter.CheckLonghornV1ReplicaElsewhere]).NotTo(ContainSubstring(vol),
+		Expect(held([]string{c.nodes[2]}, nil)[longhorn.CheckLonghornV1ReplicaElsewhere]).NotTo(ContainSubstring(vol),
 			"a replica on a node that stays up keeps the volume served")
 	})
 })

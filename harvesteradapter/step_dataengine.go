@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 )
 
 // dataEngineStep keeps the node from being taken down while that would break Longhorn
@@ -32,26 +34,26 @@ func (u *Updater) skipDataEngine(ctx context.Context, r *nodeRun) (string, error
 	if r.cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip {
 		return "longhornV2Swap is Skip in the HarvesterUpgrader", nil
 	}
-	served, err := kindServed(r.wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
+	served, err := kube.KindServed(r.wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
 	if err != nil {
 		return "", err
 	}
 	if !served {
 		return "Longhorn is not installed on the workload cluster", nil
 	}
-	state, err := readLonghorn(ctx, r.wc)
+	state, err := longhorn.Read(ctx, r.wc)
 	if err != nil {
 		return "", err
 	}
-	live, err := liveUpgradeServed(r.wc)
+	live, err := longhorn.LiveUpgradeServed(r.wc)
 	if err != nil {
 		return "", err
 	}
 	node := r.nu.Spec.NodeName
-	if live && !state.v2Concerned(node) {
+	if live && !state.V2Concerned(node) {
 		return "no Longhorn v2 volume is attached, and node " + node + " holds no v2 engine or replica", nil
 	}
-	if !live && len(state.v2EnginesOn(node)) == 0 {
+	if !live && len(state.V2EnginesOn(node)) == 0 {
 		return "no attached Longhorn v2 volume has its engine on node " + node, nil
 	}
 	return "", nil
@@ -73,19 +75,19 @@ func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, 
 	if err != nil || held != "" {
 		return false, held, err
 	}
-	state, err := readLonghorn(ctx, r.wc)
+	state, err := longhorn.Read(ctx, r.wc)
 	if err != nil {
 		return false, "", err
 	}
-	if engines := state.v2EnginesOn(node); len(engines) > 0 {
+	if engines := state.V2EnginesOn(node); len(engines) > 0 {
 		why := "Longhorn's live upgrade is idle, but"
-		if !live.served {
+		if !live.Served {
 			why = "the cluster's Longhorn does not serve the live upgrade of v2 instance managers (instancemanagerupgradecontrols.longhorn.io), and"
 		}
 		return false, fmt.Sprintf("holding: %s attached v2 volumes have their engine on node %s: %s; live-migrate their VMs to another node or detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept interrupting them",
 			why, node, strings.Join(engines, ", ")), nil
 	}
-	if !live.served {
+	if !live.Served {
 		return true, "no attached Longhorn v2 volume has its engine on node " + node, nil
 	}
 	return true, fmt.Sprintf("Longhorn's live upgrade of v2 instance managers is idle and no attached v2 volume has its engine on node %s. %s", node, pauseNote(paused)), nil
@@ -93,7 +95,7 @@ func (u *Updater) runDataEngine(ctx context.Context, r *nodeRun) (bool, string, 
 
 func pauseNote(paused bool) string {
 	if paused {
-		return "Longhorn's setting " + SettingV2AutomaticUpgrade + " is off until this node is back in service"
+		return "Longhorn's setting " + longhorn.SettingV2AutomaticUpgrade + " is off until this node is back in service"
 	}
-	return "Longhorn's setting " + SettingV2AutomaticUpgrade + " was already off"
+	return "Longhorn's setting " + longhorn.SettingV2AutomaticUpgrade + " was already off"
 }

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -57,7 +58,7 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 	node := r.nu.Spec.NodeName
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
 	if err := r.wc.List(ctx, vmis, client.MatchingLabels{kubevirtv1.NodeNameLabel: node}); err != nil {
-		if kubevirtAbsent(err) {
+		if kubevirt.Absent(err) {
 			return true, fmt.Sprintf("the cluster does not serve KubeVirt's API: no virtual machine runs on node %s", node), nil
 		}
 		return false, "", fmt.Errorf("list the virtual machine instances on node %s: %w", node, err)
@@ -66,18 +67,18 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 	if err := r.wc.List(ctx, nodes); err != nil {
 		return false, "", fmt.Errorf("list nodes: %w", err)
 	}
-	targets, nonWitness := evacuationTargets(nodes.Items, node)
+	targets, nonWitness := kubevirt.EvacuationTargets(nodes.Items, node)
 	ours, err := u.migrations(ctx, r)
 	if err != nil {
 		return false, "", err
 	}
 
 	var waiting, holds []string
-	sort.Slice(vmis.Items, func(i, j int) bool { return vmKey(&vmis.Items[i]) < vmKey(&vmis.Items[j]) })
+	sort.Slice(vmis.Items, func(i, j int) bool { return kubevirt.VMKey(&vmis.Items[i]) < kubevirt.VMKey(&vmis.Items[j]) })
 	for i := range vmis.Items {
 		vmi := &vmis.Items[i]
-		key := vmKey(vmi)
-		if vmiFinished(vmi) || (vmi.Status.NodeName != "" && vmi.Status.NodeName != node) {
+		key := kubevirt.VMKey(vmi)
+		if kubevirt.VMIFinished(vmi) || (vmi.Status.NodeName != "" && vmi.Status.NodeName != node) {
 			continue
 		}
 		if !vmi.DeletionTimestamp.IsZero() {
@@ -88,7 +89,7 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 			waiting = append(waiting, fmt.Sprintf("%s is %s", key, phaseOr(vmi.Status.Phase)))
 			continue
 		}
-		why := whyNotMigratable(vmi, targets, nonWitness)
+		why := kubevirt.WhyNotMigratable(vmi, targets, nonWitness)
 		if why != "" {
 			hold, err := u.stopOnNode(ctx, r, vmi, why)
 			if err != nil {
@@ -101,7 +102,7 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 			}
 			continue
 		}
-		hold, err := u.migrateOff(ctx, r, vmi, ours[migrationName(r.nu, vmi)])
+		hold, err := u.migrateOff(ctx, r, vmi, ours[kubevirt.MigrationName(r.nu, vmi)])
 		if err != nil {
 			return false, "", err
 		}
@@ -124,12 +125,12 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 // stopOnNode stops the VM of a VMI that cannot be live-migrated, once. It returns what
 // holds the node when the VM cannot be stopped and started again by the updater.
 func (u *Updater) stopOnNode(ctx context.Context, r *nodeRun, vmi *kubevirtv1.VirtualMachineInstance, why string) (string, error) {
-	owner := vmiOwnerVM(vmi)
+	owner := kubevirt.VMIOwnerVM(vmi)
 	if owner == "" {
-		return u.holdOnce(r, EventVMHoldsNode, fmt.Sprintf("VMI %s cannot be live-migrated (%s) and no VirtualMachine owns it, so the updater cannot stop it and start it again: stop or move it yourself", vmKey(vmi), why)), nil
+		return u.holdOnce(r, EventVMHoldsNode, fmt.Sprintf("VMI %s cannot be live-migrated (%s) and no VirtualMachine owns it, so the updater cannot stop it and start it again: stop or move it yourself", kubevirt.VMKey(vmi), why)), nil
 	}
-	paused := vmiPaused(vmi)
-	stopped, held, err := stopVM(ctx, r.wc, r.nu, vmi.Namespace, owner, !paused)
+	paused := kubevirt.VMIPaused(vmi)
+	stopped, held, err := kubevirt.StopVM(ctx, r.wc, r.nu, vmi.Namespace, owner, !paused)
 	if err != nil || !stopped {
 		return u.holdOnce(r, EventVMHoldsNode, held), err
 	}
@@ -159,7 +160,7 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 	if m != nil {
 		if m.Status.Phase == kubevirtv1.MigrationFailed {
 			hold := fmt.Sprintf("the live migration %s of VM %s off node %s failed: %s; fix the cause and delete the migration to try again, or migrate or stop the VM yourself",
-				m.Name, vmKey(vmi), r.nu.Spec.NodeName, migrationFailure(m))
+				m.Name, kubevirt.VMKey(vmi), r.nu.Spec.NodeName, kubevirt.MigrationFailure(m))
 			return u.holdOnce(r, EventVMMigrationFailed, hold), nil
 		}
 		return "", nil
@@ -169,7 +170,7 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 	}
 	m = &kubevirtv1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: migrationName(r.nu, vmi), Namespace: vmi.Namespace,
+			Name: kubevirt.MigrationName(r.nu, vmi), Namespace: vmi.Namespace,
 			Labels:      map[string]string{LabelNodeUpdate: string(r.nu.UID)},
 			Annotations: map[string]string{AnnotationNode: r.nu.Spec.NodeName},
 		},
@@ -179,9 +180,9 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 		if apierrors.IsAlreadyExists(err) {
 			return "", nil
 		}
-		return "", fmt.Errorf("create the migration of VMI %s off node %s: %w", vmKey(vmi), r.nu.Spec.NodeName, err)
+		return "", fmt.Errorf("create the migration of VMI %s off node %s: %w", kubevirt.VMKey(vmi), r.nu.Spec.NodeName, err)
 	}
-	u.event(r, corev1.EventTypeNormal, EventVMMigrationStarted, "Evacuate", fmt.Sprintf("live-migrating VM %s off node %s (migration %s)", vmKey(vmi), r.nu.Spec.NodeName, m.Name))
+	u.event(r, corev1.EventTypeNormal, EventVMMigrationStarted, "Evacuate", fmt.Sprintf("live-migrating VM %s off node %s (migration %s)", kubevirt.VMKey(vmi), r.nu.Spec.NodeName, m.Name))
 	return "", nil
 }
 
@@ -189,7 +190,7 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 func (u *Updater) migrations(ctx context.Context, r *nodeRun) (map[string]*kubevirtv1.VirtualMachineInstanceMigration, error) {
 	list := &kubevirtv1.VirtualMachineInstanceMigrationList{}
 	if err := r.wc.List(ctx, list, client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil {
-		if kubevirtAbsent(err) {
+		if kubevirt.Absent(err) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("list the migrations of node %s: %w", r.nu.Spec.NodeName, err)
@@ -215,9 +216,9 @@ func (u *Updater) evacuationSummary(ctx context.Context, r *nodeRun, ours map[st
 	}
 	sort.Strings(migrated)
 	var stopped []string
-	if vms, err := stoppedVMs(ctx, r.wc, r.nu); err == nil {
+	if vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu); err == nil {
 		for i := range vms {
-			stopped = append(stopped, vmKey(&vms[i]))
+			stopped = append(stopped, kubevirt.VMKey(&vms[i]))
 		}
 	}
 	if len(migrated) == 0 && len(stopped) == 0 {

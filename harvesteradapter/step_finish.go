@@ -11,6 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 )
 
 // finishStep puts the node back in service and removes what the updater created for it.
@@ -59,7 +61,7 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete the Plans of node %s: %w", r.nu.Spec.NodeName, err)
 	}
-	return releaseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
+	return longhorn.ReleaseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
 }
 
 // deleteUnfinishedMigrations deletes this NodeUpdate's migrations that have not ended
@@ -71,7 +73,7 @@ func (u *Updater) deleteUnfinishedMigrations(ctx context.Context, r *nodeRun) er
 		return err
 	}
 	for _, m := range ours {
-		if migrationFinished(m) {
+		if kubevirt.MigrationFinished(m) {
 			continue
 		}
 		if err := r.wc.Delete(ctx, m); err != nil && !apierrors.IsNotFound(err) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 )
 
 // kubernetesStep upgrades RKE2 on the node through SUC and waits for its kubelet to
@@ -25,7 +26,7 @@ func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, 
 	if err != nil {
 		return false, "", err
 	}
-	if !nodeReady(node) || !sameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
+	if !kube.NodeReady(node) || !sameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready at %s (kubelet reports %s)", node.Name, r.nu.Spec.Version, node.Status.NodeInfo.KubeletVersion), nil
 	}
 	return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 )
 
 // longhornPauseStep pauses Longhorn's live upgrade of v2 instance managers and waits
@@ -29,7 +30,7 @@ func (u *Updater) skipLonghornPause(ctx context.Context, r *nodeRun) (string, er
 	if why, err := u.skipDataEngine(ctx, r); err != nil || why != "" {
 		return why, err
 	}
-	live, err := liveUpgradeServed(r.wc)
+	live, err := longhorn.LiveUpgradeServed(r.wc)
 	if err != nil {
 		return "", err
 	}
@@ -46,7 +47,7 @@ func (u *Updater) runLonghornPause(ctx context.Context, r *nodeRun) (bool, strin
 	if err != nil || held != "" {
 		return false, held, err
 	}
-	if !live.served {
+	if !live.Served {
 		return true, "the cluster's Longhorn does not serve the live upgrade of v2 instance managers: nothing to pause", nil
 	}
 	return true, fmt.Sprintf("Longhorn's live upgrade of v2 instance managers is idle. %s", pauseNote(paused)), nil
@@ -57,22 +58,22 @@ func (u *Updater) runLonghornPause(ctx context.Context, r *nodeRun) (bool, strin
 // made (Longhorn decides from its informer cache, so a node it started on the old value
 // shows only a moment later; what runs is looked at on the next poll), or an upgrade that
 // runs. held is empty when neither holds; not is what is not done to the node meanwhile.
-func pauseLiveUpgrade(ctx context.Context, r *nodeRun, not string) (live liveUpgrade, paused bool, held string, err error) {
+func pauseLiveUpgrade(ctx context.Context, r *nodeRun, not string) (live longhorn.LiveUpgrade, paused bool, held string, err error) {
 	node := r.nu.Spec.NodeName
-	if live, err = readLiveUpgrade(ctx, r.wc); err != nil || !live.served {
+	if live, err = longhorn.ReadLiveUpgrade(ctx, r.wc); err != nil || !live.Served {
 		return live, false, "", err
 	}
-	paused, turnedOff, err := pauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
+	paused, turnedOff, err := longhorn.PauseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)
 	if err != nil {
 		return live, false, "", err
 	}
 	if turnedOff {
 		return live, paused, fmt.Sprintf("turned Longhorn's setting %s off so that its live upgrade of v2 instance managers starts no node while node %s is out of service; looking at what runs next",
-			SettingV2AutomaticUpgrade, node), nil
+			longhorn.SettingV2AutomaticUpgrade, node), nil
 	}
-	if len(live.running) > 0 {
+	if len(live.Running) > 0 {
 		return live, paused, fmt.Sprintf("holding: Longhorn's live upgrade of v2 instance managers is running (%s); node %s is not %s until it ends. %s",
-			strings.Join(live.running, "; "), node, not, pauseNote(paused)), nil
+			strings.Join(live.Running, "; "), node, not, pauseNote(paused)), nil
 	}
 	return live, paused, "", nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 )
 
 // osStep installs the release's operating system and waits for the node to come back
@@ -34,7 +35,7 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 		return false, "", err
 	}
 	want := "Harvester " + r.cfg.Spec.Release.Version
-	if !nodeReady(node) || !osAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version) {
+	if !kube.NodeReady(node) || !osAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
 	}
 	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil

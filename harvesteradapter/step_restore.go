@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 )
 
 // restoreStep starts again the virtual machines EvacuateVMs stopped, once the node runs
@@ -26,7 +27,7 @@ func restoresVMs(r *nodeRun, node *corev1.Node) (bool, string) {
 	if r.cfg.Spec.RestoreVM != nil && !*r.cfg.Spec.RestoreVM {
 		return false, "restoreVM is false in the HarvesterUpgrader"
 	}
-	if node != nil && isWitness(node) {
+	if node != nil && kubevirt.IsWitness(node) {
 		return false, fmt.Sprintf("node %s is a witness node", node.Name)
 	}
 	return true, ""
@@ -38,13 +39,13 @@ func (u *Updater) skipRestore(ctx context.Context, r *nodeRun) (string, error) {
 		return "", err
 	}
 	if ok, why := restoresVMs(r, node); !ok {
-		vms, err := stoppedVMs(ctx, r.wc, r.nu)
+		vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu)
 		if err != nil {
 			return "", err
 		}
 		for i := range vms {
 			u.event(r, corev1.EventTypeNormal, EventVMLeftStopped, "Restore",
-				fmt.Sprintf("leaving VM %s stopped: %s", vmKey(&vms[i]), why))
+				fmt.Sprintf("leaving VM %s stopped: %s", kubevirt.VMKey(&vms[i]), why))
 		}
 		return why + ": the virtual machines stopped on the node stay stopped", nil
 	}
@@ -70,21 +71,21 @@ func (u *Updater) runRestore(ctx context.Context, r *nodeRun) (bool, string, err
 // restoreStoppedVMs starts every VM this NodeUpdate stopped and still has on record, and
 // returns the ones it started. Used by RestoreVMs and by cleanup (Finish and abort).
 func (u *Updater) restoreStoppedVMs(ctx context.Context, r *nodeRun) ([]string, error) {
-	vms, err := stoppedVMs(ctx, r.wc, r.nu)
+	vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu)
 	if err != nil {
 		return nil, err
 	}
 	var started []string
 	for i := range vms {
 		vm := &vms[i]
-		ok, err := restoreVM(ctx, r.wc, vm)
+		ok, err := kubevirt.RestoreVM(ctx, r.wc, vm)
 		if err != nil {
 			return started, err
 		}
 		if ok {
-			started = append(started, vmKey(vm))
+			started = append(started, kubevirt.VMKey(vm))
 			u.event(r, corev1.EventTypeNormal, EventVMStarted, "Restore",
-				fmt.Sprintf("starting VM %s again (runStrategy %s) after the upgrade of node %s", vmKey(vm), runStrategyOf(vm), r.nu.Spec.NodeName))
+				fmt.Sprintf("starting VM %s again (runStrategy %s) after the upgrade of node %s", kubevirt.VMKey(vm), kubevirt.RunStrategyOf(vm), r.nu.Spec.NodeName))
 		}
 	}
 	return started, nil

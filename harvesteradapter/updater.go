@@ -349,15 +349,6 @@ func failedPlanJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node
 	return nil
 }
 
-func nodeReady(node *corev1.Node) bool {
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // Abort stops the node's upgrade at a safe point: it waits until no Job of this node's
 // Plans is running (an RKE2 or OS upgrade interrupted half-way could leave the node
 // unusable), then removes the Plans, gives back the node's pause of Longhorn's live upgrade

@@ -17,6 +17,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -70,7 +71,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	clusterSeq++
 	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
 	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
-	for _, ns := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
+	for _, ns := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, longhorn.Namespace} {
 		_ = wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	}
 	_ = wl.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
@@ -102,7 +103,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	go func() { _ = c.suc.Run(runCtx) }()
 	c.repository = &sim.Repository{Client: wl.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
 	c.repository.Start(runCtx)
-	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: harvesteradapter.LonghornNamespace, StateDuration: 300 * time.Millisecond}
+	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
 
 	c.config = &harvesterv1.HarvesterUpgrader{

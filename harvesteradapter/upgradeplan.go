@@ -31,6 +31,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
@@ -470,7 +471,7 @@ type clusterNode struct {
 // label), a management node (control plane), or a worker.
 func nodeRole(n *corev1.Node) harvesterv1.NodeRole {
 	switch {
-	case isWitness(n):
+	case kubevirt.IsWitness(n):
 		return harvesterv1.NodeRoleWitness
 	case n.Labels["node-role.kubernetes.io/control-plane"] == "true" || n.Labels["node-role.kubernetes.io/master"] == "true":
 		return harvesterv1.NodeRoleManagement

@@ -30,6 +30,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -276,7 +277,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	defer informers.Stop()
 	suc := &sim.SUC{Client: wc, Cache: informers, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
 	repository := &sim.Repository{Client: wc, Cache: informers, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
-	longhorn := &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, Interval: poll}
+	longhorn := &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, Interval: poll}
 	repository.Start(runCtx)
 	(&sim.Rancher{Client: wc, Cache: informers}).Start(runCtx)
 	(&sim.ClusterUpgradeJobs{Client: wc, Cache: informers, MinDuration: d.clusterUpgrade}).Start(runCtx)
@@ -404,7 +405,7 @@ type makespanNode struct {
 // createMakespanCluster creates the CAPI objects of an n-node Harvester cluster and the
 // kubeconfig Secret that reaches wl.
 func createMakespanCluster(ctx context.Context, mc client.Client, wl *testenv.Environment, ns string, n int) ([]makespanNode, error) {
-	for _, name := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
+	for _, name := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, longhorn.Namespace} {
 		if err := wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, err
 		}

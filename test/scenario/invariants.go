@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -166,13 +167,13 @@ func (s *Scenario) vmsRestored(ctx context.Context, done map[string]bool) Check 
 		return c
 	}
 	vms := &kubevirtv1.VirtualMachineList{}
-	if err := s.Workload.Client.List(ctx, vms, client.InNamespace(VMNamespace), client.HasLabels{harvesteradapter.LabelStoppedBy}); err != nil {
+	if err := s.Workload.Client.List(ctx, vms, client.InNamespace(VMNamespace), client.HasLabels{kubevirt.LabelStoppedBy}); err != nil {
 		c.OK, c.Detail = false, fmt.Sprintf("list VirtualMachines: %v", err)
 		return c
 	}
 	var left []string
 	for _, vm := range vms.Items {
-		if node := vm.Annotations[harvesteradapter.AnnotationStoppedOnNode]; done[node] {
+		if node := vm.Annotations[kubevirt.AnnotationStoppedOnNode]; done[node] {
 			left = append(left, vm.Name+" (stopped on "+node+")")
 		}
 	}

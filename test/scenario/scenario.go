@@ -37,6 +37,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/manager"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -288,7 +289,7 @@ func (s *Scenario) startServersAndBuild(ctx context.Context) error {
 // the repository and Longhorn namespaces, and one Ready Node per machine.
 func (s *Scenario) createWorkload(ctx context.Context) error {
 	wc := s.Workload.Client
-	for _, ns := range []string{SUCNamespace, harvesteradapter.RepositoryNamespace, harvesteradapter.LonghornNamespace} {
+	for _, ns := range []string{SUCNamespace, harvesteradapter.RepositoryNamespace, longhorn.Namespace} {
 		if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			return fmt.Errorf("create namespace %s on the workload cluster: %w", ns, err)
 		}
@@ -341,17 +342,17 @@ func (s *Scenario) createLonghornV2(ctx context.Context) error {
 	wc := s.Workload.Client
 	var workers []string
 	for _, n := range s.Nodes {
-		if err := sim.CreateLonghornV2InstanceManager(ctx, wc, harvesteradapter.LonghornNamespace, n.Name, LonghornIMImage); err != nil {
+		if err := sim.CreateLonghornV2InstanceManager(ctx, wc, longhorn.Namespace, n.Name, LonghornIMImage); err != nil {
 			return err
 		}
 		if !n.ControlPlane {
 			workers = append(workers, n.Name)
 		}
 	}
-	if err := sim.SetLonghornSetting(ctx, wc, harvesteradapter.LonghornNamespace, harvesteradapter.SettingV2AutomaticUpgrade, "true"); err != nil {
+	if err := sim.SetLonghornSetting(ctx, wc, longhorn.Namespace, longhorn.SettingV2AutomaticUpgrade, "true"); err != nil {
 		return fmt.Errorf("allow Longhorn's live upgrade: %w", err)
 	}
-	return sim.CreateLonghornV2Volume(ctx, wc, harvesteradapter.LonghornNamespace, sim.LonghornV2Volume{Name: V2VolumeName, ReplicaNodes: workers})
+	return sim.CreateLonghornV2Volume(ctx, wc, longhorn.Namespace, sim.LonghornV2Volume{Name: V2VolumeName, ReplicaNodes: workers})
 }
 
 func installCRDs(env *testenv.Environment, dir string) error {
@@ -447,7 +448,7 @@ func (s *Scenario) startSimulators() {
 	delay := s.Options.StepDelay
 	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
 	s.Repository = &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: ReleaseMetadata, Delay: delay}
-	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: harvesteradapter.LonghornNamespace, StateDuration: delay, Interval: 50 * time.Millisecond}
+	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
 	if s.Options.LonghornV2 {
 		s.Longhorn.SetTargetImage(LonghornIMTargetImage)
 	}

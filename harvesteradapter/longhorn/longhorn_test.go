@@ -1,4 +1,4 @@
-package harvesteradapter
+package longhorn
 
 import (
 	"maps"
@@ -49,12 +49,12 @@ func resultOf(results []nodeupdater.CheckResult, name string) nodeupdater.CheckR
 }
 
 var (
-	liveServed  = liveUpgrade{served: true}
-	liveRunning = liveUpgrade{served: true, running: []string{"InstanceManagerUpgrade upgrade-node-2-20261101100000 on node node-2 is relocating-engines"}}
+	liveServed  = LiveUpgrade{Served: true}
+	liveRunning = LiveUpgrade{Served: true, Running: []string{"InstanceManagerUpgrade upgrade-node-2-20261101100000 on node node-2 is relocating-engines"}}
 )
 
 func TestLonghornChecks(t *testing.T) {
-	healthyCluster := &longhornState{
+	healthyCluster := &State{
 		volumes: []longhornv1.Volume{volume("pvc-v1", longhornv1.DataEngineTypeV1, longhornv1.VolumeRobustnessHealthy)},
 		replicas: []longhornv1.Replica{
 			replica("pvc-v1", "node-1", longhornv1.DataEngineTypeV1, true),
@@ -62,8 +62,8 @@ func TestLonghornChecks(t *testing.T) {
 		},
 		nodes: lhNodes("node-1", "node-2", "node-3"),
 	}
-	v2Cluster := func() *longhornState {
-		return &longhornState{
+	v2Cluster := func() *State {
+		return &State{
 			volumes: []longhornv1.Volume{volume("pvc-v2", longhornv1.DataEngineTypeV2, longhornv1.VolumeRobustnessHealthy)},
 			replicas: []longhornv1.Replica{
 				replica("pvc-v2", "node-1", longhornv1.DataEngineTypeV2, true),
@@ -80,25 +80,25 @@ func TestLonghornChecks(t *testing.T) {
 
 	tests := []struct {
 		name        string
-		state       *longhornState
+		state       *State
 		node        string
-		live        liveUpgrade
+		live        LiveUpgrade
 		skipSwap    bool
 		failing     []string // the checks that must fail; the first one's message is checked
 		wantMessage string
 	}{
 		{name: "healthy v1 cluster", state: healthyCluster, node: "node-1"},
 		{name: "degraded volume", node: "node-3", failing: []string{CheckLonghornVolumesHealthy}, wantMessage: "pvc-v1 (degraded)",
-			state: &longhornState{volumes: []longhornv1.Volume{volume("pvc-v1", longhornv1.DataEngineTypeV1, longhornv1.VolumeRobustnessDegraded)}, nodes: lhNodes("a", "b")}},
+			state: &State{volumes: []longhornv1.Volume{volume("pvc-v1", longhornv1.DataEngineTypeV1, longhornv1.VolumeRobustnessDegraded)}, nodes: lhNodes("a", "b")}},
 		{name: "v2 with a live swap available", state: v2Cluster(), node: "node-1", live: liveServed},
 		{name: "v2 without the live swap API holds the node", state: v2Cluster(), node: "node-1", failing: []string{CheckLonghornV2SwapAvailable},
 			wantMessage: "would interrupt the attached v2 volumes whose engine runs on it: pvc-v2; detach them, or set longhornV2Swap: Skip"},
 		{name: "v2 without the live swap API, swap skipped", state: v2Cluster(), node: "node-1", skipSwap: true},
 		{name: "without the live swap API a v2 replica alone does not hold the node", state: v2Cluster(), node: "node-2"},
 		{name: "without the live swap API an engine that moved away does not hold the node", node: "node-1",
-			state: func() *longhornState { s := v2Cluster(); s.engines[0].Spec.NodeID = "node-2"; return s }()},
+			state: func() *State { s := v2Cluster(); s.engines[0].Spec.NodeID = "node-2"; return s }()},
 		{name: "without the live swap API a stopped engine does not hold the node", node: "node-1",
-			state: func() *longhornState {
+			state: func() *State {
 				s := v2Cluster()
 				s.engines[0].Status.CurrentState = longhornv1.InstanceStateStopped
 				return s
@@ -110,14 +110,14 @@ func TestLonghornChecks(t *testing.T) {
 		{name: "a running live upgrade does not hold a node with longhornV2Swap: Skip", state: v2Cluster(), node: "node-1", live: liveRunning, skipSwap: true},
 		{name: "only healthy v2 replica on the node", node: "node-1", live: liveServed, failing: []string{CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
 			wantMessage: "v2 volumes would have no healthy replica outside the nodes down together, node-1 (this node): pvc-v2 (healthy replicas on node-1)",
-			state: func() *longhornState {
+			state: func() *State {
 				s := v2Cluster()
 				s.replicas[1] = replica("pvc-v2", "node-2", longhornv1.DataEngineTypeV2, false)
 				return s
 			}()},
 		{name: "single-node Longhorn with v2", node: "node-1", live: liveServed, failing: []string{CheckLonghornV2NotSingleNode, CheckLonghornV2ReplicaElsewhere, CheckLonghornV2NotSingleReplica},
 			wantMessage: "needs another Longhorn node",
-			state: func() *longhornState {
+			state: func() *State {
 				s := v2Cluster()
 				s.replicas = s.replicas[:1]
 				s.nodes = lhNodes("node-1")
@@ -125,7 +125,7 @@ func TestLonghornChecks(t *testing.T) {
 			}()},
 	}
 	for _, tt := range tests {
-		results := tt.state.longhornChecks(downSet{candidate: tt.node}, tt.live, tt.skipSwap)
+		results := tt.state.Checks(DownSet{Candidate: tt.node}, tt.live, tt.skipSwap)
 		if len(results) != 7 {
 			t.Errorf("%s: %d results, want one per check", tt.name, len(results))
 		}
@@ -150,8 +150,8 @@ type lhLayout struct {
 	replicas map[string][]string // volume -> nodes of its healthy replicas
 }
 
-func (l lhLayout) state(engine longhornv1.DataEngineType, nodes ...string) *longhornState {
-	s := &longhornState{nodes: lhNodes(nodes...)}
+func (l lhLayout) state(engine longhornv1.DataEngineType, nodes ...string) *State {
+	s := &State{nodes: lhNodes(nodes...)}
 	for _, vol := range slices.Sorted(maps.Keys(l.replicas)) {
 		v := volume(vol, engine, longhornv1.VolumeRobustnessHealthy)
 		v.Spec.NumberOfReplicas = len(l.replicas[vol])
@@ -221,7 +221,7 @@ func TestLonghornLiveUpgradeLayouts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			results := tt.layout.state(longhornv1.DataEngineTypeV2, all...).longhornChecks(downSet{candidate: "node-1"}, liveServed, false)
+			results := tt.layout.state(longhornv1.DataEngineTypeV2, all...).Checks(DownSet{Candidate: "node-1"}, liveServed, false)
 			for _, name := range tt.held {
 				if r := resultOf(results, name); r.Passed || !strings.Contains(r.Message, "vol-1") {
 					t.Errorf("check %s: passed=%v message %q; want it to hold node-1 for vol-1", name, r.Passed, r.Message)
@@ -239,56 +239,56 @@ func TestLonghornLiveUpgradeLayouts(t *testing.T) {
 // TestLonghornChecksAcrossDownNodes judges every volume against the candidate, the
 // nodes already down and this round's other picks at once.
 func TestLonghornChecksAcrossDownNodes(t *testing.T) {
-	withReplicas := func(engine longhornv1.DataEngineType, nodes ...string) *longhornState {
+	withReplicas := func(engine longhornv1.DataEngineType, nodes ...string) *State {
 		return lhLayout{replicas: map[string][]string{"pvc-a": nodes}}.state(engine, "node-1", "node-2", "node-3")
 	}
-	detached := func(s *longhornState) *longhornState {
+	detached := func(s *State) *State {
 		s.volumes[0].Status.State = longhornv1.VolumeStateDetached
 		s.volumes[0].Status.Robustness = longhornv1.VolumeRobustnessUnknown
 		return s
 	}
 	tests := []struct {
 		name        string
-		state       *longhornState
-		down        downSet
+		state       *State
+		down        DownSet
 		held        string // the check that must hold the node, or "" when none may
 		wantMessage []string
 	}{
 		{name: "v1: the other replica's node is down", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2"),
-			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere,
+			down: DownSet{Candidate: "node-1", Disrupted: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere,
 			wantMessage: []string{"pvc-a (healthy replicas on node-1, node-2)", "node-1 (this node)", "node-2 (down)"}},
 		{name: "v1: the other replica's node is picked this round", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2"),
-			down: downSet{candidate: "node-1", picked: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere,
+			down: DownSet{Candidate: "node-1", Picked: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere,
 			wantMessage: []string{"pvc-a", "node-2 (picked this round)"}},
 		{name: "v1: an unrelated node is down", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2"),
-			down: downSet{candidate: "node-1", disrupted: []string{"node-3"}}},
+			down: DownSet{Candidate: "node-1", Disrupted: []string{"node-3"}}},
 		{name: "v1: single replica on the candidate", state: withReplicas(longhornv1.DataEngineTypeV1, "node-1"),
-			down: downSet{candidate: "node-1"}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a (healthy replicas on node-1)"}},
+			down: DownSet{Candidate: "node-1"}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a (healthy replicas on node-1)"}},
 		{name: "v1: single replica on another node", state: withReplicas(longhornv1.DataEngineTypeV1, "node-2"),
-			down: downSet{candidate: "node-1"}},
+			down: DownSet{Candidate: "node-1"}},
 		{name: "v1: detached volume loses its replicas too", state: detached(withReplicas(longhornv1.DataEngineTypeV1, "node-1", "node-2")),
-			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a"}},
-		{name: "v1: a failed replica elsewhere does not count", down: downSet{candidate: "node-1"}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a"},
-			state: func() *longhornState {
+			down: DownSet{Candidate: "node-1", Disrupted: []string{"node-2"}}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a"}},
+		{name: "v1: a failed replica elsewhere does not count", down: DownSet{Candidate: "node-1"}, held: CheckLonghornV1ReplicaElsewhere, wantMessage: []string{"pvc-a"},
+			state: func() *State {
 				s := withReplicas(longhornv1.DataEngineTypeV1, "node-1")
 				s.replicas = append(s.replicas, replica("pvc-a", "node-3", longhornv1.DataEngineTypeV1, false))
 				return s
 			}()},
-		{name: "v1: a volume never written has nothing to lose", down: downSet{candidate: "node-1"},
-			state: func() *longhornState {
+		{name: "v1: a volume never written has nothing to lose", down: DownSet{Candidate: "node-1"},
+			state: func() *State {
 				s := detached(withReplicas(longhornv1.DataEngineTypeV1, "node-1"))
 				s.replicas[0].Spec.HealthyAt = ""
 				return s
 			}()},
 		{name: "v2: the other replica's node is down", state: detached(withReplicas(longhornv1.DataEngineTypeV2, "node-1", "node-2")),
-			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}, held: CheckLonghornV2ReplicaElsewhere,
+			down: DownSet{Candidate: "node-1", Disrupted: []string{"node-2"}}, held: CheckLonghornV2ReplicaElsewhere,
 			wantMessage: []string{"pvc-a (healthy replicas on node-1, node-2)", "node-2 (down)"}},
 		{name: "v2: a replica stays on a node that is up", state: detached(withReplicas(longhornv1.DataEngineTypeV2, "node-1", "node-2", "node-3")),
-			down: downSet{candidate: "node-1", disrupted: []string{"node-2"}}},
+			down: DownSet{Candidate: "node-1", Disrupted: []string{"node-2"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			results := tt.state.longhornChecks(tt.down, liveServed, false)
+			results := tt.state.Checks(tt.down, liveServed, false)
 			for _, r := range results {
 				if !r.Passed && r.Name != tt.held {
 					t.Errorf("check %s holds the node: %s", r.Name, r.Message)
@@ -299,7 +299,7 @@ func TestLonghornChecksAcrossDownNodes(t *testing.T) {
 			}
 			r := resultOf(results, tt.held)
 			if r.Passed {
-				t.Fatalf("check %s passed; want it to hold %s", tt.held, tt.down.candidate)
+				t.Fatalf("check %s passed; want it to hold %s", tt.held, tt.down.Candidate)
 			}
 			for _, want := range tt.wantMessage {
 				if !strings.Contains(r.Message, want) {

@@ -1,4 +1,4 @@
-package harvesteradapter
+package longhorn
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 )
 
 // LonghornNamespace is where Longhorn keeps its objects on a Harvester cluster.
-const LonghornNamespace = "longhorn-system"
+const Namespace = "longhorn-system"
 
 // Names of the Harvester updater's Longhorn preflight checks. Each judges the candidate
 // node together with the nodes down or going down and this round's other picks.
@@ -45,15 +45,15 @@ const (
 
 // longhornState is what the preflight and the data engine step read of Longhorn, with
 // longhorn-manager's released v1beta2 types.
-type longhornState struct {
+type State struct {
 	volumes  []longhornv1.Volume
 	replicas []longhornv1.Replica
 	engines  []longhornv1.Engine
 	nodes    []longhornv1.Node
 }
 
-func readLonghorn(ctx context.Context, c client.Reader) (*longhornState, error) {
-	s := &longhornState{}
+func Read(ctx context.Context, c client.Reader) (*State, error) {
+	s := &State{}
 	lists := []struct {
 		what string
 		list client.ObjectList
@@ -62,7 +62,7 @@ func readLonghorn(ctx context.Context, c client.Reader) (*longhornState, error) 
 		{"engines", &longhornv1.EngineList{}}, {"nodes", &longhornv1.NodeList{}},
 	}
 	for _, l := range lists {
-		if err := c.List(ctx, l.list, client.InNamespace(LonghornNamespace)); err != nil {
+		if err := c.List(ctx, l.list, client.InNamespace(Namespace)); err != nil {
 			return nil, fmt.Errorf("list Longhorn %s: %w", l.what, err)
 		}
 	}
@@ -73,7 +73,7 @@ func readLonghorn(ctx context.Context, c client.Reader) (*longhornState, error) 
 	return s, nil
 }
 
-func (s *longhornState) volume(name string) *longhornv1.Volume {
+func (s *State) volume(name string) *longhornv1.Volume {
 	for i := range s.volumes {
 		if s.volumes[i].Name == name {
 			return &s.volumes[i]
@@ -84,7 +84,7 @@ func (s *longhornState) volume(name string) *longhornv1.Volume {
 
 // unhealthyVolumes lists the attached volumes that are not healthy (degraded or
 // faulted): taking a node down now could cost them their last good replica.
-func (s *longhornState) unhealthyVolumes() []string {
+func (s *State) unhealthyVolumes() []string {
 	var out []string
 	for _, v := range s.volumes {
 		if v.Status.State == longhornv1.VolumeStateAttached && v.Status.Robustness != longhornv1.VolumeRobustnessHealthy {
@@ -100,25 +100,25 @@ func replicaHealthy(r *longhornv1.Replica) bool {
 }
 
 // describe lists the down set, candidate first, each with why it counts, for messages.
-func (d downSet) describe() string {
-	parts := []string{d.candidate + " (this node)"}
-	for _, n := range d.disrupted {
+func (d DownSet) describe() string {
+	parts := []string{d.Candidate + " (this node)"}
+	for _, n := range d.Disrupted {
 		parts = append(parts, n+" (down)")
 	}
-	for _, n := range d.picked {
+	for _, n := range d.Picked {
 		parts = append(parts, n+" (picked this round)")
 	}
 	return strings.Join(parts, ", ")
 }
 
-func (d downSet) contains(node string) bool {
-	return node == d.candidate || slices.Contains(d.disrupted, node) || slices.Contains(d.picked, node)
+func (d DownSet) contains(node string) bool {
+	return node == d.Candidate || slices.Contains(d.Disrupted, node) || slices.Contains(d.Picked, node)
 }
 
 // dataEngineOf is the data engine of a volume's replica: the volume's own when it is
 // known, else the replica's; Longhorn leaves it empty on volumes older than v2, which
 // are v1.
-func (s *longhornState) dataEngineOf(r *longhornv1.Replica) longhornv1.DataEngineType {
+func (s *State) dataEngineOf(r *longhornv1.Replica) longhornv1.DataEngineType {
 	engine := r.Spec.DataEngine
 	if v := s.volume(r.Spec.VolumeName); v != nil && v.Spec.DataEngine != "" {
 		engine = v.Spec.DataEngine
@@ -131,7 +131,7 @@ func (s *longhornState) dataEngineOf(r *longhornv1.Replica) longhornv1.DataEngin
 
 // healthyReplicaNodes maps each volume of a data engine to the sorted nodes of its
 // healthy replicas.
-func (s *longhornState) healthyReplicaNodes(engine longhornv1.DataEngineType) map[string][]string {
+func (s *State) healthyReplicaNodes(engine longhornv1.DataEngineType) map[string][]string {
 	out := map[string][]string{}
 	for i := range s.replicas {
 		r := &s.replicas[i]
@@ -153,7 +153,7 @@ func (s *longhornState) healthyReplicaNodes(engine longhornv1.DataEngineType) ma
 // all of down's nodes down at once, nothing could serve them. A volume with no healthy
 // replica anywhere is not listed: taking nodes down costs it nothing (an attached one is
 // LonghornVolumesHealthy's business).
-func (s *longhornState) volumesLeftWithoutReplica(down downSet, engine longhornv1.DataEngineType) []string {
+func (s *State) volumesLeftWithoutReplica(down DownSet, engine longhornv1.DataEngineType) []string {
 	var out []string
 	for vol, nodes := range s.healthyReplicaNodes(engine) {
 		if !slices.ContainsFunc(nodes, func(n string) bool { return !down.contains(n) }) {
@@ -172,7 +172,7 @@ func (s *longhornState) volumesLeftWithoutReplica(down downSet, engine longhornv
 // enhancements/20241114-v2-data-engine-live-upgrade.md, "Test Plan" 2, cases 1 and 2),
 // and the design that replaced it fails at once without a replica outside the node
 // (shared/facts/longhorn-v2-live-upgrade.md, facts 17 and 19).
-func (s *longhornState) v2SingleReplicaOn(node string) []string {
+func (s *State) v2SingleReplicaOn(node string) []string {
 	healthy := s.healthyReplicaNodes(longhornv1.DataEngineTypeV2)
 	var out []string
 	for _, vol := range s.attachedV2On(node) {
@@ -188,7 +188,7 @@ func (s *longhornState) v2SingleReplicaOn(node string) []string {
 
 // attachedV2On lists the attached v2 volumes with an engine or a replica on node: their
 // I/O stops while the node's v2 data engine restarts, unless it is swapped live.
-func (s *longhornState) attachedV2On(node string) []string {
+func (s *State) attachedV2On(node string) []string {
 	set := map[string]bool{}
 	consider := func(volume, nodeID string, engine longhornv1.DataEngineType) {
 		if engine != longhornv1.DataEngineTypeV2 || nodeID != node {
@@ -215,18 +215,18 @@ func (s *longhornState) attachedV2On(node string) []string {
 // downSet is what a preflight judges storage against: the candidate node together with
 // the cluster's nodes that are down or going down and the nodes this round already
 // picked, since all of them can be down at the same time.
-type downSet struct {
-	candidate string
-	disrupted []string
-	picked    []string
+type DownSet struct {
+	Candidate string
+	Disrupted []string
+	Picked    []string
 }
 
-// longhornChecks are the Harvester updater's Longhorn preflight checks for the candidate
+// Checks are the Harvester updater's Longhorn preflight checks for the candidate
 // node of down. live is what the workload cluster serves and runs of Longhorn's live
 // upgrade of v2 instance managers; skipSwap is the HarvesterUpgrader's longhornV2Swap:
 // Skip.
-func (s *longhornState) longhornChecks(down downSet, live liveUpgrade, skipSwap bool) []nodeupdater.CheckResult {
-	node := down.candidate
+func (s *State) Checks(down DownSet, live LiveUpgrade, skipSwap bool) []nodeupdater.CheckResult {
+	node := down.Candidate
 	results := make([]nodeupdater.CheckResult, 0, 7)
 	add := func(name string, problems []string, message func(list string) string) {
 		r := nodeupdater.CheckResult{Name: name, Passed: len(problems) == 0}
@@ -255,11 +255,11 @@ func (s *longhornState) longhornChecks(down downSet, live liveUpgrade, skipSwap 
 		}
 		singleReplica = s.v2SingleReplicaOn(node)
 	}
-	if !skipSwap && !live.served {
-		unavailable = s.v2EnginesOn(node)
+	if !skipSwap && !live.Served {
+		unavailable = s.V2EnginesOn(node)
 	}
-	if !skipSwap && live.served && s.v2Concerned(node) {
-		running = live.running
+	if !skipSwap && live.Served && s.V2Concerned(node) {
+		running = live.Running
 	}
 	add(CheckLonghornV2NotSingleNode, single, func(list string) string {
 		return "a live v2 data engine swap needs another Longhorn node, and this cluster has one; attached v2 volumes on it: " + list

@@ -1,4 +1,4 @@
-package harvesteradapter
+package longhorn
 
 import (
 	"context"
@@ -9,12 +9,12 @@ import (
 
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 )
 
@@ -45,28 +45,16 @@ var liveUpgradeControlKind = schema.GroupKind{Group: longhornlive.GroupVersion.G
 // liveUpgradeServed says whether the workload cluster's Longhorn has the live upgrade of
 // v2 instance managers: it serves InstanceManagerUpgradeControl only from the release
 // that carries it (v1.13.x, possibly v1.12.2+; facts 2 and 35).
-func liveUpgradeServed(c client.Client) (bool, error) {
-	return kindServed(c, liveUpgradeControlKind, longhornlive.GroupVersion.Version)
-}
-
-func kindServed(c client.Client, gk schema.GroupKind, version string) (bool, error) {
-	_, err := c.RESTMapper().RESTMapping(gk, version)
-	switch {
-	case err == nil:
-		return true, nil
-	case meta.IsNoMatchError(err):
-		return false, nil
-	default:
-		return false, fmt.Errorf("ask the workload cluster whether it serves %s: %w", gk, err)
-	}
+func LiveUpgradeServed(c client.Client) (bool, error) {
+	return kube.KindServed(c, liveUpgradeControlKind, longhornlive.GroupVersion.Version)
 }
 
 // liveUpgrade is what the preflight and the data engine step know of Longhorn's live
 // upgrade: whether the cluster serves it and, if so, what of it runs now.
-type liveUpgrade struct {
-	served bool
+type LiveUpgrade struct {
+	Served bool
 	// running describes each upgrade that runs, for messages; empty when none does.
-	running []string
+	Running []string
 }
 
 // readLiveUpgrade reads Longhorn's live upgrade: every InstanceManagerUpgrade in an
@@ -74,15 +62,15 @@ type liveUpgrade struct {
 // in-progress node (fact 10). The control's node is listed only when no active upgrade
 // already names it: between two states Longhorn can show the node in progress with its
 // upgrade object not yet created or already ended.
-func readLiveUpgrade(ctx context.Context, c client.Client) (liveUpgrade, error) {
-	served, err := liveUpgradeServed(c)
+func ReadLiveUpgrade(ctx context.Context, c client.Client) (LiveUpgrade, error) {
+	served, err := LiveUpgradeServed(c)
 	if err != nil || !served {
-		return liveUpgrade{}, err
+		return LiveUpgrade{}, err
 	}
-	live := liveUpgrade{served: true}
+	live := LiveUpgrade{Served: true}
 	imus := &longhornlive.InstanceManagerUpgradeList{}
-	if err := c.List(ctx, imus, client.InNamespace(LonghornNamespace)); err != nil {
-		return liveUpgrade{}, fmt.Errorf("list Longhorn InstanceManagerUpgrades: %w", err)
+	if err := c.List(ctx, imus, client.InNamespace(Namespace)); err != nil {
+		return LiveUpgrade{}, fmt.Errorf("list Longhorn InstanceManagerUpgrades: %w", err)
 	}
 	activeOn := map[string]bool{}
 	for _, imu := range imus.Items {
@@ -94,32 +82,32 @@ func readLiveUpgrade(ctx context.Context, c client.Client) (liveUpgrade, error) 
 			state = string(longhornlive.UpgradeStatePending)
 		}
 		activeOn[imu.Spec.NodeID] = true
-		live.running = append(live.running, fmt.Sprintf("InstanceManagerUpgrade %s on node %s is %s", imu.Name, imu.Spec.NodeID, state))
+		live.Running = append(live.Running, fmt.Sprintf("InstanceManagerUpgrade %s on node %s is %s", imu.Name, imu.Spec.NodeID, state))
 	}
 	control := &longhornlive.InstanceManagerUpgradeControl{}
-	switch err := c.Get(ctx, client.ObjectKey{Namespace: LonghornNamespace, Name: longhornlive.ControlName}, control); {
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: longhornlive.ControlName}, control); {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return liveUpgrade{}, fmt.Errorf("get Longhorn InstanceManagerUpgradeControl %s: %w", longhornlive.ControlName, err)
+		return LiveUpgrade{}, fmt.Errorf("get Longhorn InstanceManagerUpgradeControl %s: %w", longhornlive.ControlName, err)
 	default:
 		for node, info := range control.Status.Nodes {
 			if info.State == longhornlive.NodeUpgradeStateInProgress && !activeOn[node] {
-				live.running = append(live.running, fmt.Sprintf("node %s is in-progress in InstanceManagerUpgradeControl %s", node, control.Name))
+				live.Running = append(live.Running, fmt.Sprintf("node %s is in-progress in InstanceManagerUpgradeControl %s", node, control.Name))
 			}
 		}
 	}
-	sort.Strings(live.running)
+	sort.Strings(live.Running)
 	return live, nil
 }
 
-// v2Concerned says whether a node's upgrade must look at Longhorn's v2 data engine at all:
+// V2Concerned says whether a node's upgrade must look at Longhorn's v2 data engine at all:
 // some v2 volume is attached anywhere, or the node holds an engine or replica of a v2
 // volume. Every such node waits for Longhorn's live upgrade to be idle, not only nodes
 // with v2 volumes of their own: an upgrade relocates engines to other nodes that hold a
 // replica (cordoned ones too, fact 20), and once its volumes are healthy again Longhorn
 // rebuilds or reuses replicas wherever it schedules them (fact 22), so which nodes a
 // running upgrade leans on can change while this node is being taken down.
-func (s *longhornState) v2Concerned(node string) bool {
+func (s *State) V2Concerned(node string) bool {
 	for _, v := range s.volumes {
 		if v.Spec.DataEngine == longhornv1.DataEngineTypeV2 && v.Status.State == longhornv1.VolumeStateAttached {
 			return true
@@ -138,12 +126,12 @@ func (s *longhornState) v2Concerned(node string) bool {
 	return false
 }
 
-// v2EnginesOn lists the v2 volumes whose engine runs on node (engine spec.nodeID, fact 27)
+// V2EnginesOn lists the v2 volumes whose engine runs on node (engine spec.nodeID, fact 27)
 // and that are not detached, each with its PVC when Longhorn knows it. Restarting the
 // node's v2 instance manager stops their I/O (facts 35 and 38): the engine must have
 // moved to another node first (a VM's live migration moves it) or the volume be
 // detached. A stopped engine does not count.
-func (s *longhornState) v2EnginesOn(node string) []string {
+func (s *State) V2EnginesOn(node string) []string {
 	var out []string
 	for i := range s.engines {
 		e := &s.engines[i]
@@ -180,7 +168,7 @@ func (s *longhornState) v2EnginesOn(node string) []string {
 // there is then nothing to give back), and whether this call turned the setting off. All
 // of it lives on the Setting, so a restarted manager finds it there; every write carries
 // the resourceVersion read, and a conflicting writer makes it read again.
-func pauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID) (paused, turnedOff bool, err error) {
+func PauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID) (paused, turnedOff bool, err error) {
 	err = updateV2Setting(ctx, c, func(s *longhornv1.Setting) bool {
 		pausers := pausersOf(s)
 		paused, turnedOff = slices.Contains(pausers, string(uid)), s.Value != "false"
@@ -212,7 +200,7 @@ func pauseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID
 // releaseV2AutomaticUpgrade takes the NodeUpdate uid off the pausers of Longhorn's live
 // upgrade. The last one to go puts back the value the first one found, unless someone
 // has changed it since (then theirs stays).
-func releaseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID) error {
+func ReleaseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.UID) error {
 	err := updateV2Setting(ctx, c, func(s *longhornv1.Setting) bool {
 		pausers := pausersOf(s)
 		if !slices.Contains(pausers, string(uid)) {
@@ -240,13 +228,13 @@ func releaseV2AutomaticUpgrade(ctx context.Context, c client.Client, uid types.U
 // it changed, reading again on a conflict. An absent setting (a Longhorn without the
 // live upgrade, or not installed) is left alone.
 func updateV2Setting(ctx context.Context, c client.Client, change func(*longhornv1.Setting) bool) error {
-	served, err := kindServed(c, schema.GroupKind{Group: longhornv1.SchemeGroupVersion.Group, Kind: "Setting"}, longhornv1.SchemeGroupVersion.Version)
+	served, err := kube.KindServed(c, schema.GroupKind{Group: longhornv1.SchemeGroupVersion.Group, Kind: "Setting"}, longhornv1.SchemeGroupVersion.Version)
 	if err != nil || !served {
 		return err
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		s := &longhornv1.Setting{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: LonghornNamespace, Name: SettingV2AutomaticUpgrade}, s); err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: SettingV2AutomaticUpgrade}, s); err != nil {
 			if apierrors.IsNotFound(err) {
 				return nil
 			}

@@ -1,4 +1,4 @@
-package harvesteradapter
+package kubevirt
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 )
 
 // The updater reaches KubeVirt's objects on the workload cluster with the credentials of
@@ -42,7 +43,7 @@ const (
 )
 
 // isWitness reports whether a node is a Harvester witness node.
-func isWitness(node *corev1.Node) bool {
+func IsWitness(node *corev1.Node) bool {
 	v, ok := node.Labels[LabelWitnessNode]
 	return ok && v != "false"
 }
@@ -51,7 +52,7 @@ func isWitness(node *corev1.Node) bool {
 // NodeUpdate: a restart or a retry finds the migration it created instead of creating a
 // second. The hash covers the NodeUpdate's UID and the VMI, the readable part is cut to
 // keep the name a valid label value (KubeVirt labels pods with it).
-func migrationName(nu *inplacev1.NodeUpdate, vmi *kubevirtv1.VirtualMachineInstance) string {
+func MigrationName(nu *inplacev1.NodeUpdate, vmi *kubevirtv1.VirtualMachineInstance) string {
 	sum := sha256.Sum256([]byte(string(nu.UID) + "/" + vmi.Namespace + "/" + vmi.Name))
 	suffix := "-" + hex.EncodeToString(sum[:])[:10]
 	base := "capi-inplace-evacuate-" + vmi.Name
@@ -64,14 +65,14 @@ func migrationName(nu *inplacev1.NodeUpdate, vmi *kubevirtv1.VirtualMachineInsta
 // evacuationTargets are the nodes a VMI of node could be live-migrated to: every other
 // node that is schedulable, Ready and not a witness; and nonWitness is the number of
 // non-witness nodes of the cluster.
-func evacuationTargets(nodes []corev1.Node, node string) (targets []*corev1.Node, nonWitness int) {
+func EvacuationTargets(nodes []corev1.Node, node string) (targets []*corev1.Node, nonWitness int) {
 	for i := range nodes {
 		n := &nodes[i]
-		if isWitness(n) {
+		if IsWitness(n) {
 			continue
 		}
 		nonWitness++
-		if n.Name != node && !n.Spec.Unschedulable && nodeReady(n) {
+		if n.Name != node && !n.Spec.Unschedulable && kube.NodeReady(n) {
 			targets = append(targets, n)
 		}
 	}
@@ -85,7 +86,7 @@ func evacuationTargets(nodes []corev1.Node, node string) (targets []*corev1.Node
 // required node affinity that no other schedulable non-witness node satisfies. KubeVirt's
 // own verdict counts too: a LiveMigratable condition False (its migration admission
 // refuses such a VMI).
-func whyNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, targets []*corev1.Node, nonWitness int) string {
+func WhyNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, targets []*corev1.Node, nonWitness int) string {
 	if nonWitness <= 1 {
 		return "the cluster has no other node to migrate it to"
 	}
@@ -120,7 +121,7 @@ func whyNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, targets []*corev1.
 }
 
 // vmiPaused reports whether a VMI is paused (KubeVirt's Paused condition).
-func vmiPaused(vmi *kubevirtv1.VirtualMachineInstance) bool {
+func VMIPaused(vmi *kubevirtv1.VirtualMachineInstance) bool {
 	for _, c := range vmi.Status.Conditions {
 		if c.Type == kubevirtv1.VirtualMachineInstancePaused && c.Status == corev1.ConditionTrue {
 			return true
@@ -130,18 +131,18 @@ func vmiPaused(vmi *kubevirtv1.VirtualMachineInstance) bool {
 }
 
 // vmiFinished reports whether a VMI has ended: it runs nowhere and holds no node.
-func vmiFinished(vmi *kubevirtv1.VirtualMachineInstance) bool {
+func VMIFinished(vmi *kubevirtv1.VirtualMachineInstance) bool {
 	return vmi.Status.Phase == kubevirtv1.Succeeded || vmi.Status.Phase == kubevirtv1.Failed
 }
 
 // migrationFinished reports whether a migration has ended, well or not.
-func migrationFinished(m *kubevirtv1.VirtualMachineInstanceMigration) bool {
+func MigrationFinished(m *kubevirtv1.VirtualMachineInstanceMigration) bool {
 	return m.Status.Phase == kubevirtv1.MigrationSucceeded || m.Status.Phase == kubevirtv1.MigrationFailed
 }
 
 // migrationFailure is what KubeVirt says about a failed migration: the failure reason of
 // its migration state, else the conditions it set, else its phase.
-func migrationFailure(m *kubevirtv1.VirtualMachineInstanceMigration) string {
+func MigrationFailure(m *kubevirtv1.VirtualMachineInstanceMigration) string {
 	if s := m.Status.MigrationState; s != nil && s.FailureReason != "" {
 		return s.FailureReason
 	}
@@ -159,7 +160,7 @@ func migrationFailure(m *kubevirtv1.VirtualMachineInstanceMigration) string {
 
 // vmiOwnerVM returns the name of the VirtualMachine that owns a VMI, "" for a VMI that
 // no VirtualMachine owns (it cannot be stopped and started again).
-func vmiOwnerVM(vmi *kubevirtv1.VirtualMachineInstance) string {
+func VMIOwnerVM(vmi *kubevirtv1.VirtualMachineInstance) string {
 	for _, o := range vmi.OwnerReferences {
 		if o.Kind == "VirtualMachine" && strings.HasPrefix(o.APIVersion, kubevirtv1.GroupVersion.Group+"/") {
 			return o.Name
@@ -175,7 +176,7 @@ func vmiOwnerVM(vmi *kubevirtv1.VirtualMachineInstance) string {
 // VM, which is not started again (fact 32). held says why the VM cannot be stopped this
 // way: KubeVirt starts a Manual or Once VM only on a request to its start subresource,
 // so restoring the strategy would not bring it back.
-func stopVM(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate, namespace, name string, record bool) (stopped bool, held string, err error) {
+func StopVM(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate, namespace, name string, record bool) (stopped bool, held string, err error) {
 	vm := &kubevirtv1.VirtualMachine{}
 	if err := wc.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, vm); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -218,15 +219,15 @@ func stopVM(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate, nam
 }
 
 // stoppedVMs lists the VirtualMachines this NodeUpdate stopped and has not started again.
-func stoppedVMs(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate) ([]kubevirtv1.VirtualMachine, error) {
+func StoppedVMs(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate) ([]kubevirtv1.VirtualMachine, error) {
 	vms := &kubevirtv1.VirtualMachineList{}
 	if err := wc.List(ctx, vms, client.MatchingLabels{LabelStoppedBy: string(nu.UID)}); err != nil {
-		if kubevirtAbsent(err) {
+		if Absent(err) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("list the virtual machines stopped for node %s: %w", nu.Spec.NodeName, err)
 	}
-	sort.Slice(vms.Items, func(i, j int) bool { return vmKey(&vms.Items[i]) < vmKey(&vms.Items[j]) })
+	sort.Slice(vms.Items, func(i, j int) bool { return VMKey(&vms.Items[i]) < VMKey(&vms.Items[j]) })
 	return vms.Items, nil
 }
 
@@ -234,7 +235,7 @@ func stoppedVMs(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate)
 // starts it (KubeVirt creates its VMI), and removes the record. A VM whose user changed
 // its run strategy meanwhile (started it, or chose another) is left as the user set it:
 // only the record goes. started says whether the VM was started.
-func restoreVM(ctx context.Context, wc client.Client, vm *kubevirtv1.VirtualMachine) (started bool, err error) {
+func RestoreVM(ctx context.Context, wc client.Client, vm *kubevirtv1.VirtualMachine) (started bool, err error) {
 	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	before := kubevirtv1.VirtualMachineRunStrategy(vm.Annotations[AnnotationRunStrategyBeforeStop])
 	if current, err := vm.RunStrategy(); err == nil && current == kubevirtv1.RunStrategyHalted && before != "" && before != kubevirtv1.RunStrategyHalted {
@@ -249,21 +250,21 @@ func restoreVM(ctx context.Context, wc client.Client, vm *kubevirtv1.VirtualMach
 	delete(vm.Annotations, AnnotationRunStrategyBeforeStop)
 	delete(vm.Annotations, AnnotationStoppedOnNode)
 	if err := wc.Patch(ctx, vm, patch); err != nil {
-		return false, fmt.Errorf("start VirtualMachine %s: %w", vmKey(vm), err)
+		return false, fmt.Errorf("start VirtualMachine %s: %w", VMKey(vm), err)
 	}
 	return started, nil
 }
 
 // kubevirtAbsent reports whether an error says the cluster does not serve KubeVirt's
 // API: a cluster without KubeVirt has no virtual machines to evacuate.
-func kubevirtAbsent(err error) bool {
+func Absent(err error) bool {
 	return meta.IsNoMatchError(err) || apierrors.IsNotFound(err)
 }
 
-func vmKey(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }
+func VMKey(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }
 
 // runStrategyOf is a VM's run strategy as KubeVirt reads it, for messages.
-func runStrategyOf(vm *kubevirtv1.VirtualMachine) string {
+func RunStrategyOf(vm *kubevirtv1.VirtualMachine) string {
 	s, err := vm.RunStrategy()
 	if err != nil {
 		return err.Error()
