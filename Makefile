@@ -213,7 +213,7 @@ check-real-suc: test-binaries ## By hand, never in make test or CI: build SUC fr
 	REAL_SUC="$(CURDIR)/bin/real-suc" KUBEBUILDER_ASSETS="$(CURDIR)/bin/k8s" $(GO) test -tags realsuc ./harvesteradapter -run '^TestRealSUC$$' -count=1 -v
 
 FUZZTIME ?= 1m
-FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch ./extension:FuzzHookBodies
+FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter/releases:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch ./extension:FuzzHookBodies
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for $(FUZZTIME) (make test runs their seeds).

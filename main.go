@@ -49,6 +49,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -252,7 +253,7 @@ func run(opts options) error {
 	}
 	registry := nodeupdater.NewRegistry()
 	harvester := &harvesteradapter.Updater{
-		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
+		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: repository.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
 		NodeImage: opts.harvesterNodeImage, Version: version, Recorder: mgr.GetEventRecorder("harvester-updater"),
 	}
 	updaters := []nodeupdater.Registration{

@@ -17,7 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -34,35 +34,35 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 	var (
 		cw        *testenv.Environment
 		kubelet   *sim.Kubelet
-		kubelets  harvesteradapter.KubeletReader
+		kubelets  clusterchecks.KubeletReader
 		notAfter  time.Time // the API server's serving certificate's expiry
 		nodeNames = []string{"cc-node-1", "cc-node-2", "cc-node-3"}
 	)
-	input := func(annotations map[string]string) harvesteradapter.ClusterCheckInput {
-		return harvesteradapter.ClusterCheckInput{
+	input := func(annotations map[string]string) clusterchecks.Input {
+		return clusterchecks.Input{
 			Workload: cw.Client, Kubelets: kubelets, APIServer: cw.Config,
 			Annotations: annotations, Now: notAfter.AddDate(0, 0, -30),
 		}
 	}
-	resultOf := func(in harvesteradapter.ClusterCheckInput, name string) harvesteradapter.ClusterCheckResult {
+	resultOf := func(in clusterchecks.Input, name string) clusterchecks.Result {
 		GinkgoHelper()
-		for _, r := range harvesteradapter.RunClusterChecks(ctx, in) {
+		for _, r := range clusterchecks.Run(ctx, in) {
 			if r.Name == name {
 				return r
 			}
 		}
 		Fail("no result named " + name)
-		return harvesteradapter.ClusterCheckResult{}
+		return clusterchecks.Result{}
 	}
 	skip := func(name string) map[string]string {
-		return map[string]string{harvesteradapter.SkipCheckAnnotationPrefix + name: "true"}
+		return map[string]string{clusterchecks.SkipCheckAnnotationPrefix + name: "true"}
 	}
-	expectPassed := func(r harvesteradapter.ClusterCheckResult) {
+	expectPassed := func(r clusterchecks.Result) {
 		GinkgoHelper()
 		Expect(r.Passed).To(BeTrue(), r.Message)
 		Expect(r.Skipped).To(BeFalse())
 	}
-	expectFailed := func(r harvesteradapter.ClusterCheckResult, parts ...string) {
+	expectFailed := func(r clusterchecks.Result, parts ...string) {
 		GinkgoHelper()
 		Expect(r.Passed).To(BeFalse(), r.Message)
 		Expect(r.Skipped).To(BeFalse())
@@ -70,11 +70,11 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 			Expect(r.Message).To(ContainSubstring(p))
 		}
 	}
-	expectSkipped := func(r harvesteradapter.ClusterCheckResult, name string) {
+	expectSkipped := func(r clusterchecks.Result, name string) {
 		GinkgoHelper()
 		Expect(r.Skipped).To(BeTrue(), r.Message)
 		Expect(r.Passed).To(BeFalse())
-		Expect(r.Message).To(ContainSubstring(harvesteradapter.SkipCheckAnnotationPrefix + name))
+		Expect(r.Message).To(ContainSubstring(clusterchecks.SkipCheckAnnotationPrefix + name))
 	}
 
 	BeforeAll(func() {
@@ -90,7 +90,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 			_, err := kubelet.CreateNode(ctx, n, "v1.32.5+rke2r1", nil)
 			Expect(err).NotTo(HaveOccurred())
 		}
-		kubelets, err = harvesteradapter.NewProxyKubeletReader(cw.Config)
+		kubelets, err = clusterchecks.NewProxyKubeletReader(cw.Config)
 		Expect(err).NotTo(HaveOccurred())
 		for _, ns := range []string{longhorn.Namespace, "vms"} {
 			Expect(cw.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
@@ -105,14 +105,14 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 	})
 
 	It("pass on a healthy cluster, every one, in a fixed order", func() {
-		results := harvesteradapter.RunClusterChecks(ctx, input(nil))
+		results := clusterchecks.Run(ctx, input(nil))
 		var names []string
 		for _, r := range results {
 			names = append(names, r.Name)
 			expectPassed(r)
 		}
 		Expect(names).To(Equal([]string{"ImageGCDiskSpace", "APIServerCertificates", "SingleReplicaVolumes", "VMBackupsIdle", "NodesSchedulable"}))
-		Expect(harvesteradapter.ClusterCheckNames()).To(Equal(names))
+		Expect(clusterchecks.Names()).To(Equal(names))
 	})
 
 	It("keep their order when some fail and some are skipped", func() {
@@ -120,7 +120,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 		DeferCleanup(func() { Expect(kubelet.SetUnschedulable(ctx, "cc-node-1", false)).To(Succeed()) })
 		in := input(skip("ImageGCDiskSpace"))
 		in.APIServer = nil
-		results := harvesteradapter.RunClusterChecks(ctx, in)
+		results := clusterchecks.Run(ctx, in)
 		Expect(results).To(HaveLen(5))
 		Expect(results[0].Name).To(Equal("ImageGCDiskSpace"))
 		expectSkipped(results[0], "ImageGCDiskSpace")
@@ -135,7 +135,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 	})
 
 	It("fail a check whose skip annotation is not a boolean, naming it", func() {
-		key := harvesteradapter.SkipCheckAnnotationPrefix + "NodesSchedulable"
+		key := clusterchecks.SkipCheckAnnotationPrefix + "NodesSchedulable"
 		expectFailed(resultOf(input(map[string]string{key: "yes please"}), "NodesSchedulable"), key, `"yes please"`)
 		expectPassed(resultOf(input(map[string]string{key: "false"}), "NodesSchedulable"))
 	})
@@ -211,7 +211,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 	})
 
 	Context("APIServerCertificates", func() {
-		at := func(now time.Time, annotations map[string]string) harvesteradapter.ClusterCheckResult {
+		at := func(now time.Time, annotations map[string]string) clusterchecks.Result {
 			in := input(annotations)
 			in.Now = now
 			return resultOf(in, "APIServerCertificates")
@@ -224,18 +224,18 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 		})
 
 		It("fails when it expires within 7 days, saying when and what to do", func() {
-			expectFailed(at(notAfter.AddDate(0, 0, -6), nil), "expires at "+notAfter.UTC().Format(time.RFC3339), "within 7 days", "rotate", harvesteradapter.AnnotationMinCertsExpirationDays)
+			expectFailed(at(notAfter.AddDate(0, 0, -6), nil), "expires at "+notAfter.UTC().Format(time.RFC3339), "within 7 days", "rotate", clusterchecks.AnnotationMinCertsExpirationDays)
 			expectFailed(at(notAfter.Add(time.Hour), nil), "expired at")
 		})
 
 		It("takes the minimum number of days from its annotation", func() {
 			days := func(n string) map[string]string {
-				return map[string]string{harvesteradapter.AnnotationMinCertsExpirationDays: n}
+				return map[string]string{clusterchecks.AnnotationMinCertsExpirationDays: n}
 			}
 			expectPassed(at(notAfter.AddDate(0, 0, -6), days("5")))
 			expectFailed(at(notAfter.AddDate(0, 0, -20), days("30")), "within 30 days")
 			for _, bad := range []string{"0", "-1", "a week"} {
-				expectFailed(at(notAfter.AddDate(0, 0, -20), days(bad)), harvesteradapter.AnnotationMinCertsExpirationDays, `"`+bad+`"`)
+				expectFailed(at(notAfter.AddDate(0, 0, -20), days(bad)), clusterchecks.AnnotationMinCertsExpirationDays, `"`+bad+`"`)
 			}
 		})
 
@@ -273,7 +273,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 			}
 			Expect(cw.Client.Status().Update(ctx, v)).To(Succeed())
 		}
-		skipDetached := map[string]string{harvesteradapter.AnnotationSkipDetachedSingleReplicaVolumes: "true"}
+		skipDetached := map[string]string{clusterchecks.AnnotationSkipDetachedSingleReplicaVolumes: "true"}
 
 		It("passes when every volume has more than one replica", func() {
 			createVolume("pvc-three", 3, longhornv1.VolumeStateAttached, "cc-node-1", "three")
@@ -296,7 +296,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 
 		It("fails on a detached single-replica volume unless that is accepted by its own annotation", func() {
 			createVolume("pvc-idle", 1, longhornv1.VolumeStateDetached, "", "idle")
-			expectFailed(resultOf(input(nil), "SingleReplicaVolumes"), "detached Longhorn volumes have a single replica: pvc-idle (PVC default/idle)", harvesteradapter.AnnotationSkipDetachedSingleReplicaVolumes+"=true")
+			expectFailed(resultOf(input(nil), "SingleReplicaVolumes"), "detached Longhorn volumes have a single replica: pvc-idle (PVC default/idle)", clusterchecks.AnnotationSkipDetachedSingleReplicaVolumes+"=true")
 			r := resultOf(input(skipDetached), "SingleReplicaVolumes")
 			expectPassed(r)
 			Expect(r.Message).To(ContainSubstring("1 detached"))
@@ -309,7 +309,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 		})
 
 		It("fails when the detached skip annotation is not a boolean", func() {
-			expectFailed(resultOf(input(map[string]string{harvesteradapter.AnnotationSkipDetachedSingleReplicaVolumes: "maybe"}), "SingleReplicaVolumes"), harvesteradapter.AnnotationSkipDetachedSingleReplicaVolumes)
+			expectFailed(resultOf(input(map[string]string{clusterchecks.AnnotationSkipDetachedSingleReplicaVolumes: "maybe"}), "SingleReplicaVolumes"), clusterchecks.AnnotationSkipDetachedSingleReplicaVolumes)
 		})
 	})
 
@@ -408,7 +408,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 			g.Expect(err).NotTo(HaveOccurred())
 			in := input(nil)
 			in.Workload = c
-			results := harvesteradapter.RunClusterChecks(ctx, in)
+			results := clusterchecks.Run(ctx, in)
 			g.Expect(results[2].Name).To(Equal("SingleReplicaVolumes"))
 			g.Expect(results[2].Passed).To(BeTrue())
 			g.Expect(results[2].Message).To(ContainSubstring("Longhorn is not installed"))

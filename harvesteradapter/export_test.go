@@ -6,10 +6,13 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
 // PlanName is planName for the package's external tests; kind is preload, rke2 or os.
-func PlanName(kind string, nu *inplacev1.NodeUpdate) string { return planName(planKind(kind), nu) }
+func PlanName(kind string, nu *inplacev1.NodeUpdate) string {
+	return suc.PlanName(suc.PlanKind(kind), nu)
+}
 
 // PlanForNode is planForNode for the package's external tests, with cfg's images
 // resolved by u as they are when a node starts.
@@ -18,7 +21,7 @@ func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.N
 	if err := u.resolveImages(cfg); err != nil {
 		panic(err)
 	}
-	return planForNode(cfg, nu, planKind(kind), repositoryURL)
+	return suc.NodePlan(cfg, nu, suc.PlanKind(kind), repositoryURL)
 }
 
 // ClusterObjectName is clusterObjectName, for specs.

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -12,11 +13,6 @@ import (
 // own node image is this repository tagged with the manager's version (main.go,
 // --harvester-node-image).
 const DefaultNodeImageRepository = "ghcr.io/capi-inplace/capi-inplace"
-
-// nodeProgramBinary is the capi-inplace image's binary (its entrypoint, Dockerfile). The
-// Plans and the repository name it as their command, so that they run the node program
-// whatever entrypoint a mirrored image was given.
-const nodeProgramBinary = "/capi-inplace"
 
 // CheckNodeImage refuses a node image that is not a usable, fully tagged reference: the
 // manager's --harvester-node-image must name one exact image, never one SUC would tag
@@ -57,7 +53,7 @@ func (u *Updater) resolveImages(cfg *harvesterv1.HarvesterUpgrader) error {
 			return nodeupdater.Permanentf("UntaggedNodeImage",
 				"HarvesterUpgrader %s/%s: images.node %q has no tag and the manager knows no version to give it: add a tag", cfg.Namespace, cfg.Name, images.Node)
 		}
-		images.Node = imageWithTag(images.Node, u.Version)
+		images.Node = suc.ImageWithTag(images.Node, u.Version)
 	}
 	return nil
 }

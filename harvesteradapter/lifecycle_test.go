@@ -21,6 +21,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
@@ -57,7 +58,7 @@ var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() 
 		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
 		startLifecycle(c)
 		bad := c.nodes[1]
-		c.suc.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "os"}, bad, "elemental upgrade failed with return code: 33")
+		c.suc.FailNodeLabelled(map[string]string{suc.LabelPlanKind: "os"}, bad, "elemental upgrade failed with return code: 33")
 
 		good := c.nodeUpdate(c.nodes[0])
 		failed := c.nodeUpdate(bad)
@@ -94,7 +95,7 @@ var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 			Expect(err).NotTo(HaveOccurred())
 		}
 		second := machines[1].Status.NodeRef.Name
-		c.suc.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "os"}, second, "elemental upgrade failed with return code: 33")
+		c.suc.FailNodeLabelled(map[string]string{suc.LabelPlanKind: "os"}, second, "elemental upgrade failed with return code: 33")
 		startLifecycle(c, true)
 
 		task := &inplacev1.UpgradeTask{

@@ -21,6 +21,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -229,7 +230,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			c.longhorn.SetTargetImage("")
 			startLifecycle(c)
 			failed := c.nodeUpdate(c.nodes[2])
-			c.suc.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "rke2"}, c.nodes[2], "rke2 failed to start")
+			c.suc.FailNodeLabelled(map[string]string{suc.LabelPlanKind: "rke2"}, c.nodes[2], "rke2 failed to start")
 			Eventually(func(g Gomega) bool {
 				g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(failed), failed)).To(Succeed())
 				if nodeupdater.StepState(failed, harvesteradapter.StepLonghornDataEngine) == inplacev1.StepStateSucceeded && failed.Status.Phase == inplacev1.NodeUpdatePhaseInProgress {

@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -38,7 +38,7 @@ var _ = Describe("A node's SUC Plan brought back to what the updater wants", fun
 				return err
 			}
 			plan.Labels["team.example.com/watched-by"] = "ops"
-			plan.Labels[harvesteradapter.LabelNodeUpdate] = "stale"
+			plan.Labels[suc.LabelNodeUpdate] = "stale"
 			return workload.Client.Update(ctx, &plan)
 		})).To(Succeed())
 
@@ -46,7 +46,7 @@ var _ = Describe("A node's SUC Plan brought back to what the updater wants", fun
 		Expect(err).NotTo(HaveOccurred())
 		got := &sucv1.Plan{}
 		Expect(workload.Client.Get(ctx, client.ObjectKeyFromObject(&plan), got)).To(Succeed())
-		Expect(got.Labels).To(HaveKeyWithValue(harvesteradapter.LabelNodeUpdate, string(nu.UID)), "the updater's own label is restored")
+		Expect(got.Labels).To(HaveKeyWithValue(suc.LabelNodeUpdate, string(nu.UID)), "the updater's own label is restored")
 		Expect(got.Labels).To(HaveKeyWithValue("team.example.com/watched-by", "ops"), "the other writer's label stays")
 	})
 })
@@ -55,7 +55,7 @@ var _ = Describe("A node's SUC Plan brought back to what the updater wants", fun
 func plansOf(nu *inplacev1.NodeUpdate) []sucv1.Plan {
 	GinkgoHelper()
 	plans := &sucv1.PlanList{}
-	Expect(workload.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.MatchingLabels{harvesteradapter.LabelNodeUpdate: string(nu.UID)})).To(Succeed())
+	Expect(workload.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.MatchingLabels{suc.LabelNodeUpdate: string(nu.UID)})).To(Succeed())
 	return plans.Items
 }
 

@@ -3,12 +3,12 @@ package harvesteradapter
 import (
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -76,27 +76,14 @@ func readSnapshot(nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, boo
 // checkConfig refuses what the API server's validation lets through but SUC would
 // misread, with what to change.
 func checkConfig(cfg *harvesterv1.HarvesterUpgrader) error {
-	timeout, err := drainTimeout(cfg.Spec.Drain.Timeout)
+	timeout, err := suc.DrainTimeout(cfg.Spec.Drain.Timeout)
 	if err != nil {
 		return nodeupdater.Permanentf("InvalidDrainTimeout", "HarvesterUpgrader %s/%s: %v", cfg.Namespace, cfg.Name, err)
 	}
-	if limit := dur(cfg.Spec.Timeouts.Drain, defaultDrainTimeout); timeout > limit {
+	if limit := harvesterv1.DurationOr(cfg.Spec.Timeouts.Drain, harvesterv1.DefaultDrainTimeout); timeout > limit {
 		return nodeupdater.Permanentf("InvalidDrainTimeout",
 			"HarvesterUpgrader %s/%s: drain.timeout %s is longer than timeouts.drain %s, the drain Job's deadline: shorten the drain timeout or raise timeouts.drain",
 			cfg.Namespace, cfg.Name, timeout, limit)
 	}
 	return nil
 }
-
-// Default timeouts of the steps, when the HarvesterUpgrader gives none (the CRD defaults
-// are the same).
-const (
-	defaultRepositoryTimeout        = time.Hour
-	defaultImagePreloadTimeout      = 30 * time.Minute
-	defaultDrainTimeout             = time.Hour
-	defaultKubernetesUpgradeTimeout = time.Hour
-	defaultOSUpgradeTimeout         = 45 * time.Minute
-	defaultDataEngineTimeout        = 30 * time.Minute
-	defaultNodeTimeout              = 4 * time.Hour
-	defaultClusterUpgradeTimeout    = 3 * time.Hour
-)

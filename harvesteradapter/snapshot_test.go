@@ -6,12 +6,16 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/fixtures"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 func TestSnapshotConfig(t *testing.T) {
-	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
 	cfg.Generation = 4
 	got, err := snapshotConfig(nu, cfg)
 	if err != nil || got != cfg {
@@ -21,7 +25,7 @@ func TestSnapshotConfig(t *testing.T) {
 		t.Fatalf("status.updaterConfig %v does not record the generation", nu.Status.UpdaterConfig)
 	}
 
-	edited := testUpgrader()
+	edited := fixtures.Upgrader()
 	edited.Spec.Release.Version = "v1.7.0"
 	got, err = snapshotConfig(nu, edited)
 	if err != nil || got.Spec.Release.Version != "v1.6.0" || got.Generation != 4 || got.Namespace != nu.Namespace {
@@ -40,9 +44,9 @@ func TestSnapshotConfig(t *testing.T) {
 // version, another --harvester-node-image) while the node is upgraded: its Plans are not
 // rewritten, so SUC does not replace their Jobs (fact 49).
 func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
-	nu := testNodeUpdate("node-1")
+	nu := fixtures.NodeUpdate("node-1")
 	before := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
-	cfg := testUpgrader()
+	cfg := fixtures.Upgrader()
 	cfg.Spec.Images.Node = ""
 	if err := before.resolveImages(cfg); err != nil {
 		t.Fatal(err)
@@ -53,10 +57,10 @@ func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 	if !strings.Contains(string(nu.Status.UpdaterConfig.Raw), `"node":"ghcr.io/capi-inplace/capi-inplace:v0.4.0"`) {
 		t.Fatalf("status.updaterConfig %s does not record the resolved node image", nu.Status.UpdaterConfig.Raw)
 	}
-	started := planForNode(cfg, nu, planOS, "http://repo.example")
+	started := suc.NodePlan(cfg, nu, suc.PlanOS, "http://repo.example")
 
 	after := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.5.0", Version: "v0.5.0"}
-	live := testUpgrader()
+	live := fixtures.Upgrader()
 	live.Spec.Images.Node = ""
 	if err := after.resolveImages(live); err != nil {
 		t.Fatal(err)
@@ -68,10 +72,10 @@ func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 	if got.Spec.Images.Node != "ghcr.io/capi-inplace/capi-inplace:v0.4.0" {
 		t.Errorf("after the manager's upgrade the node runs %s, not the image it started with", got.Spec.Images.Node)
 	}
-	if again := planForNode(got, nu, planOS, "http://repo.example"); !equality.Semantic.DeepEqual(again.Spec, started.Spec) {
+	if again := suc.NodePlan(got, nu, suc.PlanOS, "http://repo.example"); !equality.Semantic.DeepEqual(again.Spec, started.Spec) {
 		t.Errorf("the node's OS Plan changed with the manager: %+v, was %+v", again.Spec.Upgrade, started.Spec.Upgrade)
 	}
-	fresh := testNodeUpdate("node-2")
+	fresh := fixtures.NodeUpdate("node-2")
 	if got, err := snapshotConfig(fresh, live); err != nil || got.Spec.Images.Node != "ghcr.io/capi-inplace/capi-inplace:v0.5.0" {
 		t.Errorf("a node that starts after the manager's upgrade runs %v (%v), want the new manager's image", got, err)
 	}
@@ -80,11 +84,19 @@ func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 // A snapshot recorded by a manager from before images.node names no node image: the node
 // fails plainly instead of getting its running Plans rewritten.
 func TestSnapshotWithoutANodeImage(t *testing.T) {
-	nu := testNodeUpdate("node-1")
+	nu := fixtures.NodeUpdate("node-1")
 	nu.Status.UpdaterConfig = &runtime.RawExtension{Raw: []byte(`{"kind":"HarvesterUpgrader","name":"default","generation":1,"spec":{"release":{"version":"v1.6.0"},"images":{"osUpgrade":"rancher/harvester-upgrade"}}}`)}
-	if _, err := snapshotConfig(nu, testUpgrader()); err == nil {
+	if _, err := snapshotConfig(nu, fixtures.Upgrader()); err == nil {
 		t.Errorf("a snapshot without a node image is accepted")
 	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "InvalidUpdaterConfig" || !strings.Contains(p.Error(), "names no node image") {
 		t.Errorf("error %v, want the permanent InvalidUpdaterConfig naming the missing node image", err)
+	}
+}
+
+func TestCheckConfigDrainTimeout(t *testing.T) {
+	cfg := fixtures.Upgrader()
+	cfg.Spec.Drain.Timeout = ptr.To(intstr.FromString("2h"))
+	if err := checkConfig(cfg); err == nil || !strings.Contains(err.Error(), "drain.timeout 2h0m0s is longer than timeouts.drain 1h0m0s, the drain Job's deadline") {
+		t.Errorf("a drain timeout past the drain Job's deadline: %v", err)
 	}
 }

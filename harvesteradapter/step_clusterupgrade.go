@@ -15,9 +15,11 @@ import (
 // before, whichever path (CAPI's hooks, an UpgradeTask, the annotations) asked for it:
 // every path ends in a NodeUpdate, and this is its first step.
 var clusterUpgradeStep = step{
-	name:    StepClusterUpgrade,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.ClusterUpgrade, defaultClusterUpgradeTimeout) },
-	run:     (*Updater).runClusterUpgrade,
+	name: StepClusterUpgrade,
+	timeout: func(t harvesterv1.Timeouts) time.Duration {
+		return harvesterv1.DurationOr(t.ClusterUpgrade, harvesterv1.DefaultClusterUpgradeTimeout)
+	},
+	run: (*Updater).runClusterUpgrade,
 }
 
 // runClusterUpgrade creates the cluster's UpgradePlan if it has none (the first node of a

@@ -11,8 +11,10 @@ import (
 // cordonStep takes the node out of scheduling, once, before its virtual machines are
 // evacuated and it is drained.
 var cordonStep = step{
-	name:    StepCordon,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Drain, defaultDrainTimeout) },
+	name: StepCordon,
+	timeout: func(t harvesterv1.Timeouts) time.Duration {
+		return harvesterv1.DurationOr(t.Drain, harvesterv1.DefaultDrainTimeout)
+	},
 	skip: func(_ *Updater, _ context.Context, r *nodeRun) (string, error) {
 		if singleNode(r) {
 			return singleNodeSkip, nil

@@ -19,10 +19,12 @@ import (
 // runDataEngine). The pause is given back by cleanup, at Finish or when the node's
 // update is aborted or fails.
 var dataEngineStep = step{
-	name:    StepLonghornDataEngine,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, defaultDataEngineTimeout) },
-	skip:    (*Updater).skipDataEngine,
-	run:     (*Updater).runDataEngine,
+	name: StepLonghornDataEngine,
+	timeout: func(t harvesterv1.Timeouts) time.Duration {
+		return harvesterv1.DurationOr(t.DataEngineUpgrade, harvesterv1.DefaultDataEngineTimeout)
+	},
+	skip: (*Updater).skipDataEngine,
+	run:  (*Updater).runDataEngine,
 }
 
 // skipDataEngine skips the step when the HarvesterUpgrader accepts interrupting v2

@@ -6,12 +6,13 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
 // drainStep evicts the node's pods, once, after its virtual machines left it.
 var drainStep = step{
 	name:    StepDrain,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planDrain, t) },
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanDrain, t) },
 	skip:    (*Updater).skipDrain,
 	run:     (*Updater).runDrain,
 }
@@ -30,7 +31,7 @@ func (u *Updater) skipDrain(_ context.Context, r *nodeRun) (string, error) {
 	if singleNode(r) {
 		return singleNodeSkip, nil
 	}
-	if drainArgs(r.cfg.Spec.Drain, r.nu.Spec.NodeName) == nil {
+	if suc.DrainArgs(r.cfg.Spec.Drain, r.nu.Spec.NodeName) == nil {
 		return "drain.enabled is false in the HarvesterUpgrader: the node is only cordoned", nil
 	}
 	return "", nil
@@ -39,7 +40,7 @@ func (u *Updater) skipDrain(_ context.Context, r *nodeRun) (string, error) {
 // runDrain runs the drain Plan: kubectl drain of the node, which the updater cordoned
 // and emptied of running virtual machines before.
 func (u *Updater) runDrain(ctx context.Context, r *nodeRun) (bool, string, error) {
-	done, message, err := u.applyPlan(ctx, r, planDrain)
+	done, message, err := u.applyPlan(ctx, r, suc.PlanDrain)
 	if err != nil || !done {
 		return done, message, err
 	}

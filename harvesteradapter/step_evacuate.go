@@ -15,6 +15,7 @@ import (
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -22,9 +23,11 @@ import (
 // API, before it is drained: live migration where it can, a recorded shutdown where it
 // cannot.
 var evacuateStep = step{
-	name:    StepEvacuateVMs,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.Drain, defaultDrainTimeout) },
-	run:     (*Updater).runEvacuate,
+	name: StepEvacuateVMs,
+	timeout: func(t harvesterv1.Timeouts) time.Duration {
+		return harvesterv1.DurationOr(t.Drain, harvesterv1.DefaultDrainTimeout)
+	},
+	run: (*Updater).runEvacuate,
 }
 
 // Event reasons of the evacuation and restore, recorded on the NodeUpdate.
@@ -171,8 +174,8 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 	m = &kubevirtv1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: kubevirt.MigrationName(r.nu, vmi), Namespace: vmi.Namespace,
-			Labels:      map[string]string{LabelNodeUpdate: string(r.nu.UID)},
-			Annotations: map[string]string{AnnotationNode: r.nu.Spec.NodeName},
+			Labels:      map[string]string{suc.LabelNodeUpdate: string(r.nu.UID)},
+			Annotations: map[string]string{suc.AnnotationNode: r.nu.Spec.NodeName},
 		},
 		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
 	}
@@ -189,7 +192,7 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 // migrations are this NodeUpdate's migrations, by name.
 func (u *Updater) migrations(ctx context.Context, r *nodeRun) (map[string]*kubevirtv1.VirtualMachineInstanceMigration, error) {
 	list := &kubevirtv1.VirtualMachineInstanceMigrationList{}
-	if err := r.wc.List(ctx, list, client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil {
+	if err := r.wc.List(ctx, list, client.MatchingLabels{suc.LabelNodeUpdate: string(r.nu.UID)}); err != nil {
 		if kubevirt.Absent(err) {
 			return nil, nil
 		}

@@ -13,6 +13,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
 // finishStep puts the node back in service and removes what the updater created for it.
@@ -58,7 +59,7 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 		return err
 	}
 	if err := r.wc.DeleteAllOf(ctx, &sucv1.Plan{}, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace),
-		client.MatchingLabels{LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
+		client.MatchingLabels{suc.LabelNodeUpdate: string(r.nu.UID)}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete the Plans of node %s: %w", r.nu.Spec.NodeName, err)
 	}
 	return longhorn.ReleaseV2AutomaticUpgrade(ctx, r.wc, r.nu.UID)

@@ -7,18 +7,20 @@ import (
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
 // kubernetesStep upgrades RKE2 on the node through SUC and waits for its kubelet to
 // come back Ready at the target.
 var kubernetesStep = step{
 	name:    StepKubernetesUpgrade,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planKubernetes, t) },
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanKubernetes, t) },
 	run:     (*Updater).runKubernetes,
 }
 
 func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, error) {
-	done, message, err := u.applyPlan(ctx, r, planKubernetes)
+	done, message, err := u.applyPlan(ctx, r, suc.PlanKubernetes)
 	if err != nil || !done {
 		return done, message, err
 	}
@@ -26,7 +28,7 @@ func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, 
 	if err != nil {
 		return false, "", err
 	}
-	if !kube.NodeReady(node) || !sameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
+	if !kube.NodeReady(node) || !releases.SameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready at %s (kubelet reports %s)", node.Name, r.nu.Spec.Version, node.Status.NodeInfo.KubeletVersion), nil
 	}
 	return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil

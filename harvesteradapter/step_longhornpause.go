@@ -18,10 +18,12 @@ import (
 // 37). LonghornDataEngine, after the evacuation, checks again and holds for the engines
 // left on the node. The pause is given back by cleanup.
 var longhornPauseStep = step{
-	name:    StepLonghornPause,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return dur(t.DataEngineUpgrade, defaultDataEngineTimeout) },
-	skip:    (*Updater).skipLonghornPause,
-	run:     (*Updater).runLonghornPause,
+	name: StepLonghornPause,
+	timeout: func(t harvesterv1.Timeouts) time.Duration {
+		return harvesterv1.DurationOr(t.DataEngineUpgrade, harvesterv1.DefaultDataEngineTimeout)
+	},
+	skip: (*Updater).skipLonghornPause,
+	run:  (*Updater).runLonghornPause,
 }
 
 // skipLonghornPause skips the step where LonghornDataEngine is skipped, and where

@@ -6,12 +6,13 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
 // preloadStep pulls the release's images onto the node before it is drained.
 var preloadStep = step{
 	name:    StepImagePreload,
-	timeout: func(t harvesterv1.Timeouts) time.Duration { return planTimeout(planPreload, t) },
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanPreload, t) },
 	skip:    (*Updater).skipPreload,
 	run:     (*Updater).runPreload,
 }
@@ -36,5 +37,5 @@ func (u *Updater) skipPreload(ctx context.Context, r *nodeRun) (string, error) {
 }
 
 func (u *Updater) runPreload(ctx context.Context, r *nodeRun) (bool, string, error) {
-	return u.applyPlan(ctx, r, planPreload)
+	return u.applyPlan(ctx, r, suc.PlanPreload)
 }

@@ -3,18 +3,11 @@ package harvesteradapter
 import (
 	"context"
 	"fmt"
-	"io"
-	"maps"
-	"net/http"
-	"strings"
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -22,47 +15,14 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 // WorkloadClients hands out clients of workload clusters (see package workloadcluster).
 type WorkloadClients interface {
 	Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
-}
-
-// ReleaseReader reads harvester-release.yaml from the base URL of a repository that
-// serves a workload cluster.
-type ReleaseReader interface {
-	ReadRelease(ctx context.Context, cluster types.NamespacedName, repositoryURL string) ([]byte, error)
-}
-
-// HTTPReleaseReader reads release metadata over HTTP(S), for repositories the manager
-// reaches directly (release.repositoryURL).
-type HTTPReleaseReader struct {
-	// Client is the HTTP client; nil means one with a 30 second timeout.
-	Client *http.Client
-}
-
-// ReadRelease fetches <repositoryURL>/harvester-release.yaml.
-func (r HTTPReleaseReader) ReadRelease(ctx context.Context, _ types.NamespacedName, repositoryURL string) ([]byte, error) {
-	hc := r.Client
-	if hc == nil {
-		hc = &http.Client{Timeout: 30 * time.Second}
-	}
-	url := strings.TrimRight(repositoryURL, "/") + releaseMetadataPath
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", url, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("read %s: HTTP %d", url, resp.StatusCode)
-	}
-	return io.ReadAll(io.LimitReader(resp.Body, maxReleaseMetadataBytes+1))
 }
 
 // +kubebuilder:rbac:groups=harvester.inplace.cluster.x-k8s.io,resources=harvesterupgraders,verbs=get;list;watch
@@ -76,7 +36,7 @@ type Updater struct {
 	// Workloads gives clients of the workload clusters.
 	Workloads WorkloadClients
 	// Releases reads release metadata from repositories.
-	Releases ReleaseReader
+	Releases repository.ReleaseReader
 	// RepositoryURL, when set, maps the in-cluster URL of a deployed repository to a URL
 	// the manager reaches; nil uses the in-cluster URL as it is.
 	RepositoryURL func(inClusterURL string) string
@@ -111,7 +71,7 @@ type nodeRun struct {
 	// reconcile from what it read (readOnce).
 	wc    client.Client
 	repo  string
-	plans map[planKind]*sucv1.Plan
+	plans map[suc.PlanKind]*sucv1.Plan
 	// plan is the cluster's UpgradePlan for the release, nil until the ClusterUpgrade
 	// step created it.
 	plan *harvesterv1.UpgradePlan
@@ -168,7 +128,7 @@ func (u *Updater) NodeTimeout(ctx context.Context, nu *inplacev1.NodeUpdate) (ti
 	if err != nil {
 		return 0, err
 	}
-	return dur(cfg.Spec.Timeouts.Node, defaultNodeTimeout), nil
+	return harvesterv1.DurationOr(cfg.Spec.Timeouts.Node, harvesterv1.DefaultNodeTimeout), nil
 }
 
 func (u *Updater) poll() time.Duration {
@@ -176,13 +136,6 @@ func (u *Updater) poll() time.Duration {
 		return u.PollInterval
 	}
 	return 5 * time.Second
-}
-
-func dur(d *metav1.Duration, def time.Duration) time.Duration {
-	if d != nil && d.Duration > 0 {
-		return d.Duration
-	}
-	return def
 }
 
 func (u *Updater) config(ctx context.Context, namespace, name string) (*harvesterv1.HarvesterUpgrader, error) {
@@ -224,10 +177,10 @@ func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate, start b
 	if err != nil {
 		return nil, fmt.Errorf("reach the workload cluster %s: %w", nu.Spec.ClusterName, err)
 	}
-	r := &nodeRun{nu: nu, cfg: cfg, wc: newReadOnce(wc), plans: map[planKind]*sucv1.Plan{}}
+	r := &nodeRun{nu: nu, cfg: cfg, wc: newReadOnce(wc), plans: map[suc.PlanKind]*sucv1.Plan{}}
 	r.repo = cfg.Spec.Release.RepositoryURL
 	if r.repo == "" {
-		r.repo = repositoryServiceURL(cfg.Spec.Release.Version)
+		r.repo = repository.ServiceURL(cfg.Spec.Release.Version)
 	}
 	plan := &harvesterv1.UpgradePlan{}
 	switch err := u.Client.Get(ctx, client.ObjectKey{Namespace: nu.Namespace, Name: UpgradePlanName(nu.Spec.ClusterName, cfg.Spec.Release.Version)}, plan); {
@@ -254,9 +207,9 @@ func (u *Updater) node(ctx context.Context, r *nodeRun) (*corev1.Node, error) {
 // SUC signals it: done when the node carries plan.upgrade.cattle.io/<plan> equal to the
 // Plan's latest hash; a failed Job of the Plan on this node is a permanent error with the
 // Job's reason.
-func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind planKind) (bool, string, error) {
-	want := planForNode(r.cfg, r.nu, kind, r.repo)
-	current, message, err := syncPlan(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
+func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) (bool, string, error) {
+	want := suc.NodePlan(r.cfg, r.nu, kind, r.repo)
+	current, message, err := suc.Sync(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
 	if current == nil || err != nil {
 		return false, message, err
 	}
@@ -264,89 +217,13 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind planKind) (boo
 	if err != nil {
 		return false, "", err
 	}
-	if planDoneOn(current, node) {
+	if suc.DoneOn(current, node) {
 		return true, fmt.Sprintf("SUC plan %s completed on node %s", current.Name, node.Name), nil
 	}
-	if err := failedPlanJob(ctx, r.wc, current, node.Name); err != nil {
+	if err := suc.FailedJob(ctx, r.wc, current, node.Name); err != nil {
 		return false, "", err
 	}
 	return false, fmt.Sprintf("System Upgrade Controller is applying plan %s on node %s", current.Name, node.Name), nil
-}
-
-// syncPlan makes the workload cluster's SUC Plan want.Name carry want's spec and labels
-// (labels another writer put on it stay). It returns the Plan once System Upgrade
-// Controller has resolved it (its latest hash is set); until then nil and what it waits
-// for. forWhat names what the Plan is for, in messages.
-func syncPlan(ctx context.Context, wc client.Client, want *sucv1.Plan, forWhat string) (*sucv1.Plan, string, error) {
-	current := &sucv1.Plan{}
-	err := wc.Get(ctx, client.ObjectKeyFromObject(want), current)
-	switch {
-	case apierrors.IsNotFound(err):
-		if err := wc.Create(ctx, want); err != nil {
-			return nil, "", fmt.Errorf("create SUC plan %s for %s: %w", want.Name, forWhat, err)
-		}
-		return nil, fmt.Sprintf("created SUC plan %s/%s for %s", want.Namespace, want.Name, forWhat), nil
-	case err != nil:
-		return nil, "", fmt.Errorf("get SUC plan %s: %w", want.Name, err)
-	}
-	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) || !hasLabels(current.Labels, want.Labels) {
-		current.Spec = want.Spec
-		if current.Labels == nil {
-			current.Labels = map[string]string{}
-		}
-		maps.Copy(current.Labels, want.Labels)
-		if err := wc.Update(ctx, current); err != nil {
-			return nil, "", fmt.Errorf("update SUC plan %s for %s: %w", want.Name, forWhat, err)
-		}
-		return nil, fmt.Sprintf("updated SUC plan %s/%s for %s", want.Namespace, want.Name, forWhat), nil
-	}
-	if current.Status.LatestHash == "" {
-		return nil, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil
-	}
-	return current, "", nil
-}
-
-// hasLabels reports whether labels carries every label of want.
-func hasLabels(labels, want map[string]string) bool {
-	for k, v := range want {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
-// planDoneOn reports whether SUC finished plan on node: the node carries
-// plan.upgrade.cattle.io/<plan> equal to the Plan's latest hash (shared/facts/suc.md,
-// fact 46).
-func planDoneOn(plan *sucv1.Plan, node *corev1.Node) bool {
-	return node.Labels["plan.upgrade.cattle.io/"+plan.Name] == plan.Status.LatestHash
-}
-
-// failedPlanJob is a permanent error naming a failed Job of plan on node (on any node when
-// node is empty), with the Job's reason; nil when none failed. A Job older than the Plan
-// belongs to an earlier Plan of the same name.
-func failedPlanJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) error {
-	selector := client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name}
-	if node != "" {
-		selector["upgrade.cattle.io/node"] = node
-	}
-	jobs := &batchv1.JobList{}
-	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), selector); err != nil {
-		return fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
-	}
-	for _, job := range jobs.Items {
-		if job.CreationTimestamp.Before(&plan.CreationTimestamp) {
-			continue
-		}
-		for _, c := range job.Status.Conditions {
-			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
-				return nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s",
-					job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
-			}
-		}
-	}
-	return nil
 }
 
 // Abort stops the node's upgrade at a safe point: it waits until no Job of this node's
@@ -365,12 +242,12 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		return false, err
 	}
 	plans := &sucv1.PlanList{}
-	if err := r.wc.List(ctx, plans, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace), client.MatchingLabels{LabelNodeUpdate: string(nu.UID)}); err != nil {
+	if err := r.wc.List(ctx, plans, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace), client.MatchingLabels{suc.LabelNodeUpdate: string(nu.UID)}); err != nil {
 		return false, fmt.Errorf("list the Plans of node %s: %w", nu.Spec.NodeName, err)
 	}
 	nodeGone := apierrors.IsNotFound(r.wc.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, &corev1.Node{}))
 	if !nodeGone {
-		running, err := planJobRunning(ctx, r.wc, nu.Spec.NodeName, plans.Items)
+		running, err := suc.JobRunning(ctx, r.wc, nu.Spec.NodeName, plans.Items)
 		if err != nil || running {
 			return false, err
 		}
@@ -382,29 +259,4 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		return false, err
 	}
 	return true, nil
-}
-
-// planJobRunning reports whether a Job of one of plans runs on node.
-func planJobRunning(ctx context.Context, wc client.Client, node string, plans []sucv1.Plan) (bool, error) {
-	for _, p := range plans {
-		jobs := &batchv1.JobList{}
-		if err := wc.List(ctx, jobs, client.InNamespace(p.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": p.Name, "upgrade.cattle.io/node": node}); err != nil {
-			return false, fmt.Errorf("list jobs of plan %s: %w", p.Name, err)
-		}
-		for i := range jobs.Items {
-			if !jobFinished(&jobs.Items[i]) {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}
-
-func jobFinished(job *batchv1.Job) bool {
-	for _, c := range job.Status.Conditions {
-		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -71,7 +73,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	clusterSeq++
 	c := &harvesterCluster{ns: fmt.Sprintf("hv-%d", clusterSeq), name: fmt.Sprintf("hv%d", clusterSeq), rec: sim.NewRecord()}
 	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
-	for _, ns := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, longhorn.Namespace} {
+	for _, ns := range []string{"cattle-system", repository.Namespace, longhorn.Namespace} {
 		_ = wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	}
 	_ = wl.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: "cattle-system"}})
@@ -101,7 +103,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 		o(c.suc) // before the simulator runs: it reads its settings without a lock
 	}
 	go func() { _ = c.suc.Run(runCtx) }()
-	c.repository = &sim.Repository{Client: wl.Client, Namespace: harvesteradapter.RepositoryNamespace, Release: release160}
+	c.repository = &sim.Repository{Client: wl.Client, Namespace: repository.Namespace, Release: release160}
 	c.repository.Start(runCtx)
 	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
@@ -118,7 +120,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	c.updater = &harvesteradapter.Updater{
 		Client:        env.Client,
 		Workloads:     &workloadcluster.Clients{Reader: env.Client, Scheme: env.Scheme},
-		Releases:      harvesteradapter.HTTPReleaseReader{},
+		Releases:      repository.HTTPReleaseReader{},
 		RepositoryURL: func(string) string { return c.repository.URL() },
 		PollInterval:  20 * time.Millisecond,
 		NodeImage:     managerNodeImage,
@@ -205,11 +207,11 @@ func stepStates(nu *inplacev1.NodeUpdate) map[string]inplacev1.StepState {
 
 func ourPlans(c *harvesterCluster) []sucv1.Plan {
 	plans := &sucv1.PlanList{}
-	Expect(workload.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.HasLabels{harvesteradapter.LabelNodeUpdate})).To(Succeed())
+	Expect(workload.Client.List(ctx, plans, client.InNamespace("cattle-system"), client.HasLabels{suc.LabelNodeUpdate})).To(Succeed())
 	var out []sucv1.Plan
 	for _, p := range plans.Items {
 		for _, n := range c.nodes {
-			if p.Annotations[harvesteradapter.AnnotationNode] == n {
+			if p.Annotations[suc.AnnotationNode] == n {
 				out = append(out, p)
 			}
 		}
@@ -306,7 +308,7 @@ var _ = Describe("The Harvester updater", func() {
 			Expect(drive(c.updater, c.nodeUpdate(node), 30*time.Second)).To(Succeed())
 		}
 		deps := &corev1.ServiceList{}
-		Expect(workload.Client.List(ctx, deps, client.InNamespace(harvesteradapter.RepositoryNamespace), client.HasLabels{harvesteradapter.LabelRepository})).To(Succeed())
+		Expect(workload.Client.List(ctx, deps, client.InNamespace(repository.Namespace), client.HasLabels{repository.LabelRepository})).To(Succeed())
 		Expect(deps.Items).To(HaveLen(1), "one repository Service for the release, shared by both nodes")
 		Expect(c.repository.MetadataRequests()).To(BeNumerically(">=", 2), "each node checks the release's eligibility")
 		Expect(c.repository.Problem(deps.Items[0].Name)).To(BeEmpty(), "the repository's pods run the node program as a real node would")

@@ -32,6 +32,8 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
@@ -421,7 +423,7 @@ func (r *PlanReconciler) prepare(ctx context.Context, plan *harvesterv1.UpgradeP
 	}
 	pr := &PlanRun{Plan: plan, Config: cfg, Workload: wc, Cluster: cluster, repo: cfg.Spec.Release.RepositoryURL}
 	if pr.repo == "" {
-		pr.repo = repositoryServiceURL(cfg.Spec.Release.Version)
+		pr.repo = repository.ServiceURL(cfg.Spec.Release.Version)
 	}
 	return pr, nil
 }
@@ -446,7 +448,7 @@ func (r *PlanReconciler) planConfig(ctx context.Context, plan *harvesterv1.Upgra
 		}
 		return nil, err
 	}
-	if !sameVersion(cfg.Spec.Release.Version, plan.Spec.Version) {
+	if !releases.SameVersion(cfg.Spec.Release.Version, plan.Spec.Version) {
 		return nil, heldf("HarvesterUpgrader %s installs Harvester %s, but this plan is for %s: set its release.version to %s, or create an UpgradePlan for %s",
 			cfg.Name, cfg.Spec.Release.Version, plan.Spec.Version, plan.Spec.Version, cfg.Spec.Release.Version)
 	}

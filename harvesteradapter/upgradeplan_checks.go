@@ -5,22 +5,24 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 )
 
 // DefaultClusterChecks runs the cluster preflight (clusterchecks.go) of a plan with the
 // plan's annotations, through the workload cluster's API server.
-func DefaultClusterChecks(configs RESTConfigs) ClusterChecks {
+func DefaultClusterChecks(configs repository.RESTConfigs) ClusterChecks {
 	return func(ctx context.Context, pr *PlanRun) []harvesterv1.PreflightCheck {
-		in := ClusterCheckInput{Workload: pr.Workload, Annotations: pr.Plan.Annotations, Now: time.Now()}
+		in := clusterchecks.Input{Workload: pr.Workload, Annotations: pr.Plan.Annotations, Now: time.Now()}
 		cfg, err := configs.RESTConfig(ctx, pr.Cluster)
 		if err == nil {
 			in.APIServer = cfg
-			if k, kerr := NewProxyKubeletReader(cfg); kerr == nil {
+			if k, kerr := clusterchecks.NewProxyKubeletReader(cfg); kerr == nil {
 				in.Kubelets = k
 			}
 		}
-		results := RunClusterChecks(ctx, in)
+		results := clusterchecks.Run(ctx, in)
 		return append(preflightStatus(results), managedChartsCheck(ctx, pr))
 	}
 }
@@ -32,8 +34,8 @@ const CheckManagedChartsReady = "ManagedChartsReady"
 // managedChartsCheck is the ManagedChartsReady check, skipped by its annotation.
 func managedChartsCheck(ctx context.Context, pr *PlanRun) harvesterv1.PreflightCheck {
 	c := harvesterv1.PreflightCheck{Name: CheckManagedChartsReady}
-	if pr.Plan.Annotations[SkipCheckAnnotationPrefix+CheckManagedChartsReady] == "true" {
-		c.Result, c.Message = harvesterv1.CheckSkipped, "skipped by the annotation "+SkipCheckAnnotationPrefix+CheckManagedChartsReady
+	if pr.Plan.Annotations[clusterchecks.SkipCheckAnnotationPrefix+CheckManagedChartsReady] == "true" {
+		c.Result, c.Message = harvesterv1.CheckSkipped, "skipped by the annotation "+clusterchecks.SkipCheckAnnotationPrefix+CheckManagedChartsReady
 		return c
 	}
 	ok, message, err := clusterupgrade.ManagedChartsReady(ctx, pr.Workload)
@@ -49,7 +51,7 @@ func managedChartsCheck(ctx context.Context, pr *PlanRun) harvesterv1.PreflightC
 }
 
 // preflightStatus is the checks' results as the plan's status shows them.
-func preflightStatus(results []ClusterCheckResult) []harvesterv1.PreflightCheck {
+func preflightStatus(results []clusterchecks.Result) []harvesterv1.PreflightCheck {
 	out := make([]harvesterv1.PreflightCheck, 0, len(results))
 	for _, r := range results {
 		c := harvesterv1.PreflightCheck{Name: r.Name, Result: harvesterv1.CheckFailed, Message: r.Message}

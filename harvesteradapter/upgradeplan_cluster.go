@@ -11,6 +11,7 @@ import (
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -24,7 +25,7 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 	return clusterupgrade.Job(clusterupgrade.JobInput{
 		Plan:           pr.Plan.Name,
 		Image:          pr.Config.Spec.Images.Node,
-		Namespace:      RepositoryNamespace,
+		Namespace:      repository.Namespace,
 		ServiceAccount: pr.Config.Spec.ClusterUpgrade.ServiceAccountName,
 		Labels:         labels,
 		Input: clusterupgrade.Input{

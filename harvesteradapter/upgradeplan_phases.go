@@ -17,6 +17,9 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -44,11 +47,11 @@ func (r *PlanReconciler) initialize(ctx context.Context, pr *PlanRun) (bool, str
 		if n.role != harvesterv1.NodeRoleWitness {
 			nonWitness++
 		}
-		v, err := HarvesterVersionFromOSImage(n.node.Status.NodeInfo.OSImage)
+		v, err := releases.HarvesterVersionFromOSImage(n.node.Status.NodeInfo.OSImage)
 		if err != nil {
 			return false, "", heldf("node %s: %v", n.node.Name, err)
 		}
-		if previous == "" || versionLess(v, previous) {
+		if previous == "" || releases.Less(v, previous) {
 			previous = v
 		}
 	}
@@ -76,7 +79,7 @@ func (r *PlanReconciler) createRepository(ctx context.Context, pr *PlanRun) (boo
 	if pr.Config.Spec.Release.RepositoryURL != "" {
 		return true, "the release is served by the existing repository " + pr.Config.Spec.Release.RepositoryURL, nil
 	}
-	return ensureRepository(ctx, pr.Workload, pr.Config)
+	return repository.Ensure(ctx, pr.Workload, pr.Config)
 }
 
 // populateMetadata reads harvester-release.yaml into the status and checks the release
@@ -90,7 +93,7 @@ func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (boo
 	if err != nil {
 		return false, "", fmt.Errorf("read the release metadata of Harvester %s: %w", pr.Plan.Spec.Version, err)
 	}
-	rel, err := ParseReleaseMetadata(data)
+	rel, err := releases.ParseMetadata(data)
 	if err != nil {
 		return false, "", nodeupdater.Permanent("InvalidReleaseMetadata", err)
 	}
@@ -98,10 +101,10 @@ func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (boo
 		Harvester: rel.Harvester, HarvesterChart: rel.HarvesterChart, OS: rel.OS, Kubernetes: rel.Kubernetes,
 		Rancher: rel.Rancher, MinUpgradableVersion: rel.MinUpgradableVersion,
 	}
-	if !sameVersion(rel.Harvester, pr.Plan.Spec.Version) {
+	if !releases.SameVersion(rel.Harvester, pr.Plan.Spec.Version) {
 		return false, "", nodeupdater.Permanentf("WrongRelease", "the repository serves Harvester %s, but the plan is for %s: point the HarvesterUpgrader's release at the %s release", rel.Harvester, pr.Plan.Spec.Version, pr.Plan.Spec.Version)
 	}
-	if err := rel.CheckEligible(pr.Plan.Spec.Version, rel.Kubernetes, forcedFloor(pr.Plan, pr.Plan.Status.PreviousVersion, rel)); err != nil {
+	if err := rel.CheckEligible(pr.Plan.Spec.Version, rel.Kubernetes, releases.ForcedFloor(pr.Plan, pr.Plan.Status.PreviousVersion, rel)); err != nil {
 		return false, "", heldf("%v (spec.force installs over a version older than minUpgradableVersion; never a downgrade)", err)
 	}
 	return true, fmt.Sprintf("Harvester %s: Kubernetes %s, Rancher %s, chart %s", rel.Harvester, rel.Kubernetes, rel.Rancher, rel.HarvesterChart), nil
@@ -142,16 +145,16 @@ func clusterPreloadPlan(pr *PlanRun, concurrency int64) *sucv1.Plan {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      clusterObjectName("preload", pr.Plan),
 			Namespace: spec.SystemUpgradeController.Namespace,
-			Labels:    map[string]string{LabelUpgradePlan: pr.Plan.Name, LabelPlanKind: string(planPreload)},
+			Labels:    map[string]string{LabelUpgradePlan: pr.Plan.Name, suc.LabelPlanKind: string(suc.PlanPreload)},
 		},
 		Spec: sucv1.PlanSpec{
 			Concurrency:           concurrency,
 			Version:               release,
 			ServiceAccountName:    spec.SystemUpgradeController.ServiceAccountName,
-			JobActiveDeadlineSecs: ptr.To(deadlineSeconds(planTimeout(planPreload, spec.Timeouts))),
+			JobActiveDeadlineSecs: ptr.To(suc.DeadlineSeconds(suc.PlanTimeout(suc.PlanPreload, spec.Timeouts))),
 			NodeSelector:          planNodes(pr.Plan),
 			Tolerations:           []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-			Upgrade:               nodeProgram(spec.Images.Node, []string{"preload"}, pr.repo, release, privilegedRoot()),
+			Upgrade:               suc.NodeProgram(spec.Images.Node, []string{"preload"}, pr.repo, release, suc.PrivilegedRoot()),
 		},
 	}
 }
@@ -171,17 +174,17 @@ func planNodes(plan *harvesterv1.UpgradePlan) *metav1.LabelSelector {
 // reports, as SUC signals it (a node done once it carries the Plan's latest hash), each
 // node's state and whether every node is done. A failed Job fails the plan.
 func applyClusterPlan(ctx context.Context, pr *PlanRun, want *sucv1.Plan, nodes []clusterNode) (bool, string, map[string]string, error) {
-	current, message, err := syncPlan(ctx, pr.Workload, want, fmt.Sprintf("%d nodes", len(nodes)))
+	current, message, err := suc.Sync(ctx, pr.Workload, want, fmt.Sprintf("%d nodes", len(nodes)))
 	if current == nil || err != nil {
 		return false, message, nil, err
 	}
-	if err := failedPlanJob(ctx, pr.Workload, current, ""); err != nil {
+	if err := suc.FailedJob(ctx, pr.Workload, current, ""); err != nil {
 		return false, "", nil, err
 	}
 	states := map[string]string{}
 	done := 0
 	for _, n := range nodes {
-		if planDoneOn(current, n.node) {
+		if suc.DoneOn(current, n.node) {
 			states[n.node.Name] = "done"
 			done++
 		}
@@ -258,7 +261,7 @@ func (r *PlanReconciler) nodeStatuses(nodes []clusterNode, planStates map[string
 			s.State = NodeStateImagePreloaded
 		}
 		atRelease := release != nil && func() bool {
-			ok, _ := nodeAtTarget(n.node.Status.NodeInfo, release.Kubernetes, pr.Plan.Spec.Version, upgradesOS(pr.Config))
+			ok, _ := releases.NodeAtTarget(n.node.Status.NodeInfo, release.Kubernetes, pr.Plan.Spec.Version, releases.UpgradesOS(pr.Config))
 			return ok
 		}()
 		var nu *inplacev1.NodeUpdate
@@ -294,14 +297,14 @@ func (r *PlanReconciler) nodeStatuses(nodes []clusterNode, planStates map[string
 // time (fact 55), while the repository still serves the image lists.
 func (r *PlanReconciler) cleanImages(ctx context.Context, pr *PlanRun) (bool, string, error) {
 	previous := pr.Plan.Status.PreviousVersion
-	if previous == "" || sameVersion(previous, pr.Plan.Spec.Version) {
+	if previous == "" || releases.SameVersion(previous, pr.Plan.Spec.Version) {
 		return true, "skipped: no previous release on the nodes", nil
 	}
 	nodes, err := clusterNodes(ctx, pr)
 	if err != nil {
 		return false, "", err
 	}
-	want := imageCleanupPlan(pr.Config, clusterObjectName("image-cleanup", pr.Plan), pr.repo, previous)
+	want := suc.ImageCleanupPlan(pr.Config, clusterObjectName("image-cleanup", pr.Plan), pr.repo, previous)
 	want.Labels[LabelUpgradePlan] = pr.Plan.Name
 	want.Spec.NodeSelector = planNodes(pr.Plan)
 	done, message, _, err := applyClusterPlan(ctx, pr, want, nodes)
@@ -320,7 +323,7 @@ func (r *PlanReconciler) cleanUp(ctx context.Context, pr *PlanRun) (bool, string
 // Plans and the Jobs and ConfigMaps the plan created on the workload cluster.
 func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) error {
 	if pr.Config.Spec.Release.RepositoryURL == "" {
-		pvc, dep, svc, err := repositoryObjects(pr.Config)
+		pvc, dep, svc, err := repository.Objects(pr.Config)
 		if err != nil {
 			return err
 		}

@@ -22,6 +22,11 @@ import (
 
 // Exit codes of every subcommand. SUC and the repository Deployment only tell zero from
 // non-zero; the codes are for a person reading `kubectl get pod -o yaml` and for scripts.
+// Binary is the capi-inplace image's binary (its entrypoint, Dockerfile). The Harvester
+// updater's Plans and repository name it as their command, so that they run the node
+// program whatever entrypoint a mirrored image was given.
+const Binary = "/capi-inplace"
+
 const (
 	// ExitOK: the work is done (or was already done).
 	ExitOK = 0

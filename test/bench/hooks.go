@@ -35,6 +35,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
 	"github.com/capi-inplace/capi-inplace/test/capisim"
@@ -146,7 +147,7 @@ func runHookBench(ctx context.Context, b *bench) (*hookBenchResult, error) {
 	registry := nodeupdater.NewRegistry()
 	for _, reg := range []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads}).Registration(),
-		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: harvesteradapter.ClusterReleaseReader{Configs: workloads}}).Registration(),
+		(&harvesteradapter.Updater{Client: mgr.GetClient(), Workloads: workloads, Releases: repository.ClusterReleaseReader{Configs: workloads}}).Registration(),
 	} {
 		if err := registry.Register(reg); err != nil {
 			return nil, err

@@ -31,6 +31,8 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	upgraderepo "github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -276,7 +278,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	}
 	defer informers.Stop()
 	suc := &sim.SUC{Client: wc, Cache: informers, Namespace: "cattle-system", Kubelet: kubelet, Record: rec, Interval: poll, Work: sucWork(d, n)}
-	repository := &sim.Repository{Client: wc, Cache: informers, Namespace: harvesteradapter.RepositoryNamespace, Release: makespanReleaseYAML, Delay: d.setup}
+	repository := &sim.Repository{Client: wc, Cache: informers, Namespace: upgraderepo.Namespace, Release: makespanReleaseYAML, Delay: d.setup}
 	longhorn := &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, Interval: poll}
 	repository.Start(runCtx)
 	(&sim.Rancher{Client: wc, Cache: informers}).Start(runCtx)
@@ -380,7 +382,7 @@ func warmUp(ctx context.Context, wl *testenv.Environment) error {
 // run's cleanup is shared among the nodes so that it adds up to the same at every size.
 func sucWork(d scaledDurations, n int) func(*sucv1.Plan) time.Duration {
 	return func(p *sucv1.Plan) time.Duration {
-		switch p.Labels[harvesteradapter.LabelPlanKind] {
+		switch p.Labels[suc.LabelPlanKind] {
 		case "preload":
 			return d.preload
 		case "drain":
@@ -405,7 +407,7 @@ type makespanNode struct {
 // createMakespanCluster creates the CAPI objects of an n-node Harvester cluster and the
 // kubeconfig Secret that reaches wl.
 func createMakespanCluster(ctx context.Context, mc client.Client, wl *testenv.Environment, ns string, n int) ([]makespanNode, error) {
-	for _, name := range []string{"cattle-system", harvesteradapter.RepositoryNamespace, longhorn.Namespace} {
+	for _, name := range []string{"cattle-system", upgraderepo.Namespace, longhorn.Namespace} {
 		if err := wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, err
 		}
@@ -473,7 +475,7 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 		return nil, err
 	}
 	harvester := &harvesteradapter.Updater{
-		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: harvesteradapter.HTTPReleaseReader{},
+		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: upgraderepo.HTTPReleaseReader{},
 		RepositoryURL: func(string) string { return repository.URL() },
 		PollInterval:  poll, NodeImage: makespanNodeImage, Version: "v0.4.0", Recorder: mgr.GetEventRecorder("harvester-updater"),
 	}

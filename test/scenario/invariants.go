@@ -11,8 +11,8 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -269,13 +269,13 @@ func (s *Scenario) noPlanLeft(ctx context.Context, done map[string]bool) Check {
 		return c
 	}
 	plans := &sucv1.PlanList{}
-	if err := s.Workload.Client.List(ctx, plans, client.InNamespace(SUCNamespace), client.HasLabels{harvesteradapter.LabelNodeUpdate}); err != nil {
+	if err := s.Workload.Client.List(ctx, plans, client.InNamespace(SUCNamespace), client.HasLabels{suc.LabelNodeUpdate}); err != nil {
 		c.OK, c.Detail = false, fmt.Sprintf("list Plans: %v", err)
 		return c
 	}
 	var left []string
 	for _, p := range plans.Items {
-		if done[p.Annotations[harvesteradapter.AnnotationNode]] {
+		if done[p.Annotations[suc.AnnotationNode]] {
 			left = append(left, p.Name)
 		}
 	}

@@ -37,7 +37,10 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/manager"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -289,7 +292,7 @@ func (s *Scenario) startServersAndBuild(ctx context.Context) error {
 // the repository and Longhorn namespaces, and one Ready Node per machine.
 func (s *Scenario) createWorkload(ctx context.Context) error {
 	wc := s.Workload.Client
-	for _, ns := range []string{SUCNamespace, harvesteradapter.RepositoryNamespace, longhorn.Namespace} {
+	for _, ns := range []string{SUCNamespace, repository.Namespace, longhorn.Namespace} {
 		if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			return fmt.Errorf("create namespace %s on the workload cluster: %w", ns, err)
 		}
@@ -447,7 +450,7 @@ func (s *Scenario) startSimulators() {
 	wc := s.Workload.Client
 	delay := s.Options.StepDelay
 	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
-	s.Repository = &sim.Repository{Client: wc, Namespace: harvesteradapter.RepositoryNamespace, Release: ReleaseMetadata, Delay: delay}
+	s.Repository = &sim.Repository{Client: wc, Namespace: repository.Namespace, Release: ReleaseMetadata, Delay: delay}
 	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
 	if s.Options.LonghornV2 {
 		s.Longhorn.SetTargetImage(LonghornIMTargetImage)
@@ -571,7 +574,7 @@ func (s *Scenario) createUpdater(ctx context.Context) error {
 	plan := &harvesterv1.UpgradePlan{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: harvesteradapter.UpgradePlanName(s.Options.ClusterName, HarvesterRelease), Namespace: s.Options.Namespace,
-			Annotations: map[string]string{harvesteradapter.AnnotationMinCertsExpirationDays: "1"},
+			Annotations: map[string]string{clusterchecks.AnnotationMinCertsExpirationDays: "1"},
 		},
 		Spec: harvesterv1.UpgradePlanSpec{ClusterName: s.Options.ClusterName, UpgraderName: UpdaterName, Version: HarvesterRelease},
 	}
@@ -606,7 +609,7 @@ func (s *Scenario) FailNode(node, message string) error {
 	}
 	// The OS Plan's name carries the NodeUpdate, which does not exist yet: the Plan is
 	// found by the kind the updater labels it with.
-	s.SUC.FailNodeLabelled(map[string]string{harvesteradapter.LabelPlanKind: "os"}, n.Name, message)
+	s.SUC.FailNodeLabelled(map[string]string{suc.LabelPlanKind: "os"}, n.Name, message)
 	return nil
 }
 

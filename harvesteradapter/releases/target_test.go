@@ -1,4 +1,4 @@
-package harvesteradapter
+package releases
 
 import (
 	"testing"
@@ -29,7 +29,7 @@ func TestNodeAtTarget(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			at, why := nodeAtTarget(corev1.NodeSystemInfo{KubeletVersion: tt.kubelet, OSImage: tt.osImage}, "v1.33.3+rke2r1", "v1.6.0", tt.upgradeOS)
+			at, why := NodeAtTarget(corev1.NodeSystemInfo{KubeletVersion: tt.kubelet, OSImage: tt.osImage}, "v1.33.3+rke2r1", "v1.6.0", tt.upgradeOS)
 			if at != tt.wantAt || why != tt.wantWhy {
 				t.Errorf("nodeAtTarget = %v, %q; want %v, %q", at, why, tt.wantAt, tt.wantWhy)
 			}

@@ -1,4 +1,4 @@
-package harvesteradapter
+package releases
 
 import (
 	"testing"
@@ -13,7 +13,7 @@ func FuzzReleaseMetadata(f *testing.F) {
 	f.Add([]byte("harvester: &a v1.6.0\nkubernetes: *a\nminUpgradableVersion: *a\n"), "v1.6.0", "v1.6.0", "v1.6.0")
 	f.Add([]byte("- - - -\n"), "x", "y", "z")
 	f.Fuzz(func(t *testing.T, data []byte, release, target, current string) {
-		m, err := ParseReleaseMetadata(data)
+		m, err := ParseMetadata(data)
 		if err != nil {
 			return
 		}

@@ -1,4 +1,4 @@
-package harvesteradapter
+package repository
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 )
 
 // RepositoryNamespace is where the upgrade repository runs on the workload cluster.
-const RepositoryNamespace = "harvester-system"
+const Namespace = "harvester-system"
 
 // Labels of the repository's objects.
 const (
@@ -32,7 +32,7 @@ const (
 	// repositoryPort is the port nginx serves the release on.
 	repositoryPort = 80
 	// releaseMetadataPath is where the repository serves the release metadata.
-	releaseMetadataPath = "/harvester-release.yaml"
+	MetadataPath = "/harvester-release.yaml"
 	// downloaderContainer is the init container of every repository pod that runs
 	// `capi-inplace node repository download`: the leader downloads the ISO and checks
 	// its checksum, the others wait for it.
@@ -58,7 +58,7 @@ func releaseImage(release harvesterv1.Release) (namespace, name string, ok bool)
 
 // repositoryName is the name of the repository of a release: one per workload cluster
 // and release, shared by every node.
-func repositoryName(release string) string {
+func Name(release string) string {
 	name := "capi-inplace-repo-" + strings.NewReplacer(".", "-", "+", "-").Replace(strings.ToLower(release))
 	if len(name) > 52 {
 		sum := sha256.Sum256([]byte(release))
@@ -68,8 +68,8 @@ func repositoryName(release string) string {
 }
 
 // repositoryServiceURL is the in-cluster URL nodes reach the repository at.
-func repositoryServiceURL(release string) string {
-	return fmt.Sprintf("http://%s.%s.svc", repositoryName(release), RepositoryNamespace)
+func ServiceURL(release string) string {
+	return fmt.Sprintf("http://%s.%s.svc", Name(release), Namespace)
 }
 
 // repositoryObjects are the PVC, Deployment and Service of the pod-based upgrade
@@ -87,13 +87,13 @@ func repositoryServiceURL(release string) string {
 // namespace, harvester-system (the API refuses another): a pod mounts PVCs of its own
 // namespace only, and the repository stays where Harvester's is and where the nodes
 // reach it (repositoryServiceURL), whatever the image.
-func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVolumeClaim, *appsv1.Deployment, *corev1.Service, error) {
+func Objects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVolumeClaim, *appsv1.Deployment, *corev1.Service, error) {
 	spec := cfg.Spec
-	name := repositoryName(spec.Release.Version)
+	name := Name(spec.Release.Version)
 	labels := map[string]string{LabelRepository: name, "app.kubernetes.io/name": "capi-inplace-upgrade-repository"}
 	if imageNS, image, ok := releaseImage(spec.Release); ok {
-		if imageNS != RepositoryNamespace {
-			return nil, nil, nil, nodeupdater.Permanentf("InvalidReleaseImage", "HarvesterUpgrader %s: release.image %s is not in %s, where the upgrade repository runs and mounts its volume", cfg.Name, spec.Release.Image, RepositoryNamespace)
+		if imageNS != Namespace {
+			return nil, nil, nil, nodeupdater.Permanentf("InvalidReleaseImage", "HarvesterUpgrader %s: release.image %s is not in %s, where the upgrade repository runs and mounts its volume", cfg.Name, spec.Release.Image, Namespace)
 		}
 		dep, svc := repositoryDeployment(cfg, name, labels, image)
 		return nil, dep, svc, nil
@@ -104,7 +104,7 @@ func repositoryObjects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVo
 	}
 
 	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RepositoryNamespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
 			StorageClassName: ptr.To(spec.RepositoryStorage.StorageClassName),
@@ -130,7 +130,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 		"--target=" + repositoryMountPath, "--hold"}
 	volume := corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}
 	initContainers := []corev1.Container{{
-		Name: downloaderContainer, Image: node, Command: []string{nodeProgramBinary},
+		Name: downloaderContainer, Image: node, Command: []string{nodeprogram.Binary},
 		Args: []string{"node", "repository", "download", "--dir=" + repositoryVolumePath,
 			"--iso-url=" + spec.Release.ISOURL, "--sha512=" + spec.Release.ISOChecksum, "--file=" + repositoryISOFile},
 		Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
@@ -151,7 +151,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 	bidirectional := corev1.MountPropagationBidirectional
 	hostToContainer := corev1.MountPropagationHostToContainer
 	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RepositoryNamespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To[int32](3),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
@@ -171,7 +171,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 					InitContainers: initContainers,
 					Containers: []corev1.Container{
 						{
-							Name: mounterContainer, Image: node, Command: []string{nodeProgramBinary}, Args: mount,
+							Name: mounterContainer, Image: node, Command: []string{nodeprogram.Binary}, Args: mount,
 							// A loop device and mount(2), propagated to nginx through the
 							// shared emptyDir: privileged (which Bidirectional requires) and root.
 							SecurityContext:          &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
@@ -185,7 +185,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 							Name: "nginx", Image: spec.Images.Nginx,
 							Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: repositoryPort}},
 							ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
-								HTTPGet: &corev1.HTTPGetAction{Path: releaseMetadataPath, Port: intstr.FromString("http")},
+								HTTPGet: &corev1.HTTPGetAction{Path: MetadataPath, Port: intstr.FromString("http")},
 							}, PeriodSeconds: 5},
 							VolumeMounts: []corev1.VolumeMount{{Name: "iso-mount", MountPath: "/usr/share/nginx/html", ReadOnly: true, MountPropagation: &hostToContainer}},
 						},
@@ -200,7 +200,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 	}
 
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RepositoryNamespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Spec: corev1.ServiceSpec{
 			Selector: labels,
 			Ports:    []corev1.ServicePort{{Name: "http", Port: repositoryPort, TargetPort: intstr.FromString("http")}},
@@ -212,8 +212,8 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 // ensureRepository creates the repository's objects that do not exist yet and reports
 // whether it serves the release. A downloader that failed (a wrong checksum, an ISO URL
 // that does not answer) is a permanent error with its own message.
-func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.HarvesterUpgrader) (ready bool, message string, err error) {
-	pvc, dep, svc, err := repositoryObjects(cfg)
+func Ensure(ctx context.Context, c client.Client, cfg *harvesterv1.HarvesterUpgrader) (ready bool, message string, err error) {
+	pvc, dep, svc, err := Objects(cfg)
 	if err != nil {
 		return false, "", err
 	}
@@ -236,7 +236,7 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 				return false, "", fmt.Errorf("create upgrade repository %T %s: %w", obj, obj.GetName(), err)
 			}
 		}
-		return false, fmt.Sprintf("created the upgrade repository %s/%s for Harvester %s", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
+		return false, fmt.Sprintf("created the upgrade repository %s/%s for Harvester %s", Namespace, dep.Name, cfg.Spec.Release.Version), nil
 	}
 	if err != nil {
 		return false, "", fmt.Errorf("get upgrade repository %s: %w", dep.Name, err)
@@ -248,9 +248,9 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 		return false, "", nodeupdater.Permanentf("RepositoryDownloadFailed", "the upgrade repository %s could not provide Harvester %s: %s", dep.Name, cfg.Spec.Release.Version, msg)
 	}
 	if current.Status.AvailableReplicas < 1 {
-		return false, fmt.Sprintf("waiting for the upgrade repository %s/%s to download Harvester %s and serve it", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
+		return false, fmt.Sprintf("waiting for the upgrade repository %s/%s to download Harvester %s and serve it", Namespace, dep.Name, cfg.Spec.Release.Version), nil
 	}
-	return true, fmt.Sprintf("the upgrade repository %s/%s serves Harvester %s", RepositoryNamespace, dep.Name, cfg.Spec.Release.Version), nil
+	return true, fmt.Sprintf("the upgrade repository %s/%s serves Harvester %s", Namespace, dep.Name, cfg.Spec.Release.Version), nil
 }
 
 // imageVolumeReady tells whether the PVC of the VirtualMachineImage ref (named image, in
@@ -260,15 +260,15 @@ func ensureRepository(ctx context.Context, c client.Client, cfg *harvesterv1.Har
 // generateDVTargetStorage) and which the pods on several nodes mount to read disk.img.
 func imageVolumeReady(ctx context.Context, c client.Client, ref, image string) (bool, string, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
-	err := c.Get(ctx, client.ObjectKey{Namespace: RepositoryNamespace, Name: image}, pvc)
+	err := c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: image}, pvc)
 	if apierrors.IsNotFound(err) {
-		return false, fmt.Sprintf("waiting for the volume %s/%s of the VirtualMachineImage %s: it appears when the image is imported with the cdi backend", RepositoryNamespace, image, ref), nil
+		return false, fmt.Sprintf("waiting for the volume %s/%s of the VirtualMachineImage %s: it appears when the image is imported with the cdi backend", Namespace, image, ref), nil
 	}
 	if err != nil {
 		return false, "", fmt.Errorf("get the volume of the VirtualMachineImage %s: %w", ref, err)
 	}
 	if (pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem) || !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
-		return false, "", nodeupdater.Permanentf("InvalidReleaseImage", "the volume %s/%s of the VirtualMachineImage %s is not a ReadWriteMany file system volume holding %s: import the ISO with the cdi backend and the annotation harvesterhci.io/os-upgrade-image: \"True\", as Harvester's own upgrade image", RepositoryNamespace, image, ref, imageDiskFile)
+		return false, "", nodeupdater.Permanentf("InvalidReleaseImage", "the volume %s/%s of the VirtualMachineImage %s is not a ReadWriteMany file system volume holding %s: import the ISO with the cdi backend and the annotation harvesterhci.io/os-upgrade-image: \"True\", as Harvester's own upgrade image", Namespace, image, ref, imageDiskFile)
 	}
 	if pvc.Status.Phase != corev1.ClaimBound {
 		return false, fmt.Sprintf("waiting for the import of the VirtualMachineImage %s: its volume is %s", ref, pvc.Status.Phase), nil

@@ -1,4 +1,4 @@
-package harvesteradapter
+package releases
 
 import (
 	"strings"
@@ -15,7 +15,7 @@ minUpgradableVersion: v1.5.0
 `
 
 func TestParseReleaseMetadata(t *testing.T) {
-	m, err := ParseReleaseMetadata([]byte(sampleRelease))
+	m, err := ParseMetadata([]byte(sampleRelease))
 	if err != nil {
 		t.Fatalf("ParseReleaseMetadata: %v", err)
 	}
@@ -32,14 +32,14 @@ func TestParseReleaseMetadata(t *testing.T) {
 		{"too big", "harvester: v1.6.0\n" + strings.Repeat("# padding\n", 7000), "more than the 65536"},
 	}
 	for _, tt := range bad {
-		if _, err := ParseReleaseMetadata([]byte(tt.data)); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := ParseMetadata([]byte(tt.data)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: error = %v, want one containing %q", tt.name, err, tt.want)
 		}
 	}
 }
 
 func TestCheckEligible(t *testing.T) {
-	m, err := ParseReleaseMetadata([]byte(sampleRelease))
+	m, err := ParseMetadata([]byte(sampleRelease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,26 +77,6 @@ func TestHarvesterVersionFromOSImage(t *testing.T) {
 	for _, img := range []string{"SUSE Linux Enterprise Micro 5.5", "Harvester", "Harvester next", ""} {
 		if _, err := HarvesterVersionFromOSImage(img); err == nil {
 			t.Errorf("%q: expected an error", img)
-		}
-	}
-}
-
-func TestInClusterService(t *testing.T) {
-	tests := []struct {
-		url                   string
-		name, namespace, port string
-		ok                    bool
-	}{
-		{url: repositoryServiceURL("v1.6.0"), name: "capi-inplace-repo-v1-6-0", namespace: RepositoryNamespace, port: "80", ok: true},
-		{url: "http://repo.harvester-system.svc.cluster.local:8080", name: "repo", namespace: "harvester-system", port: "8080", ok: true},
-		{url: "https://releases.example/harvester/v1.6.0"},
-		{url: "http://10.0.0.5:8080"},
-		{url: "http://repo.harvester-system.example.com"},
-	}
-	for _, tt := range tests {
-		name, ns, port, ok := inClusterService(tt.url)
-		if ok != tt.ok || name != tt.name || ns != tt.namespace || port != tt.port {
-			t.Errorf("inClusterService(%q) = %q, %q, %q, %v", tt.url, name, ns, port, ok)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package harvesteradapter
+package clusterchecks
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package harvesteradapter
+package suc
 
 import (
 	"strings"
@@ -9,11 +9,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/fixtures"
 )
 
 func TestImageCleanupPlan(t *testing.T) {
-	cfg := testUpgrader()
-	p := imageCleanupPlan(cfg, "capi-inplace-image-cleanup-hv", "http://repo.example", "v1.5.1")
+	cfg := fixtures.Upgrader()
+	p := ImageCleanupPlan(cfg, "capi-inplace-image-cleanup-hv", "http://repo.example", "v1.5.1")
 
 	if p.Name != "capi-inplace-image-cleanup-hv" || p.Namespace != "cattle-system" || p.Labels[LabelPlanKind] != "image-cleanup" {
 		t.Errorf("plan %s/%s labels %v", p.Namespace, p.Name, p.Labels)
@@ -46,8 +48,8 @@ func TestImageCleanupPlan(t *testing.T) {
 
 	up := p.Spec.Upgrade
 	want := "node remove-images --previous-version=v1.5.1 --host-root=/host --repository-url=http://repo.example --version=v1.6.0"
-	if up == nil || up.Image != testNodeImage || strings.Join(up.Command, " ") != "/capi-inplace" || strings.Join(up.Args, " ") != want {
-		t.Fatalf("upgrade %+v, want %s /capi-inplace %s", up, testNodeImage, want)
+	if up == nil || up.Image != fixtures.NodeImage || strings.Join(up.Command, " ") != "/capi-inplace" || strings.Join(up.Args, " ") != want {
+		t.Fatalf("upgrade %+v, want %s /capi-inplace %s", up, fixtures.NodeImage, want)
 	}
 	// crictl talks to containerd's socket on the host.
 	if sc := (&corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)}); !equality.Semantic.DeepEqual(up.SecurityContext, sc) {

@@ -1,15 +1,20 @@
-package harvesteradapter
+package repository
 
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
 // RESTConfigs gives the REST configs of workload clusters (see package workloadcluster).
@@ -41,12 +46,12 @@ func (r ClusterReleaseReader) ReadRelease(ctx context.Context, cluster types.Nam
 	if err != nil {
 		return nil, fmt.Errorf("client of workload cluster %s: %w", cluster, err)
 	}
-	data, err := cs.CoreV1().Services(namespace).ProxyGet("http", name, port, releaseMetadataPath, nil).DoRaw(ctx)
+	data, err := cs.CoreV1().Services(namespace).ProxyGet("http", name, port, MetadataPath, nil).DoRaw(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read %s through the service proxy of workload cluster %s: %w", repositoryURL+releaseMetadataPath, cluster, err)
+		return nil, fmt.Errorf("read %s through the service proxy of workload cluster %s: %w", repositoryURL+MetadataPath, cluster, err)
 	}
-	if len(data) > maxReleaseMetadataBytes {
-		return nil, fmt.Errorf("%s%s is larger than %d bytes", repositoryURL, releaseMetadataPath, maxReleaseMetadataBytes)
+	if len(data) > releases.MaxMetadataBytes {
+		return nil, fmt.Errorf("%s%s is larger than %d bytes", repositoryURL, MetadataPath, releases.MaxMetadataBytes)
 	}
 	return data, nil
 }
@@ -68,4 +73,39 @@ func inClusterService(raw string) (name, namespace, port string, ok bool) {
 		port = strconv.Itoa(repositoryPort)
 	}
 	return parts[0], parts[1], port, true
+}
+
+// ReleaseReader reads harvester-release.yaml from the base URL of a repository that
+// serves a workload cluster.
+type ReleaseReader interface {
+	ReadRelease(ctx context.Context, cluster types.NamespacedName, repositoryURL string) ([]byte, error)
+}
+
+// HTTPReleaseReader reads release metadata over HTTP(S), for repositories the manager
+// reaches directly (release.repositoryURL).
+type HTTPReleaseReader struct {
+	// Client is the HTTP client; nil means one with a 30 second timeout.
+	Client *http.Client
+}
+
+// ReadRelease fetches <repositoryURL>/harvester-release.yaml.
+func (r HTTPReleaseReader) ReadRelease(ctx context.Context, _ types.NamespacedName, repositoryURL string) ([]byte, error) {
+	hc := r.Client
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	url := strings.TrimRight(repositoryURL, "/") + MetadataPath
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", url, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read %s: HTTP %d", url, resp.StatusCode)
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, releases.MaxMetadataBytes+1))
 }

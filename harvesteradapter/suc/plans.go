@@ -1,4 +1,4 @@
-package harvesteradapter
+package suc
 
 import (
 	"crypto/sha256"
@@ -15,21 +15,22 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 )
 
 // planKind is one of the per-node Plans the adapter creates.
-type planKind string
+type PlanKind string
 
 const (
 	// planPreload pulls the release's images onto the node from the repository.
-	planPreload planKind = "preload"
+	PlanPreload PlanKind = "preload"
 	// planDrain drains the node (kubectl drain), once, after the updater cordoned it and
 	// evacuated its virtual machines.
-	planDrain planKind = "drain"
+	PlanDrain PlanKind = "drain"
 	// planKubernetes upgrades RKE2 on the node.
-	planKubernetes planKind = "rke2"
+	PlanKubernetes PlanKind = "rke2"
 	// planOS installs the release's operating system and reboots the node.
-	planOS planKind = "os"
+	PlanOS PlanKind = "os"
 )
 
 // Labels the adapter puts on what it creates in the workload cluster, so that it finds
@@ -45,23 +46,23 @@ const (
 
 // hostRoot is where SUC mounts the node's / in every container of a Plan's Job
 // (shared/facts/suc.md, facts 30 and 31), the node program's --host-root.
-const hostRoot = "/host"
+const HostRoot = "/host"
 
 // nodeProgram is the container that runs one node program subcommand (nodeprogram/) from
 // the node image: the subcommand's words, the host root SUC mounts, the repository the
 // node reads the release from and the release it must hold (the subcommand refuses a
 // repository of another release). The node program takes no node name: it works on the
 // host it runs on, and names itself by SUC's SYSTEM_UPGRADE_POD_NAME.
-func nodeProgram(image string, subcommand []string, repositoryURL, release string, sc *corev1.SecurityContext) *sucv1.ContainerSpec {
+func NodeProgram(image string, subcommand []string, repositoryURL, release string, sc *corev1.SecurityContext) *sucv1.ContainerSpec {
 	args := append(append([]string{"node"}, subcommand...),
-		"--host-root="+hostRoot, "--repository-url="+repositoryURL, "--version="+release)
-	return &sucv1.ContainerSpec{Image: image, Command: []string{nodeProgramBinary}, Args: args, SecurityContext: sc}
+		"--host-root="+HostRoot, "--repository-url="+repositoryURL, "--version="+release)
+	return &sucv1.ContainerSpec{Image: image, Command: []string{nodeprogram.Binary}, Args: args, SecurityContext: sc}
 }
 
 // hostRootUser is the security context of a node program container that only changes
 // files on the host: root, which the image's user 65532 is not. SUC honours a Plan
 // container's securityContext as given (fact 37), so the user must be said here.
-func hostRootUser() *corev1.SecurityContext {
+func HostRootUser() *corev1.SecurityContext {
 	return &corev1.SecurityContext{RunAsUser: ptr.To[int64](0)}
 }
 
@@ -69,7 +70,7 @@ func hostRootUser() *corev1.SecurityContext {
 // host tools against host sockets and devices (containerd, loop devices, systemd):
 // privileged, and root. Privileged alone keeps the image's user 65532, which can neither
 // chroot nor mount.
-func privilegedRoot() *corev1.SecurityContext {
+func PrivilegedRoot() *corev1.SecurityContext {
 	return &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)}
 }
 
@@ -84,7 +85,7 @@ func privilegedRoot() *corev1.SecurityContext {
 // plan.upgrade.cattle.io/<plan name>, so the name must fit a label key's 63 characters
 // (facts 25, 46): a long node name is shortened, and the hash, which covers it whole,
 // keeps names apart. The kind comes first; test/scenario reads it from there.
-func planName(kind planKind, nu *inplacev1.NodeUpdate) string {
+func PlanName(kind PlanKind, nu *inplacev1.NodeUpdate) string {
 	sum := sha256.Sum256([]byte(nu.Spec.NodeName + "/" + string(nu.UID)))
 	suffix := "-" + hex.EncodeToString(sum[:])[:10]
 	base := fmt.Sprintf("capi-inplace-%s-%s", kind, nu.Spec.NodeName)
@@ -107,7 +108,7 @@ func planName(kind planKind, nu *inplacev1.NodeUpdate) string {
 //     runs kubectl drain as its upgrade container, because SUC uncordons a node when a
 //     Plan that cordons or drains completes (fact 46), which would put the node back in
 //     service between its drain and its OS upgrade.
-func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind planKind, repositoryURL string) *sucv1.Plan {
+func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind PlanKind, repositoryURL string) *sucv1.Plan {
 	spec := cfg.Spec
 	release := spec.Release.Version
 	env := []corev1.EnvVar{
@@ -121,7 +122,7 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 	harvesterImage := spec.Images.Node
 	plan := &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        planName(kind, nu),
+			Name:        PlanName(kind, nu),
 			Namespace:   spec.SystemUpgradeController.Namespace,
 			Labels:      map[string]string{LabelNodeUpdate: string(nu.UID), LabelPlanKind: string(kind)},
 			Annotations: map[string]string{AnnotationNode: nu.Spec.NodeName},
@@ -129,7 +130,7 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 		Spec: sucv1.PlanSpec{
 			Concurrency:           1,
 			ServiceAccountName:    spec.SystemUpgradeController.ServiceAccountName,
-			JobActiveDeadlineSecs: ptr.To(deadlineSeconds(planTimeout(kind, spec.Timeouts))),
+			JobActiveDeadlineSecs: ptr.To(DeadlineSeconds(PlanTimeout(kind, spec.Timeouts))),
 			NodeSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpIn, Values: []string{nu.Spec.NodeName},
 			}}},
@@ -139,50 +140,50 @@ func planForNode(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, k
 	}
 
 	switch kind {
-	case planPreload:
+	case PlanPreload:
 		plan.Spec.Version = release
-		plan.Spec.Upgrade = nodeProgram(harvesterImage, []string{"preload"}, repositoryURL, release, privilegedRoot())
-	case planDrain:
+		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"preload"}, repositoryURL, release, PrivilegedRoot())
+	case PlanDrain:
 		// Only kubectl drain: the updater evacuated the virtual machines through
 		// KubeVirt's API before (EvacuateVMs). Harvester's pre-drain script cannot do it
 		// for us, it needs Harvester's own Upgrade object (harvester-node-upgrade.md,
 		// fact 32). kubectl needs no privilege; without a security context SUC would run
 		// it privileged (fact 37). With drain off there is no drain Plan (skipDrain).
 		plan.Spec.Version = release
-		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.Kubectl, Args: drainArgs(spec.Drain, nu.Spec.NodeName), SecurityContext: &corev1.SecurityContext{}}
-	case planKubernetes:
+		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.Kubectl, Args: DrainArgs(spec.Drain, nu.Spec.NodeName), SecurityContext: &corev1.SecurityContext{}}
+	case PlanKubernetes:
 		plan.Spec.Version = nu.Spec.Version
-		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: imageWithTag(spec.Images.RKE2Upgrade, mungeVersion(nu.Spec.Version)), Env: env}
-	case planOS:
+		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: ImageWithTag(spec.Images.RKE2Upgrade, MungeVersion(nu.Spec.Version)), Env: env}
+	case PlanOS:
 		// Harvester's post-drain, after RKE2 is upgraded: remove the RKE2 archives preload
 		// placed (fact 26.4), then install the OS. os-upgrade exits once the reboot is
 		// scheduled on the host a minute later, so SUC records the Job as succeeded and
 		// labels the node first (fact 28's order); the OS step then waits for the node
 		// to come back Ready on the release.
 		plan.Spec.Version = release
-		plan.Spec.Prepare = nodeProgram(harvesterImage, []string{"remove-archives"}, repositoryURL, release, hostRootUser())
-		plan.Spec.Upgrade = nodeProgram(harvesterImage, []string{"os-upgrade"}, repositoryURL, release, privilegedRoot())
+		plan.Spec.Prepare = NodeProgram(harvesterImage, []string{"remove-archives"}, repositoryURL, release, HostRootUser())
+		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"os-upgrade"}, repositoryURL, release, PrivilegedRoot())
 	}
 	return plan
 }
 
 // planTimeout is the timeout of the step a Plan kind belongs to.
-func planTimeout(kind planKind, t harvesterv1.Timeouts) time.Duration {
+func PlanTimeout(kind PlanKind, t harvesterv1.Timeouts) time.Duration {
 	switch kind {
-	case planPreload:
-		return dur(t.ImagePreload, defaultImagePreloadTimeout)
-	case planDrain:
-		return dur(t.Drain, defaultDrainTimeout)
-	case planKubernetes:
-		return dur(t.KubernetesUpgrade, defaultKubernetesUpgradeTimeout)
+	case PlanPreload:
+		return harvesterv1.DurationOr(t.ImagePreload, harvesterv1.DefaultImagePreloadTimeout)
+	case PlanDrain:
+		return harvesterv1.DurationOr(t.Drain, harvesterv1.DefaultDrainTimeout)
+	case PlanKubernetes:
+		return harvesterv1.DurationOr(t.KubernetesUpgrade, harvesterv1.DefaultKubernetesUpgradeTimeout)
 	default:
-		return dur(t.OSUpgrade, defaultOSUpgradeTimeout)
+		return harvesterv1.DurationOr(t.OSUpgrade, harvesterv1.DefaultOSUpgradeTimeout)
 	}
 }
 
 // deadlineSeconds is a timeout in whole seconds, rounded up, and at least one: SUC reads
 // 0 as "no deadline" and a negative value as its own default (fact 36).
-func deadlineSeconds(d time.Duration) int64 {
+func DeadlineSeconds(d time.Duration) int64 {
 	s := int64((d + time.Second - 1) / time.Second)
 	if s < 1 {
 		return 1
@@ -192,11 +193,11 @@ func deadlineSeconds(d time.Duration) int64 {
 
 // mungeVersion is the version as SUC writes it into tags and labels: '+' becomes '-'
 // (fact 14), so v1.33.3+rke2r1 is the tag v1.33.3-rke2r1.
-func mungeVersion(v string) string { return strings.ReplaceAll(v, "+", "-") }
+func MungeVersion(v string) string { return strings.ReplaceAll(v, "+", "-") }
 
 // imageWithTag tags an image that has neither tag nor digest; one that has either is
 // used as given.
-func imageWithTag(image, tag string) string {
+func ImageWithTag(image, tag string) string {
 	if strings.Contains(image, "@") {
 		return image
 	}
@@ -210,7 +211,7 @@ func imageWithTag(image, tag string) string {
 // They are SUC's own (facts 39 to 41), the timeout always a duration: never evict SUC's
 // pods (the drain's own among them), DaemonSet pods stay, emptyDir data goes unless
 // told otherwise.
-func drainArgs(d harvesterv1.Drain, node string) []string {
+func DrainArgs(d harvesterv1.Drain, node string) []string {
 	if d.Enabled != nil && !*d.Enabled {
 		return nil
 	}
@@ -224,7 +225,7 @@ func drainArgs(d harvesterv1.Drain, node string) []string {
 	if d.Force {
 		args = append(args, "--force")
 	}
-	if t, err := drainTimeout(d.Timeout); err == nil && t > 0 {
+	if t, err := DrainTimeout(d.Timeout); err == nil && t > 0 {
 		args = append(args, "--timeout", t.String())
 	}
 	if d.GracePeriodSeconds != nil {
@@ -235,7 +236,7 @@ func drainArgs(d harvesterv1.Drain, node string) []string {
 
 // drainTimeout reads the HarvesterUpgrader's drain.timeout: a number is seconds, a string
 // a Go duration. 0 means none was given.
-func drainTimeout(t *intstr.IntOrString) (time.Duration, error) {
+func DrainTimeout(t *intstr.IntOrString) (time.Duration, error) {
 	if t == nil {
 		return 0, nil
 	}

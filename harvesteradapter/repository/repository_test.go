@@ -1,4 +1,4 @@
-package harvesteradapter
+package repository
 
 import (
 	"context"
@@ -10,14 +10,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/fixtures"
 )
 
 func TestRepositoryRunsTheNodeProgram(t *testing.T) {
-	cfg := testUpgrader()
+	cfg := fixtures.Upgrader()
 	cfg.Spec.Release = harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester-v1.6.0-amd64.iso", ISOChecksum: strings.Repeat("ab", 64)}
 	cfg.Spec.Images.Nginx = "rancher/mirrored-library-nginx:1.27-alpine"
 	cfg.Spec.RepositoryStorage = harvesterv1.RepositoryStorage{StorageClassName: "longhorn", Size: "30Gi"}
-	_, dep, _, err := repositoryObjects(cfg)
+	_, dep, _, err := Objects(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,8 +29,8 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 	download, mount, nginx := pod.InitContainers[0], pod.Containers[0], pod.Containers[1]
 
 	wantDownload := "node repository download --dir=/repository --iso-url=https://releases.example/harvester-v1.6.0-amd64.iso --sha512=" + strings.Repeat("ab", 64) + " --file=harvester.iso"
-	if download.Image != testNodeImage || strings.Join(download.Command, " ") != "/capi-inplace" || strings.Join(download.Args, " ") != wantDownload {
-		t.Errorf("downloader runs %s %v %v, want %s /capi-inplace %s", download.Image, download.Command, download.Args, testNodeImage, wantDownload)
+	if download.Image != fixtures.NodeImage || strings.Join(download.Command, " ") != "/capi-inplace" || strings.Join(download.Args, " ") != wantDownload {
+		t.Errorf("downloader runs %s %v %v, want %s /capi-inplace %s", download.Image, download.Command, download.Args, fixtures.NodeImage, wantDownload)
 	}
 	if sc := download.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Privileged != nil {
 		t.Errorf("downloader securityContext %+v: root on the shared volume, nothing more", sc)
@@ -39,7 +40,7 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 	}
 
 	wantMount := "node repository mount --image=/repository/harvester.iso --target=/iso --hold"
-	if mount.Image != testNodeImage || strings.Join(mount.Args, " ") != wantMount {
+	if mount.Image != fixtures.NodeImage || strings.Join(mount.Args, " ") != wantMount {
 		t.Errorf("mounter runs %s %v, want %s", mount.Image, mount.Args, wantMount)
 	}
 	if sc := mount.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
@@ -62,17 +63,17 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 }
 
 func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
-	cfg := testUpgrader()
+	cfg := fixtures.Upgrader()
 	cfg.Spec.Release = harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/harvester-v1.6.0"}
 	cfg.Spec.Images.Nginx = "rancher/mirrored-library-nginx:1.27-alpine"
-	pvc, dep, svc, err := repositoryObjects(cfg)
+	pvc, dep, svc, err := Objects(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if pvc != nil {
 		t.Errorf("a PVC %s of the repository's own: the image's volume holds the ISO", pvc.Name)
 	}
-	if dep.Namespace != RepositoryNamespace || svc.Namespace != RepositoryNamespace || dep.Name != "capi-inplace-repo-v1-6-0" {
+	if dep.Namespace != Namespace || svc.Namespace != Namespace || dep.Name != "capi-inplace-repo-v1-6-0" {
 		t.Errorf("repository %s/%s, Service in %s: it stays where the nodes reach it", dep.Namespace, dep.Name, svc.Namespace)
 	}
 	pod := dep.Spec.Template.Spec
@@ -90,7 +91,7 @@ func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
 	}
 	mount := pod.Containers[0]
 	wantMount := "node repository mount --image=/repository/disk.img --ready-flag=false --target=/iso --hold"
-	if mount.Image != testNodeImage || strings.Join(mount.Args, " ") != wantMount {
+	if mount.Image != fixtures.NodeImage || strings.Join(mount.Args, " ") != wantMount {
 		t.Errorf("mounter runs %s %v, want %s", mount.Image, mount.Args, wantMount)
 	}
 	for _, m := range mount.VolumeMounts {
@@ -100,7 +101,7 @@ func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
 	}
 
 	cfg.Spec.Release.Image = "default/harvester-v1.6.0"
-	if _, _, _, err := repositoryObjects(cfg); err == nil || !strings.Contains(err.Error(), "is not in harvester-system") {
+	if _, _, _, err := Objects(cfg); err == nil || !strings.Contains(err.Error(), "is not in harvester-system") {
 		t.Errorf("an image outside harvester-system: %v", err)
 	}
 }
@@ -109,7 +110,7 @@ func TestImageVolumeReady(t *testing.T) {
 	ctx := context.Background()
 	vol := func(mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, phase corev1.PersistentVolumeClaimPhase) *corev1.PersistentVolumeClaim {
 		return &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "harvester-v1.6.0", Namespace: RepositoryNamespace},
+			ObjectMeta: metav1.ObjectMeta{Name: "harvester-v1.6.0", Namespace: Namespace},
 			Spec:       corev1.PersistentVolumeClaimSpec{VolumeMode: &mode, AccessModes: []corev1.PersistentVolumeAccessMode{access}},
 			Status:     corev1.PersistentVolumeClaimStatus{Phase: phase},
 		}

@@ -1,4 +1,4 @@
-package harvesteradapter
+package clusterchecks
 
 import (
 	"context"
@@ -64,7 +64,7 @@ const (
 	// ClusterCheckNewImagesBytes is the room the release's images take on a node's image
 	// filesystem: the upgrade-toolkit's estimate of all its image tarballs (13 GiB,
 	// phase_init.go defaultNewImageSize).
-	ClusterCheckNewImagesBytes uint64 = 13 << 30
+	NewImagesBytes uint64 = 13 << 30
 	// DefaultImageGCHighThresholdPercent is the kubelet's imageGCHighThresholdPercent
 	// when its configuration does not set it.
 	DefaultImageGCHighThresholdPercent = 85
@@ -79,7 +79,7 @@ const apiServerDialTimeout = 10 * time.Second
 // ClusterCheckResult is the outcome of one cluster preflight check. A check that did not
 // pass and was not skipped blocks the upgrade; Message says what is wrong and what to do,
 // or why the check was skipped or could not be evaluated.
-type ClusterCheckResult struct {
+type Result struct {
 	Name    string
 	Passed  bool
 	Skipped bool
@@ -87,7 +87,7 @@ type ClusterCheckResult struct {
 }
 
 // ClusterCheckInput is what the cluster preflight checks read.
-type ClusterCheckInput struct {
+type Input struct {
 	// Workload is a client of the workload cluster.
 	Workload client.Client
 	// Kubelets reads each node's kubelet /stats/summary and /configz.
@@ -104,7 +104,7 @@ type ClusterCheckInput struct {
 
 type clusterCheck struct {
 	name string
-	run  func(ctx context.Context, in ClusterCheckInput) ClusterCheckResult
+	run  func(ctx context.Context, in Input) Result
 }
 
 // clusterChecks is every cluster preflight check, in the order they run and report.
@@ -118,7 +118,7 @@ var clusterChecks = []clusterCheck{
 
 // ClusterCheckNames returns the names of the cluster preflight checks in the order
 // RunClusterChecks reports them.
-func ClusterCheckNames() []string {
+func Names() []string {
 	names := make([]string, 0, len(clusterChecks))
 	for _, c := range clusterChecks {
 		names = append(names, c.name)
@@ -130,16 +130,16 @@ func ClusterCheckNames() []string {
 // result each in that order. A check whose skip annotation is "true" is not run: it is
 // reported Skipped, naming the annotation. A check that cannot be evaluated fails with
 // the reason, so an upgrade never starts on a guess.
-func RunClusterChecks(ctx context.Context, in ClusterCheckInput) []ClusterCheckResult {
-	results := make([]ClusterCheckResult, 0, len(clusterChecks))
+func Run(ctx context.Context, in Input) []Result {
+	results := make([]Result, 0, len(clusterChecks))
 	for _, c := range clusterChecks {
 		key := SkipCheckAnnotationPrefix + c.name
 		skip, err := annotationTrue(in.Annotations, key)
 		switch {
 		case err != nil:
-			results = append(results, ClusterCheckResult{Name: c.name, Message: err.Error()})
+			results = append(results, Result{Name: c.name, Message: err.Error()})
 		case skip:
-			results = append(results, ClusterCheckResult{Name: c.name, Skipped: true, Message: fmt.Sprintf("skipped: the UpgradePlan has the annotation %s=true", key)})
+			results = append(results, Result{Name: c.name, Skipped: true, Message: fmt.Sprintf("skipped: the UpgradePlan has the annotation %s=true", key)})
 		default:
 			r := c.run(ctx, in)
 			r.Name = c.name
@@ -163,12 +163,12 @@ func annotationTrue(annotations map[string]string, key string) (bool, error) {
 	return b, nil
 }
 
-func passed(format string, args ...any) ClusterCheckResult {
-	return ClusterCheckResult{Passed: true, Message: fmt.Sprintf(format, args...)}
+func passed(format string, args ...any) Result {
+	return Result{Passed: true, Message: fmt.Sprintf(format, args...)}
 }
 
-func failed(format string, args ...any) ClusterCheckResult {
-	return ClusterCheckResult{Message: fmt.Sprintf(format, args...)}
+func failed(format string, args ...any) Result {
+	return Result{Message: fmt.Sprintf(format, args...)}
 }
 
 // checkImageGCDiskSpace projects each node's image filesystem after the release's images
@@ -178,7 +178,7 @@ func failed(format string, args ...any) ClusterCheckResult {
 // this check reads the runtime's image filesystem (node.runtime.imageFs), where the
 // images go and which the kubelet's image GC watches, and node.fs only when the summary
 // has no image filesystem. On a node with one filesystem both are the same.
-func checkImageGCDiskSpace(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
+func checkImageGCDiskSpace(ctx context.Context, in Input) Result {
 	if in.Kubelets == nil {
 		return failed("no kubelet reader was given: cannot tell how full the nodes' image filesystems are")
 	}
@@ -198,7 +198,7 @@ func checkImageGCDiskSpace(ctx context.Context, in ClusterCheckInput) ClusterChe
 	if len(problems) > 0 {
 		return failed("%s", strings.Join(problems, "; "))
 	}
-	return passed("every node's image filesystem has room for the release's images (%s) below its kubelet's image garbage collection threshold (%d nodes)", gib(ClusterCheckNewImagesBytes), len(nodes.Items))
+	return passed("every node's image filesystem has room for the release's images (%s) below its kubelet's image garbage collection threshold (%d nodes)", gib(NewImagesBytes), len(nodes.Items))
 }
 
 // nodeImageGCProblem says what keeps a node from taking the release's images, or why
@@ -221,12 +221,12 @@ func nodeImageGCProblem(ctx context.Context, kubelets KubeletReader, node string
 		threshold = float64(*cfg.ImageGCHighThresholdPercent)
 	}
 	used, capacity := *fs.UsedBytes, *fs.CapacityBytes
-	after := float64(used+ClusterCheckNewImagesBytes) / float64(capacity) * 100
+	after := float64(used+NewImagesBytes) / float64(capacity) * 100
 	if after <= threshold {
 		return ""
 	}
 	return fmt.Sprintf("node %s: its %s would be %.1f%% full after the release's images load (%s used + %s of images, of %s), above its kubelet's image garbage collection threshold of %s%%, so the kubelet would remove images the upgrade needs; free at least %s on it (for example remove unused images)",
-		node, which, after, gib(used), gib(ClusterCheckNewImagesBytes), gib(capacity), strconv.FormatFloat(threshold, 'f', -1, 64), gib(bytesToFree(used, capacity, threshold)))
+		node, which, after, gib(used), gib(NewImagesBytes), gib(capacity), strconv.FormatFloat(threshold, 'f', -1, 64), gib(bytesToFree(used, capacity, threshold)))
 }
 
 // imageFilesystem returns the filesystem the release's images land on: the runtime's
@@ -249,7 +249,7 @@ func (n KubeletNodeStats) imageFilesystem() (*KubeletFsStats, string) {
 // below threshold percent of capacity.
 func bytesToFree(used, capacity uint64, threshold float64) uint64 {
 	allowed := threshold / 100 * float64(capacity)
-	need := float64(used+ClusterCheckNewImagesBytes) - allowed
+	need := float64(used+NewImagesBytes) - allowed
 	if need <= 0 {
 		return 0
 	}
@@ -266,7 +266,7 @@ func gib(b uint64) string {
 // verify the chain: it reads dates, and an expired or soon-expiring certificate must be
 // seen rather than refused. The toolkit dials every endpoint of default/kubernetes; this
 // check dials the address the manager reaches the cluster by.
-func checkAPIServerCertificates(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
+func checkAPIServerCertificates(ctx context.Context, in Input) Result {
 	days := DefaultMinCertsExpirationDays
 	if v, ok := in.Annotations[AnnotationMinCertsExpirationDays]; ok {
 		n, err := strconv.Atoi(v)
@@ -365,7 +365,7 @@ func apiServerAddress(cfg *rest.Config) (addr, serverName string, err error) {
 // while that node is upgraded; a detached one cannot be attached meanwhile, and fails too
 // unless AnnotationSkipDetachedSingleReplicaVolumes accepts it. A cluster without
 // Longhorn passes.
-func checkSingleReplicaVolumes(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
+func checkSingleReplicaVolumes(ctx context.Context, in Input) Result {
 	served, err := kube.KindServed(in.Workload, schema.GroupKind{Group: longhornv1.SchemeGroupVersion.Group, Kind: "Volume"}, longhornv1.SchemeGroupVersion.Version)
 	if err != nil {
 		return failed("%v", err)
@@ -435,7 +435,7 @@ func describeVolume(v *longhornv1.Volume, withNode bool) string {
 // reads volumes whose replicas the upgrade takes down, and a schedule would start new
 // ones. A schedule counts as suspended once Harvester says so (status.suspended), not
 // when asked to (spec.suspend). A cluster that serves neither kind passes.
-func checkVMBackupsIdle(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
+func checkVMBackupsIdle(ctx context.Context, in Input) Result {
 	var problems, checked []string
 	backupsServed, err := kube.KindServed(in.Workload, harvesterapi.GroupVersion.WithKind("VirtualMachineBackup").GroupKind(), harvesterapi.GroupVersion.Version)
 	if err != nil {
@@ -506,7 +506,7 @@ func checkVMBackupsIdle(ctx context.Context, in ClusterCheckInput) ClusterCheckR
 // checkNodesSchedulable fails when a node is not Ready or is cordoned (facts 4a and 47):
 // the upgrade drains nodes one at a time onto the others, and a node already down or
 // cordoned is either a problem to look at first or another operation under way.
-func checkNodesSchedulable(ctx context.Context, in ClusterCheckInput) ClusterCheckResult {
+func checkNodesSchedulable(ctx context.Context, in Input) Result {
 	nodes := &corev1.NodeList{}
 	if err := in.Workload.List(ctx, nodes); err != nil {
 		return failed("list the workload cluster's nodes: %v", err)

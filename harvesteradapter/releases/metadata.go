@@ -1,8 +1,7 @@
-// Package harvesteradapter is capi-inplace's Harvester updater: it upgrades one node of a
-// Harvester / RKE2 cluster in place with System Upgrade Controller Plans, a pod-based
-// upgrade repository and Longhorn's v2 data engine swap, configured by a
-// HarvesterUpgrader.
-package harvesteradapter
+// Package releases knows the Harvester releases the updater installs: the release
+// metadata a repository serves (harvester-release.yaml), how versions compare, and
+// whether a node already runs a release.
+package releases
 
 import (
 	"bytes"
@@ -17,10 +16,10 @@ import (
 
 // maxReleaseMetadataBytes bounds what is read of harvester-release.yaml; the real file is
 // a few hundred bytes.
-const maxReleaseMetadataBytes = 64 << 10
+const MaxMetadataBytes = 64 << 10
 
 // ReleaseMetadata is harvester-release.yaml, as an upgrade repository serves it at its root.
-type ReleaseMetadata struct {
+type Metadata struct {
 	// Harvester is the release's Harvester version, for example v1.6.0.
 	Harvester string `json:"harvester"`
 	// HarvesterChart is the version of the Harvester chart.
@@ -40,14 +39,14 @@ type ReleaseMetadata struct {
 // ParseReleaseMetadata reads harvester-release.yaml. Unknown fields are allowed (newer
 // releases add some); the three fields eligibility depends on are required and must be
 // versions.
-func ParseReleaseMetadata(data []byte) (*ReleaseMetadata, error) {
-	if len(data) > maxReleaseMetadataBytes {
-		return nil, fmt.Errorf("harvester-release.yaml is %d bytes, more than the %d a release metadata file can be", len(data), maxReleaseMetadataBytes)
+func ParseMetadata(data []byte) (*Metadata, error) {
+	if len(data) > MaxMetadataBytes {
+		return nil, fmt.Errorf("harvester-release.yaml is %d bytes, more than the %d a release metadata file can be", len(data), MaxMetadataBytes)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fmt.Errorf("harvester-release.yaml is empty")
 	}
-	m := &ReleaseMetadata{}
+	m := &Metadata{}
 	if err := yaml.Unmarshal(data, m); err != nil {
 		return nil, fmt.Errorf("harvester-release.yaml is not valid YAML: %w", err)
 	}
@@ -68,11 +67,11 @@ func ParseReleaseMetadata(data []byte) (*ReleaseMetadata, error) {
 // HarvesterUpgrader asks for, it ships the Kubernetes version the upgrade targets, and
 // the node's current Harvester version is at least the release's minUpgradableVersion
 // and not newer than the release. The error says which versions disagree and what to do.
-func (m *ReleaseMetadata) CheckEligible(wantRelease, targetKubernetes, currentHarvester string) error {
-	if !sameVersion(m.Harvester, wantRelease) {
+func (m *Metadata) CheckEligible(wantRelease, targetKubernetes, currentHarvester string) error {
+	if !SameVersion(m.Harvester, wantRelease) {
 		return fmt.Errorf("the repository serves Harvester %s, but the HarvesterUpgrader asks for %s: point release.isoURL or release.repositoryURL at the %s release", m.Harvester, wantRelease, wantRelease)
 	}
-	if !sameVersion(m.Kubernetes, targetKubernetes) {
+	if !SameVersion(m.Kubernetes, targetKubernetes) {
 		return fmt.Errorf("release Harvester %s ships Kubernetes %s, but the upgrade targets %s: upgrade to %s, or use the Harvester release that ships %s", m.Harvester, m.Kubernetes, targetKubernetes, m.Kubernetes, targetKubernetes)
 	}
 	current, err := version.ParseSemantic(currentHarvester)
@@ -105,7 +104,7 @@ func HarvesterVersionFromOSImage(osImage string) (string, error) {
 
 // sameVersion compares two versions semantically, build metadata included (v1.33.3+rke2r1
 // and 1.33.3+rke2r1 are the same; v1.33.3+rke2r1 and v1.33.3+rke2r2 are not).
-func sameVersion(a, b string) bool {
+func SameVersion(a, b string) bool {
 	va, errA := version.ParseSemantic(a)
 	vb, errB := version.ParseSemantic(b)
 	if errA != nil || errB != nil {
@@ -116,7 +115,7 @@ func sameVersion(a, b string) bool {
 
 // versionLess reports whether version a is older than b; versions that do not parse
 // are never older.
-func versionLess(a, b string) bool {
+func Less(a, b string) bool {
 	va, errA := version.ParseSemantic(a)
 	vb, errB := version.ParseSemantic(b)
 	return errA == nil && errB == nil && va.LessThan(vb)
@@ -126,8 +125,8 @@ func versionLess(a, b string) bool {
 // cluster's UpgradePlan is forced (spec.force, as the toolkit's force skips its version
 // guard) and the running one is older than the release's minUpgradableVersion, that
 // minimum. A downgrade is refused even when forced.
-func forcedFloor(plan *harvesterv1.UpgradePlan, current string, meta *ReleaseMetadata) string {
-	if plan != nil && plan.Spec.Force && versionLess(current, meta.MinUpgradableVersion) {
+func ForcedFloor(plan *harvesterv1.UpgradePlan, current string, meta *Metadata) string {
+	if plan != nil && plan.Spec.Force && Less(current, meta.MinUpgradableVersion) {
 		return meta.MinUpgradableVersion
 	}
 	return current

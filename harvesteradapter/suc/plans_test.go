@@ -1,4 +1,4 @@
-package harvesteradapter
+package suc
 
 import (
 	"strings"
@@ -14,62 +14,37 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
-	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/fixtures"
 )
 
-// testNodeImage is the node image testUpgrader resolves to: the manager's own image at
-// the manager's version (images.go).
-const testNodeImage = "ghcr.io/capi-inplace/capi-inplace:v0.4.0"
-
-// testUpgrader is a HarvesterUpgrader as the updater works with it: defaults applied and
-// images.node resolved.
-func testUpgrader() *harvesterv1.HarvesterUpgrader {
-	return &harvesterv1.HarvesterUpgrader{
-		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"},
-		Spec: harvesterv1.HarvesterUpgraderSpec{
-			Release:                 harvesterv1.Release{Version: "v1.6.0", RepositoryURL: "http://repo.example"},
-			Images:                  harvesterv1.Images{RKE2Upgrade: "rancher/rke2-upgrade", Node: testNodeImage},
-			SystemUpgradeController: harvesterv1.SystemUpgradeController{Namespace: "cattle-system", ServiceAccountName: "system-upgrade-controller"},
-		},
-	}
-}
-
-func testNodeUpdate(node string) *inplacev1.NodeUpdate {
-	return &inplacev1.NodeUpdate{
-		ObjectMeta: metav1.ObjectMeta{Name: "nu-" + node, Namespace: "default", UID: "0b1c7a52-3d8e-4f0a-9b9e-0d5f3c6a7e21"},
-		Spec:       inplacev1.NodeUpdateSpec{ClusterName: "hv", MachineName: "m-" + node, NodeName: node, Version: "v1.33.3+rke2r1"},
-	}
-}
-
 func TestPlanName(t *testing.T) {
-	nu := testNodeUpdate("node-1")
-	got := planName(planKubernetes, nu)
+	nu := fixtures.NodeUpdate("node-1")
+	got := PlanName(PlanKubernetes, nu)
 	if !strings.HasPrefix(got, "capi-inplace-rke2-node-1-") || len(got) != len("capi-inplace-rke2-node-1-")+10 {
 		t.Errorf("planName = %q, want capi-inplace-rke2-node-1-<10 hex digits>", got)
 	}
-	if got != planName(planKubernetes, testNodeUpdate("node-1")) {
+	if got != PlanName(PlanKubernetes, fixtures.NodeUpdate("node-1")) {
 		t.Errorf("plan name is not deterministic")
 	}
-	other := testNodeUpdate("node-1")
+	other := fixtures.NodeUpdate("node-1")
 	other.UID = "5e2d1f7c-8a4b-4c3d-9e0f-1a2b3c4d5e6f"
-	if planName(planKubernetes, other) == got {
+	if PlanName(PlanKubernetes, other) == got {
 		t.Errorf("two NodeUpdates of node-1 share the plan name %q", got)
 	}
-	if planName(planOS, nu) == got {
+	if PlanName(PlanOS, nu) == got {
 		t.Errorf("two kinds share the plan name %q", got)
 	}
 
 	long := strings.Repeat("n", 80)
-	a, b := planName(planOS, testNodeUpdate(long)), planName(planOS, testNodeUpdate(long+"x"))
+	a, b := PlanName(PlanOS, fixtures.NodeUpdate(long)), PlanName(PlanOS, fixtures.NodeUpdate(long+"x"))
 	if len(a) > 63 || len(b) > 63 {
 		t.Errorf("names longer than a label key allows: %d, %d", len(a), len(b))
 	}
 	if a == b {
 		t.Errorf("two long node names gave the same plan name %q", a)
 	}
-	for _, name := range []string{got, a, b, planName(planPreload, testNodeUpdate("node-1.example.com"))} {
+	for _, name := range []string{got, a, b, PlanName(PlanPreload, fixtures.NodeUpdate("node-1.example.com"))} {
 		if errs := validation.IsQualifiedName("plan.upgrade.cattle.io/" + name); len(errs) > 0 {
 			t.Errorf("SUC's node label for plan %q is not a valid label key: %v", name, errs)
 		}
@@ -77,9 +52,9 @@ func TestPlanName(t *testing.T) {
 }
 
 func TestPlanForNodeSelectsOnlyThatNode(t *testing.T) {
-	cfg, nu := testUpgrader(), testNodeUpdate("node-2")
-	for _, kind := range []planKind{planPreload, planDrain, planKubernetes, planOS} {
-		p := planForNode(cfg, nu, kind, "http://repo.example")
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-2")
+	for _, kind := range []PlanKind{PlanPreload, PlanDrain, PlanKubernetes, PlanOS} {
+		p := NodePlan(cfg, nu, kind, "http://repo.example")
 		sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
 		if err != nil {
 			t.Fatalf("%s: %v", kind, err)
@@ -97,8 +72,8 @@ func TestPlanForNodeSelectsOnlyThatNode(t *testing.T) {
 }
 
 func TestKubernetesPlan(t *testing.T) {
-	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
-	p := planForNode(cfg, nu, planKubernetes, "http://repo.example")
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
+	p := NodePlan(cfg, nu, PlanKubernetes, "http://repo.example")
 	if p.Spec.Version != "v1.33.3+rke2r1" || p.Spec.Upgrade.Image != "rancher/rke2-upgrade:v1.33.3-rke2r1" {
 		t.Errorf("upgrade %s at %s: the image must carry the munged version as its tag", p.Spec.Upgrade.Image, p.Spec.Version)
 	}
@@ -109,16 +84,16 @@ func TestKubernetesPlan(t *testing.T) {
 		t.Errorf("jobActiveDeadlineSecs %v, want the step's 1h", p.Spec.JobActiveDeadlineSecs)
 	}
 	cfg.Spec.Images.RKE2Upgrade = "mirror.example/rke2-upgrade@sha256:0123"
-	if p := planForNode(cfg, nu, planKubernetes, ""); p.Spec.Upgrade.Image != "mirror.example/rke2-upgrade@sha256:0123" {
+	if p := NodePlan(cfg, nu, PlanKubernetes, ""); p.Spec.Upgrade.Image != "mirror.example/rke2-upgrade@sha256:0123" {
 		t.Errorf("a digested image is used as given, got %s", p.Spec.Upgrade.Image)
 	}
 }
 
 func TestDrainPlan(t *testing.T) {
-	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
 	cfg.Spec.Images.Kubectl = "rancher/kubectl:v1.30.3"
 	cfg.Spec.Drain = harvesterv1.Drain{Force: true, GracePeriodSeconds: ptr.To[int32](30), Timeout: ptr.To(intstr.FromInt32(900))}
-	p := planForNode(cfg, nu, planDrain, "http://repo.example")
+	p := NodePlan(cfg, nu, PlanDrain, "http://repo.example")
 	if p.Spec.Cordon || p.Spec.Drain != nil {
 		t.Errorf("cordon %v drain %+v: SUC uncordons after a Plan that cordons or drains", p.Spec.Cordon, p.Spec.Drain)
 	}
@@ -143,7 +118,7 @@ func TestDrainTimeout(t *testing.T) {
 		{in: intstr.FromString("900"), err: `drain.timeout "900" is not a positive duration such as 15m`},
 		{in: intstr.FromString("-5m"), err: `drain.timeout "-5m" is not a positive duration such as 15m`},
 	} {
-		got, err := drainTimeout(&tc.in)
+		got, err := DrainTimeout(&tc.in)
 		if tc.err != "" {
 			if err == nil || err.Error() != tc.err {
 				t.Errorf("%v: error %v, want %q", tc.in.String(), err, tc.err)
@@ -154,17 +129,11 @@ func TestDrainTimeout(t *testing.T) {
 			t.Errorf("%v: %v, %v; want %v", tc.in.String(), got, err, tc.want)
 		}
 	}
-
-	cfg := testUpgrader()
-	cfg.Spec.Drain.Timeout = ptr.To(intstr.FromString("2h"))
-	if err := checkConfig(cfg); err == nil || !strings.Contains(err.Error(), "drain.timeout 2h0m0s is longer than timeouts.drain 1h0m0s, the drain Job's deadline") {
-		t.Errorf("a drain timeout past the drain Job's deadline: %v", err)
-	}
 }
 
 func TestOSPlan(t *testing.T) {
-	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
-	p := planForNode(cfg, nu, planOS, "http://repo.example")
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
+	p := NodePlan(cfg, nu, PlanOS, "http://repo.example")
 	if p.Spec.Version != "v1.6.0" {
 		t.Errorf("version %q, want the release", p.Spec.Version)
 	}
@@ -183,8 +152,8 @@ func TestOSPlan(t *testing.T) {
 		if c.got == nil {
 			t.Fatalf("%s: no container", c.name)
 		}
-		if c.got.Image != testNodeImage || strings.Join(c.got.Command, " ") != "/capi-inplace" || strings.Join(c.got.Args, " ") != c.args {
-			t.Errorf("%s runs %s %v %v, want %s /capi-inplace %s", c.name, c.got.Image, c.got.Command, c.got.Args, testNodeImage, c.args)
+		if c.got.Image != fixtures.NodeImage || strings.Join(c.got.Command, " ") != "/capi-inplace" || strings.Join(c.got.Args, " ") != c.args {
+			t.Errorf("%s runs %s %v %v, want %s /capi-inplace %s", c.name, c.got.Image, c.got.Command, c.got.Args, fixtures.NodeImage, c.args)
 		}
 		// SUC honours a container's securityContext as given (fact 37): the image's
 		// user 65532 must be replaced by root, or the node program cannot chroot.
@@ -204,53 +173,20 @@ func TestOSPlan(t *testing.T) {
 }
 
 func TestPreloadPlan(t *testing.T) {
-	cfg, nu := testUpgrader(), testNodeUpdate("node-1")
-	p := planForNode(cfg, nu, planPreload, "http://capi-inplace-repo-v1-6-0.harvester-system.svc")
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
+	p := NodePlan(cfg, nu, PlanPreload, "http://capi-inplace-repo-v1-6-0.harvester-system.svc")
 	if p.Spec.Cordon || p.Spec.Drain != nil || p.Spec.Prepare != nil {
 		t.Errorf("the preload plan must leave the node in service and run one container")
 	}
 	u := p.Spec.Upgrade
 	want := "node preload --host-root=/host --repository-url=http://capi-inplace-repo-v1-6-0.harvester-system.svc --version=v1.6.0"
-	if u.Image != testNodeImage || strings.Join(u.Command, " ") != "/capi-inplace" || strings.Join(u.Args, " ") != want {
-		t.Errorf("preload runs %s %v %v, want %s /capi-inplace %s", u.Image, u.Command, u.Args, testNodeImage, want)
+	if u.Image != fixtures.NodeImage || strings.Join(u.Command, " ") != "/capi-inplace" || strings.Join(u.Args, " ") != want {
+		t.Errorf("preload runs %s %v %v, want %s /capi-inplace %s", u.Image, u.Command, u.Args, fixtures.NodeImage, want)
 	}
 	if sc := u.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
 		t.Errorf("securityContext %+v: preload imports into the host's containerd, privileged and as root", sc)
 	}
 	if p.Spec.Version != "v1.6.0" || *p.Spec.JobActiveDeadlineSecs != 1800 {
 		t.Errorf("version %q deadline %d", p.Spec.Version, *p.Spec.JobActiveDeadlineSecs)
-	}
-}
-
-func TestResolveImages(t *testing.T) {
-	u := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
-	for _, tc := range []struct{ in, want, reason string }{
-		{in: "", want: "ghcr.io/capi-inplace/capi-inplace:v0.4.0"},
-		{in: "registry.local:5000/capi-inplace", want: "registry.local:5000/capi-inplace:v0.4.0"},
-		{in: "registry.local:5000/capi-inplace:v0.3.9", want: "registry.local:5000/capi-inplace:v0.3.9"},
-		{in: "registry.local/capi-inplace@sha256:0123", want: "registry.local/capi-inplace@sha256:0123"},
-	} {
-		cfg := testUpgrader()
-		cfg.Spec.Images.Node = tc.in
-		if err := u.resolveImages(cfg); err != nil || cfg.Spec.Images.Node != tc.want {
-			t.Errorf("images.node %q resolves to %q, %v; want %q", tc.in, cfg.Spec.Images.Node, err, tc.want)
-		}
-	}
-	cfg := testUpgrader()
-	cfg.Spec.Images.Node = ""
-	if err := (&Updater{}).resolveImages(cfg); err == nil {
-		t.Errorf("no images.node and no manager node image: resolved to %q", cfg.Spec.Images.Node)
-	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "NoNodeImage" {
-		t.Errorf("error %v, want the permanent NoNodeImage", err)
-	}
-	for _, bad := range []string{"", "ghcr.io/capi-inplace/capi-inplace", "localhost:5000/capi-inplace", "a b:v1"} {
-		if CheckNodeImage(bad) == nil {
-			t.Errorf("--harvester-node-image %q accepted", bad)
-		}
-	}
-	for _, good := range []string{"ghcr.io/capi-inplace/capi-inplace:dev", "localhost:5000/capi-inplace:v0.4.0", "r.example/c@sha256:00"} {
-		if err := CheckNodeImage(good); err != nil {
-			t.Errorf("--harvester-node-image %q refused: %v", good, err)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package harvesteradapter
+package suc
 
 import (
 	"time"
@@ -13,7 +13,7 @@ import (
 
 // planImageCleanup removes, on every node, the images of the previous release that the
 // new one no longer lists, once all nodes run the new release.
-const planImageCleanup planKind = "image-cleanup"
+const PlanImageCleanup PlanKind = "image-cleanup"
 
 // imageCleanupTimeout bounds one node's image cleanup: a few hundred `crictl rmi`, each
 // quick. It is the Job's activeDeadlineSeconds.
@@ -28,27 +28,27 @@ const imageCleanupTimeout = 30 * time.Minute
 // Plan's version is the release, so that SUC runs it once per node and release; it is
 // written for SUC as planForNode is (no volume, a tagged image, a deadline, no cordon
 // or drain: removing unused images does not disturb the node's workloads).
-func imageCleanupPlan(cfg *harvesterv1.HarvesterUpgrader, name, repositoryURL, previous string) *sucv1.Plan {
+func ImageCleanupPlan(cfg *harvesterv1.HarvesterUpgrader, name, repositoryURL, previous string) *sucv1.Plan {
 	spec := cfg.Spec
 	release := spec.Release.Version
 	return &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name,
 			Namespace: spec.SystemUpgradeController.Namespace,
-			Labels:    map[string]string{LabelPlanKind: string(planImageCleanup)},
+			Labels:    map[string]string{LabelPlanKind: string(PlanImageCleanup)},
 		},
 		Spec: sucv1.PlanSpec{
 			Concurrency:           1,
 			Version:               release,
 			ServiceAccountName:    spec.SystemUpgradeController.ServiceAccountName,
-			JobActiveDeadlineSecs: ptr.To(deadlineSeconds(imageCleanupTimeout)),
+			JobActiveDeadlineSecs: ptr.To(DeadlineSeconds(imageCleanupTimeout)),
 			NodeSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpExists,
 			}}},
 			// As planForNode: Harvester nodes carry control plane and etcd taints.
 			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-			Upgrade: nodeProgram(spec.Images.Node, []string{"remove-images", "--previous-version=" + previous},
-				repositoryURL, release, privilegedRoot()),
+			Upgrade: NodeProgram(spec.Images.Node, []string{"remove-images", "--previous-version=" + previous},
+				repositoryURL, release, PrivilegedRoot()),
 		},
 	}
 }

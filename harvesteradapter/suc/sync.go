@@ -1,0 +1,117 @@
+package suc
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// syncPlan makes the workload cluster's SUC Plan want.Name carry want's spec and labels
+// (labels another writer put on it stay). It returns the Plan once System Upgrade
+// Controller has resolved it (its latest hash is set); until then nil and what it waits
+// for. forWhat names what the Plan is for, in messages.
+func Sync(ctx context.Context, wc client.Client, want *sucv1.Plan, forWhat string) (*sucv1.Plan, string, error) {
+	current := &sucv1.Plan{}
+	err := wc.Get(ctx, client.ObjectKeyFromObject(want), current)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := wc.Create(ctx, want); err != nil {
+			return nil, "", fmt.Errorf("create SUC plan %s for %s: %w", want.Name, forWhat, err)
+		}
+		return nil, fmt.Sprintf("created SUC plan %s/%s for %s", want.Namespace, want.Name, forWhat), nil
+	case err != nil:
+		return nil, "", fmt.Errorf("get SUC plan %s: %w", want.Name, err)
+	}
+	if !equality.Semantic.DeepEqual(current.Spec, want.Spec) || !hasLabels(current.Labels, want.Labels) {
+		current.Spec = want.Spec
+		if current.Labels == nil {
+			current.Labels = map[string]string{}
+		}
+		maps.Copy(current.Labels, want.Labels)
+		if err := wc.Update(ctx, current); err != nil {
+			return nil, "", fmt.Errorf("update SUC plan %s for %s: %w", want.Name, forWhat, err)
+		}
+		return nil, fmt.Sprintf("updated SUC plan %s/%s for %s", want.Namespace, want.Name, forWhat), nil
+	}
+	if current.Status.LatestHash == "" {
+		return nil, fmt.Sprintf("waiting for System Upgrade Controller to resolve plan %s", current.Name), nil
+	}
+	return current, "", nil
+}
+
+// hasLabels reports whether labels carries every label of want.
+func hasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// planDoneOn reports whether SUC finished plan on node: the node carries
+// plan.upgrade.cattle.io/<plan> equal to the Plan's latest hash (shared/facts/suc.md,
+// fact 46).
+func DoneOn(plan *sucv1.Plan, node *corev1.Node) bool {
+	return node.Labels["plan.upgrade.cattle.io/"+plan.Name] == plan.Status.LatestHash
+}
+
+// failedPlanJob is a permanent error naming a failed Job of plan on node (on any node when
+// node is empty), with the Job's reason; nil when none failed. A Job older than the Plan
+// belongs to an earlier Plan of the same name.
+func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) error {
+	selector := client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name}
+	if node != "" {
+		selector["upgrade.cattle.io/node"] = node
+	}
+	jobs := &batchv1.JobList{}
+	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), selector); err != nil {
+		return fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
+	}
+	for _, job := range jobs.Items {
+		if job.CreationTimestamp.Before(&plan.CreationTimestamp) {
+			continue
+		}
+		for _, c := range job.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				return nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s",
+					job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
+			}
+		}
+	}
+	return nil
+}
+
+// planJobRunning reports whether a Job of one of plans runs on node.
+func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv1.Plan) (bool, error) {
+	for _, p := range plans {
+		jobs := &batchv1.JobList{}
+		if err := wc.List(ctx, jobs, client.InNamespace(p.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": p.Name, "upgrade.cattle.io/node": node}); err != nil {
+			return false, fmt.Errorf("list jobs of plan %s: %w", p.Name, err)
+		}
+		for i := range jobs.Items {
+			if !jobFinished(&jobs.Items[i]) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+func jobFinished(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
