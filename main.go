@@ -46,10 +46,12 @@ import (
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -67,14 +69,14 @@ var version = "dev"
 
 // nodeImage is the image this binary is built into, stamped by `make build`
 // (-X main.nodeImage=$(IMG)), the default of --harvester-node-image. Unstamped, it is
-// harvesteradapter.DefaultNodeImageRepository at version.
+// config.DefaultNodeImageRepository at version.
 var nodeImage = ""
 
 func defaultNodeImage() string {
 	if nodeImage != "" {
 		return nodeImage
 	}
-	return harvesteradapter.DefaultNodeImageRepository + ":" + version
+	return config.DefaultNodeImageRepository + ":" + version
 }
 
 // options are the manager's flags (DESIGN.md section 8).
@@ -194,7 +196,7 @@ func run(opts options) error {
 	if opts.pollInterval < 0 {
 		return fmt.Errorf("--poll-interval must not be negative, got %s", opts.pollInterval)
 	}
-	if err := harvesteradapter.CheckNodeImage(opts.harvesterNodeImage); err != nil {
+	if err := config.CheckNodeImage(opts.harvesterNodeImage); err != nil {
 		return fmt.Errorf("--harvester-node-image: %w", err)
 	}
 
@@ -271,8 +273,8 @@ func run(opts options) error {
 	if err := nodeUpdates.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the NodeUpdate controller: %w", err)
 	}
-	plans := &harvesteradapter.PlanReconciler{
-		Updater: harvester, Checks: harvesteradapter.DefaultClusterChecks(workloads),
+	plans := &upgradeplan.PlanReconciler{
+		Env: harvester.PlanEnv(), Checks: upgradeplan.DefaultClusterChecks(workloads),
 		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval, ClusterUpgradePollInterval: opts.pollInterval,
 	}
 	if err := plans.SetupWithManager(mgr, controllerOpts); err != nil {

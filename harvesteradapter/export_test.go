@@ -7,6 +7,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 )
 
 // PlanName is planName for the package's external tests; kind is preload, rke2 or os.
@@ -18,7 +19,7 @@ func PlanName(kind string, nu *inplacev1.NodeUpdate) string {
 // resolved by u as they are when a node starts.
 func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind, repositoryURL string) *sucv1.Plan {
 	cfg = cfg.DeepCopy()
-	if err := u.resolveImages(cfg); err != nil {
+	if err := u.configs().ResolveImages(cfg); err != nil {
 		panic(err)
 	}
 	return suc.NodePlan(cfg, nu, suc.PlanKind(kind), repositoryURL)
@@ -26,7 +27,7 @@ func PlanForNode(u *Updater, cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.N
 
 // ClusterObjectName is clusterObjectName, for specs.
 func ClusterObjectName(what string, plan *harvesterv1.UpgradePlan) string {
-	return clusterObjectName(what, plan)
+	return upgradeplan.ObjectName(what, plan)
 }
 
 // NewReadOnce is newReadOnce, for specs.

@@ -22,6 +22,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -130,7 +131,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 
 			By("the UpgradePlan ran every phase in order and ended with nothing left on the cluster")
 			plan := &harvesterv1.UpgradePlan{}
-			key := client.ObjectKey{Namespace: c.ns, Name: harvesteradapter.UpgradePlanName(c.name, "v1.6.0")}
+			key := client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}
 			Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
 				g.Expect(env.Client.Get(ctx, key, plan)).To(Succeed())
 				return plan.Status.Phase
@@ -157,14 +158,14 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.HarvesterChart}, chart)).To(Succeed())
 			Expect(chart.Spec.Version).To(Equal("1.6.0"))
 			for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}} {
-				Expect(wl.Client.List(ctx, list, client.MatchingLabels{harvesteradapter.LabelUpgradePlan: plan.Name})).To(Succeed())
+				Expect(wl.Client.List(ctx, list, client.MatchingLabels{upgradeplan.LabelUpgradePlan: plan.Name})).To(Succeed())
 				Expect(meta.LenList(list)).To(BeZero(), "%T of the plan left behind", list)
 			}
 
 			By("every node was preloaded and cleaned once, by the plan, and upgraded once")
 			for _, node := range c.nodes {
-				Expect(c.rec.RunsOf(harvesteradapter.ClusterObjectName("preload", plan))).To(HaveKeyWithValue(node, 1), node)
-				Expect(c.rec.RunsOf(harvesteradapter.ClusterObjectName("image-cleanup", plan))).To(HaveKeyWithValue(node, 1), node)
+				Expect(c.rec.RunsOf(upgradeplan.ObjectName("preload", plan))).To(HaveKeyWithValue(node, 1), node)
+				Expect(c.rec.RunsOf(upgradeplan.ObjectName("image-cleanup", plan))).To(HaveKeyWithValue(node, 1), node)
 			}
 			nus := &inplacev1.NodeUpdateList{}
 			Expect(env.Client.List(ctx, nus, client.InNamespace(c.ns))).To(Succeed())
@@ -193,7 +194,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			order := append([]string(nil), c.nodes...)
 			sort.SliceStable(order, func(i, j int) bool { return starts[order[i]].Before(starts[order[j]]) })
 			for i := 1; i < len(order); i++ {
-				Expect(harvesteradapter.RoleRank(role[order[i-1]])).To(BeNumerically("<=", harvesteradapter.RoleRank(role[order[i]])),
+				Expect(upgradeplan.RoleRank(role[order[i-1]])).To(BeNumerically("<=", upgradeplan.RoleRank(role[order[i]])),
 					"%s (%s) went before %s (%s)", order[i-1], role[order[i-1]], order[i], role[order[i]])
 			}
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -27,7 +28,7 @@ var clusterUpgradeStep = step{
 // fails the node: nothing of the node has been touched.
 func (u *Updater) runClusterUpgrade(ctx context.Context, r *nodeRun) (bool, string, error) {
 	if r.plan == nil {
-		plan, created, err := ensurePlanFor(ctx, u.Client, r.nu, r.cfg)
+		plan, created, err := upgradeplan.EnsureFor(ctx, u.Client, r.nu, r.cfg)
 		if err != nil {
 			return false, "", err
 		}
@@ -40,7 +41,7 @@ func (u *Updater) runClusterUpgrade(ctx context.Context, r *nodeRun) (bool, stri
 	switch {
 	case plan.Status.Phase == harvesterv1.UpgradePlanFailed:
 		return false, "", nodeupdater.Permanentf("UpgradePlanFailed", "UpgradePlan %s failed: %s", plan.Name, plan.Status.Message)
-	case PhaseReached(plan, harvesterv1.UpgradePlanNodeUpgrading):
+	case upgradeplan.PhaseReached(plan, harvesterv1.UpgradePlanNodeUpgrading):
 		return true, fmt.Sprintf("UpgradePlan %s upgraded the cluster to Harvester %s", plan.Name, plan.Spec.Version), nil
 	}
 	phase := plan.Status.Phase

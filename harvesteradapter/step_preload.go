@@ -7,6 +7,7 @@ import (
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 )
 
 // preloadStep pulls the release's images onto the node before it is drained.
@@ -25,7 +26,7 @@ func (u *Updater) skipPreload(ctx context.Context, r *nodeRun) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		name := clusterObjectName("preload", r.plan)
+		name := upgradeplan.ObjectName("preload", r.plan)
 		if _, ok := node.Labels["plan.upgrade.cattle.io/"+name]; ok {
 			return fmt.Sprintf("preloaded with every node of the cluster by UpgradePlan %s (SUC plan %s)", r.plan.Name, name), nil
 		}

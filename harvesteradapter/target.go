@@ -20,7 +20,7 @@ var _ nodeupdater.TargetJudge = &Updater{}
 // release's. A node whose RKE2 step finished and whose OS step failed is therefore not at
 // the target, and is upgraded again rather than counted as done.
 func (u *Updater) AtTarget(ctx context.Context, target nodeupdater.PreflightTarget) (bool, string, error) {
-	cfg, err := u.config(ctx, target.Namespace, target.UpdaterRef.Name)
+	cfg, err := u.configs().Get(ctx, target.Namespace, target.UpdaterRef.Name)
 	if err != nil {
 		return false, "", err
 	}

@@ -8,22 +8,19 @@ import (
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
-
-// WorkloadClients hands out clients of workload clusters (see package workloadcluster).
-type WorkloadClients interface {
-	Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
-}
 
 // +kubebuilder:rbac:groups=harvester.inplace.cluster.x-k8s.io,resources=harvesterupgraders,verbs=get;list;watch
 
@@ -34,7 +31,7 @@ type Updater struct {
 	// Client reads HarvesterUpgraders on the management cluster.
 	Client client.Client
 	// Workloads gives clients of the workload clusters.
-	Workloads WorkloadClients
+	Workloads kube.WorkloadClients
 	// Releases reads release metadata from repositories.
 	Releases repository.ReleaseReader
 	// RepositoryURL, when set, maps the in-cluster URL of a deployed repository to a URL
@@ -55,12 +52,9 @@ type Updater struct {
 
 var _ nodeupdater.Updater = &Updater{}
 
-// GroupKind is the configuration kind the Harvester updater serves.
-var GroupKind = schema.GroupKind{Group: harvesterv1.GroupVersion.Group, Kind: "HarvesterUpgrader"}
-
 // Registration is the Harvester updater's entry for the nodeupdater registry.
 func (u *Updater) Registration() nodeupdater.Registration {
-	return nodeupdater.Registration{GroupKind: GroupKind, NewConfig: func() client.Object { return &harvesterv1.HarvesterUpgrader{} }, Updater: u}
+	return nodeupdater.Registration{GroupKind: config.GroupKind, NewConfig: func() client.Object { return &harvesterv1.HarvesterUpgrader{} }, Updater: u}
 }
 
 // nodeRun is what one reconcile of one NodeUpdate works with.
@@ -138,27 +132,26 @@ func (u *Updater) poll() time.Duration {
 	return 5 * time.Second
 }
 
-func (u *Updater) config(ctx context.Context, namespace, name string) (*harvesterv1.HarvesterUpgrader, error) {
-	cfg := &harvesterv1.HarvesterUpgrader{}
-	if err := u.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cfg); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nodeupdater.Permanentf("UpdaterConfigNotFound", "HarvesterUpgrader %s/%s does not exist: create it, or point updaterRef at an existing one", namespace, name)
-		}
-		return nil, fmt.Errorf("get HarvesterUpgrader %s/%s: %w", namespace, name, err)
-	}
-	if err := u.resolveImages(cfg); err != nil {
-		return nil, err
-	}
-	return cfg, nil
-}
-
 // nodeConfig is the configuration the node is upgraded with: the snapshot taken when it
 // started, or, for a node not started yet, the HarvesterUpgrader as it is now.
+// configs reads HarvesterUpgraders as the updater does: images resolved with the
+// manager's node image and version.
+func (u *Updater) configs() config.Reader {
+	return config.Reader{Client: u.Client, NodeImage: u.NodeImage, Version: u.Version}
+}
+
+// PlanEnv is what the cluster's UpgradePlan shares with the updater: the management
+// client, the workload clients, the release reader and the HarvesterUpgraders as the
+// updater reads them.
+func (u *Updater) PlanEnv() upgradeplan.Env {
+	return upgradeplan.Env{Client: u.Client, Workloads: u.Workloads, Releases: u.Releases, RepositoryURL: u.RepositoryURL, Configs: u.configs()}
+}
+
 func (u *Updater) nodeConfig(ctx context.Context, nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, error) {
-	if cfg, ok, err := readSnapshot(nu); err != nil || ok {
+	if cfg, ok, err := config.ReadSnapshot(nu); err != nil || ok {
 		return cfg, err
 	}
-	return u.config(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
+	return u.configs().Get(ctx, nu.Namespace, nu.Spec.UpdaterRef.Name)
 }
 
 // prepare gathers what one reconcile works with. start records the configuration in the
@@ -169,7 +162,7 @@ func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate, start b
 		return nil, err
 	}
 	if start {
-		if cfg, err = snapshotConfig(nu, cfg); err != nil {
+		if cfg, err = config.Take(nu, cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -183,7 +176,7 @@ func (u *Updater) prepare(ctx context.Context, nu *inplacev1.NodeUpdate, start b
 		r.repo = repository.ServiceURL(cfg.Spec.Release.Version)
 	}
 	plan := &harvesterv1.UpgradePlan{}
-	switch err := u.Client.Get(ctx, client.ObjectKey{Namespace: nu.Namespace, Name: UpgradePlanName(nu.Spec.ClusterName, cfg.Spec.Release.Version)}, plan); {
+	switch err := u.Client.Get(ctx, client.ObjectKey{Namespace: nu.Namespace, Name: upgradeplan.Name(nu.Spec.ClusterName, cfg.Spec.Release.Version)}, plan); {
 	case err == nil:
 		r.plan = plan
 	case !apierrors.IsNotFound(err):

@@ -20,6 +20,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -49,7 +50,7 @@ type harvesterCluster struct {
 	config     *harvesterv1.HarvesterUpgrader
 	// plans is the UpgradePlan controller, running on the cluster's namespace, and plan
 	// the cluster's UpgradePlan, created ahead of the nodes as an operator may.
-	plans *harvesteradapter.PlanReconciler
+	plans *upgradeplan.PlanReconciler
 	plan  *harvesterv1.UpgradePlan
 }
 
@@ -131,7 +132,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 		return c
 	}
 	c.plan = &harvesterv1.UpgradePlan{
-		ObjectMeta: metav1.ObjectMeta{Name: harvesteradapter.UpgradePlanName(c.name, c.config.Spec.Release.Version), Namespace: c.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: upgradeplan.Name(c.name, c.config.Spec.Release.Version), Namespace: c.ns},
 		Spec: harvesterv1.UpgradePlanSpec{
 			ClusterName: c.name, UpgraderName: c.config.Name, Version: c.config.Spec.Release.Version,
 			ImagePreload: c.config.Spec.ImagePreload,
@@ -256,7 +257,7 @@ var _ = Describe("The Harvester updater", func() {
 			}
 		}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), c.plan)).To(Succeed())
-		preload := harvesteradapter.ClusterObjectName("preload", c.plan)
+		preload := upgradeplan.ObjectName("preload", c.plan)
 		Expect(c.rec.RunsOf(preload)).To(Equal(map[string]int{c.nodes[0]: 1, c.nodes[1]: 1, c.nodes[2]: 1}), "one preload of every node, by the UpgradePlan")
 		Expect(c.rec.MaxDown()).To(Equal(1), "one node down at a time")
 		Expect(ourPlans(c)).To(BeEmpty(), "every node's Plans are deleted at the end")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 )
 
 // planPoll is the PollInterval of the UpgradePlan controllers startPlans starts.
@@ -24,7 +25,7 @@ var planPoll = 50 * time.Millisecond
 
 // startPlans runs the real UpgradePlan controller on namespace ns, as the manager does,
 // with the updater's clients; it stops when the spec ends.
-func startPlans(ns string, u *harvesteradapter.Updater) *harvesteradapter.PlanReconciler {
+func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconciler {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:     env.Scheme,
@@ -33,7 +34,7 @@ func startPlans(ns string, u *harvesteradapter.Updater) *harvesteradapter.PlanRe
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &harvesteradapter.PlanReconciler{Updater: u, PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond}
+	r := &upgradeplan.PlanReconciler{Env: u.PlanEnv(), PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -96,7 +96,7 @@ func PlanName(kind PlanKind, nu *inplacev1.NodeUpdate) string {
 }
 
 // planForNode builds the SUC Plan of one kind for the node of a NodeUpdate, from the
-// configuration fixed when the node started (see snapshot.go). The Plan selects that
+// configuration fixed when the node started (see package config). The Plan selects that
 // node only (kubernetes.io/hostname), runs on one node at a time, and says in its labels
 // which NodeUpdate it belongs to. It is written for SUC as it is (shared/facts/suc.md):
 //   - no volume: SUC mounts the host's / at /host in every container itself (facts 30,
@@ -118,7 +118,7 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 		{Name: "KUBERNETES_VERSION", Value: nu.Spec.Version},
 	}
 	// The node image, resolved and tagged with the manager's version before the
-	// snapshot was taken (images.go).
+	// snapshot was taken (config.Reader.ResolveImages).
 	harvesterImage := spec.Images.Node
 	plan := &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{

@@ -30,9 +30,11 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	upgraderconfig "github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	upgraderepo "github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -71,7 +73,7 @@ minUpgradableVersion: v1.5.0
 `
 	// makespanNodeImage is the manager's node image the Plans run (main.go's default
 	// --harvester-node-image at a release version the SUC simulator's registry serves).
-	makespanNodeImage = harvesteradapter.DefaultNodeImageRepository + ":v0.4.0"
+	makespanNodeImage = upgraderconfig.DefaultNodeImageRepository + ":v0.4.0"
 	// makespanManagement is how many management nodes a Harvester cluster has (the rest
 	// are workers).
 	makespanManagement = 3
@@ -345,7 +347,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	}
 	if !res.finished {
 		plan := &harvesterv1.UpgradePlan{}
-		_ = mc.Get(ctx, client.ObjectKey{Namespace: ns, Name: harvesteradapter.UpgradePlanName(makespanCluster, makespanRelease)}, plan)
+		_ = mc.Get(ctx, client.ObjectKey{Namespace: ns, Name: upgradeplan.Name(makespanCluster, makespanRelease)}, plan)
 		return res, fmt.Errorf("the UpgradePlan did not succeed within %s: phase %s: %s", timeout, plan.Status.Phase, plan.Status.Message)
 	}
 	if got := rec.MaxDown(); got != 1 {
@@ -488,8 +490,8 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 	if err := nodeUpdates.SetupWithManager(mgr, opts); err != nil {
 		return nil, err
 	}
-	plans := &harvesteradapter.PlanReconciler{
-		Updater: harvester, Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: poll, ClusterUpgradePollInterval: poll,
+	plans := &upgradeplan.PlanReconciler{
+		Env: harvester.PlanEnv(), Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: poll, ClusterUpgradePollInterval: poll,
 	}
 	if err := plans.SetupWithManager(mgr, opts); err != nil {
 		return nil, err

@@ -35,12 +35,12 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/manager"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -573,7 +573,7 @@ func (s *Scenario) createUpdater(ctx context.Context) error {
 	// default of 7 days, so the plan asks for 1.
 	plan := &harvesterv1.UpgradePlan{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: harvesteradapter.UpgradePlanName(s.Options.ClusterName, HarvesterRelease), Namespace: s.Options.Namespace,
+			Name: upgradeplan.Name(s.Options.ClusterName, HarvesterRelease), Namespace: s.Options.Namespace,
 			Annotations: map[string]string{clusterchecks.AnnotationMinCertsExpirationDays: "1"},
 		},
 		Spec: harvesterv1.UpgradePlanSpec{ClusterName: s.Options.ClusterName, UpgraderName: UpdaterName, Version: HarvesterRelease},

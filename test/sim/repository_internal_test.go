@@ -9,7 +9,7 @@ import (
 )
 
 // imageRepositoryPod is the repository pod of release.image as the Harvester updater
-// builds it (harvesteradapter/repository.go): no downloader, the image's PVC read-only.
+// builds it (harvesteradapter/repository): no downloader, the image's PVC read-only.
 func imageRepositoryPod(mountArgs ...string) corev1.PodSpec {
 	bidirectional, hostToContainer := corev1.MountPropagationBidirectional, corev1.MountPropagationHostToContainer
 	return corev1.PodSpec{

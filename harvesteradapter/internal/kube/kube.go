@@ -3,11 +3,13 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -32,4 +34,9 @@ func KindServed(c client.Client, gk schema.GroupKind, version string) (bool, err
 	default:
 		return false, fmt.Errorf("ask the workload cluster whether it serves %s: %w", gk, err)
 	}
+}
+
+// WorkloadClients hands out clients of workload clusters (see package workloadcluster).
+type WorkloadClients interface {
+	Client(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
 }

@@ -1,4 +1,4 @@
-package harvesteradapter
+package upgradeplan
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -86,10 +87,10 @@ func (r *PlanReconciler) createRepository(ctx context.Context, pr *PlanRun) (boo
 // installs over the running one (unless spec.force), as the toolkit's version guard.
 func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (bool, string, error) {
 	readURL := pr.repo
-	if pr.Config.Spec.Release.RepositoryURL == "" && r.Updater.RepositoryURL != nil {
-		readURL = r.Updater.RepositoryURL(pr.repo)
+	if pr.Config.Spec.Release.RepositoryURL == "" && r.Env.RepositoryURL != nil {
+		readURL = r.Env.RepositoryURL(pr.repo)
 	}
-	data, err := r.Updater.Releases.ReadRelease(ctx, pr.Cluster, readURL)
+	data, err := r.Env.Releases.ReadRelease(ctx, pr.Cluster, readURL)
 	if err != nil {
 		return false, "", fmt.Errorf("read the release metadata of Harvester %s: %w", pr.Plan.Spec.Version, err)
 	}
@@ -143,7 +144,7 @@ func clusterPreloadPlan(pr *PlanRun, concurrency int64) *sucv1.Plan {
 	release := spec.Release.Version
 	return &sucv1.Plan{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      clusterObjectName("preload", pr.Plan),
+			Name:      ObjectName("preload", pr.Plan),
 			Namespace: spec.SystemUpgradeController.Namespace,
 			Labels:    map[string]string{LabelUpgradePlan: pr.Plan.Name, suc.LabelPlanKind: string(suc.PlanPreload)},
 		},
@@ -231,13 +232,13 @@ func (r *PlanReconciler) upgradeNodes(ctx context.Context, pr *PlanRun) (bool, s
 // Harvester updater.
 func (r *PlanReconciler) nodeUpdatesOf(ctx context.Context, pr *PlanRun) (map[string]*inplacev1.NodeUpdate, error) {
 	list := &inplacev1.NodeUpdateList{}
-	if err := r.Updater.Client.List(ctx, list, client.InNamespace(pr.Plan.Namespace)); err != nil {
+	if err := r.Env.Client.List(ctx, list, client.InNamespace(pr.Plan.Namespace)); err != nil {
 		return nil, fmt.Errorf("list NodeUpdates: %w", err)
 	}
 	out := map[string]*inplacev1.NodeUpdate{}
 	for i := range list.Items {
 		nu := &list.Items[i]
-		if nu.Spec.ClusterName != pr.Plan.Spec.ClusterName || nu.Spec.UpdaterRef.Kind != GroupKind.Kind {
+		if nu.Spec.ClusterName != pr.Plan.Spec.ClusterName || nu.Spec.UpdaterRef.Kind != config.GroupKind.Kind {
 			continue
 		}
 		if prev, ok := out[nu.Spec.NodeName]; !ok || prev.CreationTimestamp.Before(&nu.CreationTimestamp) {
@@ -304,7 +305,7 @@ func (r *PlanReconciler) cleanImages(ctx context.Context, pr *PlanRun) (bool, st
 	if err != nil {
 		return false, "", err
 	}
-	want := suc.ImageCleanupPlan(pr.Config, clusterObjectName("image-cleanup", pr.Plan), pr.repo, previous)
+	want := suc.ImageCleanupPlan(pr.Config, ObjectName("image-cleanup", pr.Plan), pr.repo, previous)
 	want.Labels[LabelUpgradePlan] = pr.Plan.Name
 	want.Spec.NodeSelector = planNodes(pr.Plan)
 	done, message, _, err := applyClusterPlan(ctx, pr, want, nodes)
@@ -370,8 +371,8 @@ func removeLabelled(ctx context.Context, wc client.Client, plan string) error {
 // ensurePlanFor returns the UpgradePlan of the node's cluster and release, creating it
 // from the HarvesterUpgrader when there is none (the first node of a cluster and release
 // creates it).
-func ensurePlanFor(ctx context.Context, c client.Client, nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader) (*harvesterv1.UpgradePlan, bool, error) {
-	key := types.NamespacedName{Namespace: nu.Namespace, Name: UpgradePlanName(nu.Spec.ClusterName, cfg.Spec.Release.Version)}
+func EnsureFor(ctx context.Context, c client.Client, nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader) (*harvesterv1.UpgradePlan, bool, error) {
+	key := types.NamespacedName{Namespace: nu.Namespace, Name: Name(nu.Spec.ClusterName, cfg.Spec.Release.Version)}
 	plan := &harvesterv1.UpgradePlan{}
 	err := c.Get(ctx, key, plan)
 	if err == nil {

@@ -1,4 +1,4 @@
-package harvesteradapter
+package config
 
 import (
 	"strings"
@@ -17,7 +17,7 @@ import (
 func TestSnapshotConfig(t *testing.T) {
 	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
 	cfg.Generation = 4
-	got, err := snapshotConfig(nu, cfg)
+	got, err := Take(nu, cfg)
 	if err != nil || got != cfg {
 		t.Fatalf("first snapshot: %v, %v", got, err)
 	}
@@ -27,13 +27,13 @@ func TestSnapshotConfig(t *testing.T) {
 
 	edited := fixtures.Upgrader()
 	edited.Spec.Release.Version = "v1.7.0"
-	got, err = snapshotConfig(nu, edited)
+	got, err = Take(nu, edited)
 	if err != nil || got.Spec.Release.Version != "v1.6.0" || got.Generation != 4 || got.Namespace != nu.Namespace {
 		t.Errorf("a started node keeps its configuration: got %+v, %v", got, err)
 	}
 
 	nu.Status.UpdaterConfig = &runtime.RawExtension{Raw: []byte(`{"kind":"SomethingElse"}`)}
-	if _, err := snapshotConfig(nu, edited); err == nil {
+	if _, err := Take(nu, edited); err == nil {
 		t.Errorf("a snapshot of another kind is accepted")
 	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "InvalidUpdaterConfig" {
 		t.Errorf("error %v, want the permanent InvalidUpdaterConfig", err)
@@ -45,13 +45,13 @@ func TestSnapshotConfig(t *testing.T) {
 // rewritten, so SUC does not replace their Jobs (fact 49).
 func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 	nu := fixtures.NodeUpdate("node-1")
-	before := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
+	before := Reader{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
 	cfg := fixtures.Upgrader()
 	cfg.Spec.Images.Node = ""
-	if err := before.resolveImages(cfg); err != nil {
+	if err := before.ResolveImages(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := snapshotConfig(nu, cfg); err != nil {
+	if _, err := Take(nu, cfg); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(nu.Status.UpdaterConfig.Raw), `"node":"ghcr.io/capi-inplace/capi-inplace:v0.4.0"`) {
@@ -59,13 +59,13 @@ func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 	}
 	started := suc.NodePlan(cfg, nu, suc.PlanOS, "http://repo.example")
 
-	after := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.5.0", Version: "v0.5.0"}
+	after := Reader{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.5.0", Version: "v0.5.0"}
 	live := fixtures.Upgrader()
 	live.Spec.Images.Node = ""
-	if err := after.resolveImages(live); err != nil {
+	if err := after.ResolveImages(live); err != nil {
 		t.Fatal(err)
 	}
-	got, err := snapshotConfig(nu, live)
+	got, err := Take(nu, live)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 		t.Errorf("the node's OS Plan changed with the manager: %+v, was %+v", again.Spec.Upgrade, started.Spec.Upgrade)
 	}
 	fresh := fixtures.NodeUpdate("node-2")
-	if got, err := snapshotConfig(fresh, live); err != nil || got.Spec.Images.Node != "ghcr.io/capi-inplace/capi-inplace:v0.5.0" {
+	if got, err := Take(fresh, live); err != nil || got.Spec.Images.Node != "ghcr.io/capi-inplace/capi-inplace:v0.5.0" {
 		t.Errorf("a node that starts after the manager's upgrade runs %v (%v), want the new manager's image", got, err)
 	}
 }
@@ -86,7 +86,7 @@ func TestSnapshotKeepsTheNodeImageAcrossAManagerUpgrade(t *testing.T) {
 func TestSnapshotWithoutANodeImage(t *testing.T) {
 	nu := fixtures.NodeUpdate("node-1")
 	nu.Status.UpdaterConfig = &runtime.RawExtension{Raw: []byte(`{"kind":"HarvesterUpgrader","name":"default","generation":1,"spec":{"release":{"version":"v1.6.0"},"images":{"osUpgrade":"rancher/harvester-upgrade"}}}`)}
-	if _, err := snapshotConfig(nu, fixtures.Upgrader()); err == nil {
+	if _, err := Take(nu, fixtures.Upgrader()); err == nil {
 		t.Errorf("a snapshot without a node image is accepted")
 	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "InvalidUpdaterConfig" || !strings.Contains(p.Error(), "names no node image") {
 		t.Errorf("error %v, want the permanent InvalidUpdaterConfig naming the missing node image", err)
@@ -96,7 +96,7 @@ func TestSnapshotWithoutANodeImage(t *testing.T) {
 func TestCheckConfigDrainTimeout(t *testing.T) {
 	cfg := fixtures.Upgrader()
 	cfg.Spec.Drain.Timeout = ptr.To(intstr.FromString("2h"))
-	if err := checkConfig(cfg); err == nil || !strings.Contains(err.Error(), "drain.timeout 2h0m0s is longer than timeouts.drain 1h0m0s, the drain Job's deadline") {
+	if err := Check(cfg); err == nil || !strings.Contains(err.Error(), "drain.timeout 2h0m0s is longer than timeouts.drain 1h0m0s, the drain Job's deadline") {
 		t.Errorf("a drain timeout past the drain Job's deadline: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package harvesteradapter
+package upgradeplan
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package harvesteradapter
+package config
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 )
 
 func TestResolveImages(t *testing.T) {
-	u := &Updater{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
+	u := Reader{NodeImage: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Version: "v0.4.0"}
 	for _, tc := range []struct{ in, want, reason string }{
 		{in: "", want: "ghcr.io/capi-inplace/capi-inplace:v0.4.0"},
 		{in: "registry.local:5000/capi-inplace", want: "registry.local:5000/capi-inplace:v0.4.0"},
@@ -17,13 +17,13 @@ func TestResolveImages(t *testing.T) {
 	} {
 		cfg := fixtures.Upgrader()
 		cfg.Spec.Images.Node = tc.in
-		if err := u.resolveImages(cfg); err != nil || cfg.Spec.Images.Node != tc.want {
+		if err := u.ResolveImages(cfg); err != nil || cfg.Spec.Images.Node != tc.want {
 			t.Errorf("images.node %q resolves to %q, %v; want %q", tc.in, cfg.Spec.Images.Node, err, tc.want)
 		}
 	}
 	cfg := fixtures.Upgrader()
 	cfg.Spec.Images.Node = ""
-	if err := (&Updater{}).resolveImages(cfg); err == nil {
+	if err := (Reader{}).ResolveImages(cfg); err == nil {
 		t.Errorf("no images.node and no manager node image: resolved to %q", cfg.Spec.Images.Node)
 	} else if p, ok := nodeupdater.AsPermanent(err); !ok || p.Reason != "NoNodeImage" {
 		t.Errorf("error %v, want the permanent NoNodeImage", err)

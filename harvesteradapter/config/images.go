@@ -1,8 +1,13 @@
-package harvesteradapter
+package config
 
 import (
+	"context"
 	"fmt"
 	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -39,21 +44,50 @@ func imageTagged(image string) bool {
 // version. It runs on the live HarvesterUpgrader, before the snapshot of a starting node
 // is taken (snapshot.go), so the snapshot holds the exact image and a later manager (a
 // new version, another --harvester-node-image) never changes a running node's Plans.
-func (u *Updater) resolveImages(cfg *harvesterv1.HarvesterUpgrader) error {
+func (r Reader) ResolveImages(cfg *harvesterv1.HarvesterUpgrader) error {
 	images := &cfg.Spec.Images
 	if images.Node == "" {
-		if u.NodeImage == "" {
+		if r.NodeImage == "" {
 			return nodeupdater.Permanentf("NoNodeImage",
 				"HarvesterUpgrader %s/%s sets no images.node and the manager has no node image: set images.node, or start the manager with --harvester-node-image", cfg.Namespace, cfg.Name)
 		}
-		images.Node = u.NodeImage
+		images.Node = r.NodeImage
 	}
 	if !imageTagged(images.Node) {
-		if u.Version == "" {
+		if r.Version == "" {
 			return nodeupdater.Permanentf("UntaggedNodeImage",
 				"HarvesterUpgrader %s/%s: images.node %q has no tag and the manager knows no version to give it: add a tag", cfg.Namespace, cfg.Name, images.Node)
 		}
-		images.Node = suc.ImageWithTag(images.Node, u.Version)
+		images.Node = suc.ImageWithTag(images.Node, r.Version)
 	}
 	return nil
+}
+
+// Reader reads HarvesterUpgraders on the management cluster.
+type Reader struct {
+	// Client reads them.
+	Client client.Reader
+	// NodeImage is the manager's own node image, fully tagged (--harvester-node-image):
+	// what a HarvesterUpgrader without images.node runs on the nodes.
+	NodeImage string
+	// Version is the manager's version, the tag an untagged images.node gets.
+	Version string
+}
+
+// GroupKind is the configuration kind the Harvester updater serves.
+var GroupKind = schema.GroupKind{Group: harvesterv1.GroupVersion.Group, Kind: "HarvesterUpgrader"}
+
+// Get reads the HarvesterUpgrader namespace/name, its images resolved (ResolveImages).
+func (r Reader) Get(ctx context.Context, namespace, name string) (*harvesterv1.HarvesterUpgrader, error) {
+	cfg := &harvesterv1.HarvesterUpgrader{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cfg); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nodeupdater.Permanentf("UpdaterConfigNotFound", "HarvesterUpgrader %s/%s does not exist: create it, or point updaterRef at an existing one", namespace, name)
+		}
+		return nil, fmt.Errorf("get HarvesterUpgrader %s/%s: %w", namespace, name, err)
+	}
+	if err := r.ResolveImages(cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }

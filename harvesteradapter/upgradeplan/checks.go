@@ -1,4 +1,4 @@
-package harvesteradapter
+package upgradeplan
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 )
 
-// DefaultClusterChecks runs the cluster preflight (clusterchecks.go) of a plan with the
+// DefaultClusterChecks runs the cluster preflight (package clusterchecks) of a plan with the
 // plan's annotations, through the workload cluster's API server.
 func DefaultClusterChecks(configs repository.RESTConfigs) ClusterChecks {
 	return func(ctx context.Context, pr *PlanRun) []harvesterv1.PreflightCheck {

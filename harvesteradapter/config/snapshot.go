@@ -1,4 +1,4 @@
-package harvesteradapter
+package config
 
 import (
 	"encoding/json"
@@ -12,14 +12,14 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
-// configSnapshot is what a node is upgraded with: the HarvesterUpgrader as it was when
+// Snapshot is what a node is upgraded with: the HarvesterUpgrader as it was when
 // the node's NodeUpdate started, its images resolved (images.go: an empty images.node is
 // the manager's node image at the manager's version), kept in the NodeUpdate's
 // status.updaterConfig. Every later reconcile and the abort read it instead of the live
 // HarvesterUpgrader, so that editing the HarvesterUpgrader, or upgrading the manager,
 // changes the nodes not yet started and never rewrites a running node's Plans: SUC deletes a running Job whose Plan's version changed and
 // replaces one whose pod template changed (shared/facts/suc.md, facts 43 and 49).
-type configSnapshot struct {
+type Snapshot struct {
 	// Kind is HarvesterUpgrader.
 	Kind string `json:"kind"`
 	// Name is the HarvesterUpgrader's name, in the NodeUpdate's namespace.
@@ -31,17 +31,17 @@ type configSnapshot struct {
 	Spec harvesterv1.HarvesterUpgraderSpec `json:"spec"`
 }
 
-// snapshotConfig returns the configuration the node is upgraded with: the snapshot in
+// Take returns the configuration the node is upgraded with: the snapshot in
 // the NodeUpdate's status if there is one, else cfg, which it then records there. A
 // configuration SUC would misread is refused before anything is written for the node.
-func snapshotConfig(nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader) (*harvesterv1.HarvesterUpgrader, error) {
-	if snap, ok, err := readSnapshot(nu); err != nil || ok {
+func Take(nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader) (*harvesterv1.HarvesterUpgrader, error) {
+	if snap, ok, err := ReadSnapshot(nu); err != nil || ok {
 		return snap, err
 	}
-	if err := checkConfig(cfg); err != nil {
+	if err := Check(cfg); err != nil {
 		return nil, err
 	}
-	raw, err := json.Marshal(configSnapshot{Kind: GroupKind.Kind, Name: cfg.Name, Generation: cfg.Generation, Spec: cfg.Spec})
+	raw, err := json.Marshal(Snapshot{Kind: GroupKind.Kind, Name: cfg.Name, Generation: cfg.Generation, Spec: cfg.Spec})
 	if err != nil {
 		return nil, fmt.Errorf("record the configuration of node %s: %w", nu.Spec.NodeName, err)
 	}
@@ -49,12 +49,12 @@ func snapshotConfig(nu *inplacev1.NodeUpdate, cfg *harvesterv1.HarvesterUpgrader
 	return cfg, nil
 }
 
-// readSnapshot reads the configuration recorded in the NodeUpdate's status, if any.
-func readSnapshot(nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, bool, error) {
+// ReadSnapshot reads the configuration recorded in the NodeUpdate's status, if any.
+func ReadSnapshot(nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, bool, error) {
 	if nu.Status.UpdaterConfig == nil || len(nu.Status.UpdaterConfig.Raw) == 0 {
 		return nil, false, nil
 	}
-	snap := configSnapshot{}
+	snap := Snapshot{}
 	if err := json.Unmarshal(nu.Status.UpdaterConfig.Raw, &snap); err != nil || snap.Kind != GroupKind.Kind {
 		return nil, false, nodeupdater.Permanentf("InvalidUpdaterConfig",
 			"status.updaterConfig of NodeUpdate %s/%s is not a HarvesterUpgrader snapshot (%v): the node cannot be upgraded with a configuration it did not start with; create a new NodeUpdate",
@@ -73,9 +73,9 @@ func readSnapshot(nu *inplacev1.NodeUpdate) (*harvesterv1.HarvesterUpgrader, boo
 	return cfg, true, nil
 }
 
-// checkConfig refuses what the API server's validation lets through but SUC would
+// Check refuses what the API server's validation lets through but SUC would
 // misread, with what to change.
-func checkConfig(cfg *harvesterv1.HarvesterUpgrader) error {
+func Check(cfg *harvesterv1.HarvesterUpgrader) error {
 	timeout, err := suc.DrainTimeout(cfg.Spec.Drain.Timeout)
 	if err != nil {
 		return nodeupdater.Permanentf("InvalidDrainTimeout", "HarvesterUpgrader %s/%s: %v", cfg.Namespace, cfg.Name, err)

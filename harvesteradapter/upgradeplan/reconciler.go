@@ -1,4 +1,4 @@
-package harvesteradapter
+package upgradeplan
 
 import (
 	"context"
@@ -31,6 +31,8 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
@@ -43,7 +45,7 @@ import (
 
 // UpgradePlanFinalizer keeps an UpgradePlan until what it created on the workload
 // cluster is removed.
-const UpgradePlanFinalizer = "harvester.inplace.cluster.x-k8s.io/upgradeplan"
+const Finalizer = "harvester.inplace.cluster.x-k8s.io/upgradeplan"
 
 // LabelUpgradePlan names, on the workload cluster, the UpgradePlan an object belongs to
 // (its name on the management cluster).
@@ -58,7 +60,7 @@ const (
 // UpgradePlanName is the name of the UpgradePlan of a cluster and release, the one the
 // updater creates and every node of the cluster waits for: <cluster>-<release>, with
 // dots and plus signs turned into dashes, shortened with a hash past 63 characters.
-func UpgradePlanName(cluster, release string) string {
+func Name(cluster, release string) string {
 	name := strings.ToLower(cluster + "-" + strings.NewReplacer(".", "-", "+", "-").Replace(release))
 	if len(name) > 63 {
 		sum := sha256.Sum256([]byte(cluster + "/" + release))
@@ -72,7 +74,7 @@ func UpgradePlanName(cluster, release string) string {
 // (SUC labels each node with a Plan's name, fact 25). The UID, as for a node's Plans
 // (planName): a plan deleted and created again never rewrites the Plan of its
 // predecessor, whose running Job SUC would replace (facts 43, 49).
-func clusterObjectName(what string, plan *harvesterv1.UpgradePlan) string {
+func ObjectName(what string, plan *harvesterv1.UpgradePlan) string {
 	sum := sha256.Sum256([]byte(plan.UID))
 	suffix := "-" + hex.EncodeToString(sum[:])[:10]
 	name := "capi-inplace-" + what + "-" + strings.NewReplacer(".", "-", "+", "-").Replace(strings.ToLower(plan.Spec.Version))
@@ -112,6 +114,24 @@ func PhaseReached(plan *harvesterv1.UpgradePlan, p harvesterv1.UpgradePlanPhase)
 	return i >= 0 && i >= phaseIndex(p)
 }
 
+// Env is what an UpgradePlan shares with the Harvester updater: the management cluster's
+// client, the workload clusters' clients, the release reader and the HarvesterUpgraders
+// as the updater reads them (images resolved).
+type Env struct {
+	// Client reads and writes UpgradePlans, HarvesterUpgraders and NodeUpdates on the
+	// management cluster.
+	Client client.Client
+	// Workloads gives clients of the workload clusters.
+	Workloads kube.WorkloadClients
+	// Releases reads release metadata from repositories.
+	Releases repository.ReleaseReader
+	// RepositoryURL, when set, maps the in-cluster URL of a deployed repository to a URL
+	// the manager reaches; nil uses the in-cluster URL as it is.
+	RepositoryURL func(inClusterURL string) string
+	// Configs reads HarvesterUpgraders.
+	Configs config.Reader
+}
+
 // ClusterChecks runs the cluster's preflight checks for a plan.
 type ClusterChecks func(ctx context.Context, pr *PlanRun) []harvesterv1.PreflightCheck
 
@@ -119,9 +139,9 @@ type ClusterChecks func(ctx context.Context, pr *PlanRun) []harvesterv1.Prefligh
 // order, each resumable, with the nodes' own upgrades (NodeUpdates, which wait for the
 // plan) in between.
 type PlanReconciler struct {
-	// Updater is the Harvester updater: its configuration reading, workload clients,
-	// release reader and node image are the plan's too.
-	Updater *Updater
+	// Env is what the plan shares with the Harvester updater
+	// (harvesteradapter.Updater.PlanEnv).
+	Env Env
 	// Checks runs the preflight checks of the Initializing phase; nil runs none.
 	Checks ClusterChecks
 	// Recorder records the PhaseTransition and PhaseCompleted events; nil records none.
@@ -179,7 +199,7 @@ func (r *PlanReconciler) Wake(cluster types.NamespacedName, _ string) {
 		return
 	}
 	plans := &harvesterv1.UpgradePlanList{}
-	if err := r.Updater.Client.List(context.Background(), plans, client.InNamespace(cluster.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Env.Client.List(context.Background(), plans, client.InNamespace(cluster.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	for i := range plans.Items {
@@ -206,11 +226,11 @@ func waitsOnNodes(p harvesterv1.UpgradePlanPhase) bool {
 // plansOfNodeUpdate maps a NodeUpdate to the UpgradePlans of its cluster.
 func (r *PlanReconciler) plansOfNodeUpdate(ctx context.Context, obj client.Object) []reconcile.Request {
 	nu, ok := obj.(*inplacev1.NodeUpdate)
-	if !ok || nu.Spec.UpdaterRef.Kind != GroupKind.Kind {
+	if !ok || nu.Spec.UpdaterRef.Kind != config.GroupKind.Kind {
 		return nil
 	}
 	plans := &harvesterv1.UpgradePlanList{}
-	if err := r.Updater.Client.List(ctx, plans, client.InNamespace(nu.Namespace)); err != nil {
+	if err := r.Env.Client.List(ctx, plans, client.InNamespace(nu.Namespace)); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
@@ -264,15 +284,15 @@ func heldf(format string, args ...any) error { return &errHeld{msg: fmt.Sprintf(
 // Reconcile advances a plan through as many phases as are done now.
 func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	plan := &harvesterv1.UpgradePlan{}
-	if err := r.Updater.Client.Get(ctx, req.NamespacedName, plan); err != nil {
+	if err := r.Env.Client.Get(ctx, req.NamespacedName, plan); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !plan.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, plan)
 	}
-	if !controllerutil.ContainsFinalizer(plan, UpgradePlanFinalizer) {
-		controllerutil.AddFinalizer(plan, UpgradePlanFinalizer)
-		if err := r.Updater.Client.Update(ctx, plan); err != nil {
+	if !controllerutil.ContainsFinalizer(plan, Finalizer) {
+		controllerutil.AddFinalizer(plan, Finalizer)
+		if err := r.Env.Client.Update(ctx, plan); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
@@ -324,7 +344,7 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	setPlanConditions(plan, degraded)
 	plan.Status.ObservedGeneration = plan.Generation
 	if !equality.Semantic.DeepEqual(before, &plan.Status) {
-		if err := r.Updater.Client.Status().Update(ctx, plan); err != nil {
+		if err := r.Env.Client.Status().Update(ctx, plan); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
@@ -417,7 +437,7 @@ func (r *PlanReconciler) prepare(ctx context.Context, plan *harvesterv1.UpgradeP
 		return nil, err
 	}
 	cluster := types.NamespacedName{Namespace: plan.Namespace, Name: plan.Spec.ClusterName}
-	wc, err := r.Updater.Workloads.Client(ctx, cluster)
+	wc, err := r.Env.Workloads.Client(ctx, cluster)
 	if err != nil {
 		return nil, fmt.Errorf("reach the workload cluster %s: %w", plan.Spec.ClusterName, err)
 	}
@@ -433,15 +453,15 @@ func (r *PlanReconciler) prepare(ctx context.Context, plan *harvesterv1.UpgradeP
 // reconcile) when its release is the plan's.
 func (r *PlanReconciler) planConfig(ctx context.Context, plan *harvesterv1.UpgradePlan) (*harvesterv1.HarvesterUpgrader, error) {
 	if raw := plan.Status.UpgraderConfig; raw != nil && len(raw.Raw) > 0 {
-		snap := configSnapshot{}
-		if err := json.Unmarshal(raw.Raw, &snap); err != nil || snap.Kind != GroupKind.Kind {
+		snap := config.Snapshot{}
+		if err := json.Unmarshal(raw.Raw, &snap); err != nil || snap.Kind != config.GroupKind.Kind {
 			return nil, nodeupdater.Permanentf("InvalidUpgraderConfig", "status.upgraderConfig of UpgradePlan %s/%s is not a HarvesterUpgrader snapshot (%v)", plan.Namespace, plan.Name, err)
 		}
 		cfg := &harvesterv1.HarvesterUpgrader{Spec: snap.Spec}
 		cfg.Name, cfg.Namespace, cfg.Generation = snap.Name, plan.Namespace, snap.Generation
 		return cfg, nil
 	}
-	cfg, err := r.Updater.config(ctx, plan.Namespace, plan.Spec.UpgraderName)
+	cfg, err := r.Env.Configs.Get(ctx, plan.Namespace, plan.Spec.UpgraderName)
 	if err != nil {
 		if _, permanent := nodeupdater.AsPermanent(err); permanent {
 			return nil, heldf("%v", err)
@@ -452,10 +472,10 @@ func (r *PlanReconciler) planConfig(ctx context.Context, plan *harvesterv1.Upgra
 		return nil, heldf("HarvesterUpgrader %s installs Harvester %s, but this plan is for %s: set its release.version to %s, or create an UpgradePlan for %s",
 			cfg.Name, cfg.Spec.Release.Version, plan.Spec.Version, plan.Spec.Version, cfg.Spec.Release.Version)
 	}
-	if err := checkConfig(cfg); err != nil {
+	if err := config.Check(cfg); err != nil {
 		return nil, heldf("%v", err)
 	}
-	raw, err := json.Marshal(configSnapshot{Kind: GroupKind.Kind, Name: cfg.Name, Generation: cfg.Generation, Spec: cfg.Spec})
+	raw, err := json.Marshal(config.Snapshot{Kind: config.GroupKind.Kind, Name: cfg.Name, Generation: cfg.Generation, Spec: cfg.Spec})
 	if err != nil {
 		return nil, err
 	}
@@ -524,7 +544,7 @@ func clusterNodes(ctx context.Context, pr *PlanRun) ([]clusterNode, error) {
 // cluster that cannot be reached because it is gone (its kubeconfig Secret deleted)
 // holds nothing to remove.
 func (r *PlanReconciler) finalize(ctx context.Context, plan *harvesterv1.UpgradePlan) (reconcile.Result, error) {
-	if !controllerutil.ContainsFinalizer(plan, UpgradePlanFinalizer) {
+	if !controllerutil.ContainsFinalizer(plan, Finalizer) {
 		return reconcile.Result{}, nil
 	}
 	pr, err := r.prepare(ctx, plan)
@@ -541,7 +561,7 @@ func (r *PlanReconciler) finalize(ctx context.Context, plan *harvesterv1.Upgrade
 		}
 		// No usable HarvesterUpgrader: remove by label what can be found.
 		cluster := types.NamespacedName{Namespace: plan.Namespace, Name: plan.Spec.ClusterName}
-		wc, werr := r.Updater.Workloads.Client(ctx, cluster)
+		wc, werr := r.Env.Workloads.Client(ctx, cluster)
 		if werr != nil {
 			return reconcile.Result{}, werr
 		}
@@ -549,13 +569,13 @@ func (r *PlanReconciler) finalize(ctx context.Context, plan *harvesterv1.Upgrade
 			return reconcile.Result{}, err
 		}
 	}
-	controllerutil.RemoveFinalizer(plan, UpgradePlanFinalizer)
-	return reconcile.Result{}, r.Updater.Client.Update(ctx, plan)
+	controllerutil.RemoveFinalizer(plan, Finalizer)
+	return reconcile.Result{}, r.Env.Client.Update(ctx, plan)
 }
 
 // clusterGone reports whether the plan's cluster no longer has a kubeconfig Secret.
 func (r *PlanReconciler) clusterGone(ctx context.Context, plan *harvesterv1.UpgradePlan) bool {
 	s := &corev1.Secret{}
-	err := r.Updater.Client.Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: workloadcluster.KubeconfigSecretName(plan.Spec.ClusterName)}, s)
+	err := r.Env.Client.Get(ctx, client.ObjectKey{Namespace: plan.Namespace, Name: workloadcluster.KubeconfigSecretName(plan.Spec.ClusterName)}, s)
 	return apierrors.IsNotFound(err)
 }
