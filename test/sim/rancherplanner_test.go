@@ -279,8 +279,11 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		failing, next := c.node("m", 1), c.node("m", 2)
 		c.planner.FailInstall(failing, "failed to pull image rancher/system-agent-installer-rke2")
 		updateLocalCluster(func(cl *provisioningv1.Cluster) { cl.Spec.KubernetesVersion = newRKE2 })
+		// Two machines of the tier wait, so Rancher names them without a detail
+		// (messages.go detailedMessage); "failure while applying plan" goes on the
+		// failing Machine's Reconciled condition, which the simulator does not keep.
 		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(
-			Equal(fmt.Sprintf("Unknown: configuring etcd node(s) %s: %s", sim.MachineName(failing), sim.FailedPlanMessage)))
+			Equal(fmt.Sprintf("Unknown: configuring etcd node(s) %s,%s", sim.MachineName(failing), sim.MachineName(next))))
 		Eventually(func() int {
 			n, _ := strconv.Atoi(string(c.secret(failing).Data[sim.FailureCountKey]))
 			return n
