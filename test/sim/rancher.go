@@ -66,6 +66,10 @@ type Rancher struct {
 	// Interval is how often the cluster is looked at: without Cache, default 20ms; with
 	// it, when no event came, default 1s.
 	Interval time.Duration
+	// PlannerOwnsLocalCluster leaves the status of fleet-local/local to a RancherPlanner
+	// simulator running alongside (its Updated condition says whether the nodes are
+	// settled); otherwise this simulator keeps the Cluster ready at its generation.
+	PlannerOwnsLocalCluster bool
 
 	loop  passLoop
 	mu    sync.Mutex
@@ -276,6 +280,9 @@ func (r *Rancher) serverVersion(ctx context.Context, dep *appsv1.Deployment) err
 }
 
 func (r *Rancher) localCluster(ctx context.Context) error {
+	if r.PlannerOwnsLocalCluster {
+		return nil
+	}
 	cl := &provisioningv1.Cluster{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.LocalCluster}, cl); err != nil {
 		return client.IgnoreNotFound(err)

@@ -17,6 +17,7 @@ package provisioningv1
 
 import (
 	"github.com/rancher/wrangler/v3/pkg/genericcondition"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -51,6 +52,13 @@ type RKEConfig struct {
 	// provisionGeneration makes Rancher's planner reconcile the nodes again when raised.
 	// +optional
 	ProvisionGeneration int `json:"provisionGeneration,omitempty"`
+	// registries is the containerd registry configuration Rancher renders into every
+	// node's plan (rke.cattle.io/v1 Registry: mirrors, configs). Harvester writes it from
+	// its containerd-registry setting (shared/facts/harvester-release-steps.md, fact 24);
+	// a change is a plan change on every node (fact 58). Kept as raw JSON: nothing here
+	// reads its fields.
+	// +optional
+	Registries *apiextensionsv1.JSON `json:"registries,omitempty"`
 	// upgradeStrategy is how many nodes Rancher upgrades at once and how it drains them.
 	// +optional
 	UpgradeStrategy ClusterUpgradeStrategy `json:"upgradeStrategy,omitempty"`
