@@ -51,9 +51,14 @@ KUBEVIRT_APIS_PKG := kubevirt.io/api/core/v1
 # The KubeVirt kinds the Harvester updater uses. KubeVirt's types carry no kubebuilder
 # markers: floats need allowDangerousTypes, and the status subresource that KubeVirt's own
 # CRDs give VirtualMachine and VirtualMachineInstanceMigration (not VirtualMachineInstance)
-# is added after generation.
-KUBEVIRT_KINDS    := virtualmachines virtualmachineinstances virtualmachineinstancemigrations
-KUBEVIRT_STATUS   := virtualmachines virtualmachineinstancemigrations
+# is added after generation. The install CR KubeVirt has it too (virt-operator's
+# pkg/virt-operator/resource/generate/components/crds.go@v1.6.0 NewKubeVirtCrd).
+KUBEVIRT_KINDS    := virtualmachines virtualmachineinstances virtualmachineinstancemigrations kubevirts
+KUBEVIRT_STATUS   := virtualmachines virtualmachineinstancemigrations kubevirts
+# RKE2's helm-controller (HelmChart, HelmChartConfig): its Go module ships its CRDs, generated
+# from its types with controller-gen (pkg/crds/yaml/generated); test-crds copies them from the
+# module cache without making the module a dependency of the project.
+HELM_CONTROLLER_MODULE := github.com/k3s-io/helm-controller@v0.17.9
 
 TEST_TIMEOUT ?= 30m
 
@@ -123,8 +128,8 @@ manifests: $(CONTROLLER_GEN) test-crds ## Generate CRDs and RBAC into config/, a
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./... output:rbac:artifacts:config=config/rbac
 
 .PHONY: test-crds
-test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn (with its live upgrade), KubeVirt, Harvester (VM backups) and Rancher CRDs the test API servers install.
-	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-liveupgrade test/crds/kubevirt test/crds/harvester test/crds/rancher
+test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn (with its live upgrade), KubeVirt, Harvester (VM backups), Rancher and helm-controller CRDs the test API servers install.
+	rm -rf test/crds/suc test/crds/longhorn test/crds/longhorn-liveupgrade test/crds/kubevirt test/crds/harvester test/crds/rancher test/crds/helm
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=$(SUC_APIS_PKG) output:crd:dir=test/crds/suc
 	$(CONTROLLER_GEN) crd paths=$(LONGHORN_APIS_PKG) output:crd:dir=test/crds/longhorn
 	$(CONTROLLER_GEN) crd paths=./harvesteradapter/longhornlive/... output:crd:dir=test/crds/longhorn-liveupgrade
@@ -135,6 +140,9 @@ test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn (with its live u
 	for k in $(KUBEVIRT_KINDS); do mv test/crds/kubevirt.tmp/kubevirt.io_$$k.yaml test/crds/kubevirt/; done
 	rm -rf test/crds/kubevirt.tmp
 	for k in $(KUBEVIRT_STATUS); do sed -i 's/^    storage: true$$/    storage: true\n    subresources:\n      status: {}/' test/crds/kubevirt/kubevirt.io_$$k.yaml; done
+	mkdir -p test/crds/helm
+	dir=$$(cd $$(mktemp -d) && go mod download -json $(HELM_CONTROLLER_MODULE) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
+		test -n "$$dir" && install -m 0644 $$dir/pkg/crds/yaml/generated/helm.cattle.io_*.yaml test/crds/helm/
 
 ##@ Test
 .PHONY: test-binaries

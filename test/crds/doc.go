@@ -9,9 +9,12 @@
 // ClusterRepo). Harvester's and Rancher's Go modules are not served by the module proxy:
 // the updater's own types of them (harvesteradapter/harvesterapi, harvesteradapter/rancher)
 // are the source. They are generated from Go types with controller-gen (make test-crds)
-// and checked in; none is written by hand. KubeVirt's
-// get the status subresource KubeVirt gives them (virt-operator's
-// resource/generate/components/crds.go) added by the Makefile.
+// and checked in. KubeVirt's (with the install CR KubeVirt) get the status subresource
+// KubeVirt gives them (virt-operator's resource/generate/components/crds.go) added by the
+// Makefile. RKE2's helm-controller HelmChart and HelmChartConfig (helm/) are the CRDs its Go
+// module ships, generated there from its types with controller-gen, copied by the Makefile.
+// One is written by hand: Multus's NetworkAttachmentDefinition (multus/), whose Go module
+// the module proxy does not serve; it repeats the definition the rke2-multus chart carries.
 package crds
 
 import (

@@ -30,15 +30,23 @@ import (
 //   - a VirtualMachine that is Halted (or running: false) loses its VMI: the VM
 //     controller deletes it to stop the guest;
 //   - a VirtualMachineInstanceMigration is labelled kubevirt.io/vmi-name (KubeVirt's
-//     mutating webhook, MigrationSelectorLabel), goes Pending, and after MigrationDelay
-//     moves its VMI to another schedulable, Ready, non-witness node that its nodeSelector
-//     and required node affinity allow: the VMI's node, label and migrationState change,
-//     and the migration goes Succeeded with the same migrationState. It fails (phase
+//     mutating webhook, MigrationSelectorLabel), goes Pending, then Running (KubeVirt's
+//     migration controller goes through Scheduling, Scheduled, PreparingTarget and
+//     TargetReady to Running; VirtualMachineInstanceMigration.IsRunning counts all of them
+//     but Pending), and after MigrationDelay from its creation moves its VMI to another
+//     schedulable, Ready, non-witness node that its nodeSelector and required node affinity
+//     allow: the VMI's node, label, migrationState and launcher image (the target pod's,
+//     see WorkloadUpdater) change, and the migration goes Succeeded with the same
+//     migrationState. The migration controller's own limits (parallelMigrationsPerCluster,
+//     parallelOutboundMigrationsPerNode) are not played: every migration runs at once. It fails (phase
 //     Failed, migrationState.failed, failureReason) when FailMigrations names the VMI,
 //     when no node can take the VMI (KubeVirt's target pod stays unschedulable until its
 //     timeout), or when the VMI does not exist. A migration of a VMI that is not
 //     LiveMigratable fails at once: KubeVirt's admission webhook refuses to create it, a
 //     webhook this API server does not run.
+//
+// With KubeVirtCR set it also plays virt-operator's deployed version and virt-controller's
+// workload updater (see kubevirt_updater.go).
 //
 // The simulator records which VMI ran on which node when (History), so a test can check
 // over the whole run that no VMI ran on a node while it was drained, and that none was
@@ -56,11 +64,17 @@ type KubeVirt struct {
 	MigrationDelay time.Duration
 	// Interval is how often the cluster is looked at. Default 50ms.
 	Interval time.Duration
+	// KubeVirtCR, when set, names the KubeVirt install CR (Harvester's is
+	// harvester-system/kubevirt) whose deployed version and workload update strategy the
+	// simulator plays (kubevirt_updater.go). Unset, VMIs carry no launcher image and no
+	// workload update runs, as before.
+	KubeVirtCR client.ObjectKey
 
 	mu       sync.Mutex
 	places   map[string]string
 	failures map[string]string
 	history  []VMIPlacement
+	updater  workloadUpdater
 }
 
 // VMIPlacement is one stay of a VMI on a node: from its start or its arrival by
@@ -200,6 +214,9 @@ func (k *KubeVirt) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			// The updater first: it reads the deployed KubeVirt version, whose launcher
+			// image the VMIs started in this pass run.
+			_ = k.syncWorkloadUpdates(ctx)
 			_ = k.syncVMs(ctx)
 			_ = k.syncMigrations(ctx)
 		}
@@ -292,6 +309,7 @@ func (k *KubeVirt) startVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 	if node != "" {
 		vmi.Labels[kubevirtv1.NodeNameLabel] = node
 		vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, node
+		vmi.Status.LauncherContainerImageVersion = k.launcherImage()
 	}
 	// VirtualMachineInstance has no status subresource in KubeVirt's CRD: the status is
 	// written with the object.
@@ -314,6 +332,7 @@ func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 	}
 	vmi.Labels[kubevirtv1.NodeNameLabel] = node
 	vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, node
+	vmi.Status.LauncherContainerImageVersion = k.launcherImage()
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}
@@ -424,6 +443,12 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 			kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationPending, PhaseTransitionTimestamp: metav1.Now()})
 		return k.Client.Status().Update(ctx, m)
 	}
+	if m.Status.Phase == kubevirtv1.MigrationPending {
+		m.Status.Phase = kubevirtv1.MigrationRunning
+		m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
+			kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationRunning, PhaseTransitionTimestamp: metav1.Now()})
+		return k.Client.Status().Update(ctx, m)
+	}
 	if time.Since(m.CreationTimestamp.Time) < k.migrationDelay() {
 		return nil
 	}
@@ -458,6 +483,12 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 	vmi.Labels[kubevirtv1.NodeNameLabel] = target
 	vmi.Status.NodeName = target
 	vmi.Status.MigrationState = state.DeepCopy()
+	if image := k.launcherImage(); image != "" {
+		// The VMI now runs in the target pod, started from the launcher image of the
+		// KubeVirt deployed when the migration began: virt-controller records it
+		// (VirtualMachineInstanceStatus.LauncherContainerImageVersion).
+		vmi.Status.LauncherContainerImageVersion = image
+	}
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}

@@ -2,8 +2,9 @@
 // `make test-binaries` into bin/k8s) through controller-runtime's envtest, with every
 // CustomResourceDefinition capi-inplace works with installed: its own, Cluster API's
 // (core, kubeadm control plane, kubeadm bootstrap), System Upgrade Controller's Plan,
-// Longhorn's v1beta2 kinds, KubeVirt's, Harvester's VM backup kinds and the Rancher kinds
-// of the Harvester cluster upgrade. Nothing an API server does is mocked.
+// Longhorn's v1beta2 kinds, KubeVirt's, Harvester's VM backup kinds, the Rancher kinds
+// of the Harvester cluster upgrade, RKE2 helm-controller's HelmChart and HelmChartConfig, and
+// Multus's NetworkAttachmentDefinition. Nothing an API server does is mocked.
 package testenv
 
 import (
@@ -276,6 +277,8 @@ func CRDDirectories(root string) ([]string, error) {
 		filepath.Join(root, "test", "crds", "kubevirt"),
 		filepath.Join(root, "test", "crds", "harvester"),
 		filepath.Join(root, "test", "crds", "rancher"),
+		filepath.Join(root, "test", "crds", "helm"),
+		filepath.Join(root, "test", "crds", "multus"),
 		filepath.Join(capiDir, "core", "config", "crd", "bases"),
 		filepath.Join(capiDir, "controlplane", "kubeadm", "config", "crd", "bases"),
 		filepath.Join(capiDir, "bootstrap", "kubeadm", "config", "crd", "bases"),
