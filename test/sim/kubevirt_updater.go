@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +16,9 @@ import (
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 )
 
 // KubeVirt's workload updater, as virt-controller runs it (kubevirt/kubevirt
@@ -254,4 +259,62 @@ func migrating(vmi *kubevirtv1.VirtualMachineInstance) bool {
 	}
 	now := time.Now()
 	return s.StartTimestamp != nil && !now.Before(s.StartTimestamp.Time) && (s.EndTimestamp == nil || now.Before(s.EndTimestamp.Time))
+}
+
+// KubeVirtVersionOfChart is the KubeVirt version the simulator takes a harvester chart
+// version to ship. Each Harvester release ships its own KubeVirt in its chart (fact 23.5:
+// wait_kubevirt waits for the release's kubevirt version once the chart is deployed); the
+// simulator needs only that two chart versions ship two KubeVirt versions.
+func KubeVirtVersionOfChart(chartVersion string) string {
+	return "v-harvester-" + chartVersion
+}
+
+// ApplyHarvesterChart plays what Fleet's deploy of the harvester ManagedChart does to
+// KubeVirt, for Rancher.OnDeployed: the chart renders the KubeVirt CR from its values, so
+// the CR's spec.workloadUpdateStrategy.workloadUpdateMethods becomes the chart's
+// kubevirt.spec.workloadUpdateStrategy.workloadUpdateMethods, unset when the chart has none
+// (harvester-release-steps.md fact 13: "since v1.6.0 the chart sets workloadUpdateMethods:
+// [LiveMigrate]"; v1.8.1+ empty the chart value, not the CR, because Fleet owns the CR);
+// and a chart version that ships another KubeVirt makes virt-operator deploy it (fact
+// 23.5), after which the workload updater acts on the methods the CR then holds. Any other
+// chart is not KubeVirt's: nothing happens.
+func (k *KubeVirt) ApplyHarvesterChart(ctx context.Context, mc *managementv3.ManagedChart) error {
+	if mc.Name != rancher.HarvesterChart || k.KubeVirtCR.Name == "" {
+		return nil
+	}
+	var values struct {
+		KubeVirt struct {
+			Spec struct {
+				WorkloadUpdateStrategy struct {
+					WorkloadUpdateMethods []kubevirtv1.WorkloadUpdateMethod `json:"workloadUpdateMethods"`
+				} `json:"workloadUpdateStrategy"`
+			} `json:"spec"`
+		} `json:"kubevirt"`
+	}
+	if mc.Spec.Values != nil {
+		if err := json.Unmarshal(mc.Spec.Values.Raw, &values); err != nil {
+			return fmt.Errorf("the harvester chart's values do not render: %w", err)
+		}
+	}
+	methods := values.KubeVirt.Spec.WorkloadUpdateStrategy.WorkloadUpdateMethods
+	var observed string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		kv := &kubevirtv1.KubeVirt{}
+		if err := k.Client.Get(ctx, k.KubeVirtCR, kv); err != nil {
+			return err
+		}
+		observed = kv.Status.ObservedKubeVirtVersion
+		if slices.Equal(kv.Spec.WorkloadUpdateStrategy.WorkloadUpdateMethods, methods) {
+			return nil
+		}
+		kv.Spec.WorkloadUpdateStrategy.WorkloadUpdateMethods = methods
+		return k.Client.Update(ctx, kv)
+	})
+	if err != nil {
+		return fmt.Errorf("apply the harvester chart to the KubeVirt CR %s: %w", k.KubeVirtCR, err)
+	}
+	if want := KubeVirtVersionOfChart(mc.Spec.Version); observed != want {
+		return k.UpgradeKubeVirt(ctx, want)
+	}
+	return nil
 }

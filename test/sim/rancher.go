@@ -66,6 +66,11 @@ type Rancher struct {
 	// Interval is how often the cluster is looked at: without Cache, default 20ms; with
 	// it, when no event came, default 1s.
 	Interval time.Duration
+	// OnDeployed, when set, is told of each generation of a ManagedChart that Fleet
+	// deployed (not paused, not failing), with the chart as it was deployed: what the
+	// chart's objects then do on the cluster (KubeVirt.ApplyHarvesterChart) is played
+	// there. Its error is the pass's; the chart counts as deployed all the same.
+	OnDeployed func(ctx context.Context, mc *managementv3.ManagedChart) error
 	// PlannerOwnsLocalCluster leaves the status of fleet-local/local to a RancherPlanner
 	// simulator running alongside (its Updated condition says whether the nodes are
 	// settled); otherwise this simulator keeps the Cluster ready at its generation.
@@ -157,13 +162,22 @@ func (r *Rancher) charts(ctx context.Context) error {
 		if !r.due(fmt.Sprintf("chart/%s/%d/%t", mc.UID, mc.Generation, fail), orDefault(r.ChartDelay, 100*time.Millisecond)) {
 			continue
 		}
-		errs = append(errs, r.updateChartStatus(ctx, client.ObjectKeyFromObject(mc), func(cur *managementv3.ManagedChart) {
+		var deployed *managementv3.ManagedChart
+		err := r.updateChartStatus(ctx, client.ObjectKeyFromObject(mc), func(cur *managementv3.ManagedChart) {
 			cur.Status.ObservedGeneration = cur.Generation
+			deployed = nil
 			if cur.Spec.Paused {
 				return
 			}
 			SettleChart(cur, message, fail)
-		}))
+			if !fail {
+				deployed = cur.DeepCopy()
+			}
+		})
+		if err == nil && deployed != nil && r.OnDeployed != nil {
+			err = r.OnDeployed(ctx, deployed)
+		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
