@@ -32,6 +32,11 @@ import (
 // per-state timeout and no retries (facts 12, 14), engines are moved by rewriting the
 // Engine's spec.nodeID (v1.10.0 has no volume.spec.engineNodeID, fact 18), and replicas
 // are not detached (fact 17.3).
+//
+// Where the cluster does not serve the live-upgrade kinds (every released Longhorn,
+// shared/facts/harvester-release-steps.md fact 68), it plays instead what released
+// Longhorn does when its default instance-manager image changes (UpgradeLonghorn): see
+// longhorn_released.go. The v1 part of that runs in both cases.
 
 const (
 	// SettingV2AutomaticUpgrade is Longhorn's switch of the live upgrade (fact 12).
@@ -73,6 +78,15 @@ type Longhorn struct {
 	upgrades   []LiveUpgrade
 	violations []string
 	entered    map[string]time.Time // IMU name -> when it entered its current state
+
+	// loop wakes Run when UpgradeLonghorn changed the setting.
+	loop passLoop
+	// imPods are the instance managers whose pod the released instance-manager
+	// controller created (longhorn_released.go), and when.
+	imPods map[string]time.Time
+	// unservedUntil is when to look again for the live-upgrade kinds after the cluster
+	// did not serve them. Only Run's goroutine uses it.
+	unservedUntil time.Time
 }
 
 // SetTargetImage is the instance-manager image Longhorn rolls to, the setting
@@ -144,16 +158,21 @@ func (l *Longhorn) Run(ctx context.Context) {
 	if interval == 0 {
 		interval = 20 * time.Millisecond
 	}
+	l.loop.init()
 	for {
 		wait := interval
 		if !l.pass(ctx) {
 			wait = max(interval, unservedRecheck)
 		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
-		case <-time.After(wait):
+		case <-l.loop.kick:
+		case <-timer.C:
 		}
+		timer.Stop()
 	}
 }
 
@@ -161,15 +180,34 @@ func (l *Longhorn) Run(ctx context.Context) {
 // kinds when the cluster does not serve them (fact 35): a Longhorn without them does
 // no live upgrade, and each look at a kind the client's REST mapper does not know asks
 // the API server's discovery again (about 40 requests a second at a 20ms interval).
+// It is also how long Run idles when there is nothing to play at all: neither the
+// live-upgrade kinds nor the setting default-instance-manager-image (UpgradeLonghorn,
+// which wakes it).
 const unservedRecheck = time.Second
 
-// pass does what Longhorn's controllers would do now. It reports false when the cluster
-// does not serve the live-upgrade kinds.
+// pass does what Longhorn's controllers would do now: released Longhorn's replacement of
+// instance managers on a new default image (longhorn_released.go), then, where the
+// cluster serves the live-upgrade kinds, the live upgrade of v2 instance managers. It
+// reports false when there was nothing to play.
 func (l *Longhorn) pass(ctx context.Context) bool {
 	imus := &longhornlive.InstanceManagerUpgradeList{}
-	if err := l.Client.List(ctx, imus, client.InNamespace(l.Namespace)); err != nil {
-		// Not a Longhorn with the live upgrade (fact 35), or not yet.
-		return !meta.IsNoMatchError(err)
+	served, listed := false, false
+	if time.Now().After(l.unservedUntil) {
+		err := l.Client.List(ctx, imus, client.InNamespace(l.Namespace))
+		switch {
+		case err == nil:
+			served, listed = true, true
+		case meta.IsNoMatchError(err):
+			// Not a Longhorn with the live upgrade (fact 35), or not yet.
+			l.unservedUntil = time.Now().Add(unservedRecheck)
+		default:
+			// Not known whether it is served: leave v2 alone this time.
+			served = true
+		}
+	}
+	releasedActive := l.syncReleased(ctx, served)
+	if !listed {
+		return releasedActive || served
 	}
 	l.watchNodes(ctx, imus.Items)
 	allowed, err := l.automaticUpgradeAllowed(ctx)
@@ -635,18 +673,20 @@ func CreateLonghornV2Volume(ctx context.Context, c client.Client, namespace stri
 			"spec":     spec,
 		}}
 	}
+	// An attached volume's engine and replicas are desired running (LH fact 26:
+	// desireState; DetachLonghornVolume stops them).
 	vol := obj("Volume", v.Name, map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(len(v.ReplicaNodes)), "nodeID": v.EngineNode})
 	if err := createWithStatus(ctx, c, vol, map[string]any{"state": "attached", "robustness": "healthy", "currentNodeID": v.EngineNode}); err != nil {
 		return fmt.Errorf("create Longhorn volume %s: %w", v.Name, err)
 	}
 	for _, n := range v.ReplicaNodes {
-		r := obj("Replica", v.Name+"-r-"+n, map[string]any{"volumeName": v.Name, "nodeID": n, "dataEngine": "v2", "healthyAt": "2026-11-01T00:00:00Z"})
+		r := obj("Replica", v.Name+"-r-"+n, map[string]any{"volumeName": v.Name, "nodeID": n, "dataEngine": "v2", "healthyAt": "2026-11-01T00:00:00Z", "desireState": "running"})
 		if err := createWithStatus(ctx, c, r, map[string]any{"currentState": "running"}); err != nil {
 			return fmt.Errorf("create Longhorn replica of %s on %s: %w", v.Name, n, err)
 		}
 	}
 	if v.EngineNode != "" {
-		e := obj("Engine", v.Name+"-e-0", map[string]any{"volumeName": v.Name, "nodeID": v.EngineNode, "dataEngine": "v2", "active": true})
+		e := obj("Engine", v.Name+"-e-0", map[string]any{"volumeName": v.Name, "nodeID": v.EngineNode, "dataEngine": "v2", "active": true, "desireState": "running"})
 		if err := createWithStatus(ctx, c, e, map[string]any{"currentState": "running"}); err != nil {
 			return fmt.Errorf("create Longhorn engine of %s: %w", v.Name, err)
 		}
@@ -655,14 +695,20 @@ func CreateLonghornV2Volume(ctx context.Context, c client.Client, namespace stri
 }
 
 // CreateLonghornV2InstanceManager writes node's running v2 AllInOne InstanceManager on
-// image, with Longhorn's labels (fact 29), and its Longhorn Node.
+// image, with Longhorn's name and labels (InstanceManagerName, instanceManagerLabels; LH
+// fact 29), and its Longhorn Node.
 func CreateLonghornV2InstanceManager(ctx context.Context, c client.Client, namespace, node, image string) error {
+	return CreateLonghornInstanceManager(ctx, c, namespace, node, image, longhornv1.DataEngineTypeV2)
+}
+
+// CreateLonghornInstanceManager writes node's running AllInOne InstanceManager of
+// dataEngine on image, with Longhorn's name and labels, and its Longhorn Node.
+func CreateLonghornInstanceManager(ctx context.Context, c client.Client, namespace, node, image string, dataEngine longhornv1.DataEngineType) error {
 	im := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": longhornv1.SchemeGroupVersion.String(), "kind": "InstanceManager",
-		"metadata": map[string]any{"name": "instance-manager-v2-" + node, "namespace": namespace, "labels": map[string]any{
-			labelIMNode: node, labelIMType: "aio", labelIMDataEngine: "v2",
-		}},
-		"spec": map[string]any{"nodeID": node, "type": "aio", "dataEngine": "v2", "image": image},
+		"metadata": map[string]any{"name": InstanceManagerName(node, image, dataEngine), "namespace": namespace,
+			"labels": instanceManagerLabels(node, image, dataEngine)},
+		"spec": map[string]any{"nodeID": node, "type": "aio", "dataEngine": string(dataEngine), "image": image},
 	}}
 	if err := createWithStatus(ctx, c, im, map[string]any{"currentState": "running", "ownerID": node}); err != nil {
 		return fmt.Errorf("create Longhorn instance manager on %s: %w", node, err)
