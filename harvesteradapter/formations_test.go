@@ -157,6 +157,13 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			chart := &managementv3.ManagedChart{}
 			Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.HarvesterChart}, chart)).To(Succeed())
 			Expect(chart.Spec.Version).To(Equal("1.6.0"))
+			By("what the cluster upgrade turned off for the roll is back (facts 11, 13, 37)")
+			Expect(string(chart.Spec.Values.Raw)).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}}`))
+			for _, name := range []string{rancher.HarvesterChart, rancher.HarvesterCRDChart, rancher.MonitoringCRDChart, rancher.LoggingCRDChart} {
+				mc := &managementv3.ManagedChart{}
+				Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: name}, mc)).To(Succeed())
+				Expect(mc.Spec.Paused).To(BeFalse(), "%s un-paused at the end", name)
+			}
 			for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}} {
 				Expect(wl.Client.List(ctx, list, client.MatchingLabels{upgradeplan.LabelUpgradePlan: plan.Name})).To(Succeed())
 				Expect(meta.LenList(list)).To(BeZero(), "%T of the plan left behind", list)

@@ -32,9 +32,16 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 	if err := r.c.Get(ctx, key, mc); err != nil {
 		return "", "", fmt.Errorf("read ManagedChart %s: %w", key, err)
 	}
-	if mc.Spec.Version == target && !mc.Spec.Paused && mc.Status.ObservedGeneration == mc.Generation {
-		if ok, _ := chartReady(mc); ok {
+	if mc.Spec.Version == target && mc.Status.ObservedGeneration == mc.Generation {
+		if ok, _ := chartReady(mc); ok && !mc.Spec.Paused {
 			return r.already(name, fmt.Sprintf("ManagedChart %s is already at %s and ready", key, target), r.ours(mc))
+		} else if ok {
+			// Paused for the roll by PauseCharts, at the release already: un-paused, as
+			// the script un-pauses each chart it upgrades (fact 23.3), without a redeploy.
+			if err := r.setPaused(ctx, mc, false); err != nil {
+				return "", "", err
+			}
+			return r.already(name, fmt.Sprintf("ManagedChart %s is already at %s and ready; un-paused", key, target), r.ours(mc))
 		}
 	}
 	from, resumed := int64(0), false

@@ -32,21 +32,30 @@ const (
 
 // The sub-steps, in the order Run runs them.
 const (
-	StepUpgradeRancher           = "UpgradeRancher"
-	StepDecoupleLocalCluster     = "DecoupleLocalCluster"
-	StepUpgradeClusterRepo       = "UpgradeClusterRepo"
-	StepRefreshHarvesterCharts   = "RefreshHarvesterCharts"
-	StepUpgradeHarvesterCRDChart = "UpgradeHarvesterCRDChart"
-	StepUpgradeHarvesterChart    = "UpgradeHarvesterChart"
+	StepPatchMultusFailurePolicy       = "PatchMultusFailurePolicy"
+	StepPauseCharts                    = "PauseCharts"
+	StepDisableKubeVirtWorkloadUpdates = "DisableKubeVirtWorkloadUpdates"
+	StepUpgradeRancher                 = "UpgradeRancher"
+	StepPatchLocalClusterDetails       = "PatchLocalClusterDetails"
+	StepUpgradeClusterRepo             = "UpgradeClusterRepo"
+	StepRefreshHarvesterCharts         = "RefreshHarvesterCharts"
+	StepUpgradeHarvesterCRDChart       = "UpgradeHarvesterCRDChart"
+	StepUpgradeHarvesterChart          = "UpgradeHarvesterChart"
 )
 
-// StepNames are the sub-steps in the order Run runs them. The order is the script's
-// (fact 41): Rancher (41.8), then the local cluster (41.9), the repository (41.11) and
-// Harvester's charts (41.13).
+// StepNames are the sub-steps in the order Run runs them, the script's order
+// (harvester-release-steps.md section B): rke2-multus's failure policy (fact 9),
+// Harvester's charts paused (fact 11) and
+// KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16), the local
+// cluster's details (fact 17), the chart repository (fact 20) and Harvester's charts
+// (fact 23).
 func StepNames() []string {
 	return []string{
+		StepPatchMultusFailurePolicy,
+		StepPauseCharts,
+		StepDisableKubeVirtWorkloadUpdates,
 		StepUpgradeRancher,
-		StepDecoupleLocalCluster,
+		StepPatchLocalClusterDetails,
 		StepUpgradeClusterRepo,
 		StepRefreshHarvesterCharts,
 		StepUpgradeHarvesterCRDChart,

@@ -28,8 +28,11 @@ type step struct {
 
 func steps() []step {
 	return []step{
+		{StepPatchMultusFailurePolicy, (*runner).patchMultusFailurePolicy},
+		{StepPauseCharts, (*runner).pauseCharts},
+		{StepDisableKubeVirtWorkloadUpdates, (*runner).disableKubeVirtWorkloadUpdates},
 		{StepUpgradeRancher, (*runner).upgradeRancher},
-		{StepDecoupleLocalCluster, (*runner).decoupleLocalCluster},
+		{StepPatchLocalClusterDetails, (*runner).patchLocalClusterDetails},
 		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
 		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
 		{StepUpgradeHarvesterCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
@@ -47,14 +50,19 @@ func steps() []step {
 // sub-step whose work is already done (by an earlier run, or before the upgrade) is not
 // done again. The error names the sub-step, the object, what was expected and what to do.
 //
-// Of the script it does: the Rancher upgrade (41.8, as a change of the rancher
-// Deployment's image, see upgradeRancher), the decoupling of the local cluster (41.9, the
-// label and the status; not the local-rke-state Secret conversion), the cluster
-// repository (41.11) and the harvester-crd and harvester ManagedCharts (41.13, the version
-// only: none of the script's value migrations). It leaves out the version pre-hooks,
-// chart pausing (41.4), the RKE2 restart skip (41.5), KubeVirt's workload update method
-// (41.6), the Longhorn CRD migration (41.10), the extra manifests and addons (41.12,
-// 41.14 to 41.17) and the waits for KubeVirt and Longhorn that follow the charts (42).
+// Of the script (harvester-release-steps.md section B) it does: rke2-multus's failure
+// policy abort (fact 9), pause_all_charts (fact 11; the paused value recorded, see
+// roll.go), KubeVirt's workloadUpdateMethods emptied
+// in the harvester chart (fact 13, recorded), the Rancher upgrade (fact 16, as a change
+// of the rancher Deployment's image, see upgradeRancher), patch_local_cluster_details
+// (fact 17), the cluster repository (fact 20) and the harvester-crd and harvester
+// ManagedCharts (fact 23, the version only). Restore gives back what was recorded; the
+// UpgradePlan runs it when the plan ends, whatever the outcome. Still left out: the
+// hop-specific migrations (facts 10, 14, 15,
+// 19), the guard against RKE2 restarts (fact 12), Rancher's helm upgrade with its waits
+// and features (fact 16), the local-rke-state Secret (18), the extra manifests, addons,
+// monitoring and logging (22, 27 to 29), the containerd registry sync (24) and the waits
+// for KubeVirt and Longhorn (23.5, 25).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

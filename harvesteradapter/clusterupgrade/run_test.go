@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
@@ -55,6 +56,10 @@ func newProgress() clusterupgrade.Progress {
 func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher {
 	GinkgoHelper()
 	Expect(sim.Seed(ctx, env.Client, rel)).To(Succeed())
+	// RKE2's rke2-multus HelmChartConfig as a fresh cluster has it: none.
+	if cfg := multusConfig(); cfg != nil {
+		Expect(env.Client.Delete(ctx, cfg)).To(Succeed())
+	}
 	r := &sim.Rancher{Client: env.Client}
 	for _, o := range options {
 		o(r)
@@ -63,6 +68,18 @@ func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher 
 	DeferCleanup(cancel)
 	r.Start(simCtx)
 	return r
+}
+
+// stepNamed is the sub-step called name.
+func stepNamed(steps []clusterupgrade.StepProgress, name string) clusterupgrade.StepProgress {
+	GinkgoHelper()
+	for _, s := range steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	Fail("no sub-step " + name)
+	return clusterupgrade.StepProgress{}
 }
 
 func states(steps []clusterupgrade.StepProgress) []string {
@@ -202,24 +219,30 @@ var _ = Describe("Run", Ordered, func() {
 		repo := clusterRepo()
 		Expect(repo.Spec.ForceUpdate).NotTo(BeNil())
 		Expect(repo.Status.DownloadTime.Before(repo.Spec.ForceUpdate)).To(BeFalse())
-		for _, n := range []string{rancher.HarvesterCRDChart, rancher.HarvesterChart} {
+		// harvester-crd: paused (2), upgraded (3); harvester: paused (2), KubeVirt's
+		// workload update methods emptied and deployed (3), paused again (4), upgraded (5).
+		for n, generation := range map[string]int64{rancher.HarvesterCRDChart: 3, rancher.HarvesterChart: 5} {
 			mc := chart(n)
 			Expect(mc.Spec.Version).To(Equal("1.6.0"), n)
-			Expect(mc.Generation).To(Equal(int64(2)), n)
-			Expect(mc.Status.ObservedGeneration).To(Equal(int64(2)), n)
+			Expect(mc.Spec.Paused).To(BeFalse(), n)
+			Expect(mc.Generation).To(Equal(generation), n)
+			Expect(mc.Status.ObservedGeneration).To(Equal(generation), n)
 			Expect(mc.Spec.TimeoutSeconds).To(Equal(601), n)
 			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-full"))
 			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-target-version", "v1.6.0"))
 		}
-		Expect(string(chart(rancher.HarvesterChart).Spec.Values.Raw)).To(ContainSubstring("LiveMigrate"), "the chart's values were kept")
-		Expect(chart(rancher.MonitoringCRDChart).Generation).To(Equal(monitoring.Generation), "the monitoring CRD chart is not part of this upgrade")
-		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("1"))
+		Expect(string(chart(rancher.HarvesterChart).Spec.Values.Raw)).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}}}`),
+			"KubeVirt's workload updates stay off until the roll ends (fact 13)")
+		mon := chart(rancher.MonitoringCRDChart)
+		Expect(mon.Spec.Version).To(Equal(monitoring.Spec.Version), "the monitoring CRD chart is not upgraded by this upgrade")
+		Expect(mon.Spec.Paused).To(BeTrue(), "it is paused until the roll ends (fact 11)")
+		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("2"), "paused at 2 before its upgrade")
 	})
 
 	It("fails naming the chart whose deployment fails, and a second run resumes without redoing finished work", func() {
 		r := seed(oldRelease)
 		settle()
-		r.FailChart(rancher.HarvesterChart, "helm upgrade: rendered manifests contain a resource that already exists")
+		r.FailChartVersion(rancher.HarvesterChart, "1.6.0", "helm upgrade: rendered manifests contain a resource that already exists")
 		p := newProgress()
 		err := clusterupgrade.Run(ctx, env.Client, input("up-resume"), p)
 		Expect(err).To(MatchError(And(
@@ -231,18 +254,18 @@ var _ = Describe("Run", Ordered, func() {
 		steps, rerr := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed})))
-		Expect(steps[5].Message).To(ContainSubstring("already exists"))
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterChart).Message).To(ContainSubstring("already exists"))
 
 		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
 		clusterRV := localCluster().ResourceVersion
-		Expect(harvester.Generation).To(Equal(int64(2)))
+		Expect(harvester.Generation).To(Equal(int64(5)), "paused, its KubeVirt methods emptied and deployed, paused again, upgraded")
 
 		r.ClearChartFailure(rancher.HarvesterChart)
 		Expect(clusterupgrade.Run(ctx, env.Client, input("up-resume"), p)).To(Succeed())
 		steps, rerr = clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
-		for _, s := range steps[:5] {
+		for _, s := range steps[:len(steps)-1] {
 			Expect(s.Message).To(ContainSubstring("done by an earlier run"), s.Name)
 		}
 		Expect(chart(rancher.HarvesterCRDChart).ResourceVersion).To(Equal(crd.ResourceVersion), "harvester-crd was not patched again")
@@ -256,36 +279,36 @@ var _ = Describe("Run", Ordered, func() {
 	It("resumes a run cut off while it waited for a chart by waiting again, not patching again", func() {
 		r := seed(oldRelease)
 		settle()
-		r.FailChart(rancher.HarvesterCRDChart, "not yet")
+		r.FailChartVersion(rancher.HarvesterCRDChart, "1.6.0", "not yet")
 		p := newProgress()
 		in := input("up-cut")
 		in.ChartFailAfter = time.Hour
-		in.Timeout = 2 * time.Second
+		in.Timeout = 5 * time.Second
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(ContainSubstring("gave up waiting for ManagedChart fleet-local/harvester-crd")))
 		gen := chart(rancher.HarvesterCRDChart).Generation
-		Expect(gen).To(Equal(int64(2)))
+		Expect(gen).To(Equal(int64(3)), "paused, then upgraded")
 		r.ClearChartFailure(rancher.HarvesterCRDChart)
 		in.Timeout = 30 * time.Second
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(Succeed())
 		Expect(chart(rancher.HarvesterCRDChart).Generation).To(Equal(gen))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(steps[4].State).To(Equal(clusterupgrade.StateDone))
-		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("1"), "the second run kept the generation the first started from")
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterCRDChart).State).To(Equal(clusterupgrade.StateDone))
+		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("2"), "the second run kept the generation the first started from")
 	})
 
 	It("waits for the chart index download before it upgrades the charts, and a second run waits for the same refresh", func() {
-		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 3 * time.Second })
+		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 8 * time.Second })
 		settle()
 		p := newProgress()
 		in := input("up-download")
-		in.Timeout = 1500 * time.Millisecond
+		in.Timeout = 4 * time.Second
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)[3:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending"}))
-		Expect(chart(rancher.HarvesterCRDChart).Generation).To(Equal(int64(1)), "no chart was touched before the index was downloaded")
+		Expect(states(steps)[len(steps)-3:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending"}))
+		Expect(chart(rancher.HarvesterCRDChart).Spec.Version).To(Equal("1.5.1"), "no chart was upgraded before the index was downloaded")
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())
 
@@ -294,7 +317,7 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(clusterRepo().Spec.ForceUpdate.Equal(forced)).To(BeTrue(), "the refresh the first run asked for was awaited, not asked again")
 	})
 
-	It("skips everything, writing nothing, on a cluster already at the release", func() {
+	It("skips every upgrade on a cluster already at the release, and still turns off for the roll what the roll needs off (facts 11, 13)", func() {
 		seed(newRelease)
 		settle()
 		// The local cluster as an earlier upgrade left it.
@@ -305,6 +328,12 @@ var _ = Describe("Run", Ordered, func() {
 		before = cl.DeepCopy()
 		cl.Status.FleetWorkspaceName = "fleet-local"
 		Expect(env.Client.Status().Patch(ctx, cl, client.MergeFrom(before))).To(Succeed())
+		multus := &unstructured.Unstructured{}
+		multus.SetGroupVersionKind(sim.HelmChartConfigGVK)
+		multus.SetNamespace("kube-system")
+		multus.SetName(sim.MultusChart)
+		Expect(unstructured.SetNestedField(multus.Object, "abort", "spec", "failurePolicy")).To(Succeed())
+		Expect(env.Client.Create(ctx, multus)).To(Succeed())
 		settle()
 
 		rvs := resourceVersions()
@@ -314,8 +343,17 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(clusterupgrade.Run(ctx, env.Client, input("up-noop"), p)).To(Succeed())
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)).To(Equal(want(clusterupgrade.StateSkipped, nil)))
-		Expect(resourceVersions()).To(Equal(rvs))
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateSkipped, map[string]clusterupgrade.StepState{
+			clusterupgrade.StepPauseCharts: clusterupgrade.StateDone, clusterupgrade.StepDisableKubeVirtWorkloadUpdates: clusterupgrade.StateDone})))
+		after := resourceVersions()
+		for _, k := range []string{"deployment/" + rancher.RancherDeployment, "deployment/" + rancher.ClusterRepoDeployment, "clusterrepo", "cluster", "setting"} {
+			Expect(after[k]).To(Equal(rvs[k]), k)
+		}
+		for _, n := range []string{rancher.HarvesterCRDChart, rancher.HarvesterChart} {
+			mc := chart(n)
+			Expect(mc.Spec.Paused).To(BeFalse(), n)
+			Expect(mc.Annotations).NotTo(HaveKey(clusterupgrade.FromGenerationAnnotation), "%s was not upgraded again", n)
+		}
 	})
 
 	It("refuses bad input before it changes anything", func() {

@@ -122,9 +122,12 @@ func (r *runner) waitLocalClusterSettled(ctx context.Context) error {
 		})
 }
 
-// decoupleLocalCluster labels fleet-local/local with its management cluster and sets its
-// Fleet workspace in its status (fact 41.9).
-func (r *runner) decoupleLocalCluster(ctx context.Context) (StepState, string, error) {
+// patchLocalClusterDetails is patch_local_cluster_details (harvester-release-steps.md
+// fact 17): it labels fleet-local/local with its management cluster and sets its Fleet
+// workspace in its status. It is not the HEP's "decouple" (removing kubernetesVersion and
+// rkeConfig), which no Harvester release does and which in Rancher v2.14 prunes the
+// objects Rancher generated for the local cluster (facts 64 to 66).
+func (r *runner) patchLocalClusterDetails(ctx context.Context) (StepState, string, error) {
 	cl := &provisioningv1.Cluster{}
 	if err := r.c.Get(ctx, localClusterKey, cl); err != nil {
 		return "", "", fmt.Errorf("read provisioning Cluster %s: %w", localClusterKey, err)
@@ -132,7 +135,7 @@ func (r *runner) decoupleLocalCluster(ctx context.Context) (StepState, string, e
 	labelled := cl.Labels[rancher.ManagementClusterNameLabel] == rancher.LocalCluster
 	workspace := cl.Status.FleetWorkspaceName == rancher.FleetLocal
 	if labelled && workspace {
-		return r.already(StepDecoupleLocalCluster, fmt.Sprintf("provisioning Cluster %s is already labelled %s=%s with fleetWorkspaceName %s",
+		return r.already(StepPatchLocalClusterDetails, fmt.Sprintf("provisioning Cluster %s is already labelled %s=%s with fleetWorkspaceName %s",
 			localClusterKey, rancher.ManagementClusterNameLabel, rancher.LocalCluster, rancher.FleetLocal), false)
 	}
 	if !labelled {

@@ -17,6 +17,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
@@ -341,10 +342,20 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 }
 
 // removeLabelled deletes the Plans, Jobs and ConfigMaps labelled with the plan's name,
-// in every namespace.
+// in every namespace. Before the ConfigMaps go, what the cluster upgrade changed for the
+// roll and recorded in its progress ConfigMap (charts paused, KubeVirt's workload update
+// methods) is given back (clusterupgrade.Restore): every end of a plan, success, failure
+// or deletion, comes through here, as Harvester's cleanup restores them on every end
+// (harvester-release-steps.md fact 37). The Jobs are deleted first, so that a cluster
+// upgrade still running when its plan is deleted is being stopped by then.
 func removeLabelled(ctx context.Context, wc client.Client, plan string) error {
 	sel := client.MatchingLabels{LabelUpgradePlan: plan}
 	for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}, &corev1.ConfigMapList{}} {
+		if _, configMaps := list.(*corev1.ConfigMapList); configMaps {
+			if err := clusterupgrade.Restore(ctx, wc, clusterupgrade.ProgressKey(repository.Namespace, plan)); err != nil {
+				return fmt.Errorf("give back what the cluster upgrade of plan %s changed for the roll: %w", plan, err)
+			}
+		}
 		if err := wc.List(ctx, list, sel); err != nil {
 			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 				continue // SUC not installed: no Plan of ours

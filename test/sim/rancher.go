@@ -78,7 +78,7 @@ type Rancher struct {
 
 	loop  passLoop
 	mu    sync.Mutex
-	fails map[string]string
+	fails map[string]chartFailure
 	// seen is when a generation (of a chart, a Deployment) or a forceUpdate was first seen.
 	seen map[string]time.Time
 }
@@ -86,16 +86,27 @@ type Rancher struct {
 // FailChart makes Fleet fail to apply the ManagedChart name (in fleet-local) with message,
 // as a Helm error would, from its next generation on and until ClearChartFailure.
 func (r *Rancher) FailChart(name, message string) {
+	r.FailChartVersion(name, "", message)
+}
+
+// chartFailure is a Helm error a chart's deploys meet: of every version, or of one.
+type chartFailure struct{ version, message string }
+
+// FailChartVersion is FailChart for the deploys of one chart version only (every version
+// when version is empty): a Helm error comes with what a chart version renders, so a
+// deploy of the same chart at its old version (a values change, KubeVirt's workload
+// update methods emptied before the upgrade, fact 13) still goes through.
+func (r *Rancher) FailChartVersion(name, version, message string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fails == nil {
-		r.fails = map[string]string{}
+		r.fails = map[string]chartFailure{}
 	}
-	r.fails[name] = message
+	r.fails[name] = chartFailure{version: version, message: message}
 	r.loop.wake()
 }
 
-// ClearChartFailure lets Fleet's next retry of the chart name succeed.
+// ClearChartFailure lets the chart's deploys succeed again.
 func (r *Rancher) ClearChartFailure(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -103,11 +114,14 @@ func (r *Rancher) ClearChartFailure(name string) {
 	r.loop.wake()
 }
 
-func (r *Rancher) failure(name string) (string, bool) {
+func (r *Rancher) failure(mc *managementv3.ManagedChart) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m, ok := r.fails[name]
-	return m, ok
+	f, ok := r.fails[mc.Name]
+	if !ok || f.version != "" && f.version != mc.Spec.Version {
+		return "", false
+	}
+	return f.message, true
 }
 
 // due says whether what key names, first seen now or earlier, has waited delay.
@@ -154,7 +168,7 @@ func (r *Rancher) charts(ctx context.Context) error {
 	var errs []error
 	for i := range list.Items {
 		mc := &list.Items[i]
-		message, fail := r.failure(mc.Name)
+		message, fail := r.failure(mc)
 		failed := mc.Status.Summary.ErrApplied > 0
 		if mc.Status.ObservedGeneration == mc.Generation && (!failed || fail) {
 			continue // settled, or failing as told
