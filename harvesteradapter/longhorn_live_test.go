@@ -22,6 +22,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -56,6 +57,17 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
+	}
+	// clusterUpgraded waits until the cluster's UpgradePlan has done the cluster step: a
+	// cluster upgrade on a fresh workload API server takes a few seconds, which a node's
+	// own wait for it must not eat into.
+	clusterUpgraded := func(c *harvesterCluster) {
+		GinkgoHelper()
+		Eventually(func(g Gomega) bool {
+			plan := &harvesterv1.UpgradePlan{}
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
+			return upgradeplan.PhaseReached(plan, harvesterv1.UpgradePlanNodeUpgrading)
+		}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
 	}
 	preflightOf := func(c *harvesterCluster, node string) map[string]string {
 		out := map[string]string{}
@@ -102,6 +114,9 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			for _, n := range c.nodes {
 				Expect(sim.CreateLonghornV2InstanceManager(ctx, lh.Client, longhorn.Namespace, n, imOld)).To(Succeed())
 			}
+			// A v2 volume attached before the cluster step holds the whole upgrade there
+			// (released_longhorn_test.go); this one is attached after it.
+			clusterUpgraded(c)
 			Expect(sim.CreateLonghornV2Volume(ctx, lh.Client, longhorn.Namespace,
 				sim.LonghornV2Volume{Name: "pvc-" + c.name, ReplicaNodes: c.nodes, EngineNode: c.nodes[0]})).To(Succeed())
 
@@ -247,6 +262,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			c := rolling(2)
 			c.longhorn.SetTargetImage("")
 			vol := "pvc-" + c.name
+			clusterUpgraded(c)
 			nu := c.nodeUpdate(c.nodes[0])
 			Expect(drive(c.updater, nu, 3*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
 			step := nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine)

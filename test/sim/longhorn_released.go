@@ -499,7 +499,7 @@ func (l *Longhorn) syncInstanceManager(ctx context.Context, s *released, im *lon
 	if state != "" && state != longhornv1.InstanceManagerStateStopped && !started {
 		return // not the simulator's to run
 	}
-	next := state
+	var next longhornv1.InstanceManagerState
 	if !started {
 		next = longhornv1.InstanceManagerStateStopped
 		syncable := true

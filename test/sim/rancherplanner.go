@@ -436,14 +436,14 @@ func (p *RancherPlanner) renderInput(ctx context.Context) (string, error) {
 // one is an input of the others.
 func desiredPlan(cl *provisioningv1.Cluster, render string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "image=rke2:%s\n", strings.ReplaceAll(cl.Spec.KubernetesVersion, "+", "-"))
+	_, _ = fmt.Fprintf(h, "image=rke2:%s\n", strings.ReplaceAll(cl.Spec.KubernetesVersion, "+", "-"))
 	if rc := cl.Spec.RKEConfig; rc != nil {
-		fmt.Fprintf(h, "provisionGeneration=%d\n", rc.ProvisionGeneration)
+		_, _ = fmt.Fprintf(h, "provisionGeneration=%d\n", rc.ProvisionGeneration)
 		if rc.Registries != nil {
-			fmt.Fprintf(h, "registries=%s\n", rc.Registries.Raw)
+			_, _ = fmt.Fprintf(h, "registries=%s\n", rc.Registries.Raw)
 		}
 	}
-	fmt.Fprintf(h, "render=%s\n", render)
+	_, _ = fmt.Fprintf(h, "render=%s\n", render)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -608,7 +608,7 @@ func (p *RancherPlanner) reconcileTier(ctx context.Context, cl *provisioningv1.C
 		case e.ann(PlanAnnotation) != desired:
 			configuring = append(configuring, machine)
 			messages[machine] = statusMsg
-			if !(e.inDrain() || e.failed() || concurrency == 0 || unavailable < concurrency) {
+			if !e.inDrain() && !e.failed() && concurrency != 0 && unavailable >= concurrency {
 				continue
 			}
 			if !isUnavailable(e) {
