@@ -14,7 +14,7 @@
 // Makefile. RKE2's helm-controller HelmChart and HelmChartConfig (helm/) are the CRDs its Go
 // module ships, generated there from its types with controller-gen, copied by the Makefile.
 // One is written by hand: Multus's NetworkAttachmentDefinition (multus/), whose Go module
-// the module proxy does not serve; it repeats the definition the rke2-multus chart carries.
+// the module proxy does not serve: a minimal definition of the kind's shape.
 package crds
 
 import (
