@@ -1,10 +1,13 @@
 package harvesteradapter_test
 
 import (
+	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
+	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
@@ -20,6 +23,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
@@ -56,6 +60,10 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			startRancher(wl)
 
 			c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil)
+			// Longhorn's replica-replenishment-wait-interval at its default, and every value
+			// it takes during the run.
+			Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
+			replenishment := watchSetting(wl, "replica-replenishment-wait-interval")
 			_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 			Expect(err).NotTo(HaveOccurred())
 			_, cpMachines, err := fixtures.ControlPlane(ctx, env.Client, c.ns, c.name, "cp", "v1.32.5+rke2r1", f.controlPlane(), true)
@@ -157,6 +165,12 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			chart := &managementv3.ManagedChart{}
 			Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.HarvesterChart}, chart)).To(Succeed())
 			Expect(chart.Spec.Version).To(Equal("1.6.0"))
+			By("Longhorn waited 1800 s for a rebooting node's replicas while the nodes went, on a multi-node cluster, and then its own value again (fact 35)")
+			if single {
+				Expect(replenishment()).To(Equal([]string{"600"}))
+			} else {
+				Expect(replenishment()).To(Equal([]string{"600", "1800", "600"}))
+			}
 			By("what the cluster upgrade turned off for the roll is back (facts 11, 13, 37)")
 			Expect(string(chart.Spec.Values.Raw)).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}}`))
 			for _, name := range []string{rancher.HarvesterChart, rancher.HarvesterCRDChart, rancher.MonitoringCRDChart, rancher.LoggingCRDChart} {
@@ -237,4 +251,32 @@ func nodeupdaterStep(nu *inplacev1.NodeUpdate, name string) inplacev1.NodeUpdate
 	}
 	Fail(fmt.Sprintf("NodeUpdate %s has no step %s", nu.Name, name))
 	return inplacev1.NodeUpdateStep{}
+}
+
+// watchSetting records every value the Longhorn setting name takes on wl from now on,
+// looking every 10 ms until the spec ends; the func returns them in order, each change
+// once.
+func watchSetting(wl *testenv.Environment, name string) func() []string {
+	var mu sync.Mutex
+	var values []string
+	watchCtx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	go func() {
+		for watchCtx.Err() == nil {
+			s := &longhornv1.Setting{}
+			if err := wl.Client.Get(watchCtx, client.ObjectKey{Namespace: longhorn.Namespace, Name: name}, s); err == nil {
+				mu.Lock()
+				if len(values) == 0 || values[len(values)-1] != s.Value {
+					values = append(values, s.Value)
+				}
+				mu.Unlock()
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), values...)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,6 +31,9 @@ const restoreKey = "restore"
 // FieldPaused is a ManagedChart's spec.paused.
 const FieldPaused = "spec.paused"
 
+// FieldSettingValue is a Longhorn Setting's value.
+const FieldSettingValue = "longhorn.value"
+
 // workloadUpdateMethodsPath is where the harvester chart keeps KubeVirt's
 // workloadUpdateMethods in its values (fact 13).
 var workloadUpdateMethodsPath = []string{"kubevirt", "spec", "workloadUpdateStrategy", "workloadUpdateMethods"}
@@ -40,9 +44,10 @@ var FieldWorkloadUpdateMethods = "values." + strings.Join(workloadUpdateMethodsP
 
 // Change is one setting the cluster upgrade changed for the roll.
 type Change struct {
-	// Object is the ManagedChart changed, namespace/name.
+	// Object is what was changed, namespace/name: a ManagedChart, or for
+	// FieldSettingValue a Longhorn Setting.
 	Object string `json:"object"`
-	// Field is what of it: FieldPaused or FieldWorkloadUpdateMethods.
+	// Field is what of it: FieldPaused, FieldWorkloadUpdateMethods or FieldSettingValue.
 	Field string `json:"field"`
 	// Before is the value it had before the upgrade changed it, as JSON; null when it was
 	// not set.
@@ -73,12 +78,20 @@ func decodeChanges(raw string) ([]Change, error) {
 	return changes, nil
 }
 
-// remember records that obj's field is about to change from before, unless a change of
-// it is recorded already: the first value is the one from before the upgrade (a run that
-// resumes finds its own value there), as Harvester's backups are written only once
-// (fact 13).
+// remember records that the object at key is about to change its field from before
+// (Record), in this run's progress ConfigMap.
 func (r *runner) remember(ctx context.Context, key client.ObjectKey, field string, before json.RawMessage) error {
-	changes, err := ReadChanges(ctx, r.c, r.p.ConfigMap)
+	return Record(ctx, r.c, r.p.ConfigMap, key, field, before)
+}
+
+// Record records, in the progress ConfigMap at progress, that the object at key is about
+// to change its field from before (nil: it was not set), unless a change of it is
+// recorded already: the first value is the one from before the upgrade (a run that
+// resumes finds its own value there), as Harvester's backups are written only once
+// (fact 13). Restore gives it back. The UpgradePlan records there too what it changes
+// for the roll itself (fact 35).
+func Record(ctx context.Context, c client.Client, progress, key client.ObjectKey, field string, before json.RawMessage) error {
+	changes, err := ReadChanges(ctx, c, progress)
 	if err != nil {
 		return err
 	}
@@ -99,9 +112,9 @@ func (r *runner) remember(ctx context.Context, key client.ObjectKey, field strin
 		return err
 	}
 	cm := &corev1.ConfigMap{}
-	cm.Namespace, cm.Name = r.p.ConfigMap.Namespace, r.p.ConfigMap.Name
-	if err := r.c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		return fmt.Errorf("record the %s of %s before changing it, in the progress ConfigMap %s: %w", field, object, r.p.ConfigMap, err)
+	cm.Namespace, cm.Name = progress.Namespace, progress.Name
+	if err := c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("record the %s of %s before changing it, in the progress ConfigMap %s: %w", field, object, progress, err)
 	}
 	return nil
 }
@@ -290,7 +303,7 @@ func Restore(ctx context.Context, c client.Client, key client.ObjectKey) error {
 	}
 	for i := len(changes) - 1; i >= 0; i-- {
 		if err := restoreChange(ctx, c, changes[i]); err != nil {
-			return fmt.Errorf("restore the %s of ManagedChart %s recorded in %s: %w", changes[i].Field, changes[i].Object, key, err)
+			return fmt.Errorf("restore the %s of %s recorded in %s: %w", changes[i].Field, changes[i].Object, key, err)
 		}
 	}
 	return nil
@@ -300,6 +313,9 @@ func restoreChange(ctx context.Context, c client.Client, ch Change) error {
 	namespace, name, ok := strings.Cut(ch.Object, "/")
 	if !ok {
 		return fmt.Errorf("%q names no namespace/name", ch.Object)
+	}
+	if ch.Field == FieldSettingValue {
+		return restoreSetting(ctx, c, client.ObjectKey{Namespace: namespace, Name: name}, ch.Before)
 	}
 	mc := &managementv3.ManagedChart{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, mc); err != nil {
@@ -419,4 +435,23 @@ func remove(values map[string]json.RawMessage, path []string) {
 	if raw, err := json.Marshal(inner); err == nil {
 		values[path[0]] = raw
 	}
+}
+
+// restoreSetting gives a Longhorn Setting back the value it had (a JSON string); a
+// Setting that is gone has nothing to restore.
+func restoreSetting(ctx context.Context, c client.Client, key client.ObjectKey, before json.RawMessage) error {
+	var value string
+	if err := json.Unmarshal(before, &value); err != nil {
+		return fmt.Errorf("the recorded value %s is not a string: %w", before, err)
+	}
+	setting := &longhornv1.Setting{}
+	if err := c.Get(ctx, key, setting); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if setting.Value == value {
+		return nil
+	}
+	patched := setting.DeepCopy()
+	patched.Value = value
+	return c.Patch(ctx, patched, client.MergeFrom(setting))
 }

@@ -2,13 +2,16 @@ package upgradeplan
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -86,7 +89,11 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 	case failed:
 		return false, "", nodeupdater.Permanentf("ClusterUpgradeFailed", "the cluster upgrade Job %s/%s failed: %s", job.Namespace, job.Name, message)
 	case done:
-		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s", job.Name, rel.Rancher, rel.HarvesterChart), nil
+		raised, err := raiseReplicaReplenishment(ctx, pr)
+		if err != nil {
+			return false, "", err
+		}
+		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s", job.Name, rel.Rancher, rel.HarvesterChart, raised), nil
 	}
 	if len(current) == 0 {
 		return false, fmt.Sprintf("the cluster upgrade Job %s/%s runs", job.Namespace, job.Name), nil
@@ -153,4 +160,50 @@ func describeUser(v *longhornv1.Volume) string {
 		return fmt.Sprintf("volume %s (%s)", v.Name, v.Status.State)
 	}
 	return fmt.Sprintf("volume %s (%s) used by %s", v.Name, v.Status.State, strings.Join(users, ", "))
+}
+
+// settingReplicaReplenishmentWaitInterval is Longhorn's replica-replenishment-wait-interval
+// (seconds), and replenishmentDuringRoll what Harvester raises it to for its node phase.
+const (
+	settingReplicaReplenishmentWaitInterval = "replica-replenishment-wait-interval"
+	replenishmentDuringRoll                 = 1800
+)
+
+// raiseReplicaReplenishment raises Longhorn's replica-replenishment-wait-interval to 1800
+// seconds if it is lower, before the nodes go, as Harvester's upgrade controller does on a
+// multi-node cluster (harvester-release-steps.md fact 35; node sheet fact 11.2): while a
+// node reboots, Longhorn then waits for its replicas to come back instead of rebuilding
+// them elsewhere after the default 600 s. The value it had is recorded in the cluster
+// upgrade's progress ConfigMap first, and given back when the plan ends
+// (clusterupgrade.Restore, run by removeLabelled). It says what it did, for the phase's
+// message; nothing on a single-node cluster or one without Longhorn.
+func raiseReplicaReplenishment(ctx context.Context, pr *PlanRun) (string, error) {
+	if pr.Plan.Status.SingleNode {
+		return "", nil
+	}
+	key := client.ObjectKey{Namespace: longhorn.Namespace, Name: settingReplicaReplenishmentWaitInterval}
+	setting := &longhornv1.Setting{}
+	if err := pr.Workload.Get(ctx, key, setting); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("read Longhorn's setting %s: %w", key.Name, err)
+	}
+	if current, err := strconv.Atoi(setting.Value); err == nil && current >= replenishmentDuringRoll {
+		return "", nil
+	}
+	before, err := json.Marshal(setting.Value)
+	if err != nil {
+		return "", err
+	}
+	progress := clusterupgrade.ProgressKey(repository.Namespace, pr.Plan.Name)
+	if err := clusterupgrade.Record(ctx, pr.Workload, progress, key, clusterupgrade.FieldSettingValue, before); err != nil {
+		return "", err
+	}
+	patched := setting.DeepCopy()
+	patched.Value = strconv.Itoa(replenishmentDuringRoll)
+	if err := pr.Workload.Patch(ctx, patched, client.MergeFrom(setting)); err != nil {
+		return "", fmt.Errorf("raise Longhorn's setting %s to %d for the roll: %w", key.Name, replenishmentDuringRoll, err)
+	}
+	return fmt.Sprintf("; Longhorn's %s raised from %s to %d for the nodes", key.Name, setting.Value, replenishmentDuringRoll), nil
 }
