@@ -25,6 +25,18 @@ func multusConfig() *unstructured.Unstructured {
 	return cfg
 }
 
+// createMultusConfig creates kube-system's HelmChartConfig rke2-multus with the spec field
+// set to value.
+func createMultusConfig(field, value string) {
+	GinkgoHelper()
+	cfg := &unstructured.Unstructured{}
+	cfg.SetGroupVersionKind(sim.HelmChartConfigGVK)
+	cfg.SetNamespace("kube-system")
+	cfg.SetName(sim.MultusChart)
+	Expect(unstructured.SetNestedField(cfg.Object, value, "spec", field)).To(Succeed())
+	Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+}
+
 var _ = Describe("Run and rke2-multus", func() {
 	It("sets rke2-multus's failurePolicy to abort, so that a failed multus install during a node's RKE2 restart deletes no VM network (fact 9)", func() {
 		seed(oldRelease)
@@ -54,12 +66,7 @@ var _ = Describe("Run and rke2-multus", func() {
 
 	It("keeps what else the HelmChartConfig says", func() {
 		seed(oldRelease)
-		cfg := &unstructured.Unstructured{}
-		cfg.SetGroupVersionKind(sim.HelmChartConfigGVK)
-		cfg.SetNamespace("kube-system")
-		cfg.SetName(sim.MultusChart)
-		Expect(unstructured.SetNestedField(cfg.Object, "manifest:\n  enable: true\n", "spec", "valuesContent")).To(Succeed())
-		Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+		createMultusConfig("valuesContent", "manifest:\n  enable: true\n")
 		runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		p := newProgress()

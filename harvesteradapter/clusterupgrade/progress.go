@@ -142,13 +142,19 @@ func (r *runner) record(ctx context.Context, name string, state StepState, messa
 	if err != nil {
 		return err
 	}
-	patch, err := json.Marshal(map[string]any{"data": map[string]string{name: string(raw)}})
-	if err != nil {
-		return err
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.p.ConfigMap.Namespace, Name: r.p.ConfigMap.Name}}
-	if err := r.c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+	if err := patchData(ctx, r.c, r.p.ConfigMap, name, string(raw)); err != nil {
 		return fmt.Errorf("record %s %s in the progress ConfigMap %s: %w", name, state, r.p.ConfigMap, err)
 	}
 	return nil
+}
+
+// patchData sets one key of the ConfigMap at key's data with a merge patch, so nothing
+// else there is touched.
+func patchData(ctx context.Context, c client.Client, key client.ObjectKey, dataKey, value string) error {
+	patch, err := json.Marshal(map[string]any{"data": map[string]string{dataKey: value}})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	return c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
 }

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -107,13 +106,7 @@ func Record(ctx context.Context, c client.Client, progress, key client.ObjectKey
 	if err != nil {
 		return err
 	}
-	patch, err := json.Marshal(map[string]any{"data": map[string]string{restoreKey: string(raw)}})
-	if err != nil {
-		return err
-	}
-	cm := &corev1.ConfigMap{}
-	cm.Namespace, cm.Name = progress.Namespace, progress.Name
-	if err := c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+	if err := patchData(ctx, c, progress, restoreKey, string(raw)); err != nil {
 		return fmt.Errorf("record the %s of %s before changing it, in the progress ConfigMap %s: %w", field, object, progress, err)
 	}
 	return nil

@@ -12,7 +12,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
@@ -328,12 +327,7 @@ var _ = Describe("Run", Ordered, func() {
 		before = cl.DeepCopy()
 		cl.Status.FleetWorkspaceName = "fleet-local"
 		Expect(env.Client.Status().Patch(ctx, cl, client.MergeFrom(before))).To(Succeed())
-		multus := &unstructured.Unstructured{}
-		multus.SetGroupVersionKind(sim.HelmChartConfigGVK)
-		multus.SetNamespace("kube-system")
-		multus.SetName(sim.MultusChart)
-		Expect(unstructured.SetNestedField(multus.Object, "abort", "spec", "failurePolicy")).To(Succeed())
-		Expect(env.Client.Create(ctx, multus)).To(Succeed())
+		createMultusConfig("failurePolicy", "abort") // as the earlier upgrade left it (fact 9)
 		settle()
 
 		rvs := resourceVersions()
