@@ -62,8 +62,8 @@ func TestClusterUpgradeFlags(t *testing.T) {
 }
 
 // The program runs clusterupgrade.Run with the client it was given: on an empty cluster
-// the first sub-step fails reading Rancher's server-version, and the progress ConfigMap
-// the flags name records it.
+// the first sub-step that needs a Harvester object fails reading the harvester
+// ManagedChart, and the progress ConfigMap the flags name records it.
 func TestClusterUpgradeRunsWithTheGivenClient(t *testing.T) {
 	s, err := ClusterScheme()
 	if err != nil {
@@ -71,15 +71,22 @@ func TestClusterUpgradeRunsWithTheGivenClient(t *testing.T) {
 	}
 	c := fake.NewClientBuilder().WithScheme(s).Build()
 	r := runClusterUpgradeWith(t, func() (client.Client, error) { return c, nil }, clusterUpgradeArgs...)
-	r.expect(t, ExitFailed, "cluster upgrade step UpgradeRancher", "read Rancher's Setting server-version")
+	r.expect(t, ExitFailed, "cluster upgrade step DisableKubeVirtWorkloadUpdates", "read ManagedChart fleet-local/harvester")
 	steps, err := clusterupgrade.ReadProgress(context.Background(), c, client.ObjectKey{Namespace: "harvester-system", Name: "up-1-progress"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if steps[0].State != clusterupgrade.StateFailed || !strings.Contains(steps[0].Message, "server-version") {
-		t.Errorf("progress of the first step %+v, want Failed naming server-version", steps[0])
+	var failed *clusterupgrade.StepProgress
+	for i := range steps {
+		if steps[i].State == clusterupgrade.StateFailed {
+			failed = &steps[i]
+			break
+		}
 	}
-	if !strings.Contains(r.stdout, "UpgradeRancher: started") {
+	if failed == nil || failed.Name != clusterupgrade.StepDisableKubeVirtWorkloadUpdates || !strings.Contains(failed.Message, "fleet-local/harvester") {
+		t.Errorf("progress %+v, want DisableKubeVirtWorkloadUpdates Failed naming fleet-local/harvester", steps)
+	}
+	if !strings.Contains(r.stdout, "DisableKubeVirtWorkloadUpdates: started") {
 		t.Errorf("stdout %q does not log the sub-step", r.stdout)
 	}
 }
