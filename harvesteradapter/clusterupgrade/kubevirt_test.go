@@ -120,6 +120,14 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 		generation = chart(rancher.HarvesterChart).Generation
 		Expect(clusterupgrade.Restore(ctx, env.Client, p.ConfigMap)).To(Succeed())
 		Expect(chart(rancher.HarvesterChart).Generation).To(Equal(generation))
+
+		By("a run that resumes from the same progress after the restore turns the roll settings off again")
+		Expect(clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)).To(BeEmpty())
+		Expect(clusterupgrade.Run(runCtx, env.Client, input("kv-plan"), p)).To(Succeed())
+		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}}}`))
+		Expect(chart(rancher.MonitoringCRDChart).Spec.Paused).To(BeTrue())
+		Expect(clusterupgrade.Restore(ctx, env.Client, p.ConfigMap)).To(Succeed())
+		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}}`))
 	})
 
 	It("gives back a chart without workloadUpdateMethods without them (fact 37: a backup of null deletes the key)", func() {

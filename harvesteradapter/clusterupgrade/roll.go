@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -22,7 +23,7 @@ import (
 // back afterwards, as Harvester's upgrade does (harvester-release-steps.md facts 11, 13
 // and 37): each change is recorded, with the value it replaced, in the progress ConfigMap
 // before it is made; Restore puts every recorded value back, and the UpgradePlan calls it
-// on every end (success, failure, deletion) before it deletes that ConfigMap.
+// on every end (success, failure, deletion).
 
 // restoreKey is the progress ConfigMap's key that holds the recorded changes.
 const restoreKey = "restore"
@@ -287,8 +288,8 @@ func describeBefore(v json.RawMessage, set bool) string {
 // un-paused and the harvester chart's KubeVirt workloadUpdateMethods is what it was, or
 // unset if it was unset (fact 37: Harvester's cleanup does the same, a backup of null
 // deleting the key). A value that is already back is left alone, so Restore can run any
-// number of times; a chart that is gone has nothing to restore. The ConfigMap is not
-// deleted: its owner (the UpgradePlan) deletes it after.
+// number of times; a chart that is gone has nothing to restore. Then the records, and the
+// progress of the sub-steps that made them, are removed from the ConfigMap, which stays.
 func Restore(ctx context.Context, c client.Client, key client.ObjectKey) error {
 	changes, err := ReadChanges(ctx, c, key)
 	if err != nil {
@@ -298,6 +299,23 @@ func Restore(ctx context.Context, c client.Client, key client.ObjectKey) error {
 		if err := restoreChange(ctx, c, changes[i]); err != nil {
 			return fmt.Errorf("restore the %s of %s recorded in %s: %w", changes[i].Field, changes[i].Object, key, err)
 		}
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	// Given back: the records go, and so does the progress of the sub-steps that made
+	// them, so that a run that resumes from this ConfigMap (an UpgradePlan of the same
+	// name created again) makes those changes again instead of finding them done.
+	patch, err := json.Marshal(map[string]any{"data": map[string]any{
+		restoreKey: nil, StepPauseCharts: nil, StepDisableKubeVirtWorkloadUpdates: nil,
+	}})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{}
+	cm.Namespace, cm.Name = key.Namespace, key.Name
+	if err := c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return client.IgnoreNotFound(err)
 	}
 	return nil
 }

@@ -342,12 +342,14 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 }
 
 // removeLabelled deletes the Plans, Jobs and ConfigMaps labelled with the plan's name,
-// in every namespace. Before the ConfigMaps go, what the cluster upgrade changed for the
-// roll and recorded in its progress ConfigMap (charts paused, KubeVirt's workload update
-// methods) is given back (clusterupgrade.Restore): every end of a plan, success, failure
-// or deletion, comes through here, as Harvester's cleanup restores them on every end
-// (harvester-release-steps.md fact 37). The Jobs are deleted first, so that a cluster
-// upgrade still running when its plan is deleted is being stopped by then.
+// in every namespace. The Plans and Jobs go first, so that a cluster upgrade still running
+// when its plan is deleted is being stopped; then what the cluster upgrade and the plan
+// changed for the roll, recorded in the cluster upgrade's progress ConfigMap (charts
+// paused, KubeVirt's workload update methods, Longhorn's replica replenishment wait), is
+// given back (clusterupgrade.Restore). Every end of a plan, success, failure or deletion,
+// comes through here, as Harvester's cleanup restores them on every end
+// (harvester-release-steps.md fact 37). The progress ConfigMap itself carries no plan
+// label and stays: a plan created again resumes from it.
 func removeLabelled(ctx context.Context, wc client.Client, plan string) error {
 	sel := client.MatchingLabels{LabelUpgradePlan: plan}
 	for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}, &corev1.ConfigMapList{}} {
