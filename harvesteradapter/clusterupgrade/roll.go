@@ -220,7 +220,16 @@ func (r *runner) disableKubeVirtWorkloadUpdates(ctx context.Context) (StepState,
 	}
 	current, set := lookup(values, workloadUpdateMethodsPath)
 	emptied := set && bytes.Equal(bytes.TrimSpace(current), []byte("[]"))
-	if emptied && mc.Spec.Paused && mc.Status.ObservedGeneration == mc.Generation {
+	if emptied && mc.Status.ObservedGeneration == mc.Generation {
+		// Fleet has deployed the chart with [] already; it stays paused for the roll.
+		if !mc.Spec.Paused {
+			if err := r.setPaused(ctx, mc, true); err != nil {
+				return "", "", err
+			}
+			if err := r.waitObserved(ctx, harvesterChart, mc.Generation); err != nil {
+				return "", "", err
+			}
+		}
 		changes, err := ReadChanges(ctx, r.c, r.p.ConfigMap)
 		if err != nil {
 			return "", "", err
@@ -243,7 +252,7 @@ func (r *runner) disableKubeVirtWorkloadUpdates(ctx context.Context) (StepState,
 		}
 	}
 	from := mc.Generation
-	if mc.Status.ObservedGeneration == mc.Generation || !emptied {
+	if !emptied {
 		patched := mc.DeepCopy()
 		raw, err := json.Marshal(values)
 		if err != nil {
