@@ -8,6 +8,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 )
 
@@ -36,7 +37,7 @@ func (u *Updater) cordonAsOurs(ctx context.Context, r *nodeRun) (held string, er
 				node.Name, disruption.HarvesterMaintainStatusAnnotation, status)
 			return nil
 		}
-		if node.Spec.Unschedulable {
+		if node.Spec.Unschedulable && node.Annotations[inplacev1.UpgradeTurnAnnotation] == "" {
 			held = fmt.Sprintf("holding: node %s is cordoned by someone else; uncordon it to let it be upgraded", node.Name)
 			return nil
 		}

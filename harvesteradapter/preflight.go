@@ -3,6 +3,8 @@ package harvesteradapter
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +16,8 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -21,6 +25,9 @@ import (
 const (
 	CheckHarvesterUpgraderFound = "HarvesterUpgraderFound"
 	CheckSUCInstalled           = "SystemUpgradeControllerInstalled"
+	// CheckRancherTurn, on a node whose RKE2 Rancher provisions: Rancher takes this node
+	// now or next (step_rancher.go).
+	CheckRancherTurn = "RancherTurn"
 )
 
 // Preflight runs the Harvester updater's checks for a node: its configuration exists, SUC
@@ -42,6 +49,9 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 		return append(results, nodeupdater.CheckResult{Name: CheckSUCInstalled, Message: fmt.Sprintf("cannot reach the workload cluster %s: %v", target.ClusterName, err)})
 	}
 	results = append(results, sucInstalled(ctx, wc, cfg.Spec.SystemUpgradeController))
+	if turn, ok := rancherTurn(ctx, wc, target); ok {
+		results = append(results, turn)
+	}
 
 	served, err := kube.KindServed(wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
 	if err != nil {
@@ -83,4 +93,63 @@ func sucInstalled(ctx context.Context, wc client.Client, suc harvesterv1.SystemU
 	}
 	r.Passed = true
 	return r
+}
+
+// rancherTurn is the RancherTurn check, for a node whose RKE2 Rancher provisions (ok is
+// false for any other node). Rancher chooses the order of the nodes (its tiers: the init
+// node, the other etcd nodes, control plane, workers, each by machine name;
+// harvester-release-steps.md fact 60) and waits at each node's drain hooks; selection
+// approves Rancher's choice rather than fight it: the node passes when Rancher waits at
+// its drain hooks, or, while Rancher waits for no node, when it is the first Rancher will
+// take. A node that runs the target Kubernetes already passes: Rancher has nothing to do
+// there. pauseNodes, windows and maxUnavailable still hold whatever Rancher wants.
+func rancherTurn(ctx context.Context, wc client.Client, target nodeupdater.PreflightTarget) (nodeupdater.CheckResult, bool) {
+	res := nodeupdater.CheckResult{Name: CheckRancherTurn}
+	node := &corev1.Node{}
+	if err := wc.Get(ctx, client.ObjectKey{Name: target.NodeName}, node); err != nil {
+		return res, false // the generic checks report a missing node
+	}
+	owner, err := rancher.ProvisionedNode(ctx, wc, node)
+	if err != nil {
+		res.Message = err.Error()
+		return res, true
+	}
+	if owner == nil {
+		return res, false
+	}
+	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" && releases.SameVersion(node.Status.NodeInfo.KubeletVersion, target.Version) {
+		res.Passed = true
+		return res, true
+	}
+	nodes := &corev1.NodeList{}
+	if err := wc.List(ctx, nodes); err != nil {
+		res.Message = fmt.Sprintf("list the nodes: %v", err)
+		return res, true
+	}
+	waiting, err := rancher.Waiting(ctx, wc, nodes.Items)
+	if err != nil {
+		res.Message = err.Error()
+		return res, true
+	}
+	switch {
+	case slices.Contains(waiting, target.NodeName):
+		res.Passed = true
+	case len(waiting) > 0:
+		res.Message = fmt.Sprintf("Rancher rolls RKE2 on node(s) %s now and waits at their drain hooks; node %s waits its turn (Rancher chooses the order: etcd, control plane, workers)",
+			strings.Join(waiting, ", "), target.NodeName)
+	default:
+		order, err := rancher.RolloutOrder(ctx, wc, nodes.Items, target.Version)
+		switch {
+		case err != nil:
+			res.Message = err.Error()
+		case len(order) > 0 && order[0] == target.NodeName:
+			res.Passed = true
+		case len(order) > 0:
+			res.Message = fmt.Sprintf("Rancher will take node %s first (the init node, then the etcd, control plane and worker nodes, each by machine name); node %s waits its turn",
+				order[0], target.NodeName)
+		default:
+			res.Passed = true
+		}
+	}
+	return res, true
 }

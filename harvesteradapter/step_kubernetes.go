@@ -11,8 +11,11 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
-// kubernetesStep upgrades RKE2 on the node through SUC and waits for its kubelet to
-// come back Ready at the target.
+// kubernetesStep upgrades RKE2 on the node through its owner and waits for its kubelet
+// to come back Ready at the target: Rancher's provisioning where it provisions the node
+// (step_rancher.go), else a SUC rke2-upgrade Plan. A SUC upgrade behind Rancher's back
+// would leave the old version declared, which Rancher re-installs on every node at its
+// next plan change (harvester-release-steps.md facts 61-62).
 var kubernetesStep = step{
 	name:    StepKubernetesUpgrade,
 	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanKubernetes, t) },
@@ -20,6 +23,17 @@ var kubernetesStep = step{
 }
 
 func (u *Updater) runKubernetes(ctx context.Context, r *nodeRun) (bool, string, error) {
+	owner, err := u.rancherOwner(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if owner != nil {
+		node, err := u.node(ctx, r)
+		if err != nil {
+			return false, "", err
+		}
+		return u.rancherKubernetes(ctx, r, owner, node)
+	}
 	done, message, err := u.applyPlan(ctx, r, suc.PlanKubernetes)
 	if err != nil || !done {
 		return done, message, err

@@ -20,6 +20,8 @@ const (
 	StepOSUpgrade          = "OSUpgrade"
 	StepLonghornDataEngine = "LonghornDataEngine"
 	StepLonghornPause      = "LonghornPause"
+	StepRancherPreDrain    = "RancherPreDrain"
+	StepRancherPostDrain   = "RancherPostDrain"
 	StepRestoreVMs         = "RestoreVMs"
 	StepFinish             = "Finish"
 )
@@ -41,12 +43,14 @@ var pipeline = []step{
 	repositoryStep,
 	preloadStep,
 	longhornPauseStep,
+	rancherPreDrainStep,
 	cordonStep,
 	evacuateStep,
 	dataEngineStep,
 	drainStep,
 	kubernetesStep,
 	osStep,
+	rancherPostDrainStep,
 	restoreStep,
 	finishStep,
 }

@@ -16,6 +16,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
@@ -69,6 +70,10 @@ type nodeRun struct {
 	// plan is the cluster's UpgradePlan for the release, nil until the ClusterUpgrade
 	// step created it.
 	plan *harvesterv1.UpgradePlan
+	// owner is the node's owner when Rancher provisions its RKE2 (rancherOwner), read
+	// once per reconcile.
+	owner     *rancher.Owner
+	ownerRead bool
 }
 
 // Reconcile advances the node through its steps as far as it can now.
@@ -242,6 +247,9 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 	if !nodeGone {
 		running, err := suc.JobRunning(ctx, r.wc, nu.Spec.NodeName, plans.Items)
 		if err != nil || running {
+			return false, err
+		}
+		if ready, err := u.rancherAbortReady(ctx, r); err != nil || !ready {
 			return false, err
 		}
 	}

@@ -47,6 +47,14 @@ const (
 	UpgradeStatusFailed = "failed"
 )
 
+// UpgradeTurnAnnotation on a workload Node says that the owner of the node's Kubernetes
+// (Rancher's provisioning, on a Harvester cluster) cordoned it to hand it to its upgrade
+// and waits for its NodeUpdate (at a drain hook): the cordon is the upgrade's turn, not
+// an operator's. The value names the owner. The NodeSchedulable preflight check passes
+// such a node; the disruption budget still counts it as down for every other node. An
+// updater sets it while the owner waits, and removes it.
+const UpgradeTurnAnnotation = AnnotationPrefix + "upgrade-turn"
+
 // Values of MachineDeploymentConcurrencyAnnotation.
 const (
 	// MachineDeploymentsOneAtATime upgrades the MachineDeployments of a Cluster one after another.

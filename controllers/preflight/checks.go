@@ -8,6 +8,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -76,6 +77,10 @@ func (NodeSchedulable) Check(_ context.Context, _ *Input, c MachineNode) Result 
 	case c.Node.Annotations[disruption.HarvesterMaintainStatusAnnotation] != "":
 		return failed(NodeSchedulableName, "node %s is in Harvester maintenance mode (%s=%s); take it out of maintenance mode to let it be upgraded",
 			c.Node.Name, disruption.HarvesterMaintainStatusAnnotation, c.Node.Annotations[disruption.HarvesterMaintainStatusAnnotation])
+	case c.Node.Spec.Unschedulable && c.Node.Annotations[inplacev1.UpgradeTurnAnnotation] != "":
+		// Cordoned by the owner of its Kubernetes for its upgrade's turn (Rancher, before
+		// asking its pre-drain hook): the node is waiting for exactly this.
+		return passed(NodeSchedulableName)
 	case c.Node.Spec.Unschedulable:
 		return failed(NodeSchedulableName, "node %s is cordoned by someone else; uncordon it to let it be upgraded, or list it in spec.pauseNodes", c.Node.Name)
 	}
@@ -111,17 +116,26 @@ func (ControlPlaneQuorum) Check(_ context.Context, in *Input, c MachineNode) Res
 }
 
 // Availability holds a node when starting it would make more nodes of the target
-// unavailable than maxUnavailable allows, counting nodes already NotReady.
+// unavailable than maxUnavailable allows, counting nodes already NotReady. The node
+// itself, when it is unavailable already (cordoned for its turn by the owner of its
+// Kubernetes, UpgradeTurnAnnotation), is not counted twice: starting it takes nothing
+// more down. NodeReady and NodeSchedulable hold a node that is down for another reason.
 type Availability struct{}
 
 // Name implements Check.
 func (Availability) Name() string { return AvailabilityName }
 
 // Check implements Check.
-func (Availability) Check(_ context.Context, in *Input, _ MachineNode) Result {
-	if len(in.Unavailable)+1 > in.MaxUnavailable {
+func (Availability) Check(_ context.Context, in *Input, c MachineNode) Result {
+	others := make([]string, 0, len(in.Unavailable))
+	for _, n := range in.Unavailable {
+		if name := c.NodeName(); name == "" || n != name {
+			others = append(others, n)
+		}
+	}
+	if len(others)+1 > in.MaxUnavailable {
 		return failed(AvailabilityName, "%d node(s) of the target already unavailable (%s); maxUnavailable is %d",
-			len(in.Unavailable), joinLimited(in.Unavailable, 5), in.MaxUnavailable)
+			len(others), joinLimited(others, 5), in.MaxUnavailable)
 	}
 	return passed(AvailabilityName)
 }

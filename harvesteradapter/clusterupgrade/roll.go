@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -334,8 +336,11 @@ func restoreChange(ctx context.Context, c client.Client, ch Change) error {
 	if !ok {
 		return fmt.Errorf("%q names no namespace/name", ch.Object)
 	}
-	if ch.Field == FieldSettingValue {
+	switch ch.Field {
+	case FieldSettingValue:
 		return restoreSetting(ctx, c, client.ObjectKey{Namespace: namespace, Name: name}, ch.Before)
+	case rancher.FieldUpgradeStrategy:
+		return restoreStrategy(ctx, c, ch.Before)
 	}
 	mc := &managementv3.ManagedChart{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, mc); err != nil {
@@ -455,6 +460,29 @@ func remove(values map[string]json.RawMessage, path []string) {
 	if raw, err := json.Marshal(inner); err == nil {
 		values[path[0]] = raw
 	}
+}
+
+// restoreStrategy gives fleet-local/local back the upgrade strategy it had before the
+// roll (rancher.FieldUpgradeStrategy; null: none), which also takes our drain hooks off;
+// its kubernetesVersion stays the release's, as Harvester's cleanup leaves it (fact 59).
+// A provisioning Cluster that is gone, or not served, has nothing to restore.
+func restoreStrategy(ctx context.Context, c client.Client, before json.RawMessage) error {
+	current, err := rancher.ReadStrategy(ctx, c)
+	if err != nil {
+		if apierrors.IsNotFound(errors.Unwrap(err)) || meta.IsNoMatchError(errors.Unwrap(err)) {
+			return nil
+		}
+		return err
+	}
+	var a, b any
+	_ = json.Unmarshal(current, &a)
+	_ = json.Unmarshal(before, &b)
+	ra, _ := json.Marshal(a)
+	rb, _ := json.Marshal(b)
+	if bytes.Equal(ra, rb) {
+		return nil
+	}
+	return rancher.SetRoll(ctx, c, "", before)
 }
 
 // restoreSetting gives a Longhorn Setting back the value it had (a JSON string); a

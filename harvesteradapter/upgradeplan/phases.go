@@ -210,6 +210,10 @@ func (r *PlanReconciler) upgradeNodes(ctx context.Context, pr *PlanRun) (bool, s
 	if err != nil {
 		return false, "", err
 	}
+	handOver, err := r.rollThroughRancher(ctx, pr, nodes, nus)
+	if err != nil {
+		return false, "", err
+	}
 	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateImagePreloaded, pr, nus)
 	at, running := 0, 0
 	for _, n := range pr.Plan.Status.Nodes {
@@ -226,7 +230,7 @@ func (r *PlanReconciler) upgradeNodes(ctx context.Context, pr *PlanRun) (bool, s
 	if at == len(nodes) && running == 0 {
 		return true, fmt.Sprintf("all %d nodes run Harvester %s", len(nodes), pr.Plan.Spec.Version), nil
 	}
-	return false, fmt.Sprintf("%d of %d nodes run Harvester %s; %d upgrading", at, len(nodes), pr.Plan.Spec.Version, running), nil
+	return false, fmt.Sprintf("%d of %d nodes run Harvester %s; %d upgrading%s", at, len(nodes), pr.Plan.Spec.Version, running, handOver), nil
 }
 
 // nodeUpdatesOf maps each node of the plan's cluster to its newest NodeUpdate by the
@@ -337,6 +341,9 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 				return fmt.Errorf("delete the upgrade repository's %T %s: %w", obj, obj.GetName(), err)
 			}
 		}
+	}
+	if err := clearTurns(ctx, pr); err != nil {
+		return err
 	}
 	return removeLabelled(ctx, pr.Workload, pr.Plan.Name)
 }

@@ -1,0 +1,180 @@
+package harvesteradapter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+)
+
+// The node's turn with Rancher, where Rancher's provisioning owns RKE2 on the node
+// (rancher.ProvisionedNode; harvester-release-steps.md section E). Rancher chooses the
+// order (its tiers, fact 60) and cordons the node it takes, then asks for its pre-drain
+// hook; the node's NodeUpdate, which selection started because Rancher waits for this
+// node (the RancherTurn preflight check), makes the node safe with its own steps
+// (Longhorn, VM evacuation, drain, the restart guard taken off), then answers the hook
+// (KubernetesUpgrade); Rancher restarts RKE2 at the declared version and asks for the
+// post-drain hook, which the node answers after its OS upgrade (RancherPostDrain), as
+// Harvester's node Jobs do (node sheet fact 39). Then Rancher uncordons the node.
+
+// rancherPreDrainStep waits until Rancher takes the node: its pre-drain request.
+var rancherPreDrainStep = step{
+	name:    StepRancherPreDrain,
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanKubernetes, t) },
+	skip:    (*Updater).skipRancherTurn,
+	run:     (*Updater).runRancherPreDrain,
+}
+
+// rancherPostDrainStep answers Rancher's post-drain request once the node runs the
+// release.
+var rancherPostDrainStep = step{
+	name:    StepRancherPostDrain,
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanKubernetes, t) },
+	skip:    (*Updater).skipRancherPostDrain,
+	run:     (*Updater).runRancherPostDrain,
+}
+
+// rancherOwner is the node's owner when Rancher provisions its RKE2, else nil; read
+// once per reconcile.
+func (u *Updater) rancherOwner(ctx context.Context, r *nodeRun) (*rancher.Owner, error) {
+	if r.ownerRead {
+		return r.owner, nil
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	owner, err := rancher.ProvisionedNode(ctx, r.wc, node)
+	if err != nil {
+		return nil, err
+	}
+	r.owner, r.ownerRead = owner, true
+	return owner, nil
+}
+
+func (u *Updater) skipRancherTurn(ctx context.Context, r *nodeRun) (string, error) {
+	owner, err := u.rancherOwner(ctx, r)
+	if err != nil {
+		return "", err
+	}
+	if owner == nil {
+		return fmt.Sprintf("Rancher does not provision RKE2 on node %s (no machine-plan Secret, or fleet-local/local has no rkeConfig): a SUC Plan upgrades it", r.nu.Spec.NodeName), nil
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return "", err
+	}
+	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" && releases.SameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
+		return fmt.Sprintf("node %s runs Kubernetes %s already: Rancher has nothing to restart there", node.Name, r.nu.Spec.Version), nil
+	}
+	return "", nil
+}
+
+// runRancherPreDrain waits for Rancher's pre-drain request on the node's plan Secret.
+func (u *Updater) runRancherPreDrain(ctx context.Context, r *nodeRun) (bool, string, error) {
+	owner, err := u.rancherOwner(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if owner == nil {
+		return false, fmt.Sprintf("waiting: Rancher no longer provisions RKE2 on node %s (its machine-plan Secret or fleet-local/local's rkeConfig is gone); find out who removed it", r.nu.Spec.NodeName), nil
+	}
+	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) != "" {
+		return true, fmt.Sprintf("Rancher takes node %s (machine-plan Secret %s asks for its pre-drain hook)", r.nu.Spec.NodeName, owner.Secret.Name), nil
+	}
+	return false, fmt.Sprintf("waiting for Rancher to take node %s: RKE2 %s is declared on fleet-local/local; Rancher takes the nodes tier by tier (etcd, control plane, workers) and asks each for its pre-drain hook",
+		r.nu.Spec.NodeName, owner.Cluster.Spec.KubernetesVersion), nil
+}
+
+// rancherKubernetes is the KubernetesUpgrade step where Rancher owns RKE2: the
+// pre-drain hook is answered (the node is safe now: evacuated, drained, its restart
+// guard off), Rancher applies the new plan and restarts RKE2 at the declared version,
+// and the step is done once the node is Ready at the target and Rancher asks for the
+// post-drain hook (it does once the plan is applied and the node healthy).
+func (u *Updater) rancherKubernetes(ctx context.Context, r *nodeRun, owner *rancher.Owner, node *corev1.Node) (bool, string, error) {
+	at := kube.NodeReady(node) && releases.SameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version)
+	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" {
+		if at {
+			return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil
+		}
+		return false, fmt.Sprintf("waiting for Rancher to ask for node %s's pre-drain hook again", node.Name), nil
+	}
+	if err := rancher.Answer(ctx, r.wc, owner.Secret, rancher.PreDrainRequest, rancher.PreDrainHook); err != nil {
+		return false, "", err
+	}
+	if !at {
+		return false, fmt.Sprintf("pre-drain hook answered; waiting for Rancher to restart RKE2 at %s on node %s (kubelet reports %s)%s",
+			r.nu.Spec.Version, node.Name, node.Status.NodeInfo.KubeletVersion, planFailures(owner.Secret)), nil
+	}
+	if rancher.Asked(owner.Secret, rancher.PostDrainRequest) == "" {
+		return false, fmt.Sprintf("node %s runs Kubernetes %s; waiting for Rancher to finish its plan and ask for the post-drain hook", node.Name, r.nu.Spec.Version), nil
+	}
+	return true, fmt.Sprintf("Rancher restarted RKE2 at %s on node %s", r.nu.Spec.Version, node.Name), nil
+}
+
+// planFailures says how often rancher-system-agent failed to apply the node's plan
+// (the Secret's failure-count, rancher@v2.14.4 pkg/capr/planner/store.go).
+func planFailures(secret *corev1.Secret) string {
+	n, _ := strconv.Atoi(string(secret.Data[rancher.FailureCountKey]))
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; rancher-system-agent failed to apply the plan %d time(s): see Rancher's Updated condition on fleet-local/local and rancher-system-agent's log on the node", n)
+}
+
+func (u *Updater) skipRancherPostDrain(ctx context.Context, r *nodeRun) (string, error) {
+	owner, err := u.rancherOwner(ctx, r)
+	if err != nil || owner != nil {
+		return "", err
+	}
+	return fmt.Sprintf("Rancher does not provision RKE2 on node %s: no drain hook to answer", r.nu.Spec.NodeName), nil
+}
+
+// runRancherPostDrain answers Rancher's post-drain request, after the OS upgrade; Rancher
+// then uncordons the node and ends its turn. Without a request (the node ran the target
+// Kubernetes already and Rancher never took it) there is nothing to answer.
+func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, string, error) {
+	owner, err := u.rancherOwner(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if owner == nil || rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" {
+		return true, fmt.Sprintf("Rancher waits for no drain hook of node %s", r.nu.Spec.NodeName), nil
+	}
+	if rancher.Asked(owner.Secret, rancher.PostDrainRequest) == "" {
+		return false, fmt.Sprintf("waiting for Rancher to ask for node %s's post-drain hook", r.nu.Spec.NodeName), nil
+	}
+	if err := rancher.Answer(ctx, r.wc, owner.Secret, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil {
+		return false, "", err
+	}
+	return true, fmt.Sprintf("post-drain hook answered; Rancher uncordons node %s and takes the next node", r.nu.Spec.NodeName), nil
+}
+
+// rancherAbortReady says whether an abort may end the node's update with respect to
+// Rancher: once the pre-drain hook is answered Rancher restarts RKE2 on the node, which
+// must not happen after the NodeUpdate ended; so the abort waits until Rancher asks for
+// the post-drain hook (the plan is applied), which it answers, or until
+// rancher-system-agent has failed to apply the plan (it retries, but the old RKE2 runs
+// on). Before the answer Rancher keeps waiting at the hook, and nothing runs.
+func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, error) {
+	owner, err := u.rancherOwner(ctx, r)
+	if err != nil || owner == nil {
+		return true, err
+	}
+	s := owner.Secret
+	if !rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) {
+		return true, nil
+	}
+	if rancher.Asked(s, rancher.PostDrainRequest) != "" {
+		return true, rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook)
+	}
+	return planFailures(s) != "", nil
+}

@@ -1,0 +1,188 @@
+package upgradeplan
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+)
+
+// rollThroughRancher hands the Kubernetes upgrade of the nodes to their owner when
+// Rancher provisions RKE2 on them (fleet-local/local with an rkeConfig and the nodes'
+// machine-plan Secrets, harvester-release-steps.md facts 58-61), as Harvester's
+// controller does when its node phase starts (node sheet fact 11.4; upgrade-toolkit's
+// node phase, fact 76): the release's RKE2 is declared as spec.kubernetesVersion, and the
+// upgrade strategy gets our pre- and post-drain hooks (rancher.Strategy), so that Rancher
+// takes one node after the other and waits at each node's pre-drain request until its
+// NodeUpdate has made it safe and answers. The strategy it had is recorded first in the
+// progress ConfigMap and given back when the plan ends (clusterupgrade.Restore); the
+// version stays the release's then, as Harvester's cleanup leaves it (fact 59). Its
+// concurrency follows the running tasks' maxUnavailable (the largest; 1 when none runs);
+// it only bounds how many nodes Rancher cordons and asks at once, each node still waits
+// for its own NodeUpdate. Harvester also raises provisionGeneration (fact 11.4): not
+// done, the version change alone changes every node's plan (fact 58). It says what it
+// did, for the phase's message; nothing when Rancher provisions no node of the cluster.
+func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, nodes []clusterNode, nus map[string]*inplacev1.NodeUpdate) (string, error) {
+	release := pr.Plan.Status.ReleaseMetadata
+	if release == nil {
+		return "", nil
+	}
+	cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
+	if err != nil || cl == nil {
+		return "", err
+	}
+	provisioned := make([]corev1.Node, 0, len(nodes))
+	for _, n := range nodes {
+		provisioned = append(provisioned, *n.node)
+	}
+	if !anyPlanSecret(ctx, pr.Workload, provisioned) {
+		return "", nil // Rancher provisions none of these nodes: SUC upgrades RKE2
+	}
+	concurrency, err := r.taskConcurrency(ctx, pr, nus, len(nodes))
+	if err != nil {
+		return "", err
+	}
+	want := rancher.Strategy(concurrency)
+	if cl.Spec.KubernetesVersion == release.Kubernetes && rancher.HasOurHooks(cl) &&
+		cl.Spec.RKEConfig.UpgradeStrategy.WorkerConcurrency == want["workerConcurrency"] {
+		turns, err := markTurns(ctx, pr.Workload, provisioned)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("; Rancher rolls RKE2 %s (fleet-local/local), each node behind our drain hooks%s", release.Kubernetes, turns), nil
+	}
+	before, err := rancher.ReadStrategy(ctx, pr.Workload)
+	if err != nil {
+		return "", err
+	}
+	progress := clusterupgrade.ProgressKey(repository.Namespace, pr.Plan.Name)
+	if err := clusterupgrade.Record(ctx, pr.Workload, progress, rancher.LocalClusterKey, rancher.FieldUpgradeStrategy, before); err != nil {
+		return "", err
+	}
+	raw, err := json.Marshal(want)
+	if err != nil {
+		return "", err
+	}
+	if err := rancher.SetRoll(ctx, pr.Workload, release.Kubernetes, raw); err != nil {
+		return "", err
+	}
+	if _, err := markTurns(ctx, pr.Workload, provisioned); err != nil {
+		return "", err
+	}
+	r.event(pr.Plan, corev1.EventTypeNormal, "RKE2ThroughRancher", "DeclareKubernetesVersion",
+		"declared RKE2 %s on provisioning Cluster %s with our drain hooks (concurrency %d); Rancher restarts each node's RKE2 once its NodeUpdate answers",
+		release.Kubernetes, rancher.LocalClusterKey, concurrency)
+	return fmt.Sprintf("; RKE2 %s declared on fleet-local/local, Rancher rolls it behind our drain hooks", release.Kubernetes), nil
+}
+
+func anyPlanSecret(ctx context.Context, c client.Client, nodes []corev1.Node) bool {
+	for i := range nodes {
+		if s, err := rancher.MachinePlan(ctx, c, &nodes[i]); err == nil && s != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// taskConcurrency is the largest maxUnavailable of the UpgradeTasks whose NodeUpdates
+// of this cluster run now, resolved against the cluster's node count; 1 when none runs
+// or none says.
+func (r *PlanReconciler) taskConcurrency(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1.NodeUpdate, total int) (int, error) {
+	most := 1
+	seen := map[string]bool{}
+	for _, nu := range nus {
+		task := nu.Labels[inplacev1.UpgradeTaskLabel]
+		if task == "" || seen[task] || nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded || nu.Status.Phase == inplacev1.NodeUpdatePhaseFailed {
+			continue
+		}
+		seen[task] = true
+		t := &inplacev1.UpgradeTask{}
+		if err := r.Env.Client.Get(ctx, client.ObjectKey{Namespace: pr.Plan.Namespace, Name: task}, t); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return 0, fmt.Errorf("read UpgradeTask %s: %w", task, err)
+		}
+		if t.Spec.MaxUnavailable == nil {
+			continue
+		}
+		n, err := intstr.GetScaledValueFromIntOrPercent(t.Spec.MaxUnavailable, total, true)
+		if err == nil && n > most {
+			most = n
+		}
+	}
+	return most, nil
+}
+
+// markTurns sets UpgradeTurnAnnotation on the nodes Rancher rolls now (it cordoned them
+// and waits at their drain hooks: rancher.Waiting) and removes it from the others, so
+// that selection picks the node Rancher waits for rather than holding it as cordoned by
+// someone else. It says which nodes Rancher waits for.
+func markTurns(ctx context.Context, c client.Client, nodes []corev1.Node) (string, error) {
+	waiting, err := rancher.Waiting(ctx, c, nodes)
+	if err != nil {
+		return "", err
+	}
+	for i := range nodes {
+		want := ""
+		if slices.Contains(waiting, nodes[i].Name) {
+			want = turnOwner
+		}
+		if err := setTurn(ctx, c, &nodes[i], want); err != nil {
+			return "", err
+		}
+	}
+	if len(waiting) == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("; Rancher waits at the drain hooks of node(s) %s", strings.Join(waiting, ", ")), nil
+}
+
+// turnOwner is UpgradeTurnAnnotation's value for Rancher's provisioning.
+const turnOwner = "rancher-provisioning"
+
+// setTurn sets (want non-empty) or removes UpgradeTurnAnnotation on a node.
+func setTurn(ctx context.Context, c client.Client, node *corev1.Node, want string) error {
+	if node.Annotations[inplacev1.UpgradeTurnAnnotation] == want {
+		return nil
+	}
+	var value any
+	if want != "" {
+		value = want
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{inplacev1.UpgradeTurnAnnotation: value}}})
+	if err != nil {
+		return err
+	}
+	if err := c.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("mark node %s's turn (%s=%q): %w", node.Name, inplacev1.UpgradeTurnAnnotation, want, err)
+	}
+	return nil
+}
+
+// clearTurns removes UpgradeTurnAnnotation from every node of the plan's cluster, at the
+// plan's end.
+func clearTurns(ctx context.Context, pr *PlanRun) error {
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if err := setTurn(ctx, pr.Workload, n.node, ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
