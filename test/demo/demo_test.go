@@ -41,8 +41,12 @@ func TestDemoViaHook(t *testing.T) {
 	var cp, workers []string
 	for _, node := range cfg.nodeNames() {
 		for _, kind := range scenario.PlanKinds {
-			if got := runs[node][kind]; got != 1 {
-				t.Errorf("node %s ran its %s Plan %d times, want exactly once", node, kind, got)
+			want := 1
+			if kind == "rke2" {
+				want = 0 // Rancher provisions the demo's RKE2: its planner restarts it (the invariants check how)
+			}
+			if got := runs[node][kind]; got != want {
+				t.Errorf("node %s ran its %s Plan %d times, want %d", node, kind, got, want)
 			}
 		}
 		if strings.Contains(node, "-"+scenario.ControlPlaneName+"-") {

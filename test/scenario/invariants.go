@@ -107,7 +107,7 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 	}
 	runs := s.Record.Runs()
 	checks := []Check{
-		onceEach(runs, s.NodeNames(), done),
+		onceEach(runs, s.NodeNames(), done, s.Planner == nil),
 		atMostDown(s.Record.DownLog(), "control plane", cp, 1),
 		atMostDown(s.Record.DownLog(), "worker", workers, s.Options.WorkerMaxUnavailable),
 		controlPlaneFirst(runs, cp, workers),
@@ -118,7 +118,46 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 	if s.Options.LonghornV2 && s.Longhorn != nil {
 		checks = append(checks, longhornLiveUpgradeLeftAlone(s.Longhorn))
 	}
+	if s.Planner != nil {
+		checks = append(checks, rancherRestarts(s.Planner, s.NodeNames(), done))
+	}
 	return checks
+}
+
+// rancherRestarts checks what Rancher's provisioning did to the nodes' RKE2 (the
+// RancherPlanner simulator's record): each upgraded node restarted exactly once at the
+// release, every node at most once, each such restart inside the node's answered drain
+// hooks (its NodeUpdate let Rancher go), no restart of any node outside its drain or
+// hooks (fact 12: what the restart guard prevents during the Rancher upgrade), and no
+// downgrade (fact 62b).
+func rancherRestarts(p *sim.RancherPlanner, nodes []string, done map[string]bool) Check {
+	restarts := p.Restarts()
+	c := Check{Name: fmt.Sprintf("Rancher restarted RKE2 once per upgraded node, at %s, behind its drain hooks, never outside them, no downgrade (%d restarts)", ToVersion, len(restarts)), OK: true}
+	var problems []string
+	at := map[string]int{}
+	for _, a := range restarts {
+		if a.To == ToVersion {
+			at[a.Node]++
+			if !a.InHooks {
+				problems = append(problems, fmt.Sprintf("%s restarted at %s outside its answered drain hooks", a.Node, a.To))
+			}
+		}
+	}
+	for _, n := range nodes {
+		if got := at[n]; got > 1 || (done[n] && got != 1) {
+			problems = append(problems, fmt.Sprintf("%s restarted at %s %d times", n, ToVersion, got))
+		}
+	}
+	for _, a := range p.UnguardedRestartsOutsideDrain() {
+		problems = append(problems, fmt.Sprintf("%s restarted RKE2 (%s to %s) neither drained nor behind its hooks nor guarded", a.Node, a.From, a.To))
+	}
+	for _, a := range p.Downgrades() {
+		problems = append(problems, fmt.Sprintf("%s downgraded from %s to %s", a.Node, a.From, a.To))
+	}
+	if len(problems) > 0 {
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
 }
 
 // longhornLiveUpgradeLeftAlone checks that no node was cordoned or NotReady while
@@ -184,13 +223,24 @@ func (s *Scenario) vmsRestored(ctx context.Context, done map[string]bool) Check 
 	return c
 }
 
-func onceEach(runs []sim.PlanRun, nodes []string, done map[string]bool) Check {
+// onceEach checks the Plans per node; without sucRKE2 (Rancher provisions RKE2) no node
+// may run an rke2 Plan at all.
+func onceEach(runs []sim.PlanRun, nodes []string, done map[string]bool, sucRKE2 bool) Check {
 	c := Check{Name: "every upgraded node ran each upgrade Plan exactly once, no node ran one twice", OK: true}
+	if !sucRKE2 {
+		c.Name += "; no SUC rke2 Plan where Rancher provisions RKE2"
+	}
 	perNode := RunsPerNode(runs)
 	var problems []string
 	for _, n := range nodes {
 		for _, kind := range PlanKinds {
 			got := perNode[n][kind]
+			if !sucRKE2 && kind == "rke2" {
+				if got > 0 {
+					problems = append(problems, fmt.Sprintf("%s ran an rke2 Plan %d times behind Rancher's back", n, got))
+				}
+				continue
+			}
 			if got > 1 || (done[n] && got != 1) {
 				problems = append(problems, fmt.Sprintf("%s ran its %s Plan %d times", n, kind, got))
 			}

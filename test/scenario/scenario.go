@@ -113,6 +113,12 @@ type Options struct {
 	// live upgrade of v2 instance managers, running from the start (createLonghornV2), so
 	// the nodes go through the LonghornDataEngine step while Longhorn's roll runs.
 	LonghornV2 bool
+	// SUCOwnsRKE2 leaves the nodes' RKE2 to no provisioner: no machine-plan Secrets and no
+	// RancherPlanner, so the updater upgrades RKE2 with SUC rke2-upgrade Plans, as on a
+	// cluster Rancher does not provision. By default Rancher provisions every node, as on
+	// a real Harvester cluster (harvester-release-steps.md section E), and the
+	// RancherPlanner simulator plays it.
+	SUCOwnsRKE2 bool
 	// WorkDir receives the kubeconfigs, serving certificates and the manager's log.
 	// Required.
 	WorkDir string
@@ -187,6 +193,8 @@ type Scenario struct {
 	// FromRelease), and ClusterUpgradeJobs runs the UpgradePlan's cluster upgrade Job.
 	Rancher            *sim.Rancher
 	ClusterUpgradeJobs *sim.ClusterUpgradeJobs
+	// Planner plays Rancher's provisioning of the nodes' RKE2 (nil with SUCOwnsRKE2).
+	Planner *sim.RancherPlanner
 
 	// Manager is the manager process; Certs its serving certificates.
 	Manager *manager.Process
@@ -228,7 +236,7 @@ func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
 	// A client whose discovery predates the CRDs' being served answers "no matches" for a
 	// moment: look again, briefly.
 	seed := func() error {
-		return sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: FromRelease, Rancher: FromRancher})
+		return sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: FromRelease, Rancher: FromRancher, Kubernetes: FromVersion})
 	}
 	err := seed()
 	for i := 0; i < 50 && meta.IsNoMatchError(err); i++ {
@@ -238,7 +246,9 @@ func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
 	if err != nil {
 		return nil, fmt.Errorf("seed Rancher's objects on the workload cluster: %w", err)
 	}
-	s.startSimulators()
+	if err := s.startSimulators(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.createVMs(ctx); err != nil {
 		return nil, err
 	}
@@ -443,8 +453,9 @@ func (s *Scenario) createCluster(ctx context.Context) error {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// startSimulators runs SUC, Longhorn and the repository on the workload cluster until Stop.
-func (s *Scenario) startSimulators() {
+// startSimulators runs SUC, Longhorn, KubeVirt, the repository, Rancher and, unless
+// SUCOwnsRKE2, Rancher's provisioning of the nodes on the workload cluster until Stop.
+func (s *Scenario) startSimulators(ctx0 context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopSims = cancel
 	wc := s.Workload.Client
@@ -457,14 +468,26 @@ func (s *Scenario) startSimulators() {
 	}
 	s.KubeVirt = &sim.KubeVirt{Client: wc, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
 	s.Repository.Start(ctx)
-	s.Rancher = &sim.Rancher{Client: wc, ChartDelay: delay, DownloadDelay: delay / 4, RolloutDelay: delay / 2, Interval: 50 * time.Millisecond}
+	s.Rancher = &sim.Rancher{Client: wc, ChartDelay: delay, DownloadDelay: delay / 4, RolloutDelay: delay / 2, Interval: 50 * time.Millisecond,
+		PlannerOwnsLocalCluster: !s.Options.SUCOwnsRKE2}
 	s.Rancher.Start(ctx)
+	if !s.Options.SUCOwnsRKE2 {
+		s.Planner = &sim.RancherPlanner{Client: wc, Kubelet: s.Kubelet, Interval: 50 * time.Millisecond,
+			InstallDuration: delay / 4, RestartDuration: delay, RetryDelay: delay}
+		if err := s.Planner.SeedMachines(ctx0); err != nil {
+			cancel()
+			return fmt.Errorf("seed Rancher's machine-plan Secrets: %w", err)
+		}
+		s.simsDone.Add(1)
+		go func() { defer s.simsDone.Done(); _ = s.Planner.Run(ctx) }()
+	}
 	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Interval: 50 * time.Millisecond}
 	s.ClusterUpgradeJobs.Start(ctx)
 	s.simsDone.Add(3)
 	go func() { defer s.simsDone.Done(); _ = s.SUC.Run(ctx) }()
 	go func() { defer s.simsDone.Done(); s.Longhorn.Run(ctx) }()
 	go func() { defer s.simsDone.Done(); s.KubeVirt.Run(ctx) }()
+	return nil
 }
 
 // createVMs puts a few virtual machines on the workers: one that can be live-migrated on
