@@ -31,6 +31,11 @@ const (
 	PlanKubernetes PlanKind = "rke2"
 	// planOS installs the release's operating system and reboots the node.
 	PlanOS PlanKind = "os"
+	// PlanUnguard removes the restart guard of RestartGuardPlan from the node
+	// (`rke2-restart-guard --remove`), so that the next machine plan Rancher gives it
+	// restarts RKE2 again: Harvester's recover_rancher_system_agent at the start of a
+	// node's pre-drain (shared/facts/harvester-release-steps.md fact 44).
+	PlanUnguard PlanKind = "unguard"
 )
 
 // Labels the adapter puts on what it creates in the workload cluster, so that it finds
@@ -38,7 +43,8 @@ const (
 const (
 	// LabelNodeUpdate is the UID of the NodeUpdate a Plan belongs to.
 	LabelNodeUpdate = "harvester.inplace.cluster.x-k8s.io/node-update"
-	// LabelPlanKind is the kind of per-node Plan: preload, drain, rke2 or os.
+	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os or unguard for a
+	// node's Plans; image-cleanup or restart-guard for the Plans of every node.
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
 	// AnnotationNode names the node a Plan is for.
 	AnnotationNode = "harvester.inplace.cluster.x-k8s.io/node"
@@ -163,6 +169,11 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 		plan.Spec.Version = release
 		plan.Spec.Prepare = NodeProgram(harvesterImage, []string{"remove-archives"}, repositoryURL, release, HostRootUser())
 		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"os-upgrade"}, repositoryURL, release, PrivilegedRoot())
+	case PlanUnguard:
+		// Privileged and root, as os-upgrade: it runs the host's systemctl, which talks
+		// to the host's systemd.
+		plan.Spec.Version = release
+		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-restart-guard", "--remove"}, repositoryURL, release, PrivilegedRoot())
 	}
 	return plan
 }
@@ -176,6 +187,8 @@ func PlanTimeout(kind PlanKind, t harvesterv1.Timeouts) time.Duration {
 		return harvesterv1.DurationOr(t.Drain, harvesterv1.DefaultDrainTimeout)
 	case PlanKubernetes:
 		return harvesterv1.DurationOr(t.KubernetesUpgrade, harvesterv1.DefaultKubernetesUpgradeTimeout)
+	case PlanUnguard:
+		return restartGuardTimeout
 	default:
 		return harvesterv1.DurationOr(t.OSUpgrade, harvesterv1.DefaultOSUpgradeTimeout)
 	}

@@ -53,7 +53,7 @@ func TestPlanName(t *testing.T) {
 
 func TestPlanForNodeSelectsOnlyThatNode(t *testing.T) {
 	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-2")
-	for _, kind := range []PlanKind{PlanPreload, PlanDrain, PlanKubernetes, PlanOS} {
+	for _, kind := range []PlanKind{PlanPreload, PlanDrain, PlanKubernetes, PlanOS, PlanUnguard} {
 		p := NodePlan(cfg, nu, kind, "http://repo.example")
 		sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
 		if err != nil {
