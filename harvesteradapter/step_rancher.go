@@ -178,3 +178,27 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 	}
 	return planFailures(s) != "", nil
 }
+
+// removeGuardStep takes the restart guard off the node before Rancher is let restart its
+// RKE2: Harvester's recover_rancher_system_agent at the start of pre-drain
+// (harvester-release-steps.md fact 44). The UpgradePlan placed the guard on every node
+// before the Rancher upgrade (guardRestarts, fact 12), so that Rancher's re-rendered
+// plans did not restart RKE2 everywhere; with it still there, the plan that installs the
+// release would not restart RKE2 on this node either.
+var removeGuardStep = step{
+	name:    StepRemoveRestartGuard,
+	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanUnguard, t) },
+	skip: func(u *Updater, ctx context.Context, r *nodeRun) (string, error) {
+		owner, err := u.rancherOwner(ctx, r)
+		if err != nil {
+			return "", err
+		}
+		if owner == nil || rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" {
+			return fmt.Sprintf("Rancher will not restart RKE2 on node %s for this upgrade: no restart guard to take off", r.nu.Spec.NodeName), nil
+		}
+		return "", nil
+	},
+	run: func(u *Updater, ctx context.Context, r *nodeRun) (bool, string, error) {
+		return u.applyPlan(ctx, r, suc.PlanUnguard)
+	},
+}

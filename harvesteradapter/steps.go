@@ -22,6 +22,7 @@ const (
 	StepLonghornPause      = "LonghornPause"
 	StepRancherPreDrain    = "RancherPreDrain"
 	StepRancherPostDrain   = "RancherPostDrain"
+	StepRemoveRestartGuard = "RemoveRestartGuard"
 	StepRestoreVMs         = "RestoreVMs"
 	StepFinish             = "Finish"
 )
@@ -48,6 +49,7 @@ var pipeline = []step{
 	evacuateStep,
 	dataEngineStep,
 	drainStep,
+	removeGuardStep,
 	kubernetesStep,
 	osStep,
 	rancherPostDrainStep,

@@ -65,6 +65,9 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 			}
 			return false, "", err
 		}
+		if done, message, err := r.guardRestarts(ctx, pr); err != nil || !done {
+			return false, message, err
+		}
 		if err := pr.Workload.Create(ctx, want); err != nil {
 			return false, "", fmt.Errorf("create the cluster upgrade Job %s/%s: %w", want.Namespace, want.Name, err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
 // rollThroughRancher hands the Kubernetes upgrade of the nodes to their owner when
@@ -43,10 +44,7 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 	if err != nil || cl == nil {
 		return "", err
 	}
-	provisioned := make([]corev1.Node, 0, len(nodes))
-	for _, n := range nodes {
-		provisioned = append(provisioned, *n.node)
-	}
+	provisioned := asNodes(nodes)
 	if !anyPlanSecret(ctx, pr.Workload, provisioned) {
 		return "", nil // Rancher provisions none of these nodes: SUC upgrades RKE2
 	}
@@ -185,4 +183,47 @@ func clearTurns(ctx context.Context, pr *PlanRun) error {
 		}
 	}
 	return nil
+}
+
+func asNodes(nodes []clusterNode) []corev1.Node {
+	out := make([]corev1.Node, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, *n.node)
+	}
+	return out
+}
+
+// guardRestarts places the restart guard on every node before the cluster upgrade
+// upgrades Rancher, where Rancher provisions the nodes' RKE2, as Harvester's
+// skip_restart_rancher_system_agent does (harvester-release-steps.md fact 12; PR #4149):
+// a Rancher upgrade re-renders every machine plan (fact 58), and rancher-system-agent
+// would then restart RKE2 on every node, one after the other without a drain, outside
+// any budget, taking etcd members and Longhorn replicas down. The guard (a runtime
+// drop-in giving the agent INSTALL_RKE2_SKIP_ENABLE=true, the node program's
+// rke2-restart-guard) lets the agent install the plan without a restart. A SUC Plan of
+// the plan's own runs it on every node, ten at a time, and the cluster upgrade waits
+// until every node has it. Each node's RemoveRestartGuard step takes it off before its
+// pre-drain hook is answered (fact 44); a reboot takes it off too (it is under /run).
+// The Plan stays until the plan's cleanup, so that SUC does not run it again. Nothing
+// where Rancher provisions no node of the cluster.
+func (r *PlanReconciler) guardRestarts(ctx context.Context, pr *PlanRun) (bool, string, error) {
+	cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
+	if err != nil || cl == nil {
+		return true, "", err
+	}
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return false, "", err
+	}
+	if !anyPlanSecret(ctx, pr.Workload, asNodes(nodes)) {
+		return true, "", nil
+	}
+	want := suc.RestartGuardPlan(pr.Config, ObjectName("restart-guard", pr.Plan), pr.repo)
+	want.Labels[LabelUpgradePlan] = pr.Plan.Name
+	want.Spec.NodeSelector = planNodes(pr.Plan)
+	done, message, _, err := applyClusterPlan(ctx, pr, want, nodes)
+	if err != nil || !done {
+		return false, "placing the restart guard before Rancher is upgraded (fact 12): " + message, err
+	}
+	return true, message, nil
 }
