@@ -179,24 +179,31 @@ func (s *SUC) playHost(job *batchv1.Job) {
 		return
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	run := s.running[job.UID]
-	if run == nil || s.hostPlayed[job.UID] {
+	played := s.hostPlayed[job.UID]
+	s.mu.Unlock()
+	if run == nil || played {
 		return
 	}
+	// Decided without the lock: s.OSImage is the test's function.
+	up := run.plan.Spec.Upgrade
+	guard, unguard := false, false
+	switch {
+	case up != nil && nodeSubcommand(up.Image, up.Args) == RestartGuardSubcommand:
+		guard, unguard = !removesGuard(up.Args), removesGuard(up.Args)
+	case s.osImage(run.plan) != "":
+		unguard = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.hostPlayed == nil {
 		s.hostPlayed, s.guarded = map[types.UID]bool{}, map[string]bool{}
 	}
 	s.hostPlayed[job.UID] = true
-	up := run.plan.Spec.Upgrade
 	switch {
-	case up != nil && nodeSubcommand(up.Image, up.Args) == RestartGuardSubcommand:
-		if removesGuard(up.Args) {
-			delete(s.guarded, run.node)
-		} else {
-			s.guarded[run.node] = true
-		}
-	case s.osImage(run.plan) != "":
+	case guard:
+		s.guarded[run.node] = true
+	case unguard:
 		delete(s.guarded, run.node)
 	}
 }
