@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -109,6 +110,10 @@ type SUC struct {
 	running map[types.UID]*podRun
 	// planSeen is when the simulator first synced each Plan (by UID).
 	planSeen map[types.UID]time.Time
+	// guarded holds the nodes that carry the restart guard (Guarded), and hostPlayed the
+	// Jobs whose work was played on their node's host state (playHost).
+	guarded    map[string]bool
+	hostPlayed map[types.UID]bool
 }
 
 // DefaultKubeletVersion is the Plan's version when its upgrade image is an rke2-upgrade
@@ -138,6 +143,86 @@ func DefaultOSImage(plan *sucv1.Plan) string {
 		return "Harvester " + plan.Spec.Version
 	}
 	return ""
+}
+
+// RestartGuardSubcommand is the node program subcommand that places the restart guard,
+// and with --remove takes it away (nodeprogram/restartguard.go).
+const RestartGuardSubcommand = "rke2-restart-guard"
+
+// Guarded tells whether node carries the restart guard of
+// shared/facts/harvester-release-steps.md fact 12: the runtime drop-in under
+// /run/systemd/system/rancher-system-agent.service.d that gives rancher-system-agent
+// INSTALL_RKE2_SKIP_ENABLE=true, so that a new machine plan is installed without
+// restarting RKE2. That is host state no API server shows; the simulator keeps it from
+// the Jobs that ran on the node (playHost). Wire it to RancherPlanner.Guarded to have the
+// planner honour it. Safe for concurrent use.
+func (s *SUC) Guarded(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.guarded[node]
+}
+
+// playHost plays, once per Job, what the completed work of job's upgrade container left
+// on its node's host, which the rest of the simulated cluster may look at (Guarded):
+//   - a Plan whose upgrade container runs the node program's rke2-restart-guard guards
+//     the node (harvester-release-steps.md fact 12, skip_restart_rancher_system_agent);
+//     with --remove it unguards it (fact 44, recover_rancher_system_agent);
+//   - a Plan that reboots the node (the OS upgrade: s.osImage is not "", the node came
+//     back on a new OS, DefaultOSImage) unguards it: the drop-in is under /run, a tmpfs
+//     that a reboot empties (fact 12).
+//
+// It runs when SUC's job handler first sees the Job Complete, before the node is
+// labelled, and reads the Plan the pod ran (the pod's, even if the Plan changed or went
+// since); a failed Job changes nothing.
+func (s *SUC) playHost(job *batchv1.Job) {
+	if jobCondition(job, batchv1.JobComplete) == nil {
+		return
+	}
+	s.mu.Lock()
+	run := s.running[job.UID]
+	played := s.hostPlayed[job.UID]
+	s.mu.Unlock()
+	if run == nil || played {
+		return
+	}
+	// Decided without the lock: s.OSImage is the test's function.
+	up := run.plan.Spec.Upgrade
+	guard, unguard := false, false
+	switch {
+	case up != nil && nodeSubcommand(up.Image, up.Args) == RestartGuardSubcommand:
+		guard, unguard = !removesGuard(up.Args), removesGuard(up.Args)
+	case s.osImage(run.plan) != "":
+		unguard = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hostPlayed == nil {
+		s.hostPlayed, s.guarded = map[types.UID]bool{}, map[string]bool{}
+	}
+	s.hostPlayed[job.UID] = true
+	switch {
+	case guard:
+		s.guarded[run.node] = true
+	case unguard:
+		delete(s.guarded, run.node)
+	}
+}
+
+// removesGuard tells whether the node program's arguments say --remove (a Go boolean
+// flag: --remove, -remove, or either with =true).
+func removesGuard(args []string) bool {
+	remove := false
+	for _, a := range args {
+		name, value, hasValue := strings.Cut(a, "=")
+		if name != "--remove" && name != "-remove" {
+			continue
+		}
+		remove = !hasValue
+		if hasValue {
+			remove, _ = strconv.ParseBool(value)
+		}
+	}
+	return remove
 }
 
 // FailNode makes the next Job of the named Plan on node fail with message. An empty
@@ -643,6 +728,7 @@ func (s *SUC) requeueJob(job *batchv1.Job, at time.Time) {
 }
 
 func (s *SUC) handleJob(ctx context.Context, job *batchv1.Job, now time.Time) error {
+	s.playHost(job)
 	planName, okPlan := job.Labels[LabelPlan]
 	version, okVersion := job.Labels[LabelVersion]
 	nodeName, okNode := job.Labels[LabelNode]
@@ -748,6 +834,7 @@ func (s *SUC) deleteJob(ctx context.Context, job *batchv1.Job, why string) error
 	s.mu.Lock()
 	run := s.running[job.UID]
 	delete(s.running, job.UID)
+	delete(s.hostPlayed, job.UID)
 	s.mu.Unlock()
 	if run == nil {
 		return nil
