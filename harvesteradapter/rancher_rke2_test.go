@@ -61,7 +61,7 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		}
 
 		planner := &sim.RancherPlanner{Client: wl.Client, Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
-			Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond}
+			Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded}
 		Expect(planner.SeedMachines(ctx)).To(Succeed())
 		pctx, pcancel := context.WithCancel(ctx)
 		pdone := make(chan struct{})
@@ -117,6 +117,20 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 			Expect(byNode).To(HaveKeyWithValue(n, 1), "node %s", n)
 		}
 		Expect(planner.MaxRestarting()).To(Equal(1))
+
+		By("the Rancher upgrade of the cluster step re-rendered every node's plan and restarted no RKE2: the guard was on every node (fact 12), and each node's own step took it off before its turn (fact 44)")
+		Expect(planner.UnguardedRestartsOutsideDrain()).To(BeEmpty())
+		guardedApplies := 0
+		for _, a := range planner.Applies() {
+			if a.Guarded {
+				guardedApplies++
+				Expect(a.Restarted).To(BeFalse(), "node %s restarted under the guard", a.Node)
+			}
+		}
+		Expect(guardedApplies).To(BeNumerically(">=", len(c.nodes)), "Rancher's re-render reached every node under the guard")
+		for _, n := range c.nodes {
+			Expect(c.suc.Guarded(n)).To(BeFalse(), "node %s left guarded", n)
+		}
 		Expect(c.rec.MaxDown()).To(Equal(1), "one node down at a time")
 		nus := &inplacev1.NodeUpdateList{}
 		Expect(env.Client.List(ctx, nus, client.InNamespace(c.ns))).To(Succeed())

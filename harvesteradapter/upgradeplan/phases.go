@@ -19,6 +19,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -344,6 +345,13 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	}
 	if err := clearTurns(ctx, pr); err != nil {
 		return err
+	}
+	if served, err := longhorn.LiveUpgradeServed(pr.Workload); err != nil {
+		return err
+	} else if served {
+		if err := longhorn.ReleaseV2AutomaticUpgrade(ctx, pr.Workload, pr.Plan.UID); err != nil {
+			return err
+		}
 	}
 	return removeLabelled(ctx, pr.Workload, pr.Plan.Name)
 }

@@ -15,6 +15,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -60,6 +61,9 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 			return "", err
 		}
 		return fmt.Sprintf("; Rancher rolls RKE2 %s (fleet-local/local), each node behind our drain hooks%s", release.Kubernetes, turns), nil
+	}
+	if held, err := pauseLonghornLiveUpgrade(ctx, pr); err != nil || held != "" {
+		return held, err
 	}
 	before, err := rancher.ReadStrategy(ctx, pr.Workload)
 	if err != nil {
@@ -226,4 +230,29 @@ func (r *PlanReconciler) guardRestarts(ctx context.Context, pr *PlanRun) (bool, 
 		return false, "placing the restart guard before Rancher is upgraded (fact 12): " + message, err
 	}
 	return true, message, nil
+}
+
+// pauseLonghornLiveUpgrade, where Longhorn serves its live upgrade of v2 instance
+// managers, pauses it for the plan (its UID among the pausers, as each NodeUpdate
+// pauses it for its node: longhorn.PauseV2AutomaticUpgrade) and says, while an upgrade
+// of Longhorn's still runs, that the hand-over to Rancher waits: Rancher cordons each
+// node it takes before any step of ours runs there (fact 60, machinedrain), and a cordon
+// acts on Longhorn while it relocates engines (longhorn-v2-live-upgrade.md fact 37). The
+// pause is given back when the plan ends (removeClusterObjects).
+func pauseLonghornLiveUpgrade(ctx context.Context, pr *PlanRun) (string, error) {
+	served, err := longhorn.LiveUpgradeServed(pr.Workload)
+	if err != nil || !served {
+		return "", err
+	}
+	if _, _, err := longhorn.PauseV2AutomaticUpgrade(ctx, pr.Workload, pr.Plan.UID); err != nil {
+		return "", err
+	}
+	live, err := longhorn.ReadLiveUpgrade(ctx, pr.Workload)
+	if err != nil {
+		return "", err
+	}
+	if len(live.Running) > 0 {
+		return fmt.Sprintf("; Longhorn's live upgrade is paused for the nodes and Rancher gets RKE2 once it is idle (it runs: %s)", strings.Join(live.Running, ", ")), nil
+	}
+	return "", nil
 }

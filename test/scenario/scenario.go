@@ -472,8 +472,10 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		PlannerOwnsLocalCluster: !s.Options.SUCOwnsRKE2}
 	s.Rancher.Start(ctx)
 	if !s.Options.SUCOwnsRKE2 {
+		// The restart guard is host state SUC's Jobs leave (the node program's
+		// rke2-restart-guard): the SUC simulator's record of it (fact 12).
 		s.Planner = &sim.RancherPlanner{Client: wc, Kubelet: s.Kubelet, Interval: 50 * time.Millisecond,
-			InstallDuration: delay / 4, RestartDuration: delay, RetryDelay: delay}
+			InstallDuration: delay / 4, RestartDuration: delay, RetryDelay: delay, Guarded: s.SUC.Guarded}
 		if err := s.Planner.SeedMachines(ctx0); err != nil {
 			cancel()
 			return fmt.Errorf("seed Rancher's machine-plan Secrets: %w", err)
