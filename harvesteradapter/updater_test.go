@@ -231,12 +231,17 @@ var _ = Describe("The Harvester updater", func() {
 		}
 		for i, nu := range results {
 			Expect(stepStates(nu)).To(Equal(map[string]inplacev1.StepState{
-				harvesteradapter.StepClusterUpgrade:     inplacev1.StepStateSucceeded,
-				harvesteradapter.StepRepository:         inplacev1.StepStateSucceeded,
-				harvesteradapter.StepImagePreload:       inplacev1.StepStateSkipped, // the UpgradePlan preloaded every node
-				harvesteradapter.StepCordon:             inplacev1.StepStateSucceeded,
-				harvesteradapter.StepEvacuateVMs:        inplacev1.StepStateSucceeded,
-				harvesteradapter.StepDrain:              inplacev1.StepStateSucceeded,
+				harvesteradapter.StepClusterUpgrade: inplacev1.StepStateSucceeded,
+				harvesteradapter.StepRepository:     inplacev1.StepStateSucceeded,
+				harvesteradapter.StepImagePreload:   inplacev1.StepStateSkipped, // the UpgradePlan preloaded every node
+				harvesteradapter.StepCordon:         inplacev1.StepStateSucceeded,
+				harvesteradapter.StepEvacuateVMs:    inplacev1.StepStateSucceeded,
+				harvesteradapter.StepDrain:          inplacev1.StepStateSucceeded,
+				// No machine-plan Secret: Rancher does not provision these nodes, SUC
+				// upgrades RKE2, no drain hook to wait for or answer, no guard.
+				harvesteradapter.StepRancherPreDrain:    inplacev1.StepStateSkipped,
+				harvesteradapter.StepRemoveRestartGuard: inplacev1.StepStateSkipped,
+				harvesteradapter.StepRancherPostDrain:   inplacev1.StepStateSkipped,
 				harvesteradapter.StepKubernetesUpgrade:  inplacev1.StepStateSucceeded,
 				harvesteradapter.StepOSUpgrade:          inplacev1.StepStateSucceeded,
 				harvesteradapter.StepLonghornDataEngine: inplacev1.StepStateSkipped,
