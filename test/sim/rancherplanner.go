@@ -189,6 +189,10 @@ type RancherPlanner struct {
 	rerenders int
 	// applying holds the nodes whose install instruction runs now.
 	applying map[string]bool
+	// appliedBy is the plan each node's agent last applied successfully: the agent
+	// applies a plan once, whatever a Secret read before its write still says
+	// (rancher-system-agent keeps the applied plan's checksum itself).
+	appliedBy map[string]string
 	// retryAt is when a failed node's plan is applied again.
 	retryAt map[string]time.Time
 	fails   map[string]string
@@ -887,7 +891,7 @@ func (p *RancherPlanner) agents(ctx context.Context, entries []*entry) error {
 		}
 		node := e.node.Name
 		p.mu.Lock()
-		busy := p.applying[node]
+		busy := p.applying[node] || p.appliedBy[node] == e.ann(PlanAnnotation)
 		retryAt := p.retryAt[node]
 		p.mu.Unlock()
 		if busy {
@@ -975,6 +979,10 @@ func (p *RancherPlanner) install(ctx context.Context, key client.ObjectKey, a Pl
 	p.recordApply(a)
 	p.mu.Lock()
 	delete(p.retryAt, a.Node)
+	if p.appliedBy == nil {
+		p.appliedBy = map[string]string{}
+	}
+	p.appliedBy[a.Node] = a.Plan
 	p.mu.Unlock()
 	_ = p.mutateSecret(ctx, key, func(s *corev1.Secret) {
 		if s.Annotations == nil {
