@@ -474,12 +474,7 @@ func restoreStrategy(ctx context.Context, c client.Client, before json.RawMessag
 		}
 		return err
 	}
-	var a, b any
-	_ = json.Unmarshal(current, &a)
-	_ = json.Unmarshal(before, &b)
-	ra, _ := json.Marshal(a)
-	rb, _ := json.Marshal(b)
-	if bytes.Equal(ra, rb) {
+	if valuesEqual(&apiextensionsv1.JSON{Raw: current}, &apiextensionsv1.JSON{Raw: before}) {
 		return nil
 	}
 	return rancher.SetRoll(ctx, c, "", before)

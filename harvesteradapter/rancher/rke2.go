@@ -352,3 +352,18 @@ func planSecrets(ctx context.Context, c client.Client) (map[string]*corev1.Secre
 	}
 	return byMachine, nil
 }
+
+// AnyProvisioned says whether Rancher provisions any of nodes: one of them has a
+// machine-plan Secret.
+func AnyProvisioned(ctx context.Context, c client.Client, nodes []corev1.Node) (bool, error) {
+	byMachine, err := planSecrets(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	for i := range nodes {
+		if byMachine[nodes[i].Annotations[NodeMachineAnnotation]] != nil {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -46,8 +46,8 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 		return "", err
 	}
 	provisioned := asNodes(nodes)
-	if !anyPlanSecret(ctx, pr.Workload, provisioned) {
-		return "", nil // Rancher provisions none of these nodes: SUC upgrades RKE2
+	if any, err := rancher.AnyProvisioned(ctx, pr.Workload, provisioned); err != nil || !any {
+		return "", err // Rancher provisions none of these nodes: SUC upgrades RKE2
 	}
 	concurrency, err := r.taskConcurrency(ctx, pr, nus, len(nodes))
 	if err != nil {
@@ -87,15 +87,6 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 		"declared RKE2 %s on provisioning Cluster %s with our drain hooks (concurrency %d); Rancher restarts each node's RKE2 once its NodeUpdate answers",
 		release.Kubernetes, rancher.LocalClusterKey, concurrency)
 	return fmt.Sprintf("; RKE2 %s declared on fleet-local/local, Rancher rolls it behind our drain hooks", release.Kubernetes), nil
-}
-
-func anyPlanSecret(ctx context.Context, c client.Client, nodes []corev1.Node) bool {
-	for i := range nodes {
-		if s, err := rancher.MachinePlan(ctx, c, &nodes[i]); err == nil && s != nil {
-			return true
-		}
-	}
-	return false
 }
 
 // taskConcurrency is the largest maxUnavailable of the UpgradeTasks whose NodeUpdates
@@ -219,8 +210,8 @@ func (r *PlanReconciler) guardRestarts(ctx context.Context, pr *PlanRun) (bool, 
 	if err != nil {
 		return false, "", err
 	}
-	if !anyPlanSecret(ctx, pr.Workload, asNodes(nodes)) {
-		return true, "", nil
+	if any, err := rancher.AnyProvisioned(ctx, pr.Workload, asNodes(nodes)); err != nil || !any {
+		return err == nil, "", err
 	}
 	want := suc.RestartGuardPlan(pr.Config, ObjectName("restart-guard", pr.Plan), pr.repo)
 	want.Labels[LabelUpgradePlan] = pr.Plan.Name
