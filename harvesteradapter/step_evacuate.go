@@ -133,7 +133,7 @@ func (u *Updater) stopOnNode(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 		return u.holdOnce(r, EventVMHoldsNode, fmt.Sprintf("VMI %s cannot be live-migrated (%s) and no VirtualMachine owns it, so the updater cannot stop it and start it again: stop or move it yourself", kubevirt.VMKey(vmi), why)), nil
 	}
 	paused := kubevirt.VMIPaused(vmi)
-	stopped, held, err := kubevirt.StopVM(ctx, r.wc, r.nu, vmi.Namespace, owner, !paused)
+	stopped, held, err := kubevirt.StopVM(ctx, r.wc, r.nu.UID, r.nu.Spec.NodeName, vmi.Namespace, owner, !paused)
 	if err != nil || !stopped {
 		return u.holdOnce(r, EventVMHoldsNode, held), err
 	}
@@ -219,7 +219,7 @@ func (u *Updater) evacuationSummary(ctx context.Context, r *nodeRun, ours map[st
 	}
 	sort.Strings(migrated)
 	var stopped []string
-	if vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu); err == nil {
+	if vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu.UID, "node "+r.nu.Spec.NodeName); err == nil {
 		for i := range vms {
 			stopped = append(stopped, kubevirt.VMKey(&vms[i]))
 		}

@@ -39,7 +39,7 @@ func (u *Updater) skipRestore(ctx context.Context, r *nodeRun) (string, error) {
 		return "", err
 	}
 	if ok, why := restoresVMs(r, node); !ok {
-		vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu)
+		vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu.UID, "node "+r.nu.Spec.NodeName)
 		if err != nil {
 			return "", err
 		}
@@ -71,7 +71,7 @@ func (u *Updater) runRestore(ctx context.Context, r *nodeRun) (bool, string, err
 // restoreStoppedVMs starts every VM this NodeUpdate stopped and still has on record, and
 // returns the ones it started. Used by RestoreVMs and by cleanup (Finish and abort).
 func (u *Updater) restoreStoppedVMs(ctx context.Context, r *nodeRun) ([]string, error) {
-	vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu)
+	vms, err := kubevirt.StoppedVMs(ctx, r.wc, r.nu.UID, "node "+r.nu.Spec.NodeName)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -175,8 +176,10 @@ func VMIOwnerVM(vmi *kubevirtv1.VirtualMachineInstance) string {
 // (KubeVirt forbids setting both). record false stops without the record, for a paused
 // VM, which is not started again (fact 32). held says why the VM cannot be stopped this
 // way: KubeVirt starts a Manual or Once VM only on a request to its start subresource,
-// so restoring the strategy would not bring it back.
-func StopVM(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate, namespace, name string, record bool) (stopped bool, held string, err error) {
+// so restoring the strategy would not bring it back. by is who stops it (a NodeUpdate's
+// UID, or an UpgradePlan's for the cluster upgrade), node the node whose upgrade stops
+// it ("" for the cluster upgrade).
+func StopVM(ctx context.Context, wc client.Client, by types.UID, node, namespace, name string, record bool) (stopped bool, held string, err error) {
 	vm := &kubevirtv1.VirtualMachine{}
 	if err := wc.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, vm); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -208,9 +211,11 @@ func StopVM(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate, nam
 		if vm.Annotations == nil {
 			vm.Annotations = map[string]string{}
 		}
-		vm.Labels[LabelStoppedBy] = string(nu.UID)
+		vm.Labels[LabelStoppedBy] = string(by)
 		vm.Annotations[AnnotationRunStrategyBeforeStop] = string(strategy)
-		vm.Annotations[AnnotationStoppedOnNode] = nu.Spec.NodeName
+		if node != "" {
+			vm.Annotations[AnnotationStoppedOnNode] = node
+		}
 	}
 	if err := wc.Patch(ctx, vm, patch); err != nil {
 		return false, "", fmt.Errorf("stop VirtualMachine %s/%s: %w", namespace, name, err)
@@ -218,14 +223,15 @@ func StopVM(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate, nam
 	return true, "", nil
 }
 
-// stoppedVMs lists the VirtualMachines this NodeUpdate stopped and has not started again.
-func StoppedVMs(ctx context.Context, wc client.Client, nu *inplacev1.NodeUpdate) ([]kubevirtv1.VirtualMachine, error) {
+// StoppedVMs lists the VirtualMachines that by (StopVM) stopped and has not started
+// again; what names by for the error ("node hv-1", "the cluster upgrade").
+func StoppedVMs(ctx context.Context, wc client.Client, by types.UID, what string) ([]kubevirtv1.VirtualMachine, error) {
 	vms := &kubevirtv1.VirtualMachineList{}
-	if err := wc.List(ctx, vms, client.MatchingLabels{LabelStoppedBy: string(nu.UID)}); err != nil {
+	if err := wc.List(ctx, vms, client.MatchingLabels{LabelStoppedBy: string(by)}); err != nil {
 		if Absent(err) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("list the virtual machines stopped for node %s: %w", nu.Spec.NodeName, err)
+		return nil, fmt.Errorf("list the virtual machines stopped for %s: %w", what, err)
 	}
 	sort.Slice(vms.Items, func(i, j int) bool { return VMKey(&vms.Items[i]) < VMKey(&vms.Items[j]) })
 	return vms.Items, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -12,12 +11,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -59,11 +56,8 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 	err := pr.Workload.Get(ctx, client.ObjectKeyFromObject(want), job)
 	switch {
 	case apierrors.IsNotFound(err):
-		if held, err := attachedV2Volumes(ctx, pr.Workload); err != nil || held != "" {
-			if err == nil {
-				err = heldf("%s", held)
-			}
-			return false, "", err
+		if clear, message, err := r.clearV2Volumes(ctx, pr); err != nil || !clear {
+			return false, message, err
 		}
 		if done, message, err := r.guardRestarts(ctx, pr); err != nil || !done {
 			return false, message, err
@@ -92,77 +86,20 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 	case failed:
 		return false, "", nodeupdater.Permanentf("ClusterUpgradeFailed", "the cluster upgrade Job %s/%s failed: %s", job.Namespace, job.Name, message)
 	case done:
+		started, err := startStoppedVMs(ctx, pr)
+		if err != nil {
+			return false, "", err
+		}
 		raised, err := raiseReplicaReplenishment(ctx, pr)
 		if err != nil {
 			return false, "", err
 		}
-		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s", job.Name, rel.Rancher, rel.HarvesterChart, raised), nil
+		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s%s", job.Name, rel.Rancher, rel.HarvesterChart, started, raised), nil
 	}
 	if len(current) == 0 {
 		return false, fmt.Sprintf("the cluster upgrade Job %s/%s runs", job.Namespace, job.Name), nil
 	}
 	return false, "cluster upgrade: " + strings.Join(current, "; "), nil
-}
-
-// attachedV2Volumes is why the cluster upgrade may not start yet, "" when it may. The
-// cluster upgrade upgrades Longhorn with Harvester's chart (every Harvester minor ships
-// the next Longhorn minor, harvester-release-steps.md fact 74). A Longhorn without the
-// live upgrade of v2 instance managers (every release up to 1.12.1, fact 68) keeps a
-// node's old v2 instance manager while any v2 engine or replica runs there, and does not
-// start the new one beside it (facts 69 and 70): with a v2 volume attached, Longhorn's
-// upgrade never completes on its nodes, and Harvester's own cluster step would wait for it
-// for ever (fact 71). Harvester shuts such VMs down for its upgrades (fact 71, its v2 docs).
-// So the plan holds here, before anything of the cluster step has changed, naming each
-// attached v2 volume and what uses it, until they are detached (their VMs stopped). Where
-// Longhorn serves the live upgrade, the node steps take care of v2 volumes instead; a
-// cluster without Longhorn has none.
-func attachedV2Volumes(ctx context.Context, wc client.Client) (string, error) {
-	served, err := kube.KindServed(wc, schema.GroupKind{Group: longhornv1.SchemeGroupVersion.Group, Kind: "Volume"}, longhornv1.SchemeGroupVersion.Version)
-	if err != nil || !served {
-		return "", err
-	}
-	if live, err := longhorn.LiveUpgradeServed(wc); err != nil || live {
-		return "", err
-	}
-	volumes := &longhornv1.VolumeList{}
-	if err := wc.List(ctx, volumes, client.InNamespace(longhorn.Namespace)); err != nil {
-		return "", fmt.Errorf("list Longhorn volumes: %w", err)
-	}
-	var attached []string
-	for _, v := range volumes.Items {
-		if v.Spec.DataEngine != longhornv1.DataEngineTypeV2 || v.Status.State == longhornv1.VolumeStateDetached || v.Status.State == "" {
-			continue
-		}
-		attached = append(attached, describeUser(&v))
-	}
-	if len(attached) == 0 {
-		return "", nil
-	}
-	sort.Strings(attached)
-	return fmt.Sprintf("Longhorn serves no live upgrade of v2 instance managers, so its upgrade with Harvester's chart cannot complete on a node while a v2 volume is attached there: "+
-		"stop the virtual machines that use these v2 volumes (they cannot be live-migrated; Harvester stops them for its own upgrades too), and the cluster upgrade starts: %s", strings.Join(attached, "; ")), nil
-}
-
-// describeUser names a volume and what Longhorn last saw using it: the workloads of its
-// pods (for a VM, its VirtualMachineInstance), else its PVC.
-func describeUser(v *longhornv1.Volume) string {
-	k := v.Status.KubernetesStatus
-	var users []string
-	for _, w := range k.WorkloadsStatus {
-		switch {
-		case w.WorkloadName != "":
-			users = append(users, fmt.Sprintf("%s %s/%s", w.WorkloadType, k.Namespace, w.WorkloadName))
-		case w.PodName != "":
-			users = append(users, fmt.Sprintf("pod %s/%s", k.Namespace, w.PodName))
-		}
-	}
-	if len(users) == 0 && k.PVCName != "" {
-		users = append(users, fmt.Sprintf("PVC %s/%s", k.Namespace, k.PVCName))
-	}
-	if len(users) == 0 {
-		return fmt.Sprintf("volume %s (%s)", v.Name, v.Status.State)
-	}
-	return fmt.Sprintf("volume %s (%s) used by %s", v.Name, v.Status.State, strings.Join(users, ", "))
 }
 
 // settingReplicaReplenishmentWaitInterval is Longhorn's replica-replenishment-wait-interval

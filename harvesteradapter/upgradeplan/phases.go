@@ -346,6 +346,9 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	if err := clearTurns(ctx, pr); err != nil {
 		return err
 	}
+	if _, err := startStoppedVMs(ctx, pr); err != nil {
+		return err
+	}
 	if served, err := longhorn.LiveUpgradeServed(pr.Workload); err != nil {
 		return err
 	} else if served {

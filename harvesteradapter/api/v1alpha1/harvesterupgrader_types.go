@@ -219,7 +219,35 @@ type ClusterUpgradeOptions struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// attachedV2Volumes says what the cluster upgrade does about attached Longhorn v2
+	// volumes where Longhorn serves no live upgrade of its v2 instance managers (every
+	// Longhorn release up to 1.12.1): Longhorn's upgrade, which Harvester's chart makes,
+	// cannot complete on a node while a v2 volume is attached there. Hold (the default)
+	// holds the plan before the cluster upgrade starts, naming each volume and the
+	// virtual machine that uses it, until they are detached. StopVirtualMachines stops
+	// those virtual machines (each recorded on itself, as the node steps record what
+	// they stop), waits until their volumes are detached, and starts them again when the
+	// cluster upgrade is done, or when the plan ends otherwise; a volume used by
+	// something else than a virtual machine, or a virtual machine that could not be
+	// started again (runStrategy Manual or Once), still holds the plan.
+	// +optional
+	// +kubebuilder:default=Hold
+	AttachedV2Volumes AttachedV2Volumes `json:"attachedV2Volumes,omitempty"`
 }
+
+// AttachedV2Volumes says what the cluster upgrade does about attached Longhorn v2
+// volumes that Longhorn's upgrade cannot pass.
+// +kubebuilder:validation:Enum=Hold;StopVirtualMachines
+type AttachedV2Volumes string
+
+const (
+	// AttachedV2VolumesHold holds the plan until the volumes are detached.
+	AttachedV2VolumesHold AttachedV2Volumes = "Hold"
+	// AttachedV2VolumesStopVirtualMachines stops the virtual machines that use them for
+	// the cluster upgrade and starts them again afterwards.
+	AttachedV2VolumesStopVirtualMachines AttachedV2Volumes = "StopVirtualMachines"
+)
 
 // RepositoryStorage is the volume the repository keeps the ISO on.
 type RepositoryStorage struct {
