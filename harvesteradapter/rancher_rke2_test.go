@@ -15,6 +15,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
@@ -69,6 +70,30 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		DeferCleanup(func() { pcancel(); <-pdone })
 		strategyBefore := localStrategy(wl)
 
+		// Harvester's descheduler add-on, enabled (fact 36): sampled with the plan's phase
+		// over the whole run, plan first, so that a sample in NodeUpgrading saw the add-on
+		// after the plan entered it.
+		Expect(wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: upgradeplan.DeschedulerAddon.Namespace}})).To(Or(Succeed(), MatchError(ContainSubstring("already exists"))))
+		Expect(wl.Client.Create(ctx, &harvesterapi.Addon{ObjectMeta: metav1.ObjectMeta{Namespace: upgradeplan.DeschedulerAddon.Namespace, Name: upgradeplan.DeschedulerAddon.Name},
+			Spec: harvesterapi.AddonSpec{Repo: "http://harvester-cluster-repo.cattle-system.svc/charts", Chart: "descheduler", Version: "0.33.0", Enabled: true}})).To(Succeed())
+		var deschedulerDuringNodes []string
+		sctx, scancel := context.WithCancel(ctx)
+		sdone := make(chan struct{})
+		go func() {
+			defer close(sdone)
+			for sctx.Err() == nil {
+				p := &harvesterv1.UpgradePlan{}
+				a := &harvesterapi.Addon{}
+				if env.Client.Get(sctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}, p) == nil &&
+					wl.Client.Get(sctx, upgradeplan.DeschedulerAddon, a) == nil &&
+					p.Status.Phase == harvesterv1.UpgradePlanNodeUpgrading && a.Spec.Enabled {
+					deschedulerDuringNodes = append(deschedulerDuringNodes, time.Now().Format(time.RFC3339Nano))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		DeferCleanup(func() { scancel(); <-sdone })
+
 		startLifecycle(c, true)
 		for _, t := range []struct {
 			name string
@@ -104,6 +129,14 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		Expect(wl.Client.Get(ctx, rancher.LocalClusterKey, cl)).To(Succeed())
 		Expect(cl.Spec.KubernetesVersion).To(Equal(newRKE2))
 		Expect(localStrategy(wl)).To(MatchJSON(strategyBefore))
+
+		By("Harvester's descheduler add-on was off for the whole node phase and is on again (facts 36, 37)")
+		scancel()
+		<-sdone
+		Expect(deschedulerDuringNodes).To(BeEmpty(), "the descheduler add-on was enabled while the nodes were upgraded")
+		addon := &harvesterapi.Addon{}
+		Expect(wl.Client.Get(ctx, upgradeplan.DeschedulerAddon, addon)).To(Succeed())
+		Expect(addon.Spec.Enabled).To(BeTrue(), "the descheduler add-on is enabled again")
 
 		By("every node's RKE2 was restarted once, by Rancher, at the release, inside its answered drain hooks, one node at a time")
 		byNode := map[string]int{}

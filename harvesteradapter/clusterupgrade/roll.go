@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 )
@@ -36,6 +37,9 @@ const FieldPaused = "spec.paused"
 // FieldSettingValue is a Longhorn Setting's value.
 const FieldSettingValue = "longhorn.value"
 
+// FieldAddonEnabled is a Harvester Addon's spec.enabled (the descheduler's, fact 36).
+const FieldAddonEnabled = "addon.spec.enabled"
+
 // workloadUpdateMethodsPath is where the harvester chart keeps KubeVirt's
 // workloadUpdateMethods in its values (fact 13).
 var workloadUpdateMethodsPath = []string{"kubevirt", "spec", "workloadUpdateStrategy", "workloadUpdateMethods"}
@@ -46,8 +50,9 @@ var FieldWorkloadUpdateMethods = "values." + strings.Join(workloadUpdateMethodsP
 
 // Change is one setting the cluster upgrade changed for the roll.
 type Change struct {
-	// Object is what was changed, namespace/name: a ManagedChart, or for
-	// FieldSettingValue a Longhorn Setting.
+	// Object is what was changed, namespace/name: a ManagedChart, for
+	// FieldSettingValue a Longhorn Setting, for FieldAddonEnabled a Harvester Addon, for
+	// rancher.FieldUpgradeStrategy the provisioning Cluster.
 	Object string `json:"object"`
 	// Field is what of it: FieldPaused, FieldWorkloadUpdateMethods or FieldSettingValue.
 	Field string `json:"field"`
@@ -341,6 +346,8 @@ func restoreChange(ctx context.Context, c client.Client, ch Change) error {
 		return restoreSetting(ctx, c, client.ObjectKey{Namespace: namespace, Name: name}, ch.Before)
 	case rancher.FieldUpgradeStrategy:
 		return restoreStrategy(ctx, c, ch.Before)
+	case FieldAddonEnabled:
+		return restoreAddon(ctx, c, client.ObjectKey{Namespace: namespace, Name: name}, ch.Before)
 	}
 	mc := &managementv3.ManagedChart{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, mc); err != nil {
@@ -497,4 +504,26 @@ func restoreSetting(ctx context.Context, c client.Client, key client.ObjectKey, 
 	patched := setting.DeepCopy()
 	patched.Value = value
 	return c.Patch(ctx, patched, client.MergeFrom(setting))
+}
+
+// restoreAddon gives a Harvester Addon the spec.enabled it had (fact 37, Harvester's
+// reenableAddons). An Addon that is gone, or not served, has nothing to restore.
+func restoreAddon(ctx context.Context, c client.Client, key client.ObjectKey, before json.RawMessage) error {
+	var enabled bool
+	if err := json.Unmarshal(before, &enabled); err != nil {
+		return fmt.Errorf("the recorded value %s is not a boolean: %w", before, err)
+	}
+	addon := &harvesterapi.Addon{}
+	if err := c.Get(ctx, key, addon); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			return nil
+		}
+		return err
+	}
+	if addon.Spec.Enabled == enabled {
+		return nil
+	}
+	patched := addon.DeepCopy()
+	patched.Spec.Enabled = enabled
+	return c.Patch(ctx, patched, client.MergeFrom(addon))
 }

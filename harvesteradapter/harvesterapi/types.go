@@ -2,7 +2,8 @@
 // Harvester updater reads and that no Go module reachable through the module proxy
 // provides (github.com/harvester/harvester is not served by it): VirtualMachineBackup and
 // ScheduleVMBackup, whose state the cluster preflight check VMBackupsIdle reads
-// (shared/facts/harvester-node-upgrade.md, facts 4a and 47). They hold only the fields the
+// (shared/facts/harvester-node-upgrade.md, facts 4a and 47), and Addon, whose descheduler
+// the UpgradePlan turns off for the node phase (addon.go). They hold only the fields the
 // updater reads or a test needs to create a valid object, with the JSON names, kinds,
 // short names, scope and printer columns of Harvester's own types in
 // harvester/harvester pkg/apis/harvesterhci.io/v1beta1/backup.go (commit 2f0faa1) and
@@ -28,7 +29,7 @@ var GroupVersion = schema.GroupVersion{Group: "harvesterhci.io", Version: "v1bet
 // AddToScheme registers the kinds of this package under harvesterhci.io/v1beta1.
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &VirtualMachineBackup{}, &VirtualMachineBackupList{},
-		&ScheduleVMBackup{}, &ScheduleVMBackupList{})
+		&ScheduleVMBackup{}, &ScheduleVMBackupList{}, &Addon{}, &AddonList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

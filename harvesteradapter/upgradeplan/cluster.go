@@ -94,6 +94,11 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 		if err != nil {
 			return false, "", err
 		}
+		descheduler, err := disableDescheduler(ctx, pr)
+		if err != nil {
+			return false, "", err
+		}
+		raised += descheduler
 		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s%s", job.Name, rel.Rancher, rel.HarvesterChart, started, raised), nil
 	}
 	if len(current) == 0 {
