@@ -8,11 +8,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 // The node's turn with Rancher, where Rancher's provisioning owns RKE2 on the node
@@ -163,7 +165,11 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 // must not happen after the NodeUpdate ended; so the abort waits until Rancher asks for
 // the post-drain hook (the plan is applied), which it answers, or until
 // rancher-system-agent has failed to apply the plan (it retries, but the old RKE2 runs
-// on). Before the answer Rancher keeps waiting at the hook, and nothing runs.
+// on). Before the answer Rancher keeps waiting at the hook, and nothing runs; but once
+// RemoveRestartGuard has taken the restart guard off, it is put back first (PlanReguard):
+// when the plan ends its hooks go (the strategy it replaced is restored), Rancher then
+// gives the node the release's plan without asking, and only the guard keeps
+// rancher-system-agent from restarting RKE2 there, outside any NodeUpdate (fact 12).
 func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, error) {
 	owner, err := u.rancherOwner(ctx, r)
 	if err != nil || owner == nil {
@@ -171,7 +177,11 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 	}
 	s := owner.Secret
 	if !rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) {
-		return true, nil
+		if st := nodeupdater.StepState(r.nu, StepRemoveRestartGuard); st == inplacev1.StepStatePending || st == inplacev1.StepStateSkipped {
+			return true, nil // the guard was never taken off
+		}
+		done, _, err := u.applyPlan(ctx, r, suc.PlanReguard)
+		return done, err
 	}
 	if rancher.Asked(s, rancher.PostDrainRequest) != "" {
 		return true, rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook)

@@ -36,6 +36,11 @@ const (
 	// restarts RKE2 again: Harvester's recover_rancher_system_agent at the start of a
 	// node's pre-drain (shared/facts/harvester-release-steps.md fact 44).
 	PlanUnguard PlanKind = "unguard"
+	// PlanReguard puts the restart guard back on the node (`rke2-restart-guard`) when
+	// its NodeUpdate is aborted after PlanUnguard took it off and before Rancher was let
+	// restart RKE2 there: with the guard off, the machine plan Rancher gives the node
+	// once the plan's hooks are gone would restart RKE2 outside any NodeUpdate.
+	PlanReguard PlanKind = "reguard"
 )
 
 // Labels the adapter puts on what it creates in the workload cluster, so that it finds
@@ -43,7 +48,7 @@ const (
 const (
 	// LabelNodeUpdate is the UID of the NodeUpdate a Plan belongs to.
 	LabelNodeUpdate = "harvester.inplace.cluster.x-k8s.io/node-update"
-	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os or unguard for a
+	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os, unguard or reguard for a
 	// node's Plans; image-cleanup or restart-guard for the Plans of every node.
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
 	// AnnotationNode names the node a Plan is for.
@@ -174,6 +179,9 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 		// to the host's systemd.
 		plan.Spec.Version = release
 		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-restart-guard", "--remove"}, repositoryURL, release, PrivilegedRoot())
+	case PlanReguard:
+		plan.Spec.Version = release
+		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-restart-guard"}, repositoryURL, release, PrivilegedRoot())
 	}
 	return plan
 }
@@ -187,7 +195,7 @@ func PlanTimeout(kind PlanKind, t harvesterv1.Timeouts) time.Duration {
 		return harvesterv1.DurationOr(t.Drain, harvesterv1.DefaultDrainTimeout)
 	case PlanKubernetes:
 		return harvesterv1.DurationOr(t.KubernetesUpgrade, harvesterv1.DefaultKubernetesUpgradeTimeout)
-	case PlanUnguard:
+	case PlanUnguard, PlanReguard:
 		return restartGuardTimeout
 	default:
 		return harvesterv1.DurationOr(t.OSUpgrade, harvesterv1.DefaultOSUpgradeTimeout)

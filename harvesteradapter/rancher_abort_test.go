@@ -1,0 +1,89 @@
+package harvesteradapter_test
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+)
+
+// Where Rancher provisions RKE2, a node's RemoveRestartGuard takes the restart guard off
+// right before its pre-drain hook is answered (fact 44). Aborted in between, the node
+// must get its guard back: once the plan ends its hooks go, Rancher gives the node the
+// release's plan without asking, and only the guard keeps rancher-system-agent from
+// restarting RKE2 there (fact 12), outside any NodeUpdate.
+var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is being taken off", func() {
+	It("puts the guard back before the abort ends, so that Rancher restarts nothing there once the plan's hooks are gone", func() {
+		wl, err := testenv.Start()
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(wl.Stop)
+		const oldRKE2, newRKE2 = "v1.32.5+rke2r1", "v1.33.3+rke2r1"
+		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3", Kubernetes: oldRKE2})).To(Succeed())
+		rctx, cancel := context.WithCancel(ctx)
+		DeferCleanup(cancel)
+		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
+			Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
+		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
+
+		c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
+		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
+		for i, roles := range []map[string]string{
+			{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"}, nil,
+		} {
+			name := c.name + "-node-" + string(rune('1'+i))
+			_, err := c.kubelet.CreateNode(ctx, name, oldRKE2, roles)
+			Expect(err).NotTo(HaveOccurred())
+			c.nodes = append(c.nodes, name)
+		}
+		planner := &sim.RancherPlanner{Client: wl.Client, Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
+			Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded}
+		Expect(planner.SeedMachines(ctx)).To(Succeed())
+		pctx, pcancel := context.WithCancel(ctx)
+		pdone := make(chan struct{})
+		go func() { defer close(pdone); _ = planner.Run(pctx) }()
+		DeferCleanup(func() { pcancel(); <-pdone })
+
+		By("the etcd node, Rancher's first, runs up to RemoveRestartGuard")
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepRemoveRestartGuard) == inplacev1.StepStateRunning
+		})).To(Succeed())
+
+		By("aborted there, it ends only once the guard is back")
+		abortUntilDone(c, nu)
+		Expect(c.suc.Guarded(node)).To(BeTrue(), "node %s left without its restart guard", node)
+
+		By("the plan deleted, its hooks go and Rancher rolls on under the strategy it had: it restarts no RKE2")
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}, plan)).To(Succeed())
+		Expect(env.Client.Delete(ctx, plan)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+		}, 30*time.Second, 100*time.Millisecond).Should(BeTrue(), "the plan's finalizer gave back what it changed")
+		Eventually(func(g Gomega) {
+			g.Expect(localStrategy(wl)).NotTo(ContainSubstring("pre-drain"), "the plan's hooks are gone")
+		}, 30*time.Second, 100*time.Millisecond).Should(Succeed())
+		Consistently(func() []sim.PlanApply {
+			var restarts []sim.PlanApply
+			for _, a := range planner.Restarts() {
+				if a.To == newRKE2 {
+					restarts = append(restarts, a)
+				}
+			}
+			return restarts
+		}, 3*time.Second, 100*time.Millisecond).Should(BeEmpty(), "an RKE2 restart after the NodeUpdate ended")
+	})
+})
