@@ -44,7 +44,8 @@ const (
 	// LabelNodeUpdate is the UID of the NodeUpdate a Plan belongs to.
 	LabelNodeUpdate = "harvester.inplace.cluster.x-k8s.io/node-update"
 	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os or unguard for a
-	// node's Plans; image-cleanup or restart-guard for the Plans of every node.
+	// node's Plans; image-cleanup, restart-guard, manifest-skip or manifest-unskip for
+	// the Plans of every node.
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
 	// AnnotationNode names the node a Plan is for.
 	AnnotationNode = "harvester.inplace.cluster.x-k8s.io/node"
