@@ -48,8 +48,9 @@ const (
 const (
 	// LabelNodeUpdate is the UID of the NodeUpdate a Plan belongs to.
 	LabelNodeUpdate = "harvester.inplace.cluster.x-k8s.io/node-update"
-	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os, unguard or reguard for a
-	// node's Plans; image-cleanup or restart-guard for the Plans of every node.
+	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os, unguard or reguard for
+	// a node's Plans; image-cleanup, restart-guard, manifest-skip or manifest-unskip for
+	// the Plans of every node.
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
 	// AnnotationNode names the node a Plan is for.
 	AnnotationNode = "harvester.inplace.cluster.x-k8s.io/node"

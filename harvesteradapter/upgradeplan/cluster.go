@@ -99,7 +99,11 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 			return false, "", err
 		}
 		raised += descheduler
-		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s%s", job.Name, rel.Rancher, rel.HarvesterChart, started, raised), nil
+		skipped, message, err := r.skipMultusManifest(ctx, pr)
+		if err != nil || !skipped {
+			return false, fmt.Sprintf("the cluster upgrade Job %s succeeded; %s", job.Name, message), err
+		}
+		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s%s%s", job.Name, rel.Rancher, rel.HarvesterChart, started, raised, message), nil
 	}
 	if len(current) == 0 {
 		return false, fmt.Sprintf("the cluster upgrade Job %s/%s runs", job.Namespace, job.Name), nil

@@ -3,6 +3,7 @@ package upgradeplan
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
@@ -318,45 +319,61 @@ func (r *PlanReconciler) cleanImages(ctx context.Context, pr *PlanRun) (bool, st
 	return done, message, err
 }
 
-// cleanUp removes what the plan created on the workload cluster.
+// cleanUp removes what the plan created on the workload cluster, and waits until
+// rke2-multus.yaml.skip is off every node (fact 34).
 func (r *PlanReconciler) cleanUp(ctx context.Context, pr *PlanRun) (bool, string, error) {
-	if err := r.removeClusterObjects(ctx, pr); err != nil {
-		return false, "", err
+	waiting, err := r.removeClusterObjects(ctx, pr)
+	if err != nil || waiting != "" {
+		return false, waiting, err
 	}
 	return true, "removed the repository, the Plans and the Job of the plan", nil
 }
 
 // removeClusterObjects deletes the repository (unless it was an existing one), the SUC
-// Plans and the Jobs and ConfigMaps the plan created on the workload cluster.
-func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) error {
+// Plans and the Jobs and ConfigMaps the plan created on the workload cluster, but the
+// Plan removing rke2-multus.yaml.skip (unskipMultusManifest), created here when the
+// plan placed the file, and kept until it has completed on every node: it then says what
+// it waits for. It may be called again at any time.
+func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) (string, error) {
 	if pr.Config.Spec.Release.RepositoryURL == "" {
 		pvc, dep, svc, err := repository.Objects(pr.Config)
 		if err != nil {
-			return err
+			return "", err
 		}
 		for _, obj := range []client.Object{dep, svc, pvc} {
 			if obj == nil {
 				continue
 			}
 			if err := pr.Workload.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("delete the upgrade repository's %T %s: %w", obj, obj.GetName(), err)
+				return "", fmt.Errorf("delete the upgrade repository's %T %s: %w", obj, obj.GetName(), err)
 			}
 		}
 	}
 	if err := clearTurns(ctx, pr); err != nil {
-		return err
+		return "", err
 	}
 	if _, err := startStoppedVMs(ctx, pr); err != nil {
-		return err
+		return "", err
 	}
 	if served, err := longhorn.LiveUpgradeServed(pr.Workload); err != nil {
-		return err
+		return "", err
 	} else if served {
 		if err := longhorn.ReleaseV2AutomaticUpgrade(ctx, pr.Workload, pr.Plan.UID); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return removeLabelled(ctx, pr.Workload, pr.Plan.Name)
+	keep, waiting, unskipErr := unskipMultusManifest(ctx, pr)
+	if unskipErr != nil && keep == "" {
+		return "", unskipErr // not known whether a removal Plan must stay: delete nothing yet
+	}
+	var keeping []string
+	if keep != "" {
+		keeping = append(keeping, keep)
+	}
+	if err := removeLabelled(ctx, pr.Workload, pr.Plan.Name, keeping...); err != nil {
+		return "", err
+	}
+	return waiting, unskipErr
 }
 
 // removeLabelled deletes the Plans, Jobs and ConfigMaps labelled with the plan's name,
@@ -367,8 +384,9 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 // given back (clusterupgrade.Restore). Every end of a plan, success, failure or deletion,
 // comes through here, as Harvester's cleanup restores them on every end
 // (harvester-release-steps.md fact 37). The progress ConfigMap itself carries no plan
-// label and stays: a plan created again resumes from it.
-func removeLabelled(ctx context.Context, wc client.Client, plan string) error {
+// label and stays: a plan created again resumes from it. The SUC Plans named in keep,
+// and their Jobs, stay.
+func removeLabelled(ctx context.Context, wc client.Client, plan string, keep ...string) error {
 	sel := client.MatchingLabels{LabelUpgradePlan: plan}
 	for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}, &corev1.ConfigMapList{}} {
 		if _, configMaps := list.(*corev1.ConfigMapList); configMaps {
@@ -389,6 +407,12 @@ func removeLabelled(ctx context.Context, wc client.Client, plan string) error {
 		for _, item := range items {
 			obj, ok := item.(client.Object)
 			if !ok {
+				continue
+			}
+			if _, isPlan := obj.(*sucv1.Plan); isPlan && slices.Contains(keep, obj.GetName()) {
+				continue
+			}
+			if _, isJob := obj.(*batchv1.Job); isJob && slices.Contains(keep, obj.GetLabels()[labelSUCPlan]) {
 				continue
 			}
 			if err := wc.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {

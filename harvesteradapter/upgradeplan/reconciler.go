@@ -371,10 +371,12 @@ func (r *PlanReconciler) enter(plan *harvesterv1.UpgradePlan, p harvesterv1.Upgr
 }
 
 // fail ends the plan as Failed, after removing what it created on the workload cluster
-// (a failed cleanup is retried when the plan is deleted, by its finalizer).
+// (a failed cleanup is retried when the plan is deleted, by its finalizer). The Plan
+// removing rke2-multus.yaml.skip is created and left to SUC: the failed plan is not
+// looked at again, and its finalizer waits for that Plan when it is deleted (fact 34).
 func (r *PlanReconciler) fail(ctx context.Context, plan *harvesterv1.UpgradePlan, reason, message string) {
 	if pr, err := r.prepare(ctx, plan); err == nil {
-		_ = r.removeClusterObjects(ctx, pr)
+		_, _ = r.removeClusterObjects(ctx, pr)
 	}
 	plan.Status.Message = fmt.Sprintf("%s: %s; delete the UpgradePlan to start again", reason, message)
 	r.event(plan, corev1.EventTypeWarning, reason, "Fail", "%s", message)
@@ -540,9 +542,10 @@ func clusterNodes(ctx context.Context, pr *PlanRun) ([]clusterNode, error) {
 	return out, nil
 }
 
-// finalize removes what the plan created on the workload cluster, then the finalizer. A
-// cluster that cannot be reached because it is gone (its kubeconfig Secret deleted)
-// holds nothing to remove.
+// finalize removes what the plan created on the workload cluster, then the finalizer,
+// once rke2-multus.yaml.skip is off every node (fact 34; looked at again every poll
+// until then). A cluster that cannot be reached because it is gone (its kubeconfig
+// Secret deleted) holds nothing to remove.
 func (r *PlanReconciler) finalize(ctx context.Context, plan *harvesterv1.UpgradePlan) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(plan, Finalizer) {
 		return reconcile.Result{}, nil
@@ -550,8 +553,12 @@ func (r *PlanReconciler) finalize(ctx context.Context, plan *harvesterv1.Upgrade
 	pr, err := r.prepare(ctx, plan)
 	switch {
 	case err == nil:
-		if err := r.removeClusterObjects(ctx, pr); err != nil {
+		waiting, err := r.removeClusterObjects(ctx, pr)
+		if err != nil {
 			return reconcile.Result{}, err
+		}
+		if waiting != "" {
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
 		}
 	case r.clusterGone(ctx, plan):
 	default:

@@ -11,8 +11,10 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -121,7 +123,44 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 	if s.Planner != nil {
 		checks = append(checks, rancherRestarts(s.Planner, s.NodeNames(), done))
 	}
+	if s.Multus != nil {
+		checks = append(checks, s.multusLeftAlone(ctx))
+	}
 	return checks
+}
+
+// multusLeftAlone checks what the nodes' RKE2 did to the rke2-multus chart (the Multus
+// simulator's record; harvester-release-steps.md facts 9 and 34): no RKE2 restart ran a
+// helm operation on it (each was skipped, or found the chart unchanged), no
+// NetworkAttachmentDefinition was lost, and once the UpgradePlan has succeeded no node
+// is left with rke2-multus.yaml.skip.
+func (s *Scenario) multusLeftAlone(ctx context.Context) Check {
+	installs := s.Multus.Installs()
+	c := Check{Name: fmt.Sprintf("no RKE2 restart ran a helm operation on rke2-multus, no VM network lost, no node left with rke2-multus.yaml.skip after the plan (%d applications)", len(installs)), OK: true}
+	var problems []string
+	for _, in := range installs[min(1, len(installs)):] { // the first is the chart's install at the start
+		if in.Cause == sim.MultusOnRestart && in.Outcome != "skipped" && in.Outcome != "unchanged" {
+			problems = append(problems, fmt.Sprintf("%s's RKE2 restart at %s %s rke2-multus", in.Node, in.Version, in.Outcome))
+		}
+	}
+	if lost := s.Multus.NetworksLost(); len(lost) > 0 {
+		problems = append(problems, "VM networks lost: "+strings.Join(lost, ", "))
+	}
+	if s.Management != nil {
+		plan := &harvesterv1.UpgradePlan{}
+		key := client.ObjectKey{Namespace: s.Options.Namespace, Name: upgradeplan.Name(s.Options.ClusterName, HarvesterRelease)}
+		if err := s.Management.Client.Get(ctx, key, plan); err == nil && plan.Status.Phase == harvesterv1.UpgradePlanSucceeded {
+			for _, n := range s.NodeNames() {
+				if s.SUC.ManifestSkipped(n) {
+					problems = append(problems, n+" left with rke2-multus.yaml.skip")
+				}
+			}
+		}
+	}
+	if len(problems) > 0 {
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
 }
 
 // rancherRestarts checks what Rancher's provisioning did to the nodes' RKE2 (the

@@ -25,6 +25,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -195,6 +196,10 @@ type Scenario struct {
 	ClusterUpgradeJobs *sim.ClusterUpgradeJobs
 	// Planner plays Rancher's provisioning of the nodes' RKE2 (nil with SUCOwnsRKE2).
 	Planner *sim.RancherPlanner
+	// Multus plays RKE2's deploy controller and helm-controller for the rke2-multus chart
+	// on the server nodes, the VM networks (MultusNetworks) on it; rke2-multus.yaml.skip
+	// is the SUC simulator's record of it (fact 34).
+	Multus *sim.Multus
 
 	// Manager is the manager process; Certs its serving certificates.
 	Manager *manager.Process
@@ -461,6 +466,10 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 	wc := s.Workload.Client
 	delay := s.Options.StepDelay
 	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
+	if err := s.startMultus(ctx0); err != nil {
+		cancel()
+		return err
+	}
 	s.Repository = &sim.Repository{Client: wc, Namespace: repository.Namespace, Release: ReleaseMetadata, Delay: delay}
 	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
 	if s.Options.LonghornV2 {
@@ -475,7 +484,7 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		// The restart guard is host state SUC's Jobs leave (the node program's
 		// rke2-restart-guard): the SUC simulator's record of it (fact 12).
 		s.Planner = &sim.RancherPlanner{Client: wc, Kubelet: s.Kubelet, Interval: 50 * time.Millisecond,
-			InstallDuration: delay / 4, RestartDuration: delay, RetryDelay: delay, Guarded: s.SUC.Guarded}
+			InstallDuration: delay / 4, RestartDuration: delay, RetryDelay: delay, Guarded: s.SUC.Guarded, Multus: s.Multus}
 		if err := s.Planner.SeedMachines(ctx0); err != nil {
 			cancel()
 			return fmt.Errorf("seed Rancher's machine-plan Secrets: %w", err)
@@ -492,15 +501,46 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 	return nil
 }
 
+// MultusNetworks are the NetworkAttachmentDefinitions (VM networks) of VMNamespace that
+// startMultus creates on the rke2-multus chart.
+var MultusNetworks = []string{"vlan10", "storage"}
+
+// startMultus installs the rke2-multus chart at FromVersion, as RKE2's first start did,
+// creates MultusNetworks, and wires the Multus simulator to SUC (an rke2-upgrade Plan's
+// restart, a removed skip file) before SUC runs; startSimulators gives it to the
+// RancherPlanner. Whether a node has rke2-multus.yaml.skip is the SUC simulator's record
+// (fact 34).
+func (s *Scenario) startMultus(ctx context.Context) error {
+	wc := s.Workload.Client
+	s.Multus = &sim.Multus{Client: wc, Skipped: s.SUC.ManifestSkipped}
+	s.SUC.Multus = s.Multus
+	if err := s.Multus.RKE2Restarted(ctx, s.Nodes[0].Name, FromVersion); err != nil {
+		return fmt.Errorf("install the rke2-multus chart: %w", err)
+	}
+	if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: VMNamespace}}); err != nil {
+		return fmt.Errorf("create namespace %s on the workload cluster: %w", VMNamespace, err)
+	}
+	for _, name := range MultusNetworks {
+		nad := &unstructured.Unstructured{}
+		nad.SetGroupVersionKind(sim.NADGVK)
+		nad.SetNamespace(VMNamespace)
+		nad.SetName(name)
+		if err := unstructured.SetNestedField(nad.Object, `{"cniVersion":"0.3.1","type":"bridge"}`, "spec", "config"); err != nil {
+			return err
+		}
+		if err := wc.Create(ctx, nad); err != nil {
+			return fmt.Errorf("create NetworkAttachmentDefinition %s/%s: %w", VMNamespace, name, err)
+		}
+	}
+	return nil
+}
+
 // createVMs puts a few virtual machines on the workers: one that can be live-migrated on
 // each of the first two workers, and one with a PCI host device on the last, which
 // cannot (Harvester's rule, harvester-node-upgrade.md fact 31): its node's upgrade stops
 // it and starts it again. It waits until KubeVirt runs them all.
 func (s *Scenario) createVMs(ctx context.Context) error {
 	wc := s.Workload.Client
-	if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: VMNamespace}}); err != nil {
-		return fmt.Errorf("create namespace %s on the workload cluster: %w", VMNamespace, err)
-	}
 	var workers []string
 	for _, n := range s.Nodes {
 		if !n.ControlPlane {

@@ -340,6 +340,9 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 			if err := s.Kubelet.SetVersion(ctx, run.node, s.kubeletVersion(run.plan), s.osImage(run.plan)); err != nil {
 				return err
 			}
+			if err := s.rke2Restarted(ctx, run); err != nil {
+				return err
+			}
 		}
 		if err := s.Kubelet.SetReady(ctx, run.node, true, "KubeletReady"); err != nil {
 			return err
@@ -386,6 +389,27 @@ func updateJobStatus(ctx context.Context, c client.Client, job *batchv1.Job, mut
 		mutate(&j.Status)
 		return c.Status().Update(ctx, j)
 	})
+}
+
+// rke2Restarted tells Multus, when set, that the run's rke2-upgrade Plan restarted RKE2
+// at a new version on a server node: RKE2's deploy controller applies the server
+// manifests at start, rke2-multus.yaml among them unless skipped (Multus.RKE2Restarted;
+// harvester-release-steps.md facts 9 and 34). An agent node runs no deploy controller,
+// and a Plan that does not change the kubelet (the OS upgrade's reboot starts RKE2 at the
+// version it had) changes no chart.
+func (s *SUC) rke2Restarted(ctx context.Context, run *podRun) error {
+	version := s.kubeletVersion(run.plan)
+	if s.Multus == nil || version == "" {
+		return nil
+	}
+	node := &corev1.Node{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Name: run.node}, node); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !ServerNode(node) {
+		return nil
+	}
+	return s.Multus.RKE2Restarted(ctx, run.node, version)
 }
 
 func (s *SUC) kubeletVersion(plan *sucv1.Plan) string {

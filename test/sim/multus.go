@@ -41,23 +41,27 @@ const (
 // Multus plays, for the rke2-multus chart, what RKE2 and its helm-controller do when RKE2
 // starts on a server node (harvester-release-steps.md facts 9 and 34; issue harvester#10359,
 // PR harvester#10366, PR harvester#10402):
+//
 //   - RKE2's deploy controller applies the manifests in /var/lib/rancher/rke2/server/manifests
 //     at start, among them rke2-multus.yaml, a HelmChart kube-system/rke2-multus of the
 //     version RKE2 ships; a manifest next to which a <name>.skip file exists is not applied
 //     (fact 34: that is what Harvester's skip-manifests Plan relies on). Skipped, which a
 //     test wires to the node's host state, says whether the node has rke2-multus.yaml.skip.
+//
 //   - helm-controller runs its helm-install Job only when the HelmChart changed (a new
 //     version): the same version applied again runs nothing. The Job's FAILURE_POLICY is
 //     the HelmChart's spec.failurePolicy (default reinstall), overridden by the
 //     HelmChartConfig of the same name and namespace when its spec.failurePolicy is set
 //     (helm-controller v0.17.9 pkg/controllers/chart/chart.go getJobAndRelatedResources).
 //     The HelmChartConfig CRD defaults the field to reinstall (+kubebuilder:default).
+//
 //   - The Job's script (k3s-io/klipper-helm entry, helm_update, at v0.13.3-build20260727)
 //     upgrades a deployed release; if that fails the release is failed and the Job's pod
 //     fails; the Job retries (backoffLimit 1000, chart.go defaultBackOffLimit), and the next
 //     run finds the release failed and applies the policy: abort exits 1 and leaves
 //     everything as it is ("waiting for operator intervention"); reinstall runs helm
 //     uninstall --wait and installs the chart again; retry upgrades again.
+//
 //   - helm uninstall deletes the chart's resources. The rke2-multus chart has carried the
 //     NetworkAttachmentDefinition CRD among its templates (issue harvester#10359 points at
 //     rke2-charts rke2-multus v4.2.314 templates/customResourceDefinition.yaml), so the
@@ -67,9 +71,19 @@ const (
 //     and creates it again as the install does. With SeparateCRDChart (rancher/rke2#8628
 //     moved the CRDs into an rke2-multus-crd chart) the uninstall leaves the CRD.
 //
+//   - While RKE2 runs, its deploy controller lists the manifests directory again every 15
+//     seconds; a manifest it has not applied since it started (its modification time not
+//     recorded) and whose content differs from what the Addon kube-system/<name> last
+//     applied (checksum) is applied; a skipped one is ignored on every pass (k3s-io/k3s
+//     pkg/deploy/controller.go, watcher.start, listFilesIn, shouldSkipFile, deploy). So
+//     when a node's rke2-multus.yaml.skip is removed, its RKE2 applies the rke2-multus.yaml
+//     of the version it runs at the next pass: SkipRemoved. (Read at k3s commit 43bde46;
+//     RKE2 embeds this controller.)
+//
 // FailInstall makes the next upgrade fail (say, a hook or a timeout); the reinstall's fresh
 // install, and a retry's second upgrade, succeed. The simulator runs the Job's runs
-// synchronously within RKE2Restarted: the real ones run as a Job's pods after RKE2 started.
+// synchronously within RKE2Restarted and SkipRemoved, one call at a time (helm-controller
+// runs one Job per chart): the real ones run as a Job's pods after the manifest is applied.
 // Helm's release records (Secrets) are kept in memory.
 type Multus struct {
 	// Client reaches the workload cluster.
@@ -83,6 +97,9 @@ type Multus struct {
 	// uninstall of rke2-multus leaves it.
 	SeparateCRDChart bool
 
+	// applying serializes RKE2Restarted and SkipRemoved.
+	applying sync.Mutex
+
 	mu       sync.Mutex
 	deployed string // the release's chart version, "" before the first install
 	failNext string
@@ -90,9 +107,21 @@ type Multus struct {
 	lost     []string
 }
 
-// MultusInstall is what one RKE2 start did to the rke2-multus chart.
+// Causes of a MultusInstall.
+const (
+	// MultusOnRestart: RKE2 started on the node (RKE2Restarted).
+	MultusOnRestart = "rke2-restart"
+	// MultusOnSkipRemoved: the node's rke2-multus.yaml.skip was removed while RKE2 ran
+	// (SkipRemoved).
+	MultusOnSkipRemoved = "skip-removed"
+)
+
+// MultusInstall is what one application of a node's rke2-multus.yaml (or its skip) did to
+// the chart.
 type MultusInstall struct {
 	Node, Version string
+	// Cause is MultusOnRestart or MultusOnSkipRemoved.
+	Cause string
 	// Outcome is "skipped" (the .skip file), "unchanged" (the same version: no Job),
 	// "installed", "upgraded", "aborted" (a failed upgrade under abort), "reinstalled"
 	// (uninstalled and installed again) or "retried" (upgraded on the second run).
@@ -146,12 +175,29 @@ func (m *Multus) record(in MultusInstall) {
 // named after it): the manifest is applied unless skipped, and helm-controller's Job runs
 // if the chart changed.
 func (m *Multus) RKE2Restarted(ctx context.Context, node, version string) error {
-	in := MultusInstall{Node: node, Version: version}
+	m.applying.Lock()
+	defer m.applying.Unlock()
+	in := MultusInstall{Node: node, Version: version, Cause: MultusOnRestart}
 	if m.Skipped != nil && m.Skipped(node) {
 		in.Outcome = "skipped"
 		m.record(in)
 		return nil
 	}
+	return m.apply(ctx, in)
+}
+
+// SkipRemoved plays RKE2's deploy controller on node, running version, at its first pass
+// after rke2-multus.yaml.skip was removed: the manifest, ignored until then, is applied,
+// and helm-controller's Job runs if the chart changed.
+func (m *Multus) SkipRemoved(ctx context.Context, node, version string) error {
+	m.applying.Lock()
+	defer m.applying.Unlock()
+	return m.apply(ctx, MultusInstall{Node: node, Version: version, Cause: MultusOnSkipRemoved})
+}
+
+// apply applies the chart at in.Version and runs helm-controller's Job if it changed.
+func (m *Multus) apply(ctx context.Context, in MultusInstall) error {
+	version := in.Version
 	changed, err := m.applyChart(ctx, version)
 	if err != nil {
 		return err

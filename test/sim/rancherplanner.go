@@ -182,6 +182,11 @@ type RancherPlanner struct {
 	// state no API server shows: a test wires it, e.g. to the SUC simulator's record of
 	// the guard Plan. Nil guards no node.
 	Guarded func(node string) bool
+	// Multus, when set, is told of every RKE2 restart of a server node (an etcd or
+	// control-plane machine: RKE2 runs as a server there, with its deploy controller):
+	// the restart applies the server manifests, rke2-multus.yaml among them unless
+	// skipped (Multus.RKE2Restarted; harvester-release-steps.md facts 9 and 34).
+	Multus *Multus
 
 	loop passLoop
 
@@ -911,7 +916,8 @@ func (p *RancherPlanner) agents(ctx context.Context, entries []*entry) error {
 		a.Node, a.Machine = node, e.secret.Labels[MachineNameLabel]
 		a.Plan, a.To = e.ann(PlanAnnotation), e.ann(PlanVersionAnnotation)
 		a.From = e.node.Status.NodeInfo.KubeletVersion
-		go p.install(ctx, client.ObjectKeyFromObject(e.secret), a)
+		server := e.secret.Labels[EtcdRoleLabel] == "true" || e.secret.Labels[ControlPlaneRoleLabel] == "true"
+		go p.install(ctx, client.ObjectKeyFromObject(e.secret), a, server)
 	}
 	return nil
 }
@@ -925,7 +931,7 @@ func (p *RancherPlanner) agents(ctx context.Context, entries []*entry) error {
 // (every plan change here, fact 58). The restart brings the node NotReady for
 // RestartDuration and back at the declared version, whatever it ran before (fact 62b: a
 // downgrade of a node upgraded behind Rancher's back).
-func (p *RancherPlanner) install(ctx context.Context, key client.ObjectKey, a PlanApply) {
+func (p *RancherPlanner) install(ctx context.Context, key client.ObjectKey, a PlanApply, server bool) {
 	defer func() {
 		p.mu.Lock()
 		delete(p.applying, a.Node)
@@ -966,7 +972,11 @@ func (p *RancherPlanner) install(ctx context.Context, key client.ObjectKey, a Pl
 		p.mu.Unlock()
 		err := p.Kubelet.SetReady(ctx, a.Node, false, "RKE2Restarting")
 		if err == nil && sleepCtx(ctx, orDefault(p.RestartDuration, 150*time.Millisecond)) {
-			err = errors.Join(p.Kubelet.SetVersion(ctx, a.Node, a.To, ""), p.Kubelet.SetReady(ctx, a.Node, true, "KubeletReady"))
+			err = p.Kubelet.SetVersion(ctx, a.Node, a.To, "")
+			if err == nil && server && p.Multus != nil {
+				err = p.Multus.RKE2Restarted(ctx, a.Node, a.To)
+			}
+			err = errors.Join(err, p.Kubelet.SetReady(ctx, a.Node, true, "KubeletReady"))
 		}
 		p.mu.Lock()
 		p.restarting--

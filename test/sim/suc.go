@@ -94,6 +94,11 @@ type SUC struct {
 	// OSImage returns the OS image a node reports after the Plan succeeded on it (and
 	// rebooted it), or "" for a Plan that does not change it. Default: DefaultOSImage.
 	OSImage func(*sucv1.Plan) string
+	// Multus, when set, plays RKE2's deploy controller and helm-controller for the
+	// rke2-multus chart on the server nodes (see Multus): told when an rke2-upgrade Plan
+	// restarted RKE2 at a new version on a server node (finishPod), and when a Job removed
+	// the node's rke2-multus.yaml.skip while RKE2 runs (playHost).
+	Multus *Multus
 
 	mu            sync.Mutex
 	fails         map[string]string
@@ -110,9 +115,11 @@ type SUC struct {
 	running map[types.UID]*podRun
 	// planSeen is when the simulator first synced each Plan (by UID).
 	planSeen map[types.UID]time.Time
-	// guarded holds the nodes that carry the restart guard (Guarded), and hostPlayed the
-	// Jobs whose work was played on their node's host state (playHost).
+	// guarded holds the nodes that carry the restart guard (Guarded), skipped those
+	// that carry rke2-multus.yaml.skip (ManifestSkipped), and hostPlayed the Jobs whose
+	// work was played on their node's host state (playHost).
 	guarded    map[string]bool
+	skipped    map[string]bool
 	hostPlayed map[types.UID]bool
 }
 
@@ -162,50 +169,107 @@ func (s *SUC) Guarded(node string) bool {
 	return s.guarded[node]
 }
 
+// ManifestSkipSubcommand is the node program subcommand that places
+// rke2-multus.yaml.skip in RKE2's server manifests, and with --remove takes it away
+// (nodeprogram/manifestskip.go).
+const ManifestSkipSubcommand = "rke2-manifest-skip"
+
+// ManifestSkipped tells whether node carries
+// /var/lib/rancher/rke2/server/manifests/rke2-multus.yaml.skip, the file of
+// shared/facts/harvester-release-steps.md fact 34 that makes RKE2's deploy controller
+// ignore rke2-multus.yaml. Host state no API server shows: the simulator keeps it from
+// the Jobs that ran on the node (playHost), for the nodes that have that directory, the
+// RKE2 servers (ServerNode): Harvester's script, and the node program, do nothing where
+// it does not exist (Harvester v1.8.2 pkg/controller/master/upgrade/common.go
+// skipManifestScript). Wire it to Multus.Skipped. Safe for concurrent use.
+func (s *SUC) ManifestSkipped(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.skipped[node]
+}
+
+// ServerNode tells whether a node runs RKE2 as a server, and so has
+// /var/lib/rancher/rke2/server/manifests and a deploy controller: RKE2 labels its
+// servers node-role.kubernetes.io/control-plane and etcd (a Harvester witness is an
+// etcd-only server); an agent (worker) has neither label.
+func ServerNode(node *corev1.Node) bool {
+	for _, role := range []string{"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/etcd", "node-role.kubernetes.io/master"} {
+		if node.Labels[role] == "true" {
+			return true
+		}
+	}
+	return false
+}
+
 // playHost plays, once per Job, what the completed work of job's upgrade container left
-// on its node's host, which the rest of the simulated cluster may look at (Guarded):
+// on its node's host, which the rest of the simulated cluster may look at (Guarded,
+// ManifestSkipped):
 //   - a Plan whose upgrade container runs the node program's rke2-restart-guard guards
 //     the node (harvester-release-steps.md fact 12, skip_restart_rancher_system_agent);
 //     with --remove it unguards it (fact 44, recover_rancher_system_agent);
 //   - a Plan that reboots the node (the OS upgrade: s.osImage is not "", the node came
 //     back on a new OS, DefaultOSImage) unguards it: the drop-in is under /run, a tmpfs
-//     that a reboot empties (fact 12).
+//     that a reboot empties (fact 12);
+//   - a Plan whose upgrade container runs the node program's rke2-manifest-skip puts
+//     rke2-multus.yaml.skip on a server node (fact 34), and with --remove takes it off;
+//     on an agent node it does nothing. When the file goes from a node while RKE2 runs,
+//     RKE2's deploy controller applies rke2-multus.yaml at its next pass: Multus is told
+//     (Multus.SkipRemoved) with the version the node runs. The file is under /var/lib,
+//     a reboot keeps it.
 //
 // It runs when SUC's job handler first sees the Job Complete, before the node is
 // labelled, and reads the Plan the pod ran (the pod's, even if the Plan changed or went
 // since); a failed Job changes nothing.
-func (s *SUC) playHost(job *batchv1.Job) {
+func (s *SUC) playHost(ctx context.Context, job *batchv1.Job) error {
 	if jobCondition(job, batchv1.JobComplete) == nil {
-		return
+		return nil
 	}
 	s.mu.Lock()
 	run := s.running[job.UID]
 	played := s.hostPlayed[job.UID]
 	s.mu.Unlock()
 	if run == nil || played {
-		return
+		return nil
 	}
 	// Decided without the lock: s.OSImage is the test's function.
 	up := run.plan.Spec.Upgrade
-	guard, unguard := false, false
+	guard, unguard, skip, unskip := false, false, false, false
+	var node *corev1.Node
 	switch {
 	case up != nil && nodeSubcommand(up.Image, up.Args) == RestartGuardSubcommand:
 		guard, unguard = !removesGuard(up.Args), removesGuard(up.Args)
+	case up != nil && nodeSubcommand(up.Image, up.Args) == ManifestSkipSubcommand:
+		node = &corev1.Node{}
+		if err := s.cached().Get(ctx, client.ObjectKey{Name: run.node}, node); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if ServerNode(node) {
+			skip, unskip = !removesGuard(up.Args), removesGuard(up.Args)
+		}
 	case s.osImage(run.plan) != "":
 		unguard = true
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.hostPlayed == nil {
-		s.hostPlayed, s.guarded = map[types.UID]bool{}, map[string]bool{}
+		s.hostPlayed, s.guarded, s.skipped = map[types.UID]bool{}, map[string]bool{}, map[string]bool{}
 	}
 	s.hostPlayed[job.UID] = true
+	removed := unskip && s.skipped[run.node]
 	switch {
 	case guard:
 		s.guarded[run.node] = true
 	case unguard:
 		delete(s.guarded, run.node)
+	case skip:
+		s.skipped[run.node] = true
+	case unskip:
+		delete(s.skipped, run.node)
 	}
+	s.mu.Unlock()
+	if removed && s.Multus != nil {
+		return s.Multus.SkipRemoved(ctx, run.node, node.Status.NodeInfo.KubeletVersion)
+	}
+	return nil
 }
 
 // removesGuard tells whether the node program's arguments say --remove (a Go boolean
@@ -728,7 +792,9 @@ func (s *SUC) requeueJob(job *batchv1.Job, at time.Time) {
 }
 
 func (s *SUC) handleJob(ctx context.Context, job *batchv1.Job, now time.Time) error {
-	s.playHost(job)
+	if err := s.playHost(ctx, job); err != nil {
+		return err
+	}
 	planName, okPlan := job.Labels[LabelPlan]
 	version, okVersion := job.Labels[LabelVersion]
 	nodeName, okNode := job.Labels[LabelNode]
