@@ -47,7 +47,7 @@ var _ = Describe("An UpgradePlan on a Longhorn without the live upgrade of v2 in
 		}, "status", "kubernetesStatus")).To(Succeed())
 		Expect(workload.Client.Status().Update(ctx, v)).To(Succeed())
 
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		plan := &harvesterv1.UpgradePlan{}
 		key := client.ObjectKeyFromObject(c.plan)
 		Eventually(func(g Gomega) {
