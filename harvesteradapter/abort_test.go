@@ -48,7 +48,7 @@ func unschedulable(node string) bool {
 
 var _ = Describe("Aborting a node that failed", func() {
 	It("after a failed SUC Job removes every Plan of the NodeUpdate and uncordons the node SUC left cordoned", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
@@ -68,7 +68,7 @@ var _ = Describe("Aborting a node that failed", func() {
 	})
 
 	It("whose node is gone still removes every Plan of the NodeUpdate", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(1, "Harvester v1.7.1", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		reconcileUntilPlan(c, nu)
@@ -79,11 +79,12 @@ var _ = Describe("Aborting a node that failed", func() {
 	})
 
 	It("before any step that cordons keeps a cordon someone else set meanwhile", func() {
-		c := newHarvesterCluster(1, "Harvester v1.4.2", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
+		// v1.6.1 -> v1.8.1 skips a minor: the UpgradePlan fails before any step of the node.
+		c := newHarvesterCluster(1, "Harvester v1.6.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		Expect(c.kubelet.SetUnschedulable(ctx, node, true)).To(Succeed(), "an operator cordons the node for work of their own")
-		Expect(drive(c.updater, nu, 10*time.Second)).To(MatchError(ContainSubstring("installs only over v1.5.0 or newer")))
+		Expect(drive(c.updater, nu, 10*time.Second)).To(MatchError(ContainSubstring("UnsupportedHop: Harvester v1.6.1 -> v1.8.1")))
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending))
 
 		abortUntilDone(c, nu)

@@ -87,7 +87,7 @@ var _ = Describe("Cluster preflight checks", Ordered, func() {
 		kubelet = &sim.Kubelet{Client: cw.Client, Record: sim.NewRecord(), ServeAddress: addr}
 		DeferCleanup(kubelet.Close)
 		for _, n := range nodeNames {
-			_, err := kubelet.CreateNode(ctx, n, "v1.32.5+rke2r1", nil)
+			_, err := kubelet.CreateNode(ctx, n, "v1.34.3+rke2r3", nil)
 			Expect(err).NotTo(HaveOccurred())
 		}
 		kubelets, err = clusterchecks.NewProxyKubeletReader(cw.Config)

@@ -59,14 +59,14 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			DeferCleanup(wl.Stop)
 			startRancher(wl)
 
-			c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil)
+			c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil)
 			// Longhorn's replica-replenishment-wait-interval at its default, and every value
 			// it takes during the run.
 			Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
 			replenishment := watchSetting(wl, "replica-replenishment-wait-interval")
 			_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 			Expect(err).NotTo(HaveOccurred())
-			_, cpMachines, err := fixtures.ControlPlane(ctx, env.Client, c.ns, c.name, "cp", "v1.32.5+rke2r1", f.controlPlane(), true)
+			_, cpMachines, err := fixtures.ControlPlane(ctx, env.Client, c.ns, c.name, "cp", "v1.34.3+rke2r3", f.controlPlane(), true)
 			Expect(err).NotTo(HaveOccurred())
 			role := map[string]harvesterv1.NodeRole{}
 			for i, m := range cpMachines {
@@ -78,16 +78,16 @@ var _ = Describe("Every Harvester cluster formation", func() {
 					labels = map[string]string{"node-role.kubernetes.io/etcd": "true", kubevirt.LabelWitnessNode: "true"}
 					role[m.Status.NodeRef.Name] = harvesterv1.NodeRoleWitness
 				}
-				_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.32.5+rke2r1", labels)
+				_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.34.3+rke2r3", labels)
 				Expect(err).NotTo(HaveOccurred())
 				c.nodes = append(c.nodes, m.Status.NodeRef.Name)
 			}
 			var workerMachines []*clusterv1.Machine
 			if f.workers > 0 {
-				_, workerMachines, err = fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.32.5+rke2r1", f.workers)
+				_, workerMachines, err = fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.34.3+rke2r3", f.workers)
 				Expect(err).NotTo(HaveOccurred())
 				for _, m := range workerMachines {
-					_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.32.5+rke2r1", nil)
+					_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.34.3+rke2r3", nil)
 					Expect(err).NotTo(HaveOccurred())
 					role[m.Status.NodeRef.Name] = harvesterv1.NodeRoleWorker
 					c.nodes = append(c.nodes, m.Status.NodeRef.Name)
@@ -116,7 +116,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 				t := &inplacev1.UpgradeTask{
 					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns},
 					Spec: inplacev1.UpgradeTaskSpec{
-						ClusterName: c.name, Version: "v1.33.3+rke2r1",
+						ClusterName: c.name, Version: "v1.35.6+rke2r1",
 						UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
 					},
 				}
@@ -139,7 +139,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 
 			By("the UpgradePlan ran every phase in order and ended with nothing left on the cluster")
 			plan := &harvesterv1.UpgradePlan{}
-			key := client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}
+			key := client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}
 			Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
 				g.Expect(env.Client.Get(ctx, key, plan)).To(Succeed())
 				return plan.Status.Phase
@@ -155,7 +155,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			}))
 			Expect(meta.IsStatusConditionTrue(plan.Status.Conditions, harvesterv1.UpgradePlanAvailable)).To(BeTrue())
 			Expect(meta.IsStatusConditionTrue(plan.Status.Conditions, harvesterv1.UpgradePlanDegraded)).To(BeFalse())
-			Expect(plan.Status.PreviousVersion).To(Equal("v1.5.0"))
+			Expect(plan.Status.PreviousVersion).To(Equal("v1.7.1"))
 			Expect(plan.Status.SingleNode).To(Equal(single))
 			Expect(plan.Status.Upgraded).To(Equal(fmt.Sprintf("%d/%d", len(c.nodes), len(c.nodes))))
 			for _, s := range plan.Status.ClusterUpgrade {
@@ -164,7 +164,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			Expect(plan.Status.ClusterUpgrade).NotTo(BeEmpty())
 			chart := &managementv3.ManagedChart{}
 			Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.HarvesterChart}, chart)).To(Succeed())
-			Expect(chart.Spec.Version).To(Equal("1.6.0"))
+			Expect(chart.Spec.Version).To(Equal("1.8.1"))
 			By("Longhorn waited 1800 s for a rebooting node's replicas while the nodes went, on a multi-node cluster, and then its own value again (fact 35)")
 			if single {
 				Expect(replenishment()).To(Equal([]string{"600"}))

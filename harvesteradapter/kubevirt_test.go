@@ -32,7 +32,7 @@ type vmCluster struct {
 
 func newVMCluster(nodes int, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.KubeVirt)) *vmCluster {
 	GinkgoHelper()
-	c := newHarvesterCluster(nodes, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+	c := newHarvesterCluster(nodes, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 		h.Spec.PreloadImages = ptr.To(false)
 		h.Spec.UpgradeOS = ptr.To(false)
 		if mutate != nil {

@@ -55,7 +55,7 @@ func startLifecycle(c *harvesterCluster, withTasks ...bool) {
 
 var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() {
 	It("brings a node to Succeeded, and a failing node to Failed with the step and the SUC Job's reason", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		startLifecycle(c)
 		bad := c.nodes[1]
 		c.suc.FailNodeLabelled(map[string]string{suc.LabelPlanKind: "os"}, bad, "elemental upgrade failed with return code: 33")
@@ -84,14 +84,14 @@ var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() 
 
 var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 	It("stops at a node whose OS upgrade fails and shows the node's own error on the NodeUpdate, the task and the Machine", func() {
-		c := newHarvesterCluster(0, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
+		c := newHarvesterCluster(0, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) })
 		_, err := fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 		Expect(err).NotTo(HaveOccurred())
-		_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.32.5+rke2r1", 3)
+		_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.34.3+rke2r3", 3)
 		Expect(err).NotTo(HaveOccurred())
 		for _, m := range machines {
 			// The Machines' Nodes live in the workload cluster.
-			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.32.5+rke2r1", nil)
+			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.34.3+rke2r3", nil)
 			Expect(err).NotTo(HaveOccurred())
 		}
 		second := machines[1].Status.NodeRef.Name
@@ -102,7 +102,7 @@ var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 			ObjectMeta: metav1.ObjectMeta{Name: "workers-v1-33-3", Namespace: c.ns},
 			Spec: inplacev1.UpgradeTaskSpec{
 				ClusterName: c.name, MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
-				Version: "v1.33.3+rke2r1", UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
+				Version: "v1.35.6+rke2r1", UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
 			},
 		}
 		Expect(env.Client.Create(ctx, task)).To(Succeed())
@@ -131,7 +131,7 @@ var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 		Expect(cond.Message).To(ContainSubstring("elemental upgrade failed with return code: 33"))
 
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(machines[0]), m)).To(Succeed())
-		Expect(m.Annotations).To(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, "v1.33.3+rke2r1"))
+		Expect(m.Annotations).To(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, "v1.35.6+rke2r1"))
 		Expect(c.rec.MaxDown()).To(Equal(1))
 	})
 })

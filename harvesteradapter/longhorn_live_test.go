@@ -53,7 +53,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 	newCluster := func(nodes int) *harvesterCluster {
 		GinkgoHelper()
 		DeferCleanup(resetLonghorn, lh)
-		return newHarvesterClusterOn(lh, nodes, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		return newHarvesterClusterOn(lh, nodes, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -72,7 +72,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 	preflightOf := func(c *harvesterCluster, node string) map[string]string {
 		out := map[string]string{}
 		for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
-			Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.33.3+rke2r1",
+			Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.35.6+rke2r1",
 			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
 		}) {
 			if !r.Passed {

@@ -19,7 +19,7 @@ import (
 
 var _ = Describe("A node's SUC Plan brought back to what the updater wants", func() {
 	It("keeps the labels another writer put on it", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(1, "Harvester v1.7.1", nil)
 		nu := c.nodeUpdate(c.nodes[0])
 
 		// Run the node until its first Plan exists.
@@ -71,7 +71,7 @@ func reconcileUntilPlan(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 
 var _ = Describe("Two NodeUpdates of the same node", func() {
 	It("never write the same Plan, so the second cannot take over the first's running Job", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(1, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.ImagePreload.Concurrency = ptr.To[int32](-1) // each node preloads in its turn, with its own Plan
 		}, func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
 		node := c.nodes[0]

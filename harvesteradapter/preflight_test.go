@@ -37,14 +37,14 @@ func createLonghornVolume(name, dataEngine string, nodes ...string) {
 
 var _ = Describe("The Longhorn preflight across the nodes down together", func() {
 	It("holds a node whose v1 volume keeps its other healthy replica only on a node that is down or picked this round", func() {
-		c := newHarvesterCluster(3, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
+		c := newHarvesterCluster(3, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
 		vol := "pvc-v1-" + c.name
 		createLonghornVolume(vol, "v1", c.nodes[0], c.nodes[1])
 
 		held := func(disrupted, picked []string) map[string]string {
 			out := map[string]string{}
 			for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
-				Namespace: c.ns, ClusterName: c.name, NodeName: c.nodes[0], Version: "v1.33.3+rke2r1",
+				Namespace: c.ns, ClusterName: c.name, NodeName: c.nodes[0], Version: "v1.35.6+rke2r1",
 				UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
 				Disrupted:  disrupted, Picked: picked,
 			}) {

@@ -34,15 +34,15 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		wl, err := testenv.Start()
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(wl.Stop)
-		const oldRKE2, newRKE2 = "v1.32.5+rke2r1", "v1.33.3+rke2r1"
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3", Kubernetes: oldRKE2})).To(Succeed())
+		const oldRKE2, newRKE2 = "v1.34.3+rke2r3", "v1.35.6+rke2r1"
+		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: oldRKE2})).To(Succeed())
 		rctx, cancel := context.WithCancel(ctx)
 		DeferCleanup(cancel)
 		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
 			Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
 		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
 
-		c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil)
+		c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil)
 		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
 		_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 		Expect(err).NotTo(HaveOccurred())
@@ -120,7 +120,7 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		}
 		plan := &harvesterv1.UpgradePlan{}
 		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
-			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}, plan)).To(Succeed())
+			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
 			return plan.Status.Phase
 		}, 60*time.Second, 100*time.Millisecond).Should(Equal(harvesterv1.UpgradePlanSucceeded), "plan message: %s", plan.Status.Message)
 

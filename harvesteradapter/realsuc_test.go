@@ -61,7 +61,7 @@ func TestRealSUC(t *testing.T) {
 	for _, s := range sides {
 		require(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.namespace}}))
 		require(t, c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "system-upgrade-controller", Namespace: s.namespace}}))
-		_, err := kubelet.CreateNode(ctx, s.node, "v1.33.3+rke2r1", nil)
+		_, err := kubelet.CreateNode(ctx, s.node, "v1.35.6+rke2r1", nil)
 		require(t, err)
 	}
 
@@ -150,7 +150,7 @@ func upgraderFor(s side) *harvesterv1.HarvesterUpgrader {
 	return &harvesterv1.HarvesterUpgrader{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"},
 		Spec: harvesterv1.HarvesterUpgraderSpec{
-			Release:                 harvesterv1.Release{Version: "v1.6.1", RepositoryURL: "http://repo.example"},
+			Release:                 harvesterv1.Release{Version: "v1.8.2", RepositoryURL: "http://repo.example"},
 			Images:                  harvesterv1.Images{RKE2Upgrade: "rancher/rke2-upgrade", Node: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Kubectl: "rancher/kubectl:v1.30.3"},
 			SystemUpgradeController: harvesterv1.SystemUpgradeController{Namespace: s.namespace, ServiceAccountName: "system-upgrade-controller"},
 		},
@@ -160,7 +160,7 @@ func upgraderFor(s side) *harvesterv1.HarvesterUpgrader {
 func nodeUpdateFor(s side) *inplacev1.NodeUpdate {
 	return &inplacev1.NodeUpdate{
 		ObjectMeta: metav1.ObjectMeta{Name: "nu-" + s.node, Namespace: "default", UID: "0b1c7a52-3d8e-4f0a-9b9e-0d5f3c6a7e21"},
-		Spec:       inplacev1.NodeUpdateSpec{ClusterName: "hv", MachineName: "m-" + s.node, NodeName: s.node, Version: "v1.33.3+rke2r2"},
+		Spec:       inplacev1.NodeUpdateSpec{ClusterName: "hv", MachineName: "m-" + s.node, NodeName: s.node, Version: "v1.35.6+rke2r2"},
 	}
 }
 

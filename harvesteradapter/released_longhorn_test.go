@@ -31,7 +31,7 @@ var _ = Describe("An UpgradePlan on a Longhorn without the live upgrade of v2 in
 		volume := "pvc-v2-held"
 		attachV2Volume(volume, "db-1")
 
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		plan := &harvesterv1.UpgradePlan{}
 		key := client.ObjectKeyFromObject(c.plan)
 		Eventually(func(g Gomega) {

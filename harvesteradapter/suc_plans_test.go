@@ -72,7 +72,7 @@ func jobOf(plan *sucv1.Plan, node string) batchv1.Job {
 var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 	DescribeTable("becomes a Job the API server accepts, whose images exist, with the step's timeout as its deadline",
 		func(kind string, deadline time.Duration, nodeProgram map[string]string) {
-			c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+			c := newHarvesterCluster(1, "Harvester v1.7.1", nil)
 			node := c.nodes[0]
 			nu := c.nodeUpdate(node)
 			plan := harvesteradapter.PlanForNode(c.updater, c.config, nu, kind, c.repository.URL())
@@ -111,7 +111,7 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 
 	It("lets an image preload run longer than SUC's default 600 s deadline", func() {
 		clk := clocktesting.NewFakeClock(time.Now())
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(1, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false) // only the Plan the spec creates runs
 		}, func(s *sim.SUC) {
 			s.Clock = clk
@@ -131,7 +131,7 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 
 var _ = Describe("A node's drain", func() {
 	It("reads a numeric drain timeout as seconds and sends SUC a duration", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 			h.Spec.Drain.Timeout = ptr.To(intstr.FromInt32(900))
@@ -147,7 +147,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("happens once per node, and SUC never uncordons the node between its steps", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		err := drive(c.updater, nu, 30*time.Second)
@@ -158,7 +158,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("holds a node cordoned by someone else, and leaves the cordon", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -175,7 +175,7 @@ var _ = Describe("A node's drain", func() {
 	})
 
 	It("holds a node in Harvester maintenance mode", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -194,7 +194,7 @@ var _ = Describe("A node's drain", func() {
 
 var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func() {
 	It("does not change the node's running Plans: SUC would delete their Jobs", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.UpgradeOS = ptr.To(false)
 			h.Spec.ImagePreload.Concurrency = ptr.To[int32](-1) // each node preloads in its turn, with its own Plan
 		}, func(s *sim.SUC) { s.JobDuration = 2 * time.Second })
@@ -210,7 +210,7 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 
 		cfg := &harvesterv1.HarvesterUpgrader{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.config), cfg)).To(Succeed())
-		cfg.Spec.Release.Version = "v1.6.1"
+		cfg.Spec.Release.Version = "v1.8.2"
 		cfg.Spec.SystemUpgradeController.ServiceAccountName = "other-sa"
 		Expect(env.Client.Update(ctx, cfg)).To(Succeed())
 
@@ -227,20 +227,20 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 		Expect(nu.Status.UpdaterConfig).NotTo(BeNil())
 		Expect(string(nu.Status.UpdaterConfig.Raw)).To(And(
 			ContainSubstring(`"name":"default"`), ContainSubstring(`"generation":1`),
-			ContainSubstring(`"version":"v1.6.0"`), ContainSubstring(`"serviceAccountName":"system-upgrade-controller"`)),
+			ContainSubstring(`"version":"v1.8.1"`), ContainSubstring(`"serviceAccountName":"system-upgrade-controller"`)),
 			"the NodeUpdate shows what its node was upgraded with")
 
 		// A node not started yet is upgraded with the edited configuration.
 		next := c.nodeUpdate(c.nodes[1])
 		_, _ = c.updater.Reconcile(ctx, next)
 		Expect(next.Status.UpdaterConfig).NotTo(BeNil())
-		Expect(string(next.Status.UpdaterConfig.Raw)).To(And(ContainSubstring(`"generation":2`), ContainSubstring(`"version":"v1.6.1"`), ContainSubstring(`"serviceAccountName":"other-sa"`)))
+		Expect(string(next.Status.UpdaterConfig.Raw)).To(And(ContainSubstring(`"generation":2`), ContainSubstring(`"version":"v1.8.2"`), ContainSubstring(`"serviceAccountName":"other-sa"`)))
 	})
 })
 
 var _ = Describe("Upgrading the manager while a node is upgraded", func() {
 	It("keeps the node on the node image it started with, and starts the next node on the new manager's", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.ImagePreload.Concurrency = ptr.To[int32](-1) // each node preloads in its turn, with its own Plan
 		}, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
 		node := c.nodes[0]

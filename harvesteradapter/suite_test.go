@@ -35,12 +35,12 @@ var _ = BeforeSuite(func() {
 	startRancher(workload)
 })
 
-// startRancher seeds the Rancher objects of a Harvester cluster at v1.5.0 on a workload
+// startRancher seeds the Rancher objects of a Harvester cluster at v1.7.1 on a workload
 // API server and plays Rancher, Fleet and the cluster upgrade Jobs there until the suite
-// ends: the first UpgradePlan to v1.6.0 upgrades them, the next ones find them done.
+// ends: the first UpgradePlan to v1.8.1 upgrades them, the next ones find them done.
 func startRancher(wl *testenv.Environment) {
 	GinkgoHelper()
-	Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3"})).To(Succeed())
+	Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1"})).To(Succeed())
 	rctx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
 	(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond, Interval: 20 * time.Millisecond}).Start(rctx)

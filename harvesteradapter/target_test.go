@@ -17,7 +17,7 @@ var _ = Describe("Whether a node already runs the target, as the Harvester updat
 		registry := nodeupdater.NewRegistry()
 		Expect(registry.Register(c.updater.Registration())).To(Succeed())
 		at, why, err := registry.AtTarget(ctx, nodeupdater.PreflightTarget{
-			Namespace: c.ns, ClusterName: c.name, MachineName: "m-" + c.nodes[0], NodeName: c.nodes[0], Version: "v1.33.3+rke2r1",
+			Namespace: c.ns, ClusterName: c.name, MachineName: "m-" + c.nodes[0], NodeName: c.nodes[0], Version: "v1.35.6+rke2r1",
 			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
 		})
 		Expect(err).NotTo(HaveOccurred())
@@ -25,25 +25,25 @@ var _ = Describe("Whether a node already runs the target, as the Harvester updat
 	}
 
 	It("needs the kubelet at the target version and the OS at the release", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(1, "Harvester v1.7.1", nil)
 		at, why := atTarget(c)
 		Expect(at).To(BeFalse())
-		Expect(why).To(Equal("kubelet v1.32.5+rke2r1 is not at the target v1.33.3+rke2r1"))
+		Expect(why).To(Equal("kubelet v1.34.3+rke2r3 is not at the target v1.35.6+rke2r1"))
 
 		// The RKE2 step finished and the OS step failed: the kubelet alone says nothing.
-		Expect(c.kubelet.SetVersion(ctx, c.nodes[0], "v1.33.3+rke2r1", "")).To(Succeed())
+		Expect(c.kubelet.SetVersion(ctx, c.nodes[0], "v1.35.6+rke2r1", "")).To(Succeed())
 		at, why = atTarget(c)
 		Expect(at).To(BeFalse())
-		Expect(why).To(Equal("kubelet v1.33.3+rke2r1 is at the target but the OS is Harvester v1.5.0; release v1.6.0 wants Harvester v1.6.0"))
+		Expect(why).To(Equal("kubelet v1.35.6+rke2r1 is at the target but the OS is Harvester v1.7.1; release v1.8.1 wants Harvester v1.8.1"))
 
-		Expect(c.kubelet.SetVersion(ctx, c.nodes[0], "", "Harvester v1.6.0")).To(Succeed())
+		Expect(c.kubelet.SetVersion(ctx, c.nodes[0], "", "Harvester v1.8.1")).To(Succeed())
 		at, why = atTarget(c)
 		Expect(at).To(BeTrue(), why)
 	})
 
 	It("takes the kubelet alone when the HarvesterUpgrader skips the OS upgrade", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
-		Expect(c.kubelet.SetVersion(ctx, c.nodes[0], "v1.33.3+rke2r1", "")).To(Succeed())
+		c := newHarvesterCluster(1, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
+		Expect(c.kubelet.SetVersion(ctx, c.nodes[0], "v1.35.6+rke2r1", "")).To(Succeed())
 		at, why := atTarget(c)
 		Expect(at).To(BeTrue(), why)
 	})

@@ -3,6 +3,7 @@ package harvesteradapter_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -27,12 +28,14 @@ import (
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
-const release160 = `harvester: v1.6.0
-harvesterChart: 1.6.0
-os: Harvester v1.6.0
-kubernetes: v1.33.3+rke2r1
-rancher: v2.12.0
-minUpgradableVersion: v1.5.0
+// release181 is the release metadata of Harvester v1.8.1, the release the specs install
+// over v1.7.1 (fact 5; its upgrade matrix's minimum, fact 3).
+const release181 = `harvester: v1.8.1
+harvesterChart: 1.8.1
+os: Harvester v1.8.1
+kubernetes: v1.35.6+rke2r1
+rancher: v2.14.2
+minUpgradableVersion: v1.7.0
 `
 
 // harvesterCluster is a Harvester cluster on the workload API server, managed from the
@@ -92,7 +95,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage, Labels: map[string]string{labelTestCluster: c.name}}
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("%s-node-%d", c.name, i)
-		_, err := c.kubelet.CreateNode(ctx, name, "v1.32.5+rke2r1", nil)
+		_, err := c.kubelet.CreateNode(ctx, name, "v1.34.3+rke2r3", nil)
 		Expect(err).NotTo(HaveOccurred())
 		c.nodes = append(c.nodes, name)
 	}
@@ -104,14 +107,14 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 		o(c.suc) // before the simulator runs: it reads its settings without a lock
 	}
 	go func() { _ = c.suc.Run(runCtx) }()
-	c.repository = &sim.Repository{Client: wl.Client, Namespace: repository.Namespace, Release: release160}
+	c.repository = &sim.Repository{Client: wl.Client, Namespace: repository.Namespace, Release: release181}
 	c.repository.Start(runCtx)
 	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
 
 	c.config = &harvesterv1.HarvesterUpgrader{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: c.ns},
-		Spec:       harvesterv1.HarvesterUpgraderSpec{Release: harvesterv1.Release{Version: "v1.6.0", RepositoryURL: c.repository.URL()}},
+		Spec:       harvesterv1.HarvesterUpgraderSpec{Release: harvesterv1.Release{Version: "v1.8.1", RepositoryURL: c.repository.URL()}},
 	}
 	if mutate != nil {
 		mutate(c.config)
@@ -131,6 +134,15 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	if !planByHand {
 		return c
 	}
+	c.createPlan(nil)
+	return c
+}
+
+// createPlan creates the cluster's UpgradePlan for its HarvesterUpgrader's release,
+// covering the cluster's nodes only, as an operator may ahead of the nodes; mutate, when
+// set, changes its spec first.
+func (c *harvesterCluster) createPlan(mutate func(*harvesterv1.UpgradePlanSpec)) {
+	GinkgoHelper()
 	c.plan = &harvesterv1.UpgradePlan{
 		ObjectMeta: metav1.ObjectMeta{Name: upgradeplan.Name(c.name, c.config.Spec.Release.Version), Namespace: c.ns},
 		Spec: harvesterv1.UpgradePlanSpec{
@@ -139,8 +151,10 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{labelTestCluster: c.name}},
 		},
 	}
+	if mutate != nil {
+		mutate(&c.plan.Spec)
+	}
 	Expect(env.Client.Create(ctx, c.plan)).To(Succeed())
-	return c
 }
 
 // labelTestCluster names, on a node of the shared workload API server, the spec's
@@ -159,7 +173,7 @@ func (c *harvesterCluster) nodeUpdate(node string) *inplacev1.NodeUpdate {
 	nu := &inplacev1.NodeUpdate{
 		ObjectMeta: metav1.ObjectMeta{Name: "nu-" + node, Namespace: c.ns},
 		Spec: inplacev1.NodeUpdateSpec{
-			ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.33.3+rke2r1",
+			ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.35.6+rke2r1",
 			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
 		},
 	}
@@ -222,7 +236,7 @@ func ourPlans(c *harvesterCluster) []sucv1.Plan {
 
 var _ = Describe("The Harvester updater", func() {
 	It("upgrades three nodes one after another through every step, and leaves no Plan behind", func() {
-		c := newHarvesterCluster(3, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(3, "Harvester v1.7.1", nil)
 		var results []*inplacev1.NodeUpdate
 		for _, node := range c.nodes {
 			nu := c.nodeUpdate(node)
@@ -251,8 +265,8 @@ var _ = Describe("The Harvester updater", func() {
 			}), "node %d", i+1)
 			node := &corev1.Node{}
 			Expect(workload.Client.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, node)).To(Succeed())
-			Expect(node.Status.NodeInfo.KubeletVersion).To(Equal("v1.33.3+rke2r1"))
-			Expect(node.Status.NodeInfo.OSImage).To(Equal("Harvester v1.6.0"))
+			Expect(node.Status.NodeInfo.KubeletVersion).To(Equal("v1.35.6+rke2r1"))
+			Expect(node.Status.NodeInfo.OSImage).To(Equal("Harvester v1.8.1"))
 			Expect(node.Spec.Unschedulable).To(BeFalse())
 		}
 		for _, kind := range []string{"drain", "rke2", "os"} {
@@ -269,7 +283,7 @@ var _ = Describe("The Harvester updater", func() {
 	})
 
 	It("fails the Kubernetes step with the SUC Job's reason when the RKE2 upgrade fails on a node", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
@@ -286,13 +300,18 @@ var _ = Describe("The Harvester updater", func() {
 	})
 
 	It("holds a release the cluster's Harvester version cannot be upgraded to, before touching a node, until the plan is forced", func() {
-		c := newHarvesterCluster(2, "Harvester v1.4.2", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
+		// A release whose upgrade matrix starts above the hop's first patch, as v1.5.x
+		// started at v1.4.2 (fact 3): v1.7.0 -> v1.8.1 is a supported hop, but this release
+		// installs only over v1.7.1.
+		c := newClusterWith(workload, false, 2, "Harvester v1.7.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
+		c.repository.Release = strings.Replace(release181, "minUpgradableVersion: v1.7.0", "minUpgradableVersion: v1.7.1", 1)
+		c.createPlan(nil)
 		nu := c.nodeUpdate(c.nodes[0])
 		err := drive(c.updater, nu, 5*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
 		step := nodeupdater.Step(nu, harvesteradapter.StepClusterUpgrade)
 		Expect(step.State).To(Equal(inplacev1.StepStateRunning))
-		Expect(step.Message).To(ContainSubstring("the node runs Harvester v1.4.2, but Harvester v1.6.0 installs only over v1.5.0 or newer: upgrade to v1.5.0 first"))
+		Expect(step.Message).To(ContainSubstring("the node runs Harvester v1.7.0, but Harvester v1.8.1 installs only over v1.7.1 or newer: upgrade to v1.7.1 first"))
 		Expect(runsOn(c.rec, c.nodes[0])).To(BeEmpty(), "no Plan ran on the node")
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), c.plan)).To(Succeed())
 		Expect(c.plan.Status.Phase).To(Equal(harvesterv1.UpgradePlanMetadataPopulating))
@@ -305,8 +324,8 @@ var _ = Describe("The Harvester updater", func() {
 	})
 
 	It("deploys one repository for many nodes", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			h.Spec.Release = harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester-v1.6.0-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 1)}
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.8.1", ISOURL: "https://releases.example/harvester-v1.8.1-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 1)}
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
@@ -321,8 +340,8 @@ var _ = Describe("The Harvester updater", func() {
 	})
 
 	It("waits for a downloader that is not done yet (exit code 3) instead of failing the node", func() {
-		c := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			h.Spec.Release = harvesterv1.Release{Version: "v1.6.2", ISOURL: "https://releases.example/harvester-v1.6.2-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 3)}
+		c := newHarvesterCluster(1, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.8.3", ISOURL: "https://releases.example/harvester-v1.8.3-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 3)}
 		})
 		c.repository.FailMessage = "capi-inplace node repository download: not done yet: the leader (repo-0) has not written /repository/harvester.iso.ready after 30m0s"
 		c.repository.FailExitCode = 3
@@ -334,13 +353,13 @@ var _ = Describe("The Harvester updater", func() {
 	})
 
 	It("fails clearly when the repository cannot verify the ISO's checksum", func() {
-		bad := newHarvesterCluster(1, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
-			h.Spec.Release = harvesterv1.Release{Version: "v1.6.1", ISOURL: "https://releases.example/harvester-v1.6.1-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 2)}
+		bad := newHarvesterCluster(1, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.8.2", ISOURL: "https://releases.example/harvester-v1.8.2-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 2)}
 		})
 		bad.repository.FailMessage = "sha512 checksum mismatch: got 9f2c..., want 0000...0002"
 		nu := bad.nodeUpdate(bad.nodes[0])
 		err := drive(bad.updater, nu, 10*time.Second)
-		Expect(err).To(MatchError(ContainSubstring("the upgrade repository capi-inplace-repo-v1-6-1 could not provide Harvester v1.6.1")))
+		Expect(err).To(MatchError(ContainSubstring("the upgrade repository capi-inplace-repo-v1-8-2 could not provide Harvester v1.8.2")))
 		Expect(err).To(MatchError(ContainSubstring("sha512 checksum mismatch")))
 	})
 })
@@ -349,7 +368,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 	It("waits for the running SUC Job to end, then removes the node's Plans and lifts its own cordon", func() {
 		// Long enough that the Job still runs when Abort is first asked, on a loaded machine
 		// too (1.5 s was not: the Job had ended and Abort rightly said done).
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
 			func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)

@@ -60,7 +60,7 @@ var _ = Describe("The UpgradePlan controller's wake", func() {
 		Consistently(held, 500*time.Millisecond).Should(Equal(settled))
 
 		for _, n := range c.nodes {
-			Expect(c.kubelet.SetVersion(ctx, n, "", "Harvester v1.5.0")).To(Succeed())
+			Expect(c.kubelet.SetVersion(ctx, n, "", "Harvester v1.7.1")).To(Succeed())
 		}
 		cluster := types.NamespacedName{Namespace: c.ns, Name: c.name}
 		c.plans.Wake(types.NamespacedName{Namespace: c.ns, Name: "another-cluster"}, c.nodes[0])

@@ -35,8 +35,8 @@ const (
 	NodeStateAtRelease       = "AtRelease"
 )
 
-// initialize records the running version and the cluster's shape and runs the preflight
-// checks (fact 46). A failing check holds the plan here, before anything is created on
+// initialize records the running version, refuses a hop capi-inplace does not support
+// (releases.CheckHop), records the cluster's shape and runs the preflight checks (fact 46). A failing check holds the plan here, before anything is created on
 // the cluster, and is run again at every look until it passes or is skipped.
 func (r *PlanReconciler) initialize(ctx context.Context, pr *PlanRun) (bool, string, error) {
 	nodes, err := clusterNodes(ctx, pr)
@@ -60,6 +60,13 @@ func (r *PlanReconciler) initialize(ctx context.Context, pr *PlanRun) (bool, str
 		}
 	}
 	pr.Plan.Status.PreviousVersion = previous
+	// A hop outside the table of supported hops is refused here, before anything is
+	// created on the cluster; spec.force does not skip it (force only lowers the release's
+	// minUpgradableVersion floor): the hop's release-specific migrations would not run
+	// (releases.Hops, fact 57).
+	if err := releases.CheckHop(previous, pr.Plan.Spec.Version); err != nil {
+		return false, "", nodeupdater.Permanentf("UnsupportedHop", "%v", err)
+	}
 	pr.Plan.Status.SingleNode = nonWitness == 1
 	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateWaiting, pr)
 	if r.Checks != nil {

@@ -106,7 +106,7 @@ func runHookBench(ctx context.Context, b *bench) (*hookBenchResult, error) {
 	const clusterName = "bench"
 	upgrader := &harvesterv1.HarvesterUpgrader{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
-		Spec:       harvesterv1.HarvesterUpgraderSpec{Release: harvesterv1.Release{Version: "v1.6.0", RepositoryURL: "http://harvester-repo.example.internal/harvester"}},
+		Spec:       harvesterv1.HarvesterUpgraderSpec{Release: harvesterv1.Release{Version: "v1.8.1", RepositoryURL: "http://harvester-repo.example.internal/harvester"}},
 	}
 	if err := c.Create(ctx, upgrader); err != nil {
 		return nil, fmt.Errorf("create HarvesterUpgrader: %w", err)

@@ -57,19 +57,19 @@ var toolkitRun = struct {
 	cleanup: 2*time.Minute + 13*time.Second,
 }
 
-// The makespan section's versions: the simulated cluster runs Harvester v1.5.0 and goes
-// to v1.6.0 (the release the repository simulator serves).
+// The makespan section's versions: the simulated cluster runs Harvester v1.7.1 and goes
+// to v1.8.1 (the release the repository simulator serves).
 const (
-	makespanFromVersion = "v1.32.5+rke2r1"
-	makespanToVersion   = "v1.33.3+rke2r1"
-	makespanFromOS      = "Harvester v1.5.0"
-	makespanRelease     = "v1.6.0"
-	makespanReleaseYAML = `harvester: v1.6.0
-harvesterChart: 1.6.0
-os: Harvester v1.6.0
-kubernetes: v1.33.3+rke2r1
-rancher: v2.12.0
-minUpgradableVersion: v1.5.0
+	makespanFromVersion = "v1.34.3+rke2r3"
+	makespanToVersion   = "v1.35.6+rke2r1"
+	makespanFromOS      = "Harvester v1.7.1"
+	makespanRelease     = "v1.8.1"
+	makespanReleaseYAML = `harvester: v1.8.1
+harvesterChart: 1.8.1
+os: Harvester v1.8.1
+kubernetes: v1.35.6+rke2r1
+rancher: v2.14.2
+minUpgradableVersion: v1.7.0
 `
 	// makespanNodeImage is the manager's node image the Plans run (main.go's default
 	// --harvester-node-image at a release version the SUC simulator's registry serves).
@@ -228,7 +228,7 @@ func runMakespanBench(ctx context.Context, b *bench) ([]makespanResult, error) {
 }
 
 // runMakespan upgrades a Harvester cluster of n nodes (up to three management nodes, the
-// rest workers) from v1.5.0 to v1.6.0 on a workload API server of its own, with the
+// rest workers) from v1.7.1 to v1.8.1 on a workload API server of its own, with the
 // simulators' durations d, through the real UpgradeTask controller, NodeUpdate reconciler,
 // Harvester updater and UpgradePlan controller, wired as main.go wires them with
 // --poll-interval makespanPoll, one node at a time.
@@ -257,7 +257,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	}
 
 	// The simulators, each playing its part of the real run's durations.
-	if err := sim.Seed(ctx, wc, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3"}); err != nil {
+	if err := sim.Seed(ctx, wc, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1"}); err != nil {
 		return res, fmt.Errorf("seed Rancher's objects: %w", err)
 	}
 	rec := sim.NewRecord()
@@ -295,7 +295,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	hu := &harvesterv1.HarvesterUpgrader{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: ns},
 		Spec: harvesterv1.HarvesterUpgraderSpec{
-			Release: harvesterv1.Release{Version: makespanRelease, ISOURL: "https://releases.example/harvester-v1.6.0-amd64.iso", ISOChecksum: strings.Repeat("0", 127) + "1"},
+			Release: harvesterv1.Release{Version: makespanRelease, ISOURL: "https://releases.example/harvester-v1.8.1-amd64.iso", ISOChecksum: strings.Repeat("0", 127) + "1"},
 		},
 	}
 	if perNodePreload {

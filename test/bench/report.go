@@ -564,7 +564,7 @@ func (r *report) renderMakespan(w io.Writer, full bool) {
 	t := toolkitRun
 	p("## 6. Makespan of a Harvester upgrade\n\n")
 	if full {
-		p("A Harvester cluster of N simulated nodes (up to %d management nodes, the rest workers) is upgraded from Harvester v1.5.0 to %s ", makespanManagement, makespanRelease)
+		p("A Harvester cluster of N simulated nodes (up to %d management nodes, the rest workers) is upgraded from Harvester v1.7.1 to %s ", makespanManagement, makespanRelease)
 		p("with the durations of a real run of Harvester's upgrade-toolkit, %.0f× shorter: ISO download %s, repository %s and metadata %s ", r.cfg.makespanScale, t.isoDownload, t.repository, t.metadata)
 		p("(%s scaled), image preload of every node at once %s (%s), cluster upgrade %s (%s), about 21 minutes of disruptive work per node ", secs(d.setup), t.preload, secs(d.preload), t.clusterUpgrade, secs(d.clusterUpgrade))
 		p("(%s), cleanup %s (%s). The node's 21 minutes are split among the Plans that do them: drain %s (%s; kubectl drain once the virtual machines ", secs(d.node()), t.cleanup, secs(d.cleanup), t.drain, secs(d.drain))

@@ -174,9 +174,9 @@ var _ = Describe("Bad input", Ordered, func() {
 			release harvesterv1.Release
 			message string
 		}{
-			{harvesterv1.Release{Version: "v1.6.0", ISOURL: "ftp://releases.example/harvester.iso", ISOChecksum: strings.Repeat("a", 128)}, "release.isoURL must be an http:// or https:// URL"},
-			{harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester.iso", ISOChecksum: "abc123"}, "release.isoChecksum must be a SHA-512 checksum: 128 hexadecimal digits"},
-			{harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester.iso"}, "release.isoChecksum is required with release.isoURL: the repository refuses an ISO it cannot verify"},
+			{harvesterv1.Release{Version: "v1.8.1", ISOURL: "ftp://releases.example/harvester.iso", ISOChecksum: strings.Repeat("a", 128)}, "release.isoURL must be an http:// or https:// URL"},
+			{harvesterv1.Release{Version: "v1.8.1", ISOURL: "https://releases.example/harvester.iso", ISOChecksum: "abc123"}, "release.isoChecksum must be a SHA-512 checksum: 128 hexadecimal digits"},
+			{harvesterv1.Release{Version: "v1.8.1", ISOURL: "https://releases.example/harvester.iso"}, "release.isoChecksum is required with release.isoURL: the repository refuses an ISO it cannot verify"},
 		} {
 			err := env.Client.Create(ctx, &harvesterv1.HarvesterUpgrader{
 				ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: ns},

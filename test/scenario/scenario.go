@@ -52,27 +52,27 @@ import (
 // The release the sample cluster is upgraded from and to.
 const (
 	// FromVersion is the Kubernetes (RKE2) version the nodes start at.
-	FromVersion = "v1.32.5+rke2r1"
+	FromVersion = "v1.34.3+rke2r3"
 	// ToVersion is the Kubernetes version of HarvesterRelease.
-	ToVersion = "v1.33.3+rke2r1"
+	ToVersion = "v1.35.6+rke2r1"
 	// FromOSImage is the operating system the nodes start on.
 	FromOSImage = "Harvester " + FromRelease
 	// FromRelease is the Harvester release the cluster runs at first, and FromRancher its
 	// Rancher.
-	FromRelease = "v1.5.0"
-	FromRancher = "v2.11.3"
+	FromRelease = "v1.7.1"
+	FromRancher = "v2.13.1"
 	// HarvesterRelease is the Harvester release the nodes are upgraded to.
-	HarvesterRelease = "v1.6.0"
+	HarvesterRelease = "v1.8.1"
 	// ToOSImage is what a node reports once its OS upgrade to HarvesterRelease rebooted it.
 	ToOSImage = "Harvester " + HarvesterRelease
 
 	// ReleaseMetadata is the harvester-release.yaml the repository simulator serves.
-	ReleaseMetadata = `harvester: v1.6.0
-harvesterChart: 1.6.0
-os: Harvester v1.6.0
-kubernetes: v1.33.3+rke2r1
-rancher: v2.12.0
-minUpgradableVersion: v1.5.0
+	ReleaseMetadata = `harvester: v1.8.1
+harvesterChart: 1.8.1
+os: Harvester v1.8.1
+kubernetes: v1.35.6+rke2r1
+rancher: v2.14.2
+minUpgradableVersion: v1.7.0
 `
 
 	// SUCNamespace is where SUC runs on a Harvester cluster (the HarvesterUpgrader default).

@@ -21,7 +21,7 @@ type Kubelet struct {
 	Client client.Client
 	// Record receives the Ready / NotReady transitions.
 	Record *Record
-	// OSImage is the OS image new nodes report. Default "Harvester v1.5.0".
+	// OSImage is the OS image new nodes report. Default "Harvester v1.7.1".
 	OSImage string
 	// Labels are put on every node it creates, besides those CreateNode is given.
 	Labels map[string]string
@@ -34,7 +34,7 @@ type Kubelet struct {
 	servers kubeletServers
 }
 
-// CreateNode registers a Ready node at the given kubelet version (e.g. v1.32.5+rke2r1).
+// CreateNode registers a Ready node at the given kubelet version (e.g. v1.34.3+rke2r3).
 func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels map[string]string) (*corev1.Node, error) {
 	all := map[string]string{corev1.LabelHostname: name}
 	for key, v := range k.Labels {
@@ -49,7 +49,7 @@ func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels m
 	}
 	osImage := k.OSImage
 	if osImage == "" {
-		osImage = "Harvester v1.5.0"
+		osImage = "Harvester v1.7.1"
 	}
 	node.Status = corev1.NodeStatus{
 		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage},

@@ -359,14 +359,14 @@ func rollOut(ctx context.Context, c client.Client, key client.ObjectKey) error {
 
 // HarvesterRelease is what Seed installs: a Harvester release and the versions it ships.
 type HarvesterRelease struct {
-	// Version is the Harvester release, such as v1.5.1.
+	// Version is the Harvester release, such as v1.7.1.
 	Version string
 	// Chart is the version of its harvester and harvester-crd charts; default Version
 	// without its v.
 	Chart string
-	// Rancher is its Rancher version, such as v2.11.3.
+	// Rancher is its Rancher version, such as v2.13.1.
 	Rancher string
-	// Kubernetes is its RKE2 version; default v1.32.4+rke2r1.
+	// Kubernetes is its RKE2 version; default v1.34.3+rke2r3.
 	Kubernetes string
 }
 
@@ -384,7 +384,7 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		rel.Chart = strings.TrimPrefix(rel.Version, "v")
 	}
 	if rel.Kubernetes == "" {
-		rel.Kubernetes = "v1.32.4+rke2r1"
+		rel.Kubernetes = "v1.34.3+rke2r3"
 	}
 	for _, ns := range []string{rancher.FleetLocal, rancher.CattleSystem, "harvester-system"} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {

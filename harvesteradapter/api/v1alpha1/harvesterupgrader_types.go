@@ -11,13 +11,16 @@ import (
 // +kubebuilder:validation:XValidation:rule="[has(self.isoURL), has(self.repositoryURL), has(self.image)].filter(x, x).size() == 1",message="set exactly one of release.isoURL (with release.isoChecksum), release.repositoryURL or release.image"
 // +kubebuilder:validation:XValidation:rule="!has(self.isoURL) || has(self.isoChecksum)",message="release.isoChecksum is required with release.isoURL: the repository refuses an ISO it cannot verify"
 type Release struct {
-	// version is the Harvester version of the release, for example v1.6.0. The release
+	// version is the Harvester version of the release, for example v1.8.1. The release
 	// metadata served by the repository must say the same. It is also the SUC Plans'
-	// version, which SUC writes into a label of each Job: at most 63 characters.
+	// version, which SUC writes into a label of each Job: at most 63 characters. It must
+	// be a formal release that a supported hop leads to (releases.CheckTarget: v1.7.x or
+	// v1.8.x; the UpgradePlan checks the whole hop from the nodes' version).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.matches('^v[0-9]+[.][0-9]+[.][0-9]+(-[0-9A-Za-z.-]+)?$')",message="release.version must be a Harvester version such as v1.6.0 or v1.7.0-rc1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^v[0-9]+[.][0-9]+[.][0-9]+(-[0-9A-Za-z.-]+)?$')",message="release.version must be a Harvester version such as v1.8.1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^v1[.](7|8)[.][0-9]+$')",message="release.version must be a formal Harvester release capi-inplace upgrades to, v1.7.x or v1.8.x (no pre-release): the supported hops are v1.7.x -> v1.8.x and patch upgrades inside v1.7 and v1.8 (docs/harvester.md, Supported hops)"
 	Version string `json:"version"`
 
 	// isoURL is the http(s) URL of the Harvester ISO. The repository's leader pod

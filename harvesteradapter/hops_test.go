@@ -1,0 +1,141 @@
+package harvesteradapter_test
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// release171 is the release metadata of Harvester v1.7.1 (fact 5; its upgrade matrix's
+// minimum, fact 3), beside release181 that the other specs install.
+const release171 = `harvester: v1.7.1
+harvesterChart: 1.7.1
+os: Harvester v1.7.1
+kubernetes: v1.34.3+rke2r3
+rancher: v2.13.1
+minUpgradableVersion: v1.6.0
+`
+
+// workloadChanges watches, on the workload API server, what an UpgradePlan creates or
+// changes before it disrupts a node (the repository, SUC Plans, Jobs) and the nodes' cordon,
+// and records each change it sees, until the spec ends.
+func workloadChanges(nodes []string) func() []string {
+	GinkgoHelper()
+	wc, err := client.NewWithWatch(workload.Config, client.Options{Scheme: workload.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	var mu sync.Mutex
+	var seen []string
+	ours := map[string]bool{}
+	for _, n := range nodes {
+		ours[n] = true
+	}
+	for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceList{}, &corev1.PersistentVolumeClaimList{}, &sucv1.PlanList{}, &batchv1.JobList{}, &corev1.NodeList{}} {
+		w, err := wc.Watch(ctx, list)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(w.Stop)
+		go func() {
+			for ev := range w.ResultChan() {
+				obj, ok := ev.Object.(client.Object)
+				if !ok || ev.Type == watch.Deleted || ev.Type == watch.Bookmark {
+					continue
+				}
+				what := fmt.Sprintf("%s %T %s/%s", ev.Type, obj, obj.GetNamespace(), obj.GetName())
+				switch o := obj.(type) {
+				case *corev1.Node:
+					if !ours[o.Name] || !o.Spec.Unschedulable {
+						continue
+					}
+					what += " cordoned"
+				case *appsv1.Deployment, *corev1.Service, *corev1.PersistentVolumeClaim:
+					if o.GetNamespace() != repository.Namespace {
+						continue
+					}
+				}
+				mu.Lock()
+				seen = append(seen, what)
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+}
+
+var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func() {
+	DescribeTable("fails with UnsupportedHop before creating anything on the workload cluster, even forced",
+		func(running, kubelet, release, metadata string, want []string) {
+			c := newClusterWith(workload, false, 2, "Harvester "+running, func(h *harvesterv1.HarvesterUpgrader) {
+				h.Spec.Release = harvesterv1.Release{Version: release, ISOURL: "https://releases.example/harvester-" + release + "-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 7)}
+			})
+			c.repository.Release = metadata
+			for _, n := range c.nodes {
+				Expect(c.kubelet.SetVersion(ctx, n, kubelet, "")).To(Succeed())
+			}
+			changes := workloadChanges(c.nodes)
+			// Forced: spec.force lowers the release's minUpgradableVersion floor (v1.6.1 is
+			// older than v1.8.1's v1.7.0), never the hop table.
+			c.createPlan(func(s *harvesterv1.UpgradePlanSpec) { s.Force = true })
+
+			Eventually(func(g Gomega) {
+				g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), c.plan)).To(Succeed())
+				g.Expect(c.plan.Status.Phase).To(Equal(harvesterv1.UpgradePlanFailed), "message: %s", c.plan.Status.Message)
+			}, 15*time.Second).Should(Succeed())
+			Expect(c.plan.Status.Message).To(HavePrefix("UnsupportedHop: "))
+			for _, w := range append(want, fmt.Sprintf("Harvester %s -> %s", running, release), "capi-inplace supports v1.7.x -> v1.8.x") {
+				Expect(c.plan.Status.Message).To(ContainSubstring(w))
+			}
+			var phases []harvesterv1.UpgradePlanPhase
+			for _, t := range c.plan.Status.PhaseTransitionTimestamps {
+				phases = append(phases, t.Phase)
+			}
+			Expect(phases).To(Equal([]harvesterv1.UpgradePlanPhase{harvesterv1.UpgradePlanInitializing, harvesterv1.UpgradePlanFailed}),
+				"refused while initializing, before the repository, the preload or the cluster Job")
+
+			// A node's NodeUpdate fails with the plan, before any step of its own.
+			nu := &inplacev1.NodeUpdate{
+				ObjectMeta: metav1.ObjectMeta{Name: "nu-" + c.nodes[0], Namespace: c.ns},
+				Spec: inplacev1.NodeUpdateSpec{
+					ClusterName: c.name, MachineName: "m-" + c.nodes[0], NodeName: c.nodes[0], Version: "v1.35.6+rke2r1",
+					UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
+				},
+			}
+			Expect(env.Client.Create(ctx, nu)).To(Succeed())
+			err := drive(c.updater, nu, 15*time.Second)
+			perm, ok := nodeupdater.AsPermanent(err)
+			Expect(ok).To(BeTrue(), "%v", err)
+			Expect(perm.Reason).To(Equal("UpgradePlanFailed"))
+			Expect(err.Error()).To(ContainSubstring("UnsupportedHop"))
+			Expect(nodeupdater.StepState(nu, harvesteradapter.StepCordon)).To(Equal(inplacev1.StepStatePending))
+
+			Consistently(changes, time.Second).Should(BeEmpty(), "no repository, SUC Plan or Job created, no node cordoned")
+			for _, n := range c.nodes {
+				Expect(runsOn(c.rec, n)).To(BeEmpty(), "no Plan ran on node %s", n)
+				Expect(unschedulable(n)).To(BeFalse())
+			}
+			Expect(c.repository.MetadataRequests()).To(BeZero(), "not even the release metadata was read")
+		},
+		Entry("v1.6.1 -> v1.8.1 skips the minor v1.7 (facts 3, 4)", "v1.6.1", "v1.33.5+rke2r1", "v1.8.1", release181,
+			[]string{"skips a minor"}),
+		Entry("v1.6.1 -> v1.7.1 needs node migrations capi-inplace does not perform yet (fact 53, issue #33)", "v1.6.1", "v1.33.5+rke2r1", "v1.7.1", release171,
+			[]string{"GenerateNetworkManagerConfig", "GenerateHostnameOverride", "without a NetworkManager configuration", "issue #33"}),
+	)
+})
