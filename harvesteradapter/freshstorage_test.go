@@ -23,7 +23,7 @@ import (
 // (wait_longhorn_engines, harvester-release-steps.md fact 45).
 var _ = Describe("A node's storage judged again right before it is taken down", func() {
 	It("holds a node at its cordon while a Longhorn volume is degraded, touching nothing, and goes on once it is healthy", func() {
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
 		vol := "pvc-fresh-" + c.name
 		createLonghornVolume(vol, "v1", c.nodes[0], c.nodes[1])
 		DeferCleanup(func() { setRobustness(vol, "healthy") }) // the Longhorn of the shared workload cluster stays healthy for other specs

@@ -45,8 +45,8 @@ var _ = Describe("rke2-multus.yaml.skip during the node phase", func() {
 		wl, err := testenv.Start()
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(wl.Stop)
-		const oldRKE2, newRKE2 = "v1.32.5+rke2r1", "v1.33.3+rke2r1"
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3", Kubernetes: oldRKE2})).To(Succeed())
+		const oldRKE2, newRKE2 = "v1.34.3+rke2r3", "v1.35.6+rke2r1"
+		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: oldRKE2})).To(Succeed())
 		rctx, cancel := context.WithCancel(ctx)
 		DeferCleanup(cancel)
 		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
@@ -69,7 +69,7 @@ var _ = Describe("rke2-multus.yaml.skip during the node phase", func() {
 			nads = append(nads, "default/"+name)
 		}
 
-		c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil, func(s *sim.SUC) { s.Multus, skipper = multus, s })
+		c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil, func(s *sim.SUC) { s.Multus, skipper = multus, s })
 		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
 		_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 		Expect(err).NotTo(HaveOccurred())
@@ -124,7 +124,7 @@ var _ = Describe("rke2-multus.yaml.skip during the node phase", func() {
 		}
 		plan := &harvesterv1.UpgradePlan{}
 		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
-			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}, plan)).To(Succeed())
+			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
 			return plan.Status.Phase
 		}, 60*time.Second, 100*time.Millisecond).Should(Equal(harvesterv1.UpgradePlanSucceeded), "plan message: %s", plan.Status.Message)
 
@@ -177,7 +177,7 @@ var _ = Describe("rke2-multus.yaml.skip during the node phase", func() {
 	})
 
 	It("removes the skip file from every server node when the plan is deleted during the node phase", func() {
-		c := newHarvesterCluster(3, "Harvester v1.5.0", nil)
+		c := newHarvesterCluster(3, "Harvester v1.7.1", nil)
 		servers := c.nodes[:2]
 		for _, n := range servers {
 			node := &corev1.Node{}

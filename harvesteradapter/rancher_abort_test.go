@@ -29,15 +29,15 @@ var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is
 		wl, err := testenv.Start()
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(wl.Stop)
-		const oldRKE2, newRKE2 = "v1.32.5+rke2r1", "v1.33.3+rke2r1"
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.5.0", Rancher: "v2.11.3", Kubernetes: oldRKE2})).To(Succeed())
+		const oldRKE2, newRKE2 = "v1.34.3+rke2r3", "v1.35.6+rke2r1"
+		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: oldRKE2})).To(Succeed())
 		rctx, cancel := context.WithCancel(ctx)
 		DeferCleanup(cancel)
 		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
 			Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
 		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
 
-		c := newClusterWith(wl, false, 0, "Harvester v1.5.0", nil, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
+		c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
 		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
 		for i, roles := range []map[string]string{
 			{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"}, nil,
@@ -68,7 +68,7 @@ var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is
 
 		By("the plan deleted, its hooks go and Rancher rolls on under the strategy it had: it restarts no RKE2")
 		plan := &harvesterv1.UpgradePlan{}
-		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}, plan)).To(Succeed())
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
 		Expect(env.Client.Delete(ctx, plan)).To(Succeed())
 		Eventually(func() bool {
 			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))

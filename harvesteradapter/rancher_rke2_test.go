@@ -84,7 +84,7 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 			for sctx.Err() == nil {
 				p := &harvesterv1.UpgradePlan{}
 				a := &harvesterapi.Addon{}
-				if env.Client.Get(sctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.6.0")}, p) == nil &&
+				if env.Client.Get(sctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, p) == nil &&
 					wl.Client.Get(sctx, upgradeplan.DeschedulerAddon, a) == nil &&
 					p.Status.Phase == harvesterv1.UpgradePlanNodeUpgrading && a.Spec.Enabled {
 					deschedulerDuringNodes = append(deschedulerDuringNodes, time.Now().Format(time.RFC3339Nano))

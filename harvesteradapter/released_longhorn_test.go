@@ -68,7 +68,7 @@ var _ = Describe("An UpgradePlan on a Longhorn without the live upgrade of v2 in
 		Expect(workload.Client.Create(ctx, vmi)).To(Succeed())
 		attachV2VolumeIn(volume, vmNS, vmName)
 
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.ClusterUpgrade.AttachedV2Volumes = harvesterv1.AttachedV2VolumesStopVirtualMachines
 		})
 		plan := &harvesterv1.UpgradePlan{}
@@ -117,7 +117,7 @@ var _ = Describe("An UpgradePlan on a Longhorn without the live upgrade of v2 in
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: kubevirtv1.GroupVersion.String(), Kind: "VirtualMachine", Name: vmName, UID: vm.UID}}}})).To(Succeed())
 		attachV2VolumeIn(volume, vmNS, vmName)
 
-		c := newHarvesterCluster(2, "Harvester v1.5.0", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.ClusterUpgrade.AttachedV2Volumes = harvesterv1.AttachedV2VolumesStopVirtualMachines
 		})
 		Eventually(func(g Gomega) {
