@@ -71,6 +71,8 @@ harvesterChart: 1.6.0
 os: Harvester v1.6.0
 kubernetes: v1.33.3+rke2r1
 rancher: v2.12.0
+# the KubeVirt the simulators take chart 1.6.0 to carry (sim.KubeVirtVersionOfChart)
+kubevirt: v-harvester-1.6.0
 minUpgradableVersion: v1.5.0
 `
 
