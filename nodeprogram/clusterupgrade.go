@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 )
 
@@ -44,13 +46,20 @@ func runClusterUpgrade(ctx context.Context, env *Env, args []string) error {
 }
 
 // ClusterScheme knows the kinds `node cluster-upgrade` reads and writes: the built-in
-// ones and Rancher's (harvesteradapter/rancher).
+// ones, CustomResourceDefinitions (Longhorn's storage migration), Rancher's
+// (harvesteradapter/rancher) and Harvester's Setting (harvesteradapter/harvesterapi).
 func ClusterScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
 	}
 	if err := rancher.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := apiextensionsv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := harvesterapi.AddToScheme(s); err != nil {
 		return nil, err
 	}
 	return s, nil

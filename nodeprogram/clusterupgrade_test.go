@@ -16,7 +16,7 @@ import (
 )
 
 var clusterUpgradeArgs = []string{
-	"cluster-upgrade", "--plan=up-1", "--harvester-version=v1.6.0", "--harvester-chart-version=1.6.0",
+	"cluster-upgrade", "--plan=up-1", "--harvester-version=v1.6.0", "--previous-version=v1.5.1", "--harvester-chart-version=1.6.0",
 	"--rancher-version=v2.12.0", "--progress-namespace=harvester-system", "--progress-name=up-1-progress",
 	"--poll-interval=10ms", "--timeout=5s",
 }
@@ -45,7 +45,7 @@ func TestClusterUpgradeFlags(t *testing.T) {
 	}{
 		{name: "every flag given: the client is asked for", args: clusterUpgradeArgs, code: ExitRetry, want: []string{"not done yet: reach the API server: no route to host"}},
 		{name: "nothing given", args: []string{"cluster-upgrade"}, code: ExitUsage,
-			want: []string{"--plan is required", `--harvester-version ""`, `--harvester-chart-version ""`, `--rancher-version ""`, `--progress-name ""`}},
+			want: []string{"--plan is required", `--harvester-version ""`, "--previous-version is required", `--harvester-chart-version ""`, `--rancher-version ""`, `--progress-name ""`}},
 		{name: "a chart version with a v", args: append(append([]string(nil), clusterUpgradeArgs...), "--harvester-chart-version=v1.6.0"), code: ExitUsage,
 			want: []string{`--harvester-chart-version "v1.6.0" must be a chart version`}},
 		{name: "a cluster repo image without tag", args: append(append([]string(nil), clusterUpgradeArgs...), "--cluster-repo-image=rancher/harvester-cluster-repo"), code: ExitUsage,
@@ -94,7 +94,7 @@ func TestClusterUpgradeRunsWithTheGivenClient(t *testing.T) {
 // The Job the builder makes carries arguments the subcommand parses back into the same
 // input.
 func TestClusterUpgradeJobArgumentsParse(t *testing.T) {
-	in := clusterupgrade.Input{HarvesterVersion: "v1.6.0", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0", RancherImage: "registry.local:5000/rancher/rancher"}
+	in := clusterupgrade.Input{HarvesterVersion: "v1.6.0", PreviousVersion: "v1.7.1", KubeVirtVersion: "v1.6.0-150700.3.5.1", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0", RancherImage: "registry.local:5000/rancher/rancher"}
 	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-1", Image: "capi-inplace:dev", Input: in})
 	args := job.Spec.Template.Spec.Containers[0].Args
 	if len(args) < 2 || args[0] != "node" || args[1] != "cluster-upgrade" {
@@ -106,7 +106,7 @@ func TestClusterUpgradeJobArgumentsParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Plan != "up-1" || got.RancherImage != in.RancherImage || got.ClusterRepoImage != "rancher/harvester-cluster-repo:v1.6.0" || got.Timeout <= 0 {
+	if got.Plan != "up-1" || got.RancherImage != in.RancherImage || got.PreviousVersion != in.PreviousVersion || got.KubeVirtVersion != in.KubeVirtVersion || got.ClusterRepoImage != "rancher/harvester-cluster-repo:v1.6.0" || got.Timeout <= 0 {
 		t.Errorf("parsed input %+v", got)
 	}
 	if p.ConfigMap != clusterupgrade.ProgressKey("harvester-system", "up-1") {

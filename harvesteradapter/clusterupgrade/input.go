@@ -34,6 +34,15 @@ type Input struct {
 	Plan string
 	// HarvesterVersion is the release upgraded to, such as v1.6.0.
 	HarvesterVersion string
+	// PreviousVersion is the Harvester release the nodes ran when the upgrade started
+	// (the UpgradePlan's status.previousVersion), such as v1.7.1: what every
+	// release-specific sub-step keys on, exactly as the release's script keys on its
+	// Upgrade's status.previousVersion (harvester-release-steps.md facts 1 and 2).
+	PreviousVersion string
+	// KubeVirtVersion is the KubeVirt version the release ships (its metadata's
+	// kubevirt), which WaitKubeVirt waits for (fact 23.5); empty when the release
+	// metadata names none, and then that wait is Skipped.
+	KubeVirtVersion string
 	// HarvesterChartVersion is the version of the harvester and harvester-crd charts of
 	// the release (its metadata's harvesterChart), such as 1.6.0.
 	HarvesterChartVersion string
@@ -101,6 +110,9 @@ var (
 	chartVersion = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
 	// imageRef is an image reference with a tag or digest.
 	imageRef = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]*|@sha256:[a-f0-9]{64})$`)
+	// kubevirtVersion is a KubeVirt version as a release's metadata names it and
+	// virt-operator reports it in status.observedKubeVirtVersion: no spaces, no slashes.
+	kubevirtVersion = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,127}$`)
 	// imageRepo is an image repository without tag or digest.
 	imageRepo = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?(:[0-9]+/[a-z0-9._/-]*[a-z0-9])?$`)
 )
@@ -115,6 +127,14 @@ func (in Input) Validate() error {
 	}
 	if !releaseVersion.MatchString(in.HarvesterVersion) {
 		errs = append(errs, fmt.Errorf("--harvester-version %q must be a release such as v1.6.0", in.HarvesterVersion))
+	}
+	if in.PreviousVersion == "" {
+		errs = append(errs, errors.New("--previous-version is required: the Harvester release the nodes ran when the upgrade started (the UpgradePlan's status.previousVersion), such as v1.7.1"))
+	} else if !releaseVersion.MatchString(in.PreviousVersion) {
+		errs = append(errs, fmt.Errorf("--previous-version %q must be a release such as v1.7.1 (the UpgradePlan's status.previousVersion)", in.PreviousVersion))
+	}
+	if in.KubeVirtVersion != "" && !kubevirtVersion.MatchString(in.KubeVirtVersion) {
+		errs = append(errs, fmt.Errorf("--kubevirt-version %q must be a KubeVirt version such as v1.6.0 (the release metadata's kubevirt), or empty", in.KubeVirtVersion))
 	}
 	if !chartVersion.MatchString(in.HarvesterChartVersion) {
 		errs = append(errs, fmt.Errorf("--harvester-chart-version %q must be a chart version such as 1.6.0 (the release metadata's harvesterChart)", in.HarvesterChartVersion))
@@ -151,6 +171,8 @@ func (p Progress) Validate() error {
 func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.StringVar(&in.Plan, "plan", in.Plan, "name of the upgrade plan (recorded on the charts)")
 	fs.StringVar(&in.HarvesterVersion, "harvester-version", in.HarvesterVersion, "Harvester release upgraded to, such as v1.6.0")
+	fs.StringVar(&in.PreviousVersion, "previous-version", in.PreviousVersion, "Harvester release the nodes ran when the upgrade started, such as v1.7.1 (required)")
+	fs.StringVar(&in.KubeVirtVersion, "kubevirt-version", in.KubeVirtVersion, "KubeVirt version of the release (its metadata's kubevirt); empty skips the wait for KubeVirt")
 	fs.StringVar(&in.HarvesterChartVersion, "harvester-chart-version", in.HarvesterChartVersion, "version of the harvester and harvester-crd charts, such as 1.6.0")
 	fs.StringVar(&in.RancherVersion, "rancher-version", in.RancherVersion, "Rancher release of the Harvester release, such as v2.12.0")
 	fs.StringVar(&in.RancherImage, "rancher-image", in.RancherImage, "Rancher image repository; empty keeps the rancher Deployment's")
@@ -177,6 +199,8 @@ func Args(in Input, p Progress) []string {
 	}
 	add("plan", in.Plan)
 	add("harvester-version", in.HarvesterVersion)
+	add("previous-version", in.PreviousVersion)
+	add("kubevirt-version", in.KubeVirtVersion)
 	add("harvester-chart-version", in.HarvesterChartVersion)
 	add("rancher-version", in.RancherVersion)
 	add("rancher-image", in.RancherImage)

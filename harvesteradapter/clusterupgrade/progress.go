@@ -33,33 +33,43 @@ const (
 // The sub-steps, in the order Run runs them.
 const (
 	StepPatchMultusFailurePolicy       = "PatchMultusFailurePolicy"
+	StepPreserveOvercommitConfig       = "PreserveOvercommitConfig"
 	StepPauseCharts                    = "PauseCharts"
 	StepDisableKubeVirtWorkloadUpdates = "DisableKubeVirtWorkloadUpdates"
+	StepCleanCAPILegacyWebhooks        = "CleanCAPILegacyWebhooks"
 	StepUpgradeRancher                 = "UpgradeRancher"
 	StepPatchLocalClusterDetails       = "PatchLocalClusterDetails"
+	StepMigrateLonghornV1beta1CRDs     = "MigrateLonghornV1beta1CRDs"
 	StepUpgradeClusterRepo             = "UpgradeClusterRepo"
 	StepRefreshHarvesterCharts         = "RefreshHarvesterCharts"
 	StepUpgradeHarvesterCRDChart       = "UpgradeHarvesterCRDChart"
 	StepUpgradeHarvesterChart          = "UpgradeHarvesterChart"
+	StepWaitKubeVirt                   = "WaitKubeVirt"
 )
 
 // StepNames are the sub-steps in the order Run runs them, the script's order
 // (harvester-release-steps.md section B): rke2-multus's failure policy (fact 9),
-// Harvester's charts paused (fact 11) and
-// KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16), the local
-// cluster's details (fact 17), the chart repository (fact 20) and Harvester's charts
-// (fact 23).
+// overcommit-config kept for a hop from v1.7 (fact 10), Harvester's charts paused (fact
+// 11) and KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16, whose
+// clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first), the local
+// cluster's details (fact 17), Longhorn's v1beta1 storage migration for a hop from v1.6
+// (fact 19), the chart repository (fact 20), Harvester's charts (fact 23) and the wait
+// for KubeVirt (fact 23.5).
 func StepNames() []string {
 	return []string{
 		StepPatchMultusFailurePolicy,
+		StepPreserveOvercommitConfig,
 		StepPauseCharts,
 		StepDisableKubeVirtWorkloadUpdates,
+		StepCleanCAPILegacyWebhooks,
 		StepUpgradeRancher,
 		StepPatchLocalClusterDetails,
+		StepMigrateLonghornV1beta1CRDs,
 		StepUpgradeClusterRepo,
 		StepRefreshHarvesterCharts,
 		StepUpgradeHarvesterCRDChart,
 		StepUpgradeHarvesterChart,
+		StepWaitKubeVirt,
 	}
 }
 

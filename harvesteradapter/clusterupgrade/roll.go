@@ -52,9 +52,12 @@ var FieldWorkloadUpdateMethods = "values." + strings.Join(workloadUpdateMethodsP
 type Change struct {
 	// Object is what was changed, namespace/name: a ManagedChart, for
 	// FieldSettingValue a Longhorn Setting, for FieldAddonEnabled a Harvester Addon, for
-	// rancher.FieldUpgradeStrategy the provisioning Cluster.
+	// rancher.FieldUpgradeStrategy the provisioning Cluster; for
+	// FieldLonghornSettingsUpdate "/longhorn-webhook-validator", Longhorn's
+	// (cluster-scoped) ValidatingWebhookConfiguration.
 	Object string `json:"object"`
-	// Field is what of it: FieldPaused, FieldWorkloadUpdateMethods or FieldSettingValue.
+	// Field is what of it: FieldPaused, FieldWorkloadUpdateMethods, FieldSettingValue or
+	// FieldLonghornSettingsUpdate.
 	Field string `json:"field"`
 	// Before is the value it had before the upgrade changed it, as JSON; null when it was
 	// not set.
@@ -303,7 +306,8 @@ func describeBefore(v json.RawMessage, set bool) string {
 // at key (ReadChanges), the last change first: the ManagedCharts it paused are
 // un-paused and the harvester chart's KubeVirt workloadUpdateMethods is what it was, or
 // unset if it was unset (fact 37: Harvester's cleanup does the same, a backup of null
-// deleting the key). A value that is already back is left alone, so Restore can run any
+// deleting the key); Longhorn's validator gets UPDATE back on longhorn.io settings when
+// MigrateLonghornV1beta1CRDs stopped between taking and giving it back (fact 19). A value that is already back is left alone, so Restore can run any
 // number of times; a chart that is gone has nothing to restore. Then the records, and the
 // progress of the sub-steps that made them, are removed from the ConfigMap, which stays.
 func Restore(ctx context.Context, c client.Client, key client.ObjectKey) error {
@@ -337,6 +341,10 @@ func Restore(ctx context.Context, c client.Client, key client.ObjectKey) error {
 }
 
 func restoreChange(ctx context.Context, c client.Client, ch Change) error {
+	if ch.Field == FieldLonghornSettingsUpdate {
+		// A cluster-scoped object: Object is "/" and its name.
+		return restoreSettingsUpdate(ctx, c, ch.Before)
+	}
 	namespace, name, ok := strings.Cut(ch.Object, "/")
 	if !ok {
 		return fmt.Errorf("%q names no namespace/name", ch.Object)

@@ -29,10 +29,13 @@ type step struct {
 func steps() []step {
 	return []step{
 		{StepPatchMultusFailurePolicy, (*runner).patchMultusFailurePolicy},
+		{StepPreserveOvercommitConfig, (*runner).preserveOvercommitConfig},
 		{StepPauseCharts, (*runner).pauseCharts},
 		{StepDisableKubeVirtWorkloadUpdates, (*runner).disableKubeVirtWorkloadUpdates},
+		{StepCleanCAPILegacyWebhooks, (*runner).cleanCAPILegacyWebhooks},
 		{StepUpgradeRancher, (*runner).upgradeRancher},
 		{StepPatchLocalClusterDetails, (*runner).patchLocalClusterDetails},
+		{StepMigrateLonghornV1beta1CRDs, (*runner).migrateLonghornV1beta1CRDs},
 		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
 		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
 		{StepUpgradeHarvesterCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
@@ -41,6 +44,7 @@ func steps() []step {
 		{StepUpgradeHarvesterChart, func(r *runner, ctx context.Context) (StepState, string, error) {
 			return r.upgradeChart(ctx, harvesterChart)
 		}},
+		{StepWaitKubeVirt, (*runner).waitKubeVirt},
 	}
 }
 
@@ -51,18 +55,23 @@ func steps() []step {
 // done again. The error names the sub-step, the object, what was expected and what to do.
 //
 // Of the script (harvester-release-steps.md section B) it does: rke2-multus's failure
-// policy abort (fact 9), pause_all_charts (fact 11; the paused value recorded, see
-// roll.go), KubeVirt's workloadUpdateMethods emptied
-// in the harvester chart (fact 13, recorded), the Rancher upgrade (fact 16, as a change
-// of the rancher Deployment's image, see upgradeRancher), patch_local_cluster_details
-// (fact 17), the cluster repository (fact 20) and the harvester-crd and harvester
-// ManagedCharts (fact 23, the version only). Restore gives back what was recorded; the
-// UpgradePlan runs it when the plan ends, whatever the outcome. Still left out: the
-// hop-specific migrations (facts 10, 14, 15,
-// 19), the guard against RKE2 restarts (fact 12), Rancher's helm upgrade with its waits
-// and features (fact 16), the local-rke-state Secret (18), the extra manifests, addons,
-// monitoring and logging (22, 27 to 29), the containerd registry sync (24) and the waits
-// for KubeVirt and Longhorn (23.5, 25).
+// policy abort (fact 9), for a hop from v1.7 preserve_overcommit_config (fact 10),
+// pause_all_charts (fact 11; the paused value recorded, see roll.go), KubeVirt's
+// workloadUpdateMethods emptied in the harvester chart (fact 13, recorded), for a hop
+// from v1.7 clean_capi_legacy_webhooks (fact 16.8, deleting only webhooks that call the
+// legacy CAPI), the Rancher upgrade (fact 16, as a change of the rancher Deployment's
+// image, see upgradeRancher), patch_local_cluster_details (fact 17), for a hop from v1.6
+// migrate_longhorn_v1beta1_crds (fact 19; the validator's UPDATE on settings recorded),
+// the cluster repository (fact 20), the harvester-crd and harvester ManagedCharts (fact
+// 23, the version only) and wait_kubevirt (fact 23.5, when the release names its
+// KubeVirt). The hop-keyed sub-steps key on Input.PreviousVersion with the script's own
+// regexes (facts 1, 2; migrations.go). Restore gives back what was recorded; the
+// UpgradePlan runs it when the plan ends, whatever the outcome. Still left out: the v1.9
+// hop's migrations (facts 14, 15), the guard against RKE2 restarts (fact 12; the
+// UpgradePlan places it before the Job), Rancher's helm upgrade with its waits and
+// features (fact 16), the local-rke-state Secret (18), the extra manifests, addons,
+// monitoring and logging (22, 27 to 29), the containerd registry sync (24) and the wait
+// for Longhorn (25).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

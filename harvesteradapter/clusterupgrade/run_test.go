@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -32,6 +33,8 @@ func input(plan string) clusterupgrade.Input {
 	return clusterupgrade.Input{
 		Plan:                  plan,
 		HarvesterVersion:      newRelease.Version,
+		PreviousVersion:       oldRelease.Version,
+		KubeVirtVersion:       sim.KubeVirtVersionOfChart("1.6.0"),
 		HarvesterChartVersion: "1.6.0",
 		RancherVersion:        newRelease.Rancher,
 		PollInterval:          10 * time.Millisecond,
@@ -89,10 +92,19 @@ func states(steps []clusterupgrade.StepProgress) []string {
 	return out
 }
 
+// keyedOutFromV151 are the sub-steps a hop from v1.5.1 (input's) skips: each is keyed on
+// another previous version (facts 1 and 2).
+var keyedOutFromV151 = []string{clusterupgrade.StepPreserveOvercommitConfig, clusterupgrade.StepCleanCAPILegacyWebhooks, clusterupgrade.StepMigrateLonghornV1beta1CRDs}
+
+// want is every sub-step in state, but those in except, and the hop-keyed sub-steps
+// input's previous version v1.5.1 skips, Skipped.
 func want(state clusterupgrade.StepState, except map[string]clusterupgrade.StepState) []string {
 	var out []string
 	for _, n := range clusterupgrade.StepNames() {
 		s := state
+		if slices.Contains(keyedOutFromV151, n) {
+			s = clusterupgrade.StateSkipped
+		}
 		if e, ok := except[n]; ok {
 			s = e
 		}
@@ -152,6 +164,8 @@ func resourceVersions() map[string]string {
 	s := &managementv3.Setting{}
 	Expect(env.Client.Get(ctx, client.ObjectKey{Name: rancher.ServerVersionSetting}, s)).To(Succeed())
 	out["setting"] = s.ResourceVersion
+	out["overcommit"] = overcommitConfig().ResourceVersion
+	out["kubevirt"] = kubevirtCR().ResourceVersion
 	return out
 }
 
@@ -252,7 +266,8 @@ var _ = Describe("Run", Ordered, func() {
 			Not(ContainSubstring("gave up waiting")))))
 		steps, rerr := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(rerr).NotTo(HaveOccurred())
-		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed})))
+		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{
+			clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed, clusterupgrade.StepWaitKubeVirt: clusterupgrade.StatePending})))
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterChart).Message).To(ContainSubstring("already exists"))
 
 		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
@@ -264,7 +279,14 @@ var _ = Describe("Run", Ordered, func() {
 		steps, rerr = clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, nil)))
-		for _, s := range steps[:len(steps)-1] {
+		for _, s := range steps {
+			if s.Name == clusterupgrade.StepUpgradeHarvesterChart {
+				break
+			}
+			if slices.Contains(keyedOutFromV151, s.Name) {
+				Expect(s.Message).To(ContainSubstring("v1.5.1 before this upgrade, which does not match"), s.Name)
+				continue
+			}
 			Expect(s.Message).To(ContainSubstring("done by an earlier run"), s.Name)
 		}
 		Expect(chart(rancher.HarvesterCRDChart).ResourceVersion).To(Equal(crd.ResourceVersion), "harvester-crd was not patched again")
@@ -306,7 +328,7 @@ var _ = Describe("Run", Ordered, func() {
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)[len(steps)-3:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending"}))
+		Expect(states(steps)[len(steps)-4:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending", "WaitKubeVirt=Pending"}))
 		Expect(chart(rancher.HarvesterCRDChart).Spec.Version).To(Equal("1.5.1"), "no chart was upgraded before the index was downloaded")
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())
@@ -361,6 +383,16 @@ var _ = Describe("Run", Ordered, func() {
 		err := clusterupgrade.Run(ctx, env.Client, in, p)
 		Expect(err).To(MatchError(And(ContainSubstring("bad input"), ContainSubstring("--harvester-version \"1.6\""), ContainSubstring("--harvester-chart-version"))))
 		Expect(resourceVersions()).To(Equal(rvs))
+		Expect(apierrors.IsNotFound(env.Client.Get(ctx, p.ConfigMap, &corev1.ConfigMap{}))).To(BeTrue(), "no progress ConfigMap")
+
+		in = input("up-bad")
+		in.PreviousVersion = ""
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(ContainSubstring("bad input"), ContainSubstring("--previous-version is required"))))
+		in.PreviousVersion = "1.7"
+		in.KubeVirtVersion = "v1.6 0"
+		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(ContainSubstring(`--previous-version "1.7" must be a release`), ContainSubstring(`--kubevirt-version "v1.6 0"`))))
+		Expect(resourceVersions()).To(Equal(rvs))
+		Expect(overcommitConfig().ResourceVersion).To(Equal(rvs["overcommit"]))
 		Expect(apierrors.IsNotFound(env.Client.Get(ctx, p.ConfigMap, &corev1.ConfigMap{}))).To(BeTrue(), "no progress ConfigMap")
 
 		bad := newProgress()

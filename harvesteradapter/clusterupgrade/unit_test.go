@@ -20,7 +20,7 @@ func TestBumpTimeoutAlwaysChangesIt(t *testing.T) {
 }
 
 func TestArgsRoundTrip(t *testing.T) {
-	in := Input{Plan: "up-1", HarvesterVersion: "v1.6.0", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0",
+	in := Input{Plan: "up-1", HarvesterVersion: "v1.6.0", PreviousVersion: "v1.5.1", KubeVirtVersion: "v1.5.0-150600.5.21.3", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0",
 		RancherImage: "rancher/rancher", ClusterRepoImage: "mirror.local/rancher/harvester-cluster-repo:v1.6.0",
 		PollInterval: time.Second, ChartFailAfter: time.Minute, Timeout: time.Hour}
 	p := Progress{}

@@ -11,6 +11,13 @@
 // crd.FromGV, without a status subresource), neither has a status subresource. The
 // updater never creates either kind.
 //
+// Setting (settings.harvesterhci.io, cluster-scoped) is Harvester's setting, whose
+// overcommit-config the cluster upgrade keeps at its old default for a hop from v1.7.x
+// (harvester-release-steps.md fact 10): the JSON names of harvester/harvester
+// pkg/apis/harvesterhci.io/v1beta1/settings.go at v1.7.1 (commit 59a0a3e), registered
+// there as a cluster-scoped kind without a status subresource (pkg/data/crd.go,
+// crd.NonNamespacedFromGV).
+//
 // +kubebuilder:object:generate=true
 // +groupName=harvesterhci.io
 // +versionName=v1beta1
@@ -29,7 +36,7 @@ var GroupVersion = schema.GroupVersion{Group: "harvesterhci.io", Version: "v1bet
 // AddToScheme registers the kinds of this package under harvesterhci.io/v1beta1.
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &VirtualMachineBackup{}, &VirtualMachineBackupList{},
-		&ScheduleVMBackup{}, &ScheduleVMBackupList{}, &Addon{}, &AddonList{})
+		&ScheduleVMBackup{}, &ScheduleVMBackupList{}, &Addon{}, &AddonList{}, &Setting{}, &SettingList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
@@ -176,4 +183,67 @@ type ScheduleVMBackupList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ScheduleVMBackup `json:"items"`
+}
+
+// SettingCondition is one condition of a Setting (Harvester's Condition).
+type SettingCondition struct {
+	// type of the condition, such as configured.
+	Type string `json:"type"`
+	// status is True, False or Unknown.
+	Status corev1.ConditionStatus `json:"status"`
+	// lastUpdateTime is when it was last updated.
+	// +optional
+	LastUpdateTime string `json:"lastUpdateTime,omitempty"`
+	// lastTransitionTime is when it last changed status.
+	// +optional
+	LastTransitionTime string `json:"lastTransitionTime,omitempty"`
+	// reason is a one-word reason.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// message says more.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// SettingStatus is what Harvester's setting controller reports of a Setting.
+type SettingStatus struct {
+	// conditions of the setting.
+	// +optional
+	Conditions []SettingCondition `json:"conditions,omitempty"`
+}
+
+// Setting is one of Harvester's settings: its default (written by Harvester at start, the
+// running release's) and, when someone set it, its value, which wins.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:printcolumn:name="VALUE",type="string",JSONPath=`.value`
+type Setting struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// value is the setting's explicit value; empty means the default applies.
+	// +optional
+	Value string `json:"value,omitempty"`
+	// default is the running release's default.
+	// +optional
+	Default string `json:"default,omitempty"`
+	// customized says whether the value was set by a user.
+	// +optional
+	Customized bool `json:"customized,omitempty"`
+	// source is where the value came from.
+	// +optional
+	Source string `json:"source,omitempty"`
+	// status is what Harvester's setting controller reports.
+	// +optional
+	Status SettingStatus `json:"status,omitempty"`
+}
+
+// SettingList is a list of Settings.
+//
+// +kubebuilder:object:root=true
+type SettingList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Setting `json:"items"`
 }

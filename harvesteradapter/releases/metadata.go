@@ -30,6 +30,11 @@ type Metadata struct {
 	Kubernetes string `json:"kubernetes"`
 	// Rancher is the embedded Rancher's version.
 	Rancher string `json:"rancher,omitempty"`
+	// KubeVirt is the KubeVirt version the release ships, which the cluster upgrade
+	// waits for virt-operator to deploy (harvester-release-steps.md fact 23.5; Harvester's
+	// lib.sh detect_repo reads it as REPO_KUBEVIRT_VERSION). Optional here: older
+	// metadata without it skips that wait.
+	KubeVirt string `json:"kubevirt,omitempty"`
 	// MonitoringChart is the monitoring chart's version.
 	MonitoringChart string `json:"monitoringChart,omitempty"`
 	// MinUpgradableVersion is the oldest Harvester version the release installs over.

@@ -11,6 +11,7 @@ os: Harvester v1.6.0
 kubernetes: v1.33.3+rke2r1
 rancher: v2.12.0
 monitoringChart: 105.1.2+up61.3.2
+kubevirt: v1.5.2-150700.3.5.1
 minUpgradableVersion: v1.5.0
 `
 
@@ -21,6 +22,12 @@ func TestParseReleaseMetadata(t *testing.T) {
 	}
 	if m.Harvester != "v1.6.0" || m.Kubernetes != "v1.33.3+rke2r1" || m.MinUpgradableVersion != "v1.5.0" || m.OS != "Harvester v1.6.0" {
 		t.Errorf("parsed %+v", m)
+	}
+	if m.KubeVirt != "v1.5.2-150700.3.5.1" {
+		t.Errorf("kubevirt parsed as %q, want v1.5.2-150700.3.5.1", m.KubeVirt)
+	}
+	if old, err := ParseMetadata([]byte("harvester: v1.6.0\nkubernetes: v1.33.3+rke2r1\nminUpgradableVersion: v1.5.0\n")); err != nil || old.KubeVirt != "" {
+		t.Errorf("metadata without kubevirt: %+v, %v; want it read, with no KubeVirt version", old, err)
 	}
 
 	bad := []struct{ name, data, want string }{

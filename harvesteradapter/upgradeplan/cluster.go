@@ -36,6 +36,8 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 		Input: clusterupgrade.Input{
 			Plan:                  pr.Plan.Name,
 			HarvesterVersion:      rel.Harvester,
+			PreviousVersion:       pr.Plan.Status.PreviousVersion,
+			KubeVirtVersion:       rel.KubeVirt,
 			HarvesterChartVersion: rel.HarvesterChart,
 			RancherVersion:        rel.Rancher,
 			PollInterval:          r.ClusterUpgradePollInterval,

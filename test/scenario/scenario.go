@@ -72,6 +72,8 @@ harvesterChart: 1.8.1
 os: Harvester v1.8.1
 kubernetes: v1.35.6+rke2r1
 rancher: v2.14.2
+# the KubeVirt the simulators take chart 1.8.1 to carry (sim.KubeVirtVersionOfChart)
+kubevirt: v-harvester-1.8.1
 minUpgradableVersion: v1.7.0
 `
 

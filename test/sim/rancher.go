@@ -45,7 +45,12 @@ import (
 //   - once the rancher Deployment has rolled out, Rancher runs at its image's tag and
 //     writes it into the server-version Setting (fact 41.8: the script waits for that);
 //   - the provisioning Cluster fleet-local/local stays ready and provisioned at its
-//     generation (fact 47: Harvester requires it; fact 41.8 waits for it).
+//     generation (fact 47: Harvester requires it; fact 41.8 waits for it);
+//   - a deploy of the harvester chart whose KubeVirt (KubeVirtVersionOfChart) is not the
+//     one deployed makes virt-operator roll it out: the KubeVirt CR
+//     harvester-system/kubevirt goes Deploying with it as target, and after RolloutDelay
+//     Deployed with it as observed version (virtoperator.go; harvester-release-steps.md
+//     fact 23.5).
 //
 // Time is real time; the simulator looks at the cluster every Interval, or, with Cache, on
 // the events of the kinds above and when a delay is due (passLoop).
@@ -157,7 +162,7 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func (r *Rancher) pass(ctx context.Context) error {
-	return errors.Join(r.charts(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx))
+	return errors.Join(r.charts(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.kubevirtRollout(ctx))
 }
 
 func (r *Rancher) charts(ctx context.Context) error {
@@ -188,6 +193,9 @@ func (r *Rancher) charts(ctx context.Context) error {
 				deployed = cur.DeepCopy()
 			}
 		})
+		if err == nil && deployed != nil {
+			err = startKubeVirtDeploy(ctx, r.Client, deployed)
+		}
 		if err == nil && deployed != nil && r.OnDeployed != nil {
 			err = r.OnDeployed(ctx, deployed)
 		}
@@ -377,7 +385,10 @@ type HarvesterRelease struct {
 // harvester, rancher-monitoring-crd and rancher-logging-crd (fact 41.4) at the release's
 // chart, deployed and ready, the ClusterRepo harvester-charts downloaded, the Deployments
 // rancher and harvester-cluster-repo of the release rolled out (fact 41.11), and the
-// Setting server-version. Namespaces are created when missing. Stop a running Rancher
+// Setting server-version; and Harvester's own: the overcommit-config Setting with the
+// release's default and no value (OvercommitConfigDefault, as Harvester writes it at
+// start), and the KubeVirt CR harvester-system/kubevirt deployed at the KubeVirt of the
+// release's chart (virtoperator.go). Namespaces are created when missing. Stop a running Rancher
 // simulator before seeding again.
 func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	if rel.Chart == "" {
@@ -422,6 +433,9 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		if err := recreate(ctx, c, o); err != nil {
 			return err
 		}
+	}
+	if err := seedHarvesterObjects(ctx, c, rel); err != nil {
+		return err
 	}
 	// Status as Rancher, Fleet and the Deployment controller leave it.
 	markLocalClusterReady(cluster)

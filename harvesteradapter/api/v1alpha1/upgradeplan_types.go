@@ -167,6 +167,9 @@ type ReleaseInfo struct {
 	Kubernetes string `json:"kubernetes,omitempty"`
 	// rancher is the embedded Rancher's version.
 	Rancher string `json:"rancher,omitempty"`
+	// kubevirt is the KubeVirt version the release ships; the cluster upgrade waits for
+	// it to be deployed. Empty when the metadata names none.
+	KubeVirt string `json:"kubevirt,omitempty"`
 	// minUpgradableVersion is the oldest Harvester version the release installs over.
 	MinUpgradableVersion string `json:"minUpgradableVersion,omitempty"`
 }
