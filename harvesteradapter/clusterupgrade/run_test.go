@@ -228,7 +228,7 @@ var _ = Describe("Run", Ordered, func() {
 		cl := localCluster()
 		Expect(cl.Labels).To(HaveKeyWithValue(rancher.ManagementClusterNameLabel, "local"))
 		Expect(cl.Status.FleetWorkspaceName).To(Equal("fleet-local"))
-		Expect(cl.Spec.KubernetesVersion).To(Equal("v1.32.4+rke2r1"), "the label patch kept the spec")
+		Expect(cl.Spec.KubernetesVersion).To(Equal("v1.34.3+rke2r3"), "the label patch kept the spec (Seed's default RKE2)")
 		repo := clusterRepo()
 		Expect(repo.Spec.ForceUpdate).NotTo(BeNil())
 		Expect(repo.Status.DownloadTime.Before(repo.Spec.ForceUpdate)).To(BeFalse())
