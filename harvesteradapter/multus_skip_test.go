@@ -1,7 +1,6 @@
 package harvesteradapter_test
 
 import (
-	"context"
 	"strings"
 	"time"
 
@@ -10,17 +9,12 @@ import (
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
-	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
-	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // unskipRuns names the nodes on which the UpgradePlan's Plan removing
@@ -42,16 +36,8 @@ func unskipRuns(rec *sim.Record) map[string]int {
 // 9); the file comes off at the plan's end, and the chart is upgraded once.
 var _ = Describe("rke2-multus.yaml.skip during the node phase", func() {
 	It("keeps every node's RKE2 restart from running a helm operation on rke2-multus, and upgrades the chart once, after the last node, when the skip comes off", func() {
-		wl, err := testenv.Start()
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(wl.Stop)
-		const oldRKE2, newRKE2 = "v1.34.3+rke2r3", "v1.35.6+rke2r1"
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: oldRKE2})).To(Succeed())
-		rctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
-			Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
-		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
+		wl := startRancherWorkload()
+		const oldRKE2, newRKE2 = rancherOldRKE2, rancherNewRKE2
 
 		// RKE2's deploy controller and helm-controller for rke2-multus, the chart installed
 		// at the running RKE2, the cluster's VM networks on it.
@@ -69,64 +55,12 @@ var _ = Describe("rke2-multus.yaml.skip during the node phase", func() {
 			nads = append(nads, "default/"+name)
 		}
 
-		c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil, func(s *sim.SUC) { s.Multus, skipper = multus, s })
-		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
-		_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
-		Expect(err).NotTo(HaveOccurred())
-		_, cpMachines, err := fixtures.ControlPlane(ctx, env.Client, c.ns, c.name, "cp", oldRKE2, 3, true)
-		Expect(err).NotTo(HaveOccurred())
-		var servers []string
-		for _, m := range cpMachines {
-			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, oldRKE2, map[string]string{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"})
-			Expect(err).NotTo(HaveOccurred())
-			c.nodes = append(c.nodes, m.Status.NodeRef.Name)
-			servers = append(servers, m.Status.NodeRef.Name)
-		}
-		_, workerMachines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", oldRKE2, 1)
-		Expect(err).NotTo(HaveOccurred())
-		for _, m := range workerMachines {
-			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, oldRKE2, nil)
-			Expect(err).NotTo(HaveOccurred())
-			c.nodes = append(c.nodes, m.Status.NodeRef.Name)
-		}
-
-		planner := &sim.RancherPlanner{Client: wl.Client, Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
-			Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded, Multus: multus}
-		Expect(planner.SeedMachines(ctx)).To(Succeed())
-		pctx, pcancel := context.WithCancel(ctx)
-		pdone := make(chan struct{})
-		go func() { defer close(pdone); _ = planner.Run(pctx) }()
-		DeferCleanup(func() { pcancel(); <-pdone })
+		c := newRancherCluster(wl, func(s *sim.SUC) { s.Multus, skipper = multus, s })
+		servers := rancherMachines(c, 3, 1)
+		planner := startPlanner(wl, c, multus)
 
 		startLifecycle(c, true)
-		for _, t := range []struct {
-			name string
-			ref  func(*inplacev1.UpgradeTaskSpec)
-		}{
-			{"cp", func(s *inplacev1.UpgradeTaskSpec) {
-				s.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
-			}},
-			{"workers", func(s *inplacev1.UpgradeTaskSpec) {
-				s.MachineDeploymentRef = &inplacev1.MachineDeploymentReference{Name: "workers"}
-			}},
-		} {
-			task := &inplacev1.UpgradeTask{
-				ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: t.name},
-				Spec: inplacev1.UpgradeTaskSpec{ClusterName: c.name, Version: newRKE2,
-					UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"}},
-			}
-			t.ref(&task.Spec)
-			Expect(env.Client.Create(ctx, task)).To(Succeed())
-			Eventually(func(g Gomega) inplacev1.TaskPhase {
-				g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(task), task)).To(Succeed())
-				return task.Status.Phase
-			}, 180*time.Second, 200*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted), "task %s: %+v", t.name, task.Status.Conditions)
-		}
-		plan := &harvesterv1.UpgradePlan{}
-		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
-			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
-			return plan.Status.Phase
-		}, 60*time.Second, 100*time.Millisecond).Should(Equal(harvesterv1.UpgradePlanSucceeded), "plan message: %s", plan.Status.Message)
+		plan := runRancherTasks(c)
 
 		By("each server node's RKE2 restart at the release ran no helm operation on rke2-multus: its manifest was skipped")
 		var lastRestart time.Time

@@ -1,7 +1,6 @@
 package harvesteradapter_test
 
 import (
-	"context"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -12,11 +11,9 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
-	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // Where Rancher provisions RKE2, a node's RemoveRestartGuard takes the restart guard off
@@ -26,34 +23,15 @@ import (
 // restarting RKE2 there (fact 12), outside any NodeUpdate.
 var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is being taken off", func() {
 	It("puts the guard back before the abort ends, so that Rancher restarts nothing there once the plan's hooks are gone", func() {
-		wl, err := testenv.Start()
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(wl.Stop)
-		const oldRKE2, newRKE2 = "v1.34.3+rke2r3", "v1.35.6+rke2r1"
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: oldRKE2})).To(Succeed())
-		rctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
-			Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
-		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
-
-		c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
-		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
-		for i, roles := range []map[string]string{
-			{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"}, nil,
-		} {
+		wl := startRancherWorkload()
+		c := newRancherCluster(wl, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
+		for i, roles := range []map[string]string{serverRoles, nil} {
 			name := c.name + "-node-" + string(rune('1'+i))
-			_, err := c.kubelet.CreateNode(ctx, name, oldRKE2, roles)
+			_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)
 			Expect(err).NotTo(HaveOccurred())
 			c.nodes = append(c.nodes, name)
 		}
-		planner := &sim.RancherPlanner{Client: wl.Client, Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
-			Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded}
-		Expect(planner.SeedMachines(ctx)).To(Succeed())
-		pctx, pcancel := context.WithCancel(ctx)
-		pdone := make(chan struct{})
-		go func() { defer close(pdone); _ = planner.Run(pctx) }()
-		DeferCleanup(func() { pcancel(); <-pdone })
+		planner := startPlanner(wl, c, nil)
 
 		By("the etcd node, Rancher's first, runs up to RemoveRestartGuard")
 		node := c.nodes[0]
@@ -79,7 +57,7 @@ var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is
 		Consistently(func() []sim.PlanApply {
 			var restarts []sim.PlanApply
 			for _, a := range planner.Restarts() {
-				if a.To == newRKE2 {
+				if a.To == rancherNewRKE2 {
 					restarts = append(restarts, a)
 				}
 			}

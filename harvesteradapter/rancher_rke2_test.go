@@ -16,11 +16,9 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
-	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -31,43 +29,11 @@ import (
 // goes through Rancher, each node's turn behind its NodeUpdate at Rancher's drain hooks.
 var _ = Describe("RKE2 through Rancher's provisioning", func() {
 	It("declares the release's RKE2 on fleet-local/local and lets Rancher restart each node only behind its NodeUpdate, so a later plan change downgrades nothing", func() {
-		wl, err := testenv.Start()
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(wl.Stop)
-		const oldRKE2, newRKE2 = "v1.34.3+rke2r3", "v1.35.6+rke2r1"
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: oldRKE2})).To(Succeed())
-		rctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
-			Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
-		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
-
-		c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil)
-		Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
-		_, err = fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
-		Expect(err).NotTo(HaveOccurred())
-		_, cpMachines, err := fixtures.ControlPlane(ctx, env.Client, c.ns, c.name, "cp", oldRKE2, 3, true)
-		Expect(err).NotTo(HaveOccurred())
-		for _, m := range cpMachines {
-			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, oldRKE2, map[string]string{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"})
-			Expect(err).NotTo(HaveOccurred())
-			c.nodes = append(c.nodes, m.Status.NodeRef.Name)
-		}
-		_, workerMachines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", oldRKE2, 1)
-		Expect(err).NotTo(HaveOccurred())
-		for _, m := range workerMachines {
-			_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, oldRKE2, nil)
-			Expect(err).NotTo(HaveOccurred())
-			c.nodes = append(c.nodes, m.Status.NodeRef.Name)
-		}
-
-		planner := &sim.RancherPlanner{Client: wl.Client, Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
-			Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded}
-		Expect(planner.SeedMachines(ctx)).To(Succeed())
-		pctx, pcancel := context.WithCancel(ctx)
-		pdone := make(chan struct{})
-		go func() { defer close(pdone); _ = planner.Run(pctx) }()
-		DeferCleanup(func() { pcancel(); <-pdone })
+		wl := startRancherWorkload()
+		const newRKE2 = rancherNewRKE2
+		c := newRancherCluster(wl)
+		rancherMachines(c, 3, 1)
+		planner := startPlanner(wl, c, nil)
 		strategyBefore := localStrategy(wl)
 
 		// Harvester's descheduler add-on, enabled (fact 36): sampled with the plan's phase
@@ -95,34 +61,7 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		DeferCleanup(func() { scancel(); <-sdone })
 
 		startLifecycle(c, true)
-		for _, t := range []struct {
-			name string
-			ref  func(*inplacev1.UpgradeTaskSpec)
-		}{
-			{"cp", func(s *inplacev1.UpgradeTaskSpec) {
-				s.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
-			}},
-			{"workers", func(s *inplacev1.UpgradeTaskSpec) {
-				s.MachineDeploymentRef = &inplacev1.MachineDeploymentReference{Name: "workers"}
-			}},
-		} {
-			task := &inplacev1.UpgradeTask{
-				ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: t.name},
-				Spec: inplacev1.UpgradeTaskSpec{ClusterName: c.name, Version: newRKE2,
-					UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"}},
-			}
-			t.ref(&task.Spec)
-			Expect(env.Client.Create(ctx, task)).To(Succeed())
-			Eventually(func(g Gomega) inplacev1.TaskPhase {
-				g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(task), task)).To(Succeed())
-				return task.Status.Phase
-			}, 180*time.Second, 200*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted), "task %s: %+v", t.name, task.Status.Conditions)
-		}
-		plan := &harvesterv1.UpgradePlan{}
-		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
-			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
-			return plan.Status.Phase
-		}, 60*time.Second, 100*time.Millisecond).Should(Equal(harvesterv1.UpgradePlanSucceeded), "plan message: %s", plan.Status.Message)
+		runRancherTasks(c)
 
 		By("Rancher declares the release's RKE2, and the strategy it had is back (facts 59, 61)")
 		cl := &provisioningv1.Cluster{}
