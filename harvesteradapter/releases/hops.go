@@ -61,7 +61,7 @@ var Hops = []Hop{
 		Node: []Migration{
 			{Name: "GenerateNetworkManagerConfig", Source: "fact 53, generate_networkmanager_config",
 				IfSkipped: "the node reboots into SL Micro 6.1 without a NetworkManager configuration of its network and never rejoins"},
-			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance",
+			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance", //nolint:misspell // the release script's own function name
 				IfSkipped: "a node installed with an FQDN re-registers under a new name and never rejoins"},
 		},
 		Tracked: "issue #33",
@@ -167,7 +167,7 @@ func CheckHop(previous, target string) error {
 func CheckTarget(target string) error {
 	t, err := version.ParseSemantic(target)
 	if err != nil || !formal.MatchString(target) || !isTarget(t) {
-		return fmt.Errorf("Harvester %q is not a release capi-inplace upgrades to: give a formal release of %s. %s", target, strings.Join(TargetMinors(), " or "), SupportedHops())
+		return fmt.Errorf("release %q is not a Harvester release capi-inplace upgrades to: give a formal release of %s. %s", target, strings.Join(TargetMinors(), " or "), SupportedHops())
 	}
 	return nil
 }
