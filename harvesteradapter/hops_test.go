@@ -2,6 +2,8 @@ package harvesteradapter_test
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -32,43 +35,44 @@ rancher: v2.13.1
 minUpgradableVersion: v1.6.0
 `
 
-// workloadChanges watches, on the workload API server, what an UpgradePlan creates or
-// changes before it disrupts a node (the repository, SUC Plans, Jobs) and the nodes' cordon,
-// and records each change it sees, until the spec ends.
-func workloadChanges(nodes []string) func() []string {
+// workloadChanges watches, on the workload API server, what cluster c's UpgradePlan plan
+// would create or change before it disrupts a node (the release's repository, SUC Plans,
+// Jobs) and the cordon of c's nodes, from now on (the API server is shared with the other
+// specs: their objects, and changes of objects being deleted, are not c's), and records
+// each change it sees until the spec ends.
+func workloadChanges(c *harvesterCluster, plan, release string) func() []string {
 	GinkgoHelper()
 	wc, err := client.NewWithWatch(workload.Config, client.Options{Scheme: workload.Scheme})
 	Expect(err).NotTo(HaveOccurred())
 	var mu sync.Mutex
 	var seen []string
-	ours := map[string]bool{}
-	for _, n := range nodes {
-		ours[n] = true
+	repo := strings.ReplaceAll(release, ".", "-")
+	ours := func(obj client.Object) bool {
+		switch o := obj.(type) {
+		case *corev1.Node:
+			return slices.Contains(c.nodes, o.Name) && o.Spec.Unschedulable
+		case *appsv1.Deployment, *corev1.Service, *corev1.PersistentVolumeClaim:
+			return o.GetNamespace() == repository.Namespace && strings.HasSuffix(o.GetName(), repo)
+		default: // SUC Plans and Jobs: the plan's own, or one of c's nodes
+			return o.GetLabels()[upgradeplan.LabelUpgradePlan] == plan || strings.Contains(o.GetName(), c.name)
+		}
 	}
 	for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceList{}, &corev1.PersistentVolumeClaimList{}, &sucv1.PlanList{}, &batchv1.JobList{}, &corev1.NodeList{}} {
-		w, err := wc.Watch(ctx, list)
+		// From the list's resource version: the watch sends what changes after it, not
+		// what exists.
+		Expect(wc.List(ctx, list)).To(Succeed())
+		rv := list.(metav1.ListInterface).GetResourceVersion()
+		w, err := wc.Watch(ctx, list, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(w.Stop)
 		go func() {
 			for ev := range w.ResultChan() {
 				obj, ok := ev.Object.(client.Object)
-				if !ok || ev.Type == watch.Deleted || ev.Type == watch.Bookmark {
+				if !ok || ev.Type == watch.Deleted || ev.Type == watch.Bookmark || obj.GetDeletionTimestamp() != nil || !ours(obj) {
 					continue
 				}
-				what := fmt.Sprintf("%s %T %s/%s", ev.Type, obj, obj.GetNamespace(), obj.GetName())
-				switch o := obj.(type) {
-				case *corev1.Node:
-					if !ours[o.Name] || !o.Spec.Unschedulable {
-						continue
-					}
-					what += " cordoned"
-				case *appsv1.Deployment, *corev1.Service, *corev1.PersistentVolumeClaim:
-					if o.GetNamespace() != repository.Namespace {
-						continue
-					}
-				}
 				mu.Lock()
-				seen = append(seen, what)
+				seen = append(seen, fmt.Sprintf("%s %T %s/%s", ev.Type, obj, obj.GetNamespace(), obj.GetName()))
 				mu.Unlock()
 			}
 		}()
@@ -90,7 +94,7 @@ var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func(
 			for _, n := range c.nodes {
 				Expect(c.kubelet.SetVersion(ctx, n, kubelet, "")).To(Succeed())
 			}
-			changes := workloadChanges(c.nodes)
+			changes := workloadChanges(c, upgradeplan.Name(c.name, release), release)
 			// Forced: spec.force lowers the release's minUpgradableVersion floor (v1.6.1 is
 			// older than v1.8.1's v1.7.0), never the hop table.
 			c.createPlan(func(s *harvesterv1.UpgradePlanSpec) { s.Force = true })

@@ -61,7 +61,7 @@ var Hops = []Hop{
 		Node: []Migration{
 			{Name: "GenerateNetworkManagerConfig", Source: "fact 53, generate_networkmanager_config",
 				IfSkipped: "the node reboots into SL Micro 6.1 without a NetworkManager configuration of its network and never rejoins"},
-			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance", //nolint:misspell // Harvester's function name
+			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance", //nolint:misspell // the release script's own function name
 				IfSkipped: "a node installed with an FQDN re-registers under a new name and never rejoins"},
 		},
 		Tracked: "issue #33",
