@@ -121,7 +121,7 @@ var _ = Describe("An UpgradeTask carried out by the Harvester updater", func() {
 		Expect(states[machines[0].Name]).To(Equal(inplacev1.MachineStateUpgraded))
 		Expect(states[machines[1].Name]).To(Equal(inplacev1.MachineStateFailed))
 		Expect(states[machines[2].Name]).NotTo(BeElementOf(inplacev1.MachineStateInProgress, inplacev1.MachineStateUpgraded), "no node starts after a failure")
-		Expect(runsOn(c.rec, machines[2].Status.NodeRef.Name)).To(BeEmpty(), "no Plan ran on the third node")
+		Expect(nodeRunsOn(c.rec, machines[2].Status.NodeRef.Name)).To(BeEmpty(), "no Plan of a node's upgrade ran on the third node")
 
 		m := &clusterv1.Machine{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(machines[1]), m)).To(Succeed())

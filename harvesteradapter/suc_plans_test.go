@@ -206,7 +206,7 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 			defer GinkgoRecover()
 			done <- drive(c.updater, nu, 60*time.Second)
 		}()
-		Eventually(func() []sim.PlanRun { return runsOn(c.rec, node) }, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+		Eventually(func() []sim.PlanRun { return nodeRunsOn(c.rec, node) }, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
 
 		cfg := &harvesterv1.HarvesterUpgrader{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.config), cfg)).To(Succeed())
@@ -249,7 +249,7 @@ var _ = Describe("Upgrading the manager while a node is upgraded", func() {
 		Eventually(func() []sim.PlanRun {
 			_, _ = c.updater.Reconcile(ctx, nu)
 			Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
-			return runsOn(c.rec, node)
+			return nodeRunsOn(c.rec, node)
 		}, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
 
 		// The new manager: another version, so another --harvester-node-image.

@@ -380,7 +380,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 		Eventually(func() []sim.PlanRun {
 			_, err := c.updater.Reconcile(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
-			return runsOn(c.rec, node)
+			return nodeRunsOn(c.rec, node)
 		}, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
 
 		done, err := c.updater.Abort(ctx, nu)
@@ -398,17 +398,38 @@ var _ = Describe("Aborting a node's upgrade", func() {
 		n := &corev1.Node{}
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 		Expect(n.Spec.Unschedulable).To(BeFalse())
-		Consistently(func() int { return len(runsOn(c.rec, node)) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
+		Consistently(func() int { return len(nodeRunsOn(c.rec, node)) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
 	})
 })
 
-// runsOn returns the runs a simulator recorded on one node.
+// runsOn returns the runs a simulator recorded on one node: of every Plan, the cluster
+// phase's Plans for every node (restart guard, rke2-multus skip, image cleanup) included.
 func runsOn(rec *sim.Record, node string) []sim.PlanRun {
 	var out []sim.PlanRun
 	for _, r := range rec.Runs() {
 		if r.Node == node {
 			out = append(out, r)
 		}
+	}
+	return out
+}
+
+// clusterPlanKinds are the kinds of the Plans an UpgradePlan runs on every node, outside
+// any NodeUpdate.
+var clusterPlanKinds = []suc.PlanKind{suc.PlanImageCleanup, suc.PlanRestartGuard, suc.PlanManifestSkip, suc.PlanManifestUnskip}
+
+// nodeRunsOn returns the runs of a NodeUpdate's own Plans on one node (preload, drain,
+// rke2, os, unguard, reguard), leaving out the cluster phase's Plans for every node.
+func nodeRunsOn(rec *sim.Record, node string) []sim.PlanRun {
+	var out []sim.PlanRun
+runs:
+	for _, r := range runsOn(rec, node) {
+		for _, kind := range clusterPlanKinds {
+			if strings.HasPrefix(r.Plan, "capi-inplace-"+string(kind)+"-") {
+				continue runs
+			}
+		}
+		out = append(out, r)
 	}
 	return out
 }
