@@ -272,10 +272,12 @@ var _ = Describe("Upgrading the manager while a node is upgraded", func() {
 	})
 })
 
-// imagesOn are the images of every pod SUC's Jobs ran on node.
+// imagesOn are the images of every pod SUC's Jobs of the node's own Plans ran on node
+// (the cluster phase's Plans for every node run the image of the manager that created
+// the UpgradePlan).
 func imagesOn(c *harvesterCluster, node string) []string {
 	var images []string
-	for _, r := range runsOn(c.rec, node) {
+	for _, r := range nodeRunsOn(c.rec, node) {
 		images = append(images, r.Images...)
 	}
 	return images

@@ -94,7 +94,13 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	// The specs' clusters share one workload API server: each labels its nodes, and its
 	// UpgradePlan, created ahead of the nodes as an operator may, covers those only
 	// (spec.nodeSelector).
-	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage, Labels: map[string]string{labelTestCluster: c.name}}
+	c.kubelet = &sim.Kubelet{Client: wl.Client, Record: c.rec, OSImage: osImage, Labels: sim.HarvesterNodeLabels(map[string]string{labelTestCluster: c.name})}
+	// The spec's nodes leave with it (after its simulators stop: cleanups run last
+	// first): a node of an ended spec, down or up, would count in every later spec's
+	// cluster-wide waits (the managed nodes Longhorn's upgrade waits for).
+	DeferCleanup(func() {
+		Expect(wl.Client.DeleteAllOf(ctx, &corev1.Node{}, client.MatchingLabels{labelTestCluster: c.name})).To(Succeed())
+	})
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("%s-node-%d", c.name, i)
 		_, err := c.kubelet.CreateNode(ctx, name, "v1.34.3+rke2r3", nil)

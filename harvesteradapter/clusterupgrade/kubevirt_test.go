@@ -32,7 +32,11 @@ func runningVMs(r *sim.Rancher, n int) *sim.KubeVirt {
 	kubevirtSeq++
 	pool, ns := fmt.Sprintf("kv-%d", kubevirtSeq), fmt.Sprintf("vms-%d", kubevirtSeq)
 	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	kubelet := &sim.Kubelet{Client: env.Client, Record: sim.NewRecord()}
+	kubelet := &sim.Kubelet{Client: env.Client, Record: sim.NewRecord(), Labels: sim.HarvesterNodeLabels(map[string]string{"pool": pool})}
+	// The nodes leave with the spec: they would count in a later spec's wait for Longhorn.
+	DeferCleanup(func() {
+		Expect(env.Client.DeleteAllOf(ctx, &corev1.Node{}, client.MatchingLabels{"pool": pool})).To(Succeed())
+	})
 	for i := 1; i <= 2; i++ {
 		_, err := kubelet.CreateNode(ctx, fmt.Sprintf("%s-node-%d", pool, i), "v1.32.4+rke2r1", map[string]string{"pool": pool})
 		Expect(err).NotTo(HaveOccurred())

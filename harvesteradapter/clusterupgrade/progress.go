@@ -45,6 +45,7 @@ const (
 	StepUpgradeHarvesterCRDChart       = "UpgradeHarvesterCRDChart"
 	StepUpgradeHarvesterChart          = "UpgradeHarvesterChart"
 	StepWaitKubeVirt                   = "WaitKubeVirt"
+	StepWaitLonghorn                   = "WaitLonghorn"
 )
 
 // StepNames are the sub-steps in the order Run runs them, the script's order
@@ -53,8 +54,8 @@ const (
 // 11) and KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16, whose
 // clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first), the local
 // cluster's details (fact 17), Longhorn's v1beta1 storage migration for a hop from v1.6
-// (fact 19), the chart repository (fact 20), Harvester's charts (fact 23) and the wait
-// for KubeVirt (fact 23.5).
+// (fact 19), the chart repository (fact 20), Harvester's charts (fact 23), the wait for
+// KubeVirt (fact 23.5) and the wait for Longhorn's own upgrade (fact 25).
 func StepNames() []string {
 	return []string{
 		StepPatchMultusFailurePolicy,
@@ -70,6 +71,7 @@ func StepNames() []string {
 		StepUpgradeHarvesterCRDChart,
 		StepUpgradeHarvesterChart,
 		StepWaitKubeVirt,
+		StepWaitLonghorn,
 	}
 }
 

@@ -267,7 +267,8 @@ var _ = Describe("Run", Ordered, func() {
 		steps, rerr := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{
-			clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed, clusterupgrade.StepWaitKubeVirt: clusterupgrade.StatePending})))
+			clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed, clusterupgrade.StepWaitKubeVirt: clusterupgrade.StatePending,
+			clusterupgrade.StepWaitLonghorn: clusterupgrade.StatePending})))
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterChart).Message).To(ContainSubstring("already exists"))
 
 		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
@@ -328,7 +329,7 @@ var _ = Describe("Run", Ordered, func() {
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)[len(steps)-4:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending", "WaitKubeVirt=Pending"}))
+		Expect(states(steps)[len(steps)-5:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending", "WaitKubeVirt=Pending", "WaitLonghorn=Pending"}))
 		Expect(chart(rancher.HarvesterCRDChart).Spec.Version).To(Equal("1.5.1"), "no chart was upgraded before the index was downloaded")
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())

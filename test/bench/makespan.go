@@ -261,7 +261,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 		return res, fmt.Errorf("seed Rancher's objects: %w", err)
 	}
 	rec := sim.NewRecord()
-	kubelet := &sim.Kubelet{Client: wc, Record: rec, OSImage: makespanFromOS}
+	kubelet := &sim.Kubelet{Client: wc, Record: rec, OSImage: makespanFromOS, Labels: sim.HarvesterNodeLabels(nil)}
 	for _, node := range nodes {
 		labels := map[string]string{"node-role.kubernetes.io/worker": "true"}
 		if node.management {

@@ -332,7 +332,7 @@ func (s *Scenario) createWorkload(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("an address for the simulated kubelets: %w", err)
 	}
-	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: FromOSImage, ServeAddress: addr}
+	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: FromOSImage, ServeAddress: addr, Labels: sim.HarvesterNodeLabels(nil)}
 	for _, n := range s.Nodes {
 		labels := map[string]string{"node-role.kubernetes.io/worker": "true"}
 		if n.ControlPlane {

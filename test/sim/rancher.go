@@ -50,7 +50,10 @@ import (
 //     one deployed makes virt-operator roll it out: the KubeVirt CR
 //     harvester-system/kubevirt goes Deploying with it as target, and after RolloutDelay
 //     Deployed with it as observed version (virtoperator.go; harvester-release-steps.md
-//     fact 23.5).
+//     fact 23.5);
+//   - a deploy of the harvester chart renders its Longhorn (LonghornOfChart) into the
+//     longhorn-manager DaemonSet, which is rolled out after RolloutDelay, its new managers
+//     writing Longhorn's default-instance-manager-image (longhornmanager.go; fact 25).
 //
 // Time is real time; the simulator looks at the cluster every Interval, or, with Cache, on
 // the events of the kinds above and when a delay is due (passLoop).
@@ -150,7 +153,7 @@ func (r *Rancher) due(key string, delay time.Duration) bool {
 
 // Start plays Rancher until ctx ends.
 func (r *Rancher) Start(ctx context.Context) {
-	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}}
+	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, &appsv1.DaemonSet{}, &corev1.Node{}}
 	go r.loop.run(ctx, r.Interval, r.Cache, kinds, func(ctx context.Context) { _ = r.pass(ctx) })
 }
 
@@ -162,7 +165,7 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func (r *Rancher) pass(ctx context.Context) error {
-	return errors.Join(r.charts(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.kubevirtRollout(ctx))
+	return errors.Join(r.charts(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.kubevirtRollout(ctx), r.longhornManagerRollout(ctx))
 }
 
 func (r *Rancher) charts(ctx context.Context) error {
@@ -194,7 +197,7 @@ func (r *Rancher) charts(ctx context.Context) error {
 			}
 		})
 		if err == nil && deployed != nil {
-			err = startKubeVirtDeploy(ctx, r.Client, deployed)
+			err = errors.Join(startKubeVirtDeploy(ctx, r.Client, deployed), applyLonghornChart(ctx, r.Client, deployed))
 		}
 		if err == nil && deployed != nil && r.OnDeployed != nil {
 			err = r.OnDeployed(ctx, deployed)
@@ -388,7 +391,8 @@ type HarvesterRelease struct {
 // Setting server-version; and Harvester's own: the overcommit-config Setting with the
 // release's default and no value (OvercommitConfigDefault, as Harvester writes it at
 // start), and the KubeVirt CR harvester-system/kubevirt deployed at the KubeVirt of the
-// release's chart (virtoperator.go). Namespaces are created when missing. Stop a running Rancher
+// release's chart (virtoperator.go), and the longhorn-manager DaemonSet of the Longhorn
+// of its chart, rolled out (longhornmanager.go). Namespaces are created when missing. Stop a running Rancher
 // simulator before seeding again.
 func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	if rel.Chart == "" {
@@ -435,6 +439,9 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		}
 	}
 	if err := seedHarvesterObjects(ctx, c, rel); err != nil {
+		return err
+	}
+	if err := seedLonghornManagerObjects(ctx, c, rel); err != nil {
 		return err
 	}
 	// Status as Rancher, Fleet and the Deployment controller leave it.

@@ -1,0 +1,105 @@
+package clusterupgrade_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+)
+
+// The wait for Longhorn's own upgrade (harvester-release-steps.md fact 25): the harvester
+// chart carries Longhorn; once Fleet deploys it, longhorn-manager rolls out and replaces
+// its instance managers, and the cluster upgrade ends only after that.
+var _ = Describe("Run and Longhorn's upgrade", func() {
+	const ns = "longhorn-system"
+	oldLonghorn, newLonghorn := sim.LonghornOfChart("1.5.1"), sim.LonghornOfChart("1.6.0")
+	oldIM, newIM := sim.LonghornInstanceManagerImage(oldLonghorn), sim.LonghornInstanceManagerImage(newLonghorn)
+
+	// v1IMs are, per node, the v1 AllInOne instance managers of image and their states.
+	v1IMs := func(image string) map[string][]string {
+		GinkgoHelper()
+		list := &longhornv1.InstanceManagerList{}
+		Expect(env.Client.List(ctx, list, client.InNamespace(ns),
+			client.MatchingLabels{"longhorn.io/instance-manager-image": clusterupgrade.InstanceManagerImageChecksum(image), "longhorn.io/data-engine": "v1"})).To(Succeed())
+		out := map[string][]string{}
+		for _, im := range list.Items {
+			out[im.Spec.NodeID] = append(out[im.Spec.NodeID], string(im.Status.CurrentState))
+		}
+		return out
+	}
+
+	It("holds until longhorn-manager is ready on every managed non-witness node and each node runs the new v1 instance manager", func() {
+		seed(oldRelease, func(r *sim.Rancher) { r.RolloutDelay = 300 * time.Millisecond })
+		settle()
+		ds := &appsv1.DaemonSet{}
+		Expect(env.Client.Get(ctx, clusterupgrade.LonghornManagerKey, ds)).To(Succeed())
+		Expect(ds.Spec.Template.Spec.Containers[0].Image).To(Equal(sim.LonghornManagerImage(oldLonghorn)))
+
+		// Two managed nodes and a witness, their Longhorn running its v1 instance managers
+		// on the old image, as a released Longhorn (the default instance-manager image set);
+		// no other node.
+		Expect(env.Client.DeleteAllOf(ctx, &corev1.Node{})).To(Succeed())
+		suffix := fmt.Sprintf("lh-%d", GinkgoRandomSeed()%100000)
+		kubelet := &sim.Kubelet{Client: env.Client, Record: sim.NewRecord(), Labels: sim.HarvesterNodeLabels(nil)}
+		nodes := []string{"a-" + suffix, "b-" + suffix}
+		for _, n := range nodes {
+			_, err := kubelet.CreateNode(ctx, n, "v1.34.3+rke2r3", nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(sim.CreateLonghornInstanceManager(ctx, env.Client, ns, n, oldIM, longhornv1.DataEngineTypeV1)).To(Succeed())
+		}
+		witness := "w-" + suffix
+		_, err := kubelet.CreateNode(ctx, witness, "v1.34.3+rke2r3", map[string]string{clusterupgrade.LabelWitnessNode: "true"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() {
+			for _, n := range append(nodes, witness) {
+				_ = env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+			}
+			for _, obj := range []client.Object{&longhornv1.InstanceManager{}, &longhornv1.Node{}, &longhornv1.Setting{}} {
+				Expect(env.Client.DeleteAllOf(ctx, obj, client.InNamespace(ns))).To(Succeed())
+			}
+		})
+		Expect(sim.SetLonghornSetting(ctx, env.Client, ns, sim.SettingDefaultInstanceManagerImage, oldIM)).To(Succeed())
+		lh := &sim.Longhorn{Client: env.Client, Namespace: ns, StateDuration: 300 * time.Millisecond, Interval: 20 * time.Millisecond}
+		lhCtx, stop := context.WithCancel(ctx)
+		DeferCleanup(stop)
+		go lh.Run(lhCtx)
+
+		By("the second node is down when the chart is deployed: its longhorn-manager is not ready")
+		Expect(kubelet.SetReady(ctx, nodes[1], false, "NodeStatusUnknown")).To(Succeed())
+		p := newProgress()
+		done := make(chan error, 1)
+		go func() { done <- clusterupgrade.Run(ctx, env.Client, input("up-lh"), p) }()
+		Eventually(func(g Gomega) string {
+			steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+			g.Expect(err).NotTo(HaveOccurred())
+			return string(stepNamed(steps, clusterupgrade.StepWaitLonghorn).State)
+		}, 20*time.Second, 20*time.Millisecond).Should(Equal(string(clusterupgrade.StateRunning)))
+		Consistently(done, time.Second, 50*time.Millisecond).ShouldNot(Receive(), "1 of 2 managers ready: the upgrade waits")
+		Expect(env.Client.Get(ctx, clusterupgrade.LonghornManagerKey, ds)).To(Succeed())
+		Expect(ds.Spec.Template.Spec.Containers[0].Image).To(Equal(sim.LonghornManagerImage(newLonghorn)), "the chart's Longhorn was rendered")
+		Expect(ds.Status.NumberReady).To(BeEquivalentTo(1))
+
+		By("the node is back: the managers are ready, Longhorn replaces each node's v1 instance manager, and the run ends when both run")
+		Expect(kubelet.SetReady(ctx, nodes[1], true, "KubeletReady")).To(Succeed())
+		var runErr error
+		Eventually(done, 20*time.Second).Should(Receive(&runErr))
+		Expect(runErr).NotTo(HaveOccurred())
+		Expect(v1IMs(newIM)).To(Equal(map[string][]string{nodes[0]: {"running"}, nodes[1]: {"running"}}), "one running v1 instance manager of the new image on each node when the run ends")
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		step := stepNamed(steps, clusterupgrade.StepWaitLonghorn)
+		Expect(step.State).To(Equal(clusterupgrade.StateDone))
+		Expect(step.Message).To(And(ContainSubstring("longhorn-manager "+sim.LonghornManagerImage(newLonghorn)+" ready on 2 nodes"),
+			ContainSubstring("instance manager "+newIM+" running on 2 Longhorn nodes for data engine v1")))
+	})
+})
