@@ -31,9 +31,10 @@ import (
 // argument. Each new longhorn-manager writes it into the setting
 // default-instance-manager-image at start (app/daemon.go, defaultImageSettings and
 // UpdateCustomizedSettings), and the node and instance-manager controllers read only the
-// setting. The simulator plays from the setting on (UpgradeLonghorn writes it); the
-// DaemonSet and its rolling update are not played (see syncInstanceManagers for what
-// v1.12.1 does during that roll).
+// setting. The simulator plays from the setting on (UpgradeLonghorn writes it, and so does
+// the Rancher simulator once it has rolled out the longhorn-manager DaemonSet a harvester
+// chart deploy rendered: longhornmanager.go); the managers' rolling update itself is not
+// played here (see syncInstanceManagers for what v1.12.1 does during that roll).
 
 const (
 	// SettingDefaultInstanceManagerImage is the setting a new longhorn-manager writes from
@@ -425,7 +426,7 @@ func sameProcesses(a, b map[string]longhornv1.InstanceProcess) bool {
 // Decided where the sources are silent or the simulator is smaller: v1.12.1 also keeps
 // the IM of the node's own longhorn-manager argument image and creates none while that
 // argument differs from the setting (during the DaemonSet's rolling update); the
-// simulator has no DaemonSet and plays every node's manager as already rolled. The
+// simulator plays every node's manager as already rolled once the setting changed. The
 // instance managers of types engine and replica (pre-1.5) are not played.
 func (l *Longhorn) syncInstanceManagers(ctx context.Context, s *released, node string, engine longhornv1.DataEngineType) {
 	disabled := engine == longhornv1.DataEngineTypeV2 && s.kubeNodesDisableV2[node]
