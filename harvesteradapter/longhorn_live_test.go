@@ -50,13 +50,22 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 	// newCluster is a cluster on lh with Longhorn's objects removed after the spec, once
 	// its simulators have stopped (cleanups run last-registered first).
+	// Each node's Longhorn runs its v1 instance manager of the image the longhorn-manager
+	// DaemonSet renders now, as a settled Longhorn does (the cluster step waits for one
+	// per Longhorn node, fact 25).
 	newCluster := func(nodes int) *harvesterCluster {
 		GinkgoHelper()
 		DeferCleanup(resetLonghorn, lh)
-		return newHarvesterClusterOn(lh, nodes, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+		c := newHarvesterClusterOn(lh, nodes, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.PreloadImages = ptr.To(false)
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
+		image, err := sim.DeployedInstanceManagerImage(ctx, lh.Client)
+		Expect(err).NotTo(HaveOccurred())
+		for _, n := range c.nodes {
+			Expect(sim.CreateLonghornInstanceManager(ctx, lh.Client, longhorn.Namespace, n, image, longhornv1.DataEngineTypeV1)).To(Succeed())
+		}
+		return c
 	}
 	// clusterUpgraded waits until the cluster's UpgradePlan has done the cluster step: a
 	// cluster upgrade on a fresh workload API server takes a few seconds, which a node's

@@ -210,3 +210,15 @@ func HarvesterNodeLabels(more map[string]string) map[string]string {
 	}
 	return out
 }
+
+// DeployedInstanceManagerImage is the instance-manager image the longhorn-manager
+// DaemonSet on c renders now: the image of the v1 instance managers a settled Longhorn
+// runs on each of its nodes.
+func DeployedInstanceManagerImage(ctx context.Context, c client.Client) (string, error) {
+	ds := &appsv1.DaemonSet{}
+	if err := c.Get(ctx, clusterupgrade.LonghornManagerKey, ds); err != nil {
+		return "", fmt.Errorf("read DaemonSet %s: %w", clusterupgrade.LonghornManagerKey, err)
+	}
+	_, image, err := longhornImagesOf(ds)
+	return image, err
+}
