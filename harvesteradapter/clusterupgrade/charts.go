@@ -24,7 +24,8 @@ import (
 // again, from the generation that run recorded. Otherwise it patches: spec.version,
 // paused false, timeoutSeconds bumped so that the generation changes even when nothing
 // else does (fact 41.13), Harvester's last-upgrade annotations and the generation it
-// starts from.
+// starts from; for the harvester chart, the values the release's script adds too
+// (harvesterChartValues, fact 23.2).
 func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepState, string, error) {
 	name := stepOfChart(key)
 	target := r.in.HarvesterChartVersion
@@ -44,7 +45,7 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 			return r.already(name, fmt.Sprintf("ManagedChart %s is already at %s and ready; un-paused", key, target), r.ours(mc))
 		}
 	}
-	from, resumed := int64(0), false
+	from, resumed, valuesNote := int64(0), false, ""
 	if mc.Spec.Version == target && !mc.Spec.Paused && mc.Annotations[lastUpgradeNameAnnotation] == r.in.Plan {
 		if g, err := strconv.ParseInt(mc.Annotations[FromGenerationAnnotation], 10, 64); err == nil && g < mc.Generation {
 			from, resumed = g, true
@@ -63,6 +64,16 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 		mc.Spec.Version = target
 		mc.Spec.Paused = false
 		mc.Spec.TimeoutSeconds = bumpTimeout(mc.Spec.TimeoutSeconds)
+		if key == harvesterChart {
+			changed, err := r.harvesterChartValues(ctx, mc)
+			if err != nil {
+				return "", "", err
+			}
+			for _, c := range changed {
+				r.logf("ManagedChart %s: value %s", key, c)
+			}
+			valuesNote = strings.Join(changed, ", ")
+		}
 		if err := r.c.Patch(ctx, mc, client.MergeFrom(before)); err != nil {
 			return "", "", fmt.Errorf("set ManagedChart %s to version %s: %w", key, target, err)
 		}
@@ -74,7 +85,11 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 	if err := r.waitChart(ctx, key, target, from); err != nil {
 		return "", "", err
 	}
-	return StateDone, fmt.Sprintf("ManagedChart %s is at %s and ready", key, target), nil
+	message := fmt.Sprintf("ManagedChart %s is at %s and ready", key, target)
+	if valuesNote != "" {
+		message += "; values set: " + valuesNote
+	}
+	return StateDone, message, nil
 }
 
 func stepOfChart(key client.ObjectKey) string {
