@@ -22,7 +22,7 @@ import (
 // upgrade_managedchart_harvester and patch_longhorn_settings).
 const (
 	// harvesterStorageClass is the StorageClass the harvester chart makes the default.
-	harvesterStorageClass = "harvester-longhorn"
+	harvesterStorageClass  = "harvester-longhorn"
 	defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
 
 	settingNodeDrainPolicy  = "node-drain-policy"
