@@ -42,6 +42,7 @@ const (
 	StepMigrateLonghornV1beta1CRDs     = "MigrateLonghornV1beta1CRDs"
 	StepUpgradeClusterRepo             = "UpgradeClusterRepo"
 	StepRefreshHarvesterCharts         = "RefreshHarvesterCharts"
+	StepEnsureIngressClassName         = "EnsureIngressClassName"
 	StepUpgradeHarvesterCRDChart       = "UpgradeHarvesterCRDChart"
 	StepUpgradeHarvesterChart          = "UpgradeHarvesterChart"
 	StepWaitKubeVirt                   = "WaitKubeVirt"
@@ -54,8 +55,9 @@ const (
 // 11) and KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16, whose
 // clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first), the local
 // cluster's details (fact 17), Longhorn's v1beta1 storage migration for a hop from v1.6
-// (fact 19), the chart repository (fact 20), Harvester's charts (fact 23), the wait for
-// KubeVirt (fact 23.5) and the wait for Longhorn's own upgrade (fact 25).
+// (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21),
+// Harvester's charts (fact 23), the wait for KubeVirt (fact 23.5) and the wait for
+// Longhorn's own upgrade (fact 25).
 func StepNames() []string {
 	return []string{
 		StepPatchMultusFailurePolicy,
@@ -68,6 +70,7 @@ func StepNames() []string {
 		StepMigrateLonghornV1beta1CRDs,
 		StepUpgradeClusterRepo,
 		StepRefreshHarvesterCharts,
+		StepEnsureIngressClassName,
 		StepUpgradeHarvesterCRDChart,
 		StepUpgradeHarvesterChart,
 		StepWaitKubeVirt,

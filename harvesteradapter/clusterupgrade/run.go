@@ -38,6 +38,7 @@ func steps() []step {
 		{StepMigrateLonghornV1beta1CRDs, (*runner).migrateLonghornV1beta1CRDs},
 		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
 		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
+		{StepEnsureIngressClassName, (*runner).ensureIngressClassName},
 		{StepUpgradeHarvesterCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
 			return r.upgradeChart(ctx, harvesterCRDChart)
 		}},
@@ -63,7 +64,8 @@ func steps() []step {
 // legacy CAPI), the Rancher upgrade (fact 16, as a change of the rancher Deployment's
 // image, see upgradeRancher), patch_local_cluster_details (fact 17), for a hop from v1.6
 // migrate_longhorn_v1beta1_crds (fact 19; the validator's UPDATE on settings recorded),
-// the cluster repository (fact 20), the harvester-crd and harvester ManagedCharts (fact
+// the cluster repository (fact 20), rancher-expose's ingress class (fact 21, ingress.go),
+// the harvester-crd and harvester ManagedCharts (fact
 // 23: the version, and for harvester the values its script adds, chartvalues.go),
 // wait_kubevirt (fact 23.5, when the release names its KubeVirt) and
 // wait_longhorn_upgrade (fact 25, longhorn.go). The hop-keyed sub-steps key on
@@ -72,7 +74,7 @@ func steps() []step {
 // whatever the outcome. Still left out: the v1.9 hop's migrations (facts 14, 15), the
 // guard against RKE2 restarts (fact 12; the UpgradePlan places it before the Job),
 // Rancher's helm upgrade with its waits and features (fact 16), the local-rke-state
-// Secret (18), the ingress class (21), the extra manifests, addons, monitoring and
+// Secret (18), the extra manifests, addons, monitoring and
 // logging (22, 27 to 29) and the containerd registry sync (24).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {

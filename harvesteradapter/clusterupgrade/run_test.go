@@ -329,7 +329,7 @@ var _ = Describe("Run", Ordered, func() {
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)[len(steps)-5:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending", "WaitKubeVirt=Pending", "WaitLonghorn=Pending"}))
+		Expect(states(steps)[len(steps)-6:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "EnsureIngressClassName=Pending", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending", "WaitKubeVirt=Pending", "WaitLonghorn=Pending"}))
 		Expect(chart(rancher.HarvesterCRDChart).Spec.Version).To(Equal("1.5.1"), "no chart was upgraded before the index was downloaded")
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())

@@ -11,6 +11,7 @@ import (
 	"github.com/rancher/wrangler/v3/pkg/genericcondition"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +21,7 @@ import (
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
@@ -392,7 +394,8 @@ type HarvesterRelease struct {
 // release's default and no value (OvercommitConfigDefault, as Harvester writes it at
 // start), and the KubeVirt CR harvester-system/kubevirt deployed at the KubeVirt of the
 // release's chart (virtoperator.go), and the longhorn-manager DaemonSet of the Longhorn
-// of its chart, rolled out (longhornmanager.go). Namespaces are created when missing. Stop a running Rancher
+// of its chart, rolled out (longhornmanager.go), and the Ingress rancher-expose, without an
+// ingress class as on a cluster installed before Harvester named one (fact 21). Namespaces are created when missing. Stop a running Rancher
 // simulator before seeding again.
 func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	if rel.Chart == "" {
@@ -442,6 +445,9 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		return err
 	}
 	if err := seedLonghornManagerObjects(ctx, c, rel); err != nil {
+		return err
+	}
+	if err := recreate(ctx, c, seedRancherExpose()); err != nil {
 		return err
 	}
 	// Status as Rancher, Fleet and the Deployment controller leave it.
@@ -500,4 +506,18 @@ func recreate(ctx context.Context, c client.Client, o client.Object) error {
 		return fmt.Errorf("create %T %s: %w", o, client.ObjectKeyFromObject(o), err)
 	}
 	return nil
+}
+
+// seedRancherExpose is the Ingress cattle-system/rancher-expose through which Harvester
+// exposes Rancher, without an ingress class.
+func seedRancherExpose() *networkingv1.Ingress {
+	prefix := networkingv1.PathTypePrefix
+	return &networkingv1.Ingress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: clusterupgrade.RancherExposeKey.Namespace, Name: clusterupgrade.RancherExposeKey.Name},
+		Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{
+			Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &prefix, Backend: networkingv1.IngressBackend{
+				Service: &networkingv1.IngressServiceBackend{Name: "rancher", Port: networkingv1.ServiceBackendPort{Number: 80}},
+			}}},
+		}}}}},
+	}
 }
