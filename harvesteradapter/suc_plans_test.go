@@ -165,7 +165,9 @@ var _ = Describe("A node's drain", func() {
 		node := c.nodes[0]
 		Expect(c.kubelet.SetUnschedulable(ctx, node, true)).To(Succeed(), "an operator cordons the node")
 		nu := c.nodeUpdate(node)
-		err := drive(c.updater, nu, 5*time.Second)
+		// Until the node reaches its drain (after the cluster step), then a while longer.
+		Expect(driveUntil(c.updater, nu, 60*time.Second, heldWith("node "+node+" is cordoned by someone else"))).To(Succeed())
+		err := drive(c.updater, nu, 2*time.Second)
 		Expect(unschedulable(node)).To(BeTrue(), "the operator's cordon stays")
 		Expect(c.rec.Drains(node)).To(BeEmpty())
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
@@ -185,12 +187,26 @@ var _ = Describe("A node's drain", func() {
 		n.Annotations = map[string]string{"harvesterhci.io/maintain-status": "running"}
 		Expect(workload.Client.Update(ctx, n)).To(Succeed())
 		nu := c.nodeUpdate(node)
-		err := drive(c.updater, nu, 5*time.Second)
+		message := "node " + node + " is in Harvester maintenance mode (harvesterhci.io/maintain-status=running)"
+		Expect(driveUntil(c.updater, nu, 60*time.Second, heldWith(message))).To(Succeed())
+		err := drive(c.updater, nu, 2*time.Second)
 		Expect(c.rec.Drains(node)).To(BeEmpty(), "a node in maintenance mode is not drained")
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
-		Expect(nu.Status.Steps).To(ContainElement(HaveField("Message", ContainSubstring("node "+node+" is in Harvester maintenance mode (harvesterhci.io/maintain-status=running)"))))
+		Expect(nu.Status.Steps).To(ContainElement(HaveField("Message", ContainSubstring(message))))
 	})
 })
+
+// heldWith says whether a step of the NodeUpdate runs with a message that says message.
+func heldWith(message string) func(*inplacev1.NodeUpdate) bool {
+	return func(nu *inplacev1.NodeUpdate) bool {
+		for _, s := range nu.Status.Steps {
+			if s.State == inplacev1.StepStateRunning && strings.Contains(s.Message, message) {
+				return true
+			}
+		}
+		return false
+	}
+}
 
 var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func() {
 	It("does not change the node's running Plans: SUC would delete their Jobs", func() {

@@ -387,7 +387,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 			_, err := c.updater.Reconcile(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
 			return nodeRunsOn(c.rec, node)
-		}, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
+		}, 60*time.Second, 50*time.Millisecond).Should(HaveLen(1), "the node's first Plan runs once the cluster step is done")
 
 		done, err := c.updater.Abort(ctx, nu)
 		Expect(err).NotTo(HaveOccurred())

@@ -26,9 +26,8 @@ import (
 // else does (fact 41.13), Harvester's last-upgrade annotations and the generation it
 // starts from; for the harvester chart, the values the release's script adds too
 // (harvesterChartValues, fact 23.2).
-func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepState, string, error) {
+func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey, target string) (StepState, string, error) {
 	name := stepOfChart(key)
-	target := r.in.HarvesterChartVersion
 	mc := &managementv3.ManagedChart{}
 	if err := r.c.Get(ctx, key, mc); err != nil {
 		return "", "", fmt.Errorf("read ManagedChart %s: %w", key, err)
@@ -58,7 +57,7 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 			mc.Annotations = map[string]string{}
 		}
 		mc.Annotations[lastUpgradeNameAnnotation] = r.in.Plan
-		mc.Annotations[lastUpgradeTargetAnnotation] = r.in.HarvesterVersion
+		mc.Annotations[lastUpgradeTargetAnnotation] = target
 		mc.Annotations[lastUpgradeTimeAnnotation] = r.in.Clock.Now().UTC().Format(time.RFC3339)
 		mc.Annotations[FromGenerationAnnotation] = strconv.FormatInt(from, 10)
 		mc.Spec.Version = target
@@ -93,10 +92,25 @@ func (r *runner) upgradeChart(ctx context.Context, key client.ObjectKey) (StepSt
 }
 
 func stepOfChart(key client.ObjectKey) string {
-	if key.Name == rancher.HarvesterCRDChart {
+	switch key.Name {
+	case rancher.HarvesterCRDChart:
 		return StepUpgradeHarvesterCRDChart
+	case rancher.MonitoringCRDChart:
+		return StepUpgradeMonitoringCRDChart
+	case rancher.LoggingCRDChart:
+		return StepUpgradeLoggingCRDChart
 	}
 	return StepUpgradeHarvesterChart
+}
+
+// upgradeAddonCRDChart is upgrade_monitoring or upgrade_logging_event_audit (fact 27):
+// since Harvester v1.2 only the CRD chart, brought to the release's chart version as
+// the harvester charts are; the release's metadata naming none leaves it as it is.
+func (r *runner) upgradeAddonCRDChart(ctx context.Context, chart, target, field string) (StepState, string, error) {
+	if target == "" {
+		return StateSkipped, fmt.Sprintf("the release metadata names no %s: ManagedChart %s/%s left as it is", field, rancher.FleetLocal, chart), nil
+	}
+	return r.upgradeChart(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: chart}, target)
 }
 
 // bumpTimeout is the script's timeoutSeconds change: the current value plus one, 599 taken

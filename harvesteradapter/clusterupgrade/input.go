@@ -46,6 +46,12 @@ type Input struct {
 	// HarvesterChartVersion is the version of the harvester and harvester-crd charts of
 	// the release (its metadata's harvesterChart), such as 1.6.0.
 	HarvesterChartVersion string
+	// MonitoringChartVersion and LoggingChartVersion are the versions of the
+	// rancher-monitoring and rancher-logging charts of the release (its metadata's
+	// monitoringChart and loggingChart), to which the rancher-monitoring-crd and
+	// rancher-logging-crd ManagedCharts are brought (fact 27); empty skips that chart.
+	MonitoringChartVersion string
+	LoggingChartVersion    string
 	// RancherVersion is the Rancher version of the release, such as v2.12.0.
 	RancherVersion string
 	// RancherImage is the repository of Rancher's image; empty keeps the repository the
@@ -139,6 +145,14 @@ func (in Input) Validate() error {
 	if !chartVersion.MatchString(in.HarvesterChartVersion) {
 		errs = append(errs, fmt.Errorf("--harvester-chart-version %q must be a chart version such as 1.6.0 (the release metadata's harvesterChart)", in.HarvesterChartVersion))
 	}
+	for _, c := range []struct{ flag, value, field string }{
+		{"monitoring-chart-version", in.MonitoringChartVersion, "monitoringChart"},
+		{"logging-chart-version", in.LoggingChartVersion, "loggingChart"},
+	} {
+		if c.value != "" && !chartVersion.MatchString(c.value) {
+			errs = append(errs, fmt.Errorf("--%s %q must be a chart version such as 105.1.2+up61.3.2 (the release metadata's %s), or empty", c.flag, c.value, c.field))
+		}
+	}
 	if !releaseVersion.MatchString(in.RancherVersion) {
 		errs = append(errs, fmt.Errorf("--rancher-version %q must be a Rancher release such as v2.12.0", in.RancherVersion))
 	}
@@ -174,6 +188,8 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.StringVar(&in.PreviousVersion, "previous-version", in.PreviousVersion, "Harvester release the nodes ran when the upgrade started, such as v1.7.1 (required)")
 	fs.StringVar(&in.KubeVirtVersion, "kubevirt-version", in.KubeVirtVersion, "KubeVirt version of the release (its metadata's kubevirt); empty skips the wait for KubeVirt")
 	fs.StringVar(&in.HarvesterChartVersion, "harvester-chart-version", in.HarvesterChartVersion, "version of the harvester and harvester-crd charts, such as 1.6.0")
+	fs.StringVar(&in.MonitoringChartVersion, "monitoring-chart-version", in.MonitoringChartVersion, "version of the rancher-monitoring charts (the release metadata's monitoringChart); empty leaves rancher-monitoring-crd as it is")
+	fs.StringVar(&in.LoggingChartVersion, "logging-chart-version", in.LoggingChartVersion, "version of the rancher-logging charts (the release metadata's loggingChart); empty leaves rancher-logging-crd as it is")
 	fs.StringVar(&in.RancherVersion, "rancher-version", in.RancherVersion, "Rancher release of the Harvester release, such as v2.12.0")
 	fs.StringVar(&in.RancherImage, "rancher-image", in.RancherImage, "Rancher image repository; empty keeps the rancher Deployment's")
 	fs.StringVar(&in.ClusterRepoImage, "cluster-repo-image", in.ClusterRepoImage, "harvester-cluster-repo image; default rancher/harvester-cluster-repo:<harvester-version>")
@@ -202,6 +218,8 @@ func Args(in Input, p Progress) []string {
 	add("previous-version", in.PreviousVersion)
 	add("kubevirt-version", in.KubeVirtVersion)
 	add("harvester-chart-version", in.HarvesterChartVersion)
+	add("monitoring-chart-version", in.MonitoringChartVersion)
+	add("logging-chart-version", in.LoggingChartVersion)
 	add("rancher-version", in.RancherVersion)
 	add("rancher-image", in.RancherImage)
 	add("cluster-repo-image", in.ClusterRepoImage)

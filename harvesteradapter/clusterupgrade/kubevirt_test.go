@@ -97,8 +97,10 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 		Consistently(kv.WorkloadUpdateMigrations).WithTimeout(time.Second).Should(BeEmpty())
 		Expect(kubevirtCR().Spec.WorkloadUpdateStrategy.WorkloadUpdateMethods).To(BeEmpty())
 		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}}}`))
-		for _, name := range []string{rancher.MonitoringCRDChart, rancher.LoggingCRDChart} {
-			Expect(chart(name).Spec.Paused).To(BeTrue(), "%s stays paused until the roll ends (fact 11)", name)
+		for name, v := range map[string]string{rancher.MonitoringCRDChart: newRelease.MonitoringChart, rancher.LoggingCRDChart: newRelease.LoggingChart} {
+			// Paused first, then un-paused by its own upgrade (fact 11's note, fact 27).
+			Expect(chart(name).Spec.Version).To(Equal(v), name)
+			Expect(chart(name).Spec.Paused).To(BeFalse(), "%s is un-paused by its upgrade", name)
 		}
 		changes, err := clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
@@ -129,7 +131,8 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 		Expect(clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)).To(BeEmpty())
 		Expect(clusterupgrade.Run(runCtx, env.Client, input("kv-plan"), p)).To(Succeed())
 		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}}}`))
-		Expect(chart(rancher.MonitoringCRDChart).Spec.Paused).To(BeTrue())
+		Expect(clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)).To(ContainElement(
+			clusterupgrade.Change{Object: "fleet-local/harvester", Field: clusterupgrade.FieldWorkloadUpdateMethods, Before: []byte(`["LiveMigrate"]`)}), "recorded again")
 		Expect(clusterupgrade.Restore(ctx, env.Client, p.ConfigMap)).To(Succeed())
 		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}}`))
 	})

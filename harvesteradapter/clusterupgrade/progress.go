@@ -47,6 +47,8 @@ const (
 	StepUpgradeHarvesterChart          = "UpgradeHarvesterChart"
 	StepWaitKubeVirt                   = "WaitKubeVirt"
 	StepWaitLonghorn                   = "WaitLonghorn"
+	StepUpgradeMonitoringCRDChart      = "UpgradeMonitoringCRDChart"
+	StepUpgradeLoggingCRDChart         = "UpgradeLoggingCRDChart"
 )
 
 // StepNames are the sub-steps in the order Run runs them, the script's order
@@ -57,7 +59,7 @@ const (
 // cluster's details (fact 17), Longhorn's v1beta1 storage migration for a hop from v1.6
 // (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21),
 // Harvester's charts (fact 23), the wait for KubeVirt (fact 23.5) and the wait for
-// Longhorn's own upgrade (fact 25).
+// Longhorn's own upgrade (fact 25), and the monitoring and logging CRD charts (fact 27).
 func StepNames() []string {
 	return []string{
 		StepPatchMultusFailurePolicy,
@@ -75,6 +77,8 @@ func StepNames() []string {
 		StepUpgradeHarvesterChart,
 		StepWaitKubeVirt,
 		StepWaitLonghorn,
+		StepUpgradeMonitoringCRDChart,
+		StepUpgradeLoggingCRDChart,
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 )
 
 // runner is one Run: its input, where it reports, and what earlier runs recorded.
@@ -40,13 +42,19 @@ func steps() []step {
 		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
 		{StepEnsureIngressClassName, (*runner).ensureIngressClassName},
 		{StepUpgradeHarvesterCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
-			return r.upgradeChart(ctx, harvesterCRDChart)
+			return r.upgradeChart(ctx, harvesterCRDChart, r.in.HarvesterChartVersion)
 		}},
 		{StepUpgradeHarvesterChart, func(r *runner, ctx context.Context) (StepState, string, error) {
-			return r.upgradeChart(ctx, harvesterChart)
+			return r.upgradeChart(ctx, harvesterChart, r.in.HarvesterChartVersion)
 		}},
 		{StepWaitKubeVirt, (*runner).waitKubeVirt},
 		{StepWaitLonghorn, (*runner).waitLonghorn},
+		{StepUpgradeMonitoringCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
+			return r.upgradeAddonCRDChart(ctx, rancher.MonitoringCRDChart, r.in.MonitoringChartVersion, "monitoringChart")
+		}},
+		{StepUpgradeLoggingCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
+			return r.upgradeAddonCRDChart(ctx, rancher.LoggingCRDChart, r.in.LoggingChartVersion, "loggingChart")
+		}},
 	}
 }
 
@@ -68,14 +76,15 @@ func steps() []step {
 // the harvester-crd and harvester ManagedCharts (fact
 // 23: the version, and for harvester the values its script adds, chartvalues.go),
 // wait_kubevirt (fact 23.5, when the release names its KubeVirt) and
-// wait_longhorn_upgrade (fact 25, longhorn.go). The hop-keyed sub-steps key on
+// wait_longhorn_upgrade (fact 25, longhorn.go) and the rancher-monitoring-crd and
+// rancher-logging-crd charts (fact 27, when the metadata names their versions). The hop-keyed sub-steps key on
 // Input.PreviousVersion with the script's own regexes (facts 1, 2; migrations.go).
 // Restore gives back what was recorded; the UpgradePlan runs it when the plan ends,
 // whatever the outcome. Still left out: the v1.9 hop's migrations (facts 14, 15), the
 // guard against RKE2 restarts (fact 12; the UpgradePlan places it before the Job),
 // Rancher's helm upgrade with its waits and features (fact 16), the local-rke-state
-// Secret (18), the extra manifests, addons, monitoring and
-// logging (22, 27 to 29) and the containerd registry sync (24).
+// Secret (18), the extra manifests and the add-ons (22, 28, 29) and the containerd
+// registry sync (24).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

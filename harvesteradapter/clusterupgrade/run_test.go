@@ -25,21 +25,23 @@ import (
 
 var (
 	oldRelease = sim.HarvesterRelease{Version: "v1.5.1", Rancher: "v2.11.3"}
-	newRelease = sim.HarvesterRelease{Version: "v1.6.0", Rancher: "v2.12.0"}
+	newRelease = sim.HarvesterRelease{Version: "v1.6.0", Rancher: "v2.12.0", MonitoringChart: "106.1.0+up66.0.0", LoggingChart: "106.0.1+up4.10.1"}
 )
 
 // input is the upgrade to newRelease with test-speed waits.
 func input(plan string) clusterupgrade.Input {
 	return clusterupgrade.Input{
-		Plan:                  plan,
-		HarvesterVersion:      newRelease.Version,
-		PreviousVersion:       oldRelease.Version,
-		KubeVirtVersion:       sim.KubeVirtVersionOfChart("1.6.0"),
-		HarvesterChartVersion: "1.6.0",
-		RancherVersion:        newRelease.Rancher,
-		PollInterval:          10 * time.Millisecond,
-		ChartFailAfter:        300 * time.Millisecond,
-		Timeout:               30 * time.Second,
+		Plan:                   plan,
+		HarvesterVersion:       newRelease.Version,
+		PreviousVersion:        oldRelease.Version,
+		KubeVirtVersion:        sim.KubeVirtVersionOfChart("1.6.0"),
+		HarvesterChartVersion:  "1.6.0",
+		MonitoringChartVersion: newRelease.MonitoringChart,
+		LoggingChartVersion:    newRelease.LoggingChart,
+		RancherVersion:         newRelease.Rancher,
+		PollInterval:           10 * time.Millisecond,
+		ChartFailAfter:         300 * time.Millisecond,
+		Timeout:                30 * time.Second,
 	}
 }
 
@@ -242,13 +244,20 @@ var _ = Describe("Run", Ordered, func() {
 			Expect(mc.Status.ObservedGeneration).To(Equal(generation), n)
 			Expect(mc.Spec.TimeoutSeconds).To(Equal(601), n)
 			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-full"))
-			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-target-version", "v1.6.0"))
+			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-target-version", "1.6.0"), "the chart's version, as the script writes it")
 		}
 		Expect(string(chart(rancher.HarvesterChart).Spec.Values.Raw)).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}}}`),
 			"KubeVirt's workload updates stay off until the roll ends (fact 13)")
-		mon := chart(rancher.MonitoringCRDChart)
-		Expect(mon.Spec.Version).To(Equal(monitoring.Spec.Version), "the monitoring CRD chart is not upgraded by this upgrade")
-		Expect(mon.Spec.Paused).To(BeTrue(), "it is paused until the roll ends (fact 11)")
+		// rancher-monitoring-crd and rancher-logging-crd: paused (2), upgraded and un-paused
+		// (3), as upgrade_monitoring and upgrade_logging_event_audit do (fact 27).
+		for n, v := range map[string]string{rancher.MonitoringCRDChart: newRelease.MonitoringChart, rancher.LoggingCRDChart: newRelease.LoggingChart} {
+			mc := chart(n)
+			Expect(mc.Spec.Version).To(Equal(v), n)
+			Expect(mc.Spec.Paused).To(BeFalse(), n)
+			Expect(mc.Generation).To(BeEquivalentTo(3), n)
+			Expect(mc.Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-target-version", v), n)
+		}
+		Expect(monitoring.Spec.Version).To(Equal("105.1.2+up61.3.2"), "seeded at the old release's")
 		Expect(chart(rancher.HarvesterCRDChart).Annotations[clusterupgrade.FromGenerationAnnotation]).To(Equal("2"), "paused at 2 before its upgrade")
 	})
 
@@ -268,7 +277,8 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{
 			clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed, clusterupgrade.StepWaitKubeVirt: clusterupgrade.StatePending,
-			clusterupgrade.StepWaitLonghorn: clusterupgrade.StatePending})))
+			clusterupgrade.StepWaitLonghorn: clusterupgrade.StatePending, clusterupgrade.StepUpgradeMonitoringCRDChart: clusterupgrade.StatePending,
+			clusterupgrade.StepUpgradeLoggingCRDChart: clusterupgrade.StatePending})))
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterChart).Message).To(ContainSubstring("already exists"))
 
 		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
@@ -305,7 +315,7 @@ var _ = Describe("Run", Ordered, func() {
 		p := newProgress()
 		in := input("up-cut")
 		in.ChartFailAfter = time.Hour
-		in.Timeout = 5 * time.Second
+		in.Timeout = 15 * time.Second // the chart never settles: the run always ends waiting for it
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(ContainSubstring("gave up waiting for ManagedChart fleet-local/harvester-crd")))
 		gen := chart(rancher.HarvesterCRDChart).Generation
 		Expect(gen).To(Equal(int64(3)), "paused, then upgraded")
@@ -320,16 +330,17 @@ var _ = Describe("Run", Ordered, func() {
 	})
 
 	It("waits for the chart index download before it upgrades the charts, and a second run waits for the same refresh", func() {
-		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 8 * time.Second })
+		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 20 * time.Second })
 		settle()
 		p := newProgress()
 		in := input("up-download")
-		in.Timeout = 4 * time.Second
+		in.Timeout = 10 * time.Second // ends while the download runs, on a loaded machine too
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)[len(steps)-6:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "EnsureIngressClassName=Pending", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending", "WaitKubeVirt=Pending", "WaitLonghorn=Pending"}))
+		Expect(states(steps)[len(steps)-8:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "EnsureIngressClassName=Pending", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending",
+			"WaitKubeVirt=Pending", "WaitLonghorn=Pending", "UpgradeMonitoringCRDChart=Pending", "UpgradeLoggingCRDChart=Pending"}))
 		Expect(chart(rancher.HarvesterCRDChart).Spec.Version).To(Equal("1.5.1"), "no chart was upgraded before the index was downloaded")
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())

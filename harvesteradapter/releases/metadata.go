@@ -35,8 +35,12 @@ type Metadata struct {
 	// lib.sh detect_repo reads it as REPO_KUBEVIRT_VERSION). Optional here: older
 	// metadata without it skips that wait.
 	KubeVirt string `json:"kubevirt,omitempty"`
-	// MonitoringChart is the monitoring chart's version.
+	// MonitoringChart is the version of the rancher-monitoring charts, to which the
+	// cluster upgrade brings the rancher-monitoring-crd ManagedChart (fact 27).
 	MonitoringChart string `json:"monitoringChart,omitempty"`
+	// LoggingChart is the version of the rancher-logging charts, to which the cluster
+	// upgrade brings the rancher-logging-crd ManagedChart (fact 27).
+	LoggingChart string `json:"loggingChart,omitempty"`
 	// MinUpgradableVersion is the oldest Harvester version the release installs over.
 	MinUpgradableVersion string `json:"minUpgradableVersion"`
 }

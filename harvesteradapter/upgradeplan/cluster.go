@@ -34,13 +34,15 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 		ServiceAccount: pr.Config.Spec.ClusterUpgrade.ServiceAccountName,
 		Labels:         labels,
 		Input: clusterupgrade.Input{
-			Plan:                  pr.Plan.Name,
-			HarvesterVersion:      rel.Harvester,
-			PreviousVersion:       pr.Plan.Status.PreviousVersion,
-			KubeVirtVersion:       rel.KubeVirt,
-			HarvesterChartVersion: rel.HarvesterChart,
-			RancherVersion:        rel.Rancher,
-			PollInterval:          r.ClusterUpgradePollInterval,
+			Plan:                   pr.Plan.Name,
+			HarvesterVersion:       rel.Harvester,
+			PreviousVersion:        pr.Plan.Status.PreviousVersion,
+			KubeVirtVersion:        rel.KubeVirt,
+			HarvesterChartVersion:  rel.HarvesterChart,
+			MonitoringChartVersion: rel.MonitoringChart,
+			LoggingChartVersion:    rel.LoggingChart,
+			RancherVersion:         rel.Rancher,
+			PollInterval:           r.ClusterUpgradePollInterval,
 		},
 	})
 }

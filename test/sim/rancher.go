@@ -381,6 +381,10 @@ type HarvesterRelease struct {
 	Rancher string
 	// Kubernetes is its RKE2 version; default v1.34.3+rke2r3.
 	Kubernetes string
+	// MonitoringChart and LoggingChart are the versions of its rancher-monitoring and
+	// rancher-logging charts; default 105.1.2+up61.3.2 and 105.2.0+up4.10.0 (test values:
+	// the facts do not name each release's).
+	MonitoringChart, LoggingChart string
 }
 
 // Seed creates (or re-creates) the Rancher objects of a Harvester cluster at release rel,
@@ -404,6 +408,12 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	if rel.Kubernetes == "" {
 		rel.Kubernetes = "v1.34.3+rke2r3"
 	}
+	if rel.MonitoringChart == "" {
+		rel.MonitoringChart = "105.1.2+up61.3.2"
+	}
+	if rel.LoggingChart == "" {
+		rel.LoggingChart = "105.2.0+up4.10.0"
+	}
 	for _, ns := range []string{rancher.FleetLocal, rancher.CattleSystem, "harvester-system"} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create namespace %s: %w", ns, err)
@@ -416,8 +426,8 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	charts := []*managementv3.ManagedChart{
 		seedChart(rancher.HarvesterCRDChart, rel.Chart, "harvester-system", nil),
 		seedChart(rancher.HarvesterChart, rel.Chart, "harvester-system", &apiextensionsv1.JSON{Raw: []byte(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}}`)}),
-		seedChart(rancher.MonitoringCRDChart, "105.1.2+up61.3.2", "cattle-monitoring-system", nil),
-		seedChart(rancher.LoggingCRDChart, "105.2.0+up4.10.0", "cattle-logging-system", nil),
+		seedChart(rancher.MonitoringCRDChart, rel.MonitoringChart, "cattle-monitoring-system", nil),
+		seedChart(rancher.LoggingCRDChart, rel.LoggingChart, "cattle-logging-system", nil),
 	}
 	repo := &catalogv1.ClusterRepo{
 		ObjectMeta: metav1.ObjectMeta{Name: rancher.HarvesterChartsRepo},

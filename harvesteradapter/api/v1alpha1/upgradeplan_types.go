@@ -170,6 +170,12 @@ type ReleaseInfo struct {
 	// kubevirt is the KubeVirt version the release ships; the cluster upgrade waits for
 	// it to be deployed. Empty when the metadata names none.
 	KubeVirt string `json:"kubevirt,omitempty"`
+	// monitoringChart is the version of the rancher-monitoring charts the release ships.
+	// +optional
+	MonitoringChart string `json:"monitoringChart,omitempty"`
+	// loggingChart is the version of the rancher-logging charts the release ships.
+	// +optional
+	LoggingChart string `json:"loggingChart,omitempty"`
 	// minUpgradableVersion is the oldest Harvester version the release installs over.
 	MinUpgradableVersion string `json:"minUpgradableVersion,omitempty"`
 }
