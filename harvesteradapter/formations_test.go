@@ -189,6 +189,9 @@ var _ = Describe("Every Harvester cluster formation", func() {
 				mc := &managementv3.ManagedChart{}
 				Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: name}, mc)).To(Succeed())
 				Expect(mc.Spec.Paused).To(BeFalse(), "%s un-paused at the end", name)
+				if v := map[string]string{rancher.MonitoringCRDChart: "106.1.0+up66.0.0", rancher.LoggingCRDChart: "106.0.1+up4.10.1"}[name]; v != "" {
+					Expect(mc.Spec.Version).To(Equal(v), "%s at the release metadata's version (fact 27)", name)
+				}
 			}
 			for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}} {
 				Expect(wl.Client.List(ctx, list, client.MatchingLabels{upgradeplan.LabelUpgradePlan: plan.Name})).To(Succeed())

@@ -37,6 +37,9 @@ kubernetes: v1.35.6+rke2r1
 rancher: v2.14.2
 # the KubeVirt the simulators take chart 1.8.1 to carry (sim.KubeVirtVersionOfChart)
 kubevirt: v-harvester-1.8.1
+# test values: the facts do not name the release's monitoring and logging charts
+monitoringChart: 106.1.0+up66.0.0
+loggingChart: 106.0.1+up4.10.1
 minUpgradableVersion: v1.7.0
 `
 

@@ -12,7 +12,9 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
@@ -362,6 +364,10 @@ var _ = Describe("Run", Ordered, func() {
 		cl.Status.FleetWorkspaceName = "fleet-local"
 		Expect(env.Client.Status().Patch(ctx, cl, client.MergeFrom(before))).To(Succeed())
 		createMultusConfig("failurePolicy", "abort") // as the earlier upgrade left it (fact 9)
+		ing := &networkingv1.Ingress{}
+		Expect(env.Client.Get(ctx, clusterupgrade.RancherExposeKey, ing)).To(Succeed())
+		ing.Spec.IngressClassName = ptr.To("nginx") // as the earlier upgrade left it (fact 21)
+		Expect(env.Client.Update(ctx, ing)).To(Succeed())
 		settle()
 
 		rvs := resourceVersions()
