@@ -40,6 +40,17 @@ kubevirt: v-harvester-1.8.1
 # test values: the facts do not name the release's monitoring and logging charts
 monitoringChart: 106.1.0+up66.0.0
 loggingChart: 106.0.1+up4.10.1
+# test values: what the simulated Rancher v2.14.2 installs (sim.DefaultRancherDependencies)
+rancherDependencies:
+  fleet:
+    chart: 114.0.2+up0.14.2
+    app: 0.14.2
+  fleet-crd:
+    chart: 114.0.2+up0.14.2
+    app: 0.14.2
+  rancher-webhook:
+    chart: 114.0.2+up0.10.2
+    app: 0.10.2
 minUpgradableVersion: v1.7.0
 `
 

@@ -24,6 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
 // Input is everything the cluster upgrade needs to know; the Job carries each of it as a
@@ -54,6 +57,15 @@ type Input struct {
 	LoggingChartVersion    string
 	// RancherVersion is the Rancher version of the release, such as v2.12.0.
 	RancherVersion string
+	// RancherFeatures is the `features` value the release runs Rancher with
+	// (releases.RancherFeatures, harvester-release-steps.md fact 42), set with Rancher's
+	// upgrade as its container's CATTLE_FEATURES; empty leaves Rancher's features as they
+	// are.
+	RancherFeatures string
+	// RancherDependencies are the versions of the charts Rancher installs itself (the
+	// release metadata's rancherDependencies), which WaitRancherDependencies waits for
+	// (fact 16.11); all six versions or none (then that wait is left out).
+	RancherDependencies releases.RancherDependencies
 	// RancherImage is the repository of Rancher's image; empty keeps the repository the
 	// rancher Deployment already runs (a mirror stays a mirror) and changes its tag.
 	RancherImage string
@@ -116,9 +128,11 @@ var (
 	chartVersion = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
 	// imageRef is an image reference with a tag or digest.
 	imageRef = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]*|@sha256:[a-f0-9]{64})$`)
-	// kubevirtVersion is a KubeVirt version as a release's metadata names it and
-	// virt-operator reports it in status.observedKubeVirtVersion: no spaces, no slashes.
-	kubevirtVersion = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,127}$`)
+	// plainVersion is a version as a release's metadata names it (KubeVirt's, a chart's
+	// app version): no spaces, no slashes.
+	plainVersion = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,127}$`)
+	// rancherFeatures is a comma-separated list of Rancher feature flags, name=true|false.
+	rancherFeatures = regexp.MustCompile(`^[a-z0-9-]+=(true|false)(,[a-z0-9-]+=(true|false))*$`)
 	// imageRepo is an image repository without tag or digest.
 	imageRepo = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?(:[0-9]+/[a-z0-9._/-]*[a-z0-9])?$`)
 )
@@ -139,7 +153,7 @@ func (in Input) Validate() error {
 	} else if !releaseVersion.MatchString(in.PreviousVersion) {
 		errs = append(errs, fmt.Errorf("--previous-version %q must be a release such as v1.7.1 (the UpgradePlan's status.previousVersion)", in.PreviousVersion))
 	}
-	if in.KubeVirtVersion != "" && !kubevirtVersion.MatchString(in.KubeVirtVersion) {
+	if in.KubeVirtVersion != "" && !plainVersion.MatchString(in.KubeVirtVersion) {
 		errs = append(errs, fmt.Errorf("--kubevirt-version %q must be a KubeVirt version such as v1.6.0 (the release metadata's kubevirt), or empty", in.KubeVirtVersion))
 	}
 	if !chartVersion.MatchString(in.HarvesterChartVersion) {
@@ -156,6 +170,10 @@ func (in Input) Validate() error {
 	if !releaseVersion.MatchString(in.RancherVersion) {
 		errs = append(errs, fmt.Errorf("--rancher-version %q must be a Rancher release such as v2.12.0", in.RancherVersion))
 	}
+	if in.RancherFeatures != "" && !rancherFeatures.MatchString(in.RancherFeatures) {
+		errs = append(errs, fmt.Errorf("--rancher-features %q must be Rancher feature flags such as multi-cluster-management=false,turtles=false, or empty", in.RancherFeatures))
+	}
+	errs = append(errs, validateDependencies(in.RancherDependencies)...)
 	if in.RancherImage != "" && !imageRepo.MatchString(in.RancherImage) {
 		errs = append(errs, fmt.Errorf("--rancher-image %q must be an image repository without tag, such as rancher/rancher", in.RancherImage))
 	}
@@ -166,6 +184,41 @@ func (in Input) Validate() error {
 		errs = append(errs, errors.New("--poll-interval, --chart-fail-after and --timeout must not be negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// dependencyFlag is one chart of RancherDependencies as flags.
+type dependencyFlag struct {
+	name, flag string
+	chart, app *string
+}
+
+func dependencyFlags(d *releases.RancherDependencies) []dependencyFlag {
+	return []dependencyFlag{
+		{rancher.FleetChart, "fleet", &d.Fleet.Chart, &d.Fleet.App},
+		{rancher.FleetCRDChart, "fleet-crd", &d.FleetCRD.Chart, &d.FleetCRD.App},
+		{rancher.RancherWebhookChart, "rancher-webhook", &d.RancherWebhook.Chart, &d.RancherWebhook.App},
+	}
+}
+
+// validateDependencies checks that all six versions or none are given, each well formed.
+func validateDependencies(d releases.RancherDependencies) []error {
+	var errs []error
+	given := 0
+	for _, f := range dependencyFlags(&d) {
+		for _, v := range []struct{ flag, value string }{{f.flag + "-chart-version", *f.chart}, {f.flag + "-app-version", *f.app}} {
+			if v.value == "" {
+				continue
+			}
+			given++
+			if !plainVersion.MatchString(v.value) {
+				errs = append(errs, fmt.Errorf("--%s %q must be a version such as 107.0.0+up0.13.0 or v0.13.0 (the release metadata's rancherDependencies)", v.flag, v.value))
+			}
+		}
+	}
+	if given != 0 && given != 6 {
+		errs = append(errs, errors.New("--fleet-, --fleet-crd- and --rancher-webhook-chart-version and -app-version: give all six (the release metadata's rancherDependencies) or none"))
+	}
+	return errs
 }
 
 // Validate says what is wrong with where progress goes, or nil.
@@ -191,6 +244,11 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.StringVar(&in.MonitoringChartVersion, "monitoring-chart-version", in.MonitoringChartVersion, "version of the rancher-monitoring charts (the release metadata's monitoringChart); empty leaves rancher-monitoring-crd as it is")
 	fs.StringVar(&in.LoggingChartVersion, "logging-chart-version", in.LoggingChartVersion, "version of the rancher-logging charts (the release metadata's loggingChart); empty leaves rancher-logging-crd as it is")
 	fs.StringVar(&in.RancherVersion, "rancher-version", in.RancherVersion, "Rancher release of the Harvester release, such as v2.12.0")
+	fs.StringVar(&in.RancherFeatures, "rancher-features", in.RancherFeatures, "Rancher's features value the release runs it with (CATTLE_FEATURES); empty leaves them")
+	for _, d := range dependencyFlags(&in.RancherDependencies) {
+		fs.StringVar(d.chart, d.flag+"-chart-version", *d.chart, "chart version of "+d.name+" (the release metadata's rancherDependencies)")
+		fs.StringVar(d.app, d.flag+"-app-version", *d.app, "app version of "+d.name+" (the release metadata's rancherDependencies)")
+	}
 	fs.StringVar(&in.RancherImage, "rancher-image", in.RancherImage, "Rancher image repository; empty keeps the rancher Deployment's")
 	fs.StringVar(&in.ClusterRepoImage, "cluster-repo-image", in.ClusterRepoImage, "harvester-cluster-repo image; default rancher/harvester-cluster-repo:<harvester-version>")
 	fs.DurationVar(&in.PollInterval, "poll-interval", in.PollInterval, "how often waits look again (default 5s)")
@@ -221,6 +279,11 @@ func Args(in Input, p Progress) []string {
 	add("monitoring-chart-version", in.MonitoringChartVersion)
 	add("logging-chart-version", in.LoggingChartVersion)
 	add("rancher-version", in.RancherVersion)
+	add("rancher-features", in.RancherFeatures)
+	for _, d := range dependencyFlags(&in.RancherDependencies) {
+		add(d.flag+"-chart-version", *d.chart)
+		add(d.flag+"-app-version", *d.app)
+	}
 	add("rancher-image", in.RancherImage)
 	add("cluster-repo-image", in.ClusterRepoImage)
 	dur("poll-interval", in.PollInterval)

@@ -38,6 +38,7 @@ const (
 	StepDisableKubeVirtWorkloadUpdates = "DisableKubeVirtWorkloadUpdates"
 	StepCleanCAPILegacyWebhooks        = "CleanCAPILegacyWebhooks"
 	StepUpgradeRancher                 = "UpgradeRancher"
+	StepWaitRancherDependencies        = "WaitRancherDependencies"
 	StepPatchLocalClusterDetails       = "PatchLocalClusterDetails"
 	StepMigrateLonghornV1beta1CRDs     = "MigrateLonghornV1beta1CRDs"
 	StepUpgradeClusterRepo             = "UpgradeClusterRepo"
@@ -55,7 +56,8 @@ const (
 // (harvester-release-steps.md section B): rke2-multus's failure policy (fact 9),
 // overcommit-config kept for a hop from v1.7 (fact 10), Harvester's charts paused (fact
 // 11) and KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16, whose
-// clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first), the local
+// clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first, and whose waits
+// for Rancher's own charts, 16.11 to 16.13, follow it), the local
 // cluster's details (fact 17), Longhorn's v1beta1 storage migration for a hop from v1.6
 // (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21),
 // Harvester's charts (fact 23), the wait for KubeVirt (fact 23.5) and the wait for
@@ -68,6 +70,7 @@ func StepNames() []string {
 		StepDisableKubeVirtWorkloadUpdates,
 		StepCleanCAPILegacyWebhooks,
 		StepUpgradeRancher,
+		StepWaitRancherDependencies,
 		StepPatchLocalClusterDetails,
 		StepMigrateLonghornV1beta1CRDs,
 		StepUpgradeClusterRepo,

@@ -36,6 +36,7 @@ func steps() []step {
 		{StepDisableKubeVirtWorkloadUpdates, (*runner).disableKubeVirtWorkloadUpdates},
 		{StepCleanCAPILegacyWebhooks, (*runner).cleanCAPILegacyWebhooks},
 		{StepUpgradeRancher, (*runner).upgradeRancher},
+		{StepWaitRancherDependencies, (*runner).waitRancherDependencies},
 		{StepPatchLocalClusterDetails, (*runner).patchLocalClusterDetails},
 		{StepMigrateLonghornV1beta1CRDs, (*runner).migrateLonghornV1beta1CRDs},
 		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
@@ -70,21 +71,23 @@ func steps() []step {
 // workloadUpdateMethods emptied in the harvester chart (fact 13, recorded), for a hop
 // from v1.7 clean_capi_legacy_webhooks (fact 16.8, deleting only webhooks that call the
 // legacy CAPI), the Rancher upgrade (fact 16, as a change of the rancher Deployment's
-// image, see upgradeRancher), patch_local_cluster_details (fact 17), for a hop from v1.6
+// image and features, fact 42, see upgradeRancher) and its waits for the charts Rancher
+// installs, the rollouts and stv-aggregation (16.11 to 16.13, rancherdeps.go),
+// patch_local_cluster_details (fact 17), for a hop from v1.6
 // migrate_longhorn_v1beta1_crds (fact 19; the validator's UPDATE on settings recorded),
 // the cluster repository (fact 20), rancher-expose's ingress class (fact 21, ingress.go),
-// the harvester-crd and harvester ManagedCharts (fact
-// 23: the version, and for harvester the values its script adds, chartvalues.go),
-// wait_kubevirt (fact 23.5, when the release names its KubeVirt) and
-// wait_longhorn_upgrade (fact 25, longhorn.go) and the rancher-monitoring-crd and
-// rancher-logging-crd charts (fact 27, when the metadata names their versions). The hop-keyed sub-steps key on
-// Input.PreviousVersion with the script's own regexes (facts 1, 2; migrations.go).
-// Restore gives back what was recorded; the UpgradePlan runs it when the plan ends,
-// whatever the outcome. Still left out: the v1.9 hop's migrations (facts 14, 15), the
-// guard against RKE2 restarts (fact 12; the UpgradePlan places it before the Job),
-// Rancher's helm upgrade with its waits and features (fact 16), the local-rke-state
-// Secret (18), the extra manifests and the add-ons (22, 28, 29) and the containerd
-// registry sync (24).
+// the harvester-crd and harvester ManagedCharts (fact 23: the version, and for harvester
+// the values its script adds, chartvalues.go), wait_kubevirt (fact 23.5, when the
+// release names its KubeVirt) and wait_longhorn_upgrade (fact 25, longhorn.go) and the
+// rancher-monitoring-crd and rancher-logging-crd charts (fact 27, when the metadata names
+// their versions). The hop-keyed sub-steps key on Input.PreviousVersion with the
+// script's own regexes (facts 1, 2; migrations.go). Restore gives back what was
+// recorded; the UpgradePlan runs it when the plan ends, whatever the outcome. Still left
+// out: the v1.9 hop's migrations (facts 14, 15), the guard against RKE2 restarts (fact
+// 12; the UpgradePlan places it before the Job), Rancher's helm upgrade itself and the
+// fleet-agent redeploy after it (16.14 to 16.16), the local-rke-state Secret (18), the
+// extra manifests and the add-ons (22, 28, 29), the containerd registry sync (24) and
+// the wait for Fleet's bundles (31).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

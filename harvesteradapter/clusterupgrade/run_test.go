@@ -22,6 +22,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -41,10 +42,20 @@ func input(plan string) clusterupgrade.Input {
 		MonitoringChartVersion: newRelease.MonitoringChart,
 		LoggingChartVersion:    newRelease.LoggingChart,
 		RancherVersion:         newRelease.Rancher,
+		RancherFeatures:        mustFeatures(newRelease.Version),
+		RancherDependencies:    sim.DefaultRancherDependencies(newRelease.Rancher),
 		PollInterval:           10 * time.Millisecond,
 		ChartFailAfter:         300 * time.Millisecond,
 		Timeout:                30 * time.Second,
 	}
+}
+
+func mustFeatures(harvester string) string {
+	f, err := releases.RancherFeatures(harvester)
+	if err != nil {
+		panic(err)
+	}
+	return f
 }
 
 var progressSeq int

@@ -37,18 +37,21 @@ var (
 	harvesterChart    = client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.HarvesterChart}
 )
 
-// upgradeRancher brings Rancher to the release's version (fact 41.8), skipped when the
-// server-version Setting already says that version.
+// upgradeRancher brings Rancher to the release's version and features (facts 16, 42),
+// skipped when the server-version Setting already says that version, as the script
+// returns early when Rancher's image tag is the release's.
 //
 // Simplification: the script runs `helm upgrade rancher` with the chart and helm it
 // extracts from the release's system-agent-installer-rancher image, after deleting
-// Rancher's chart repositories and switching features off, and waits for Fleet, the
-// webhook and fleet-agent afterwards. This program has no helm: it waits, as the script
-// does, for the local cluster to be provisioned and settled, then sets the tag of the
-// rancher Deployment's rancher container to the target version (keeping its repository
-// unless RancherImage says otherwise), waits for the rollout and for server-version to
-// say the target. Chart-level changes of a Rancher release (new values, new objects of
-// the chart) are not applied.
+// Rancher's chart repositories (16.4). This program has no helm: it waits, as the script
+// does, for the local cluster to be provisioned and settled, then sets, in one change of
+// the rancher Deployment's rancher container, the image's tag to the target version
+// (keeping its repository unless RancherImage says otherwise) and CATTLE_FEATURES to the
+// release's features (RancherFeatures; Rancher's chart renders its `features` value into
+// that variable, and Helm replaces the whole value, fact 42), waits for the rollout and
+// for server-version to say the target. The other chart-level changes of a Rancher
+// release (new values, new objects of the chart) are not applied, and the helm release
+// keeps its old values. WaitRancherDependencies then waits for what Rancher deploys.
 func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) {
 	target := r.in.RancherVersion
 	setting := &managementv3.Setting{}
@@ -75,11 +78,18 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 		repo = imageRepository(ctr.Image)
 	}
 	image := withTag(repo, target)
-	if ctr.Image != image {
+	var env []corev1.EnvVar
+	features := "as they were"
+	if f := r.in.RancherFeatures; f != "" {
+		env = append(env, corev1.EnvVar{Name: rancherFeaturesEnv, Value: f})
+		features = f
+	}
+	current, literal := envValue(ctr, rancherFeaturesEnv)
+	if ctr.Image != image || len(env) > 0 && (!literal || current != r.in.RancherFeatures) {
 		if err := r.waitLocalClusterSettled(ctx); err != nil {
 			return "", "", err
 		}
-		if err := r.setImage(ctx, dep, "rancher", image); err != nil {
+		if err := r.setImage(ctx, dep, "rancher", image, env...); err != nil {
 			return "", "", err
 		}
 	}
@@ -98,8 +108,11 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 	if err != nil {
 		return "", "", err
 	}
-	return StateDone, fmt.Sprintf("Rancher runs %s (image %s)", target, image), nil
+	return StateDone, fmt.Sprintf("Rancher runs %s (image %s, features %s)", target, image, features), nil
 }
+
+// rancherFeaturesEnv is the variable Rancher's chart renders its `features` value into.
+const rancherFeaturesEnv = "CATTLE_FEATURES"
 
 // waitLocalClusterSettled waits until fleet-local/local is ready, Provisioned (when it
 // has that condition) and reconciled at its generation, as the script does before it

@@ -9,6 +9,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
 func TestBumpTimeoutAlwaysChangesIt(t *testing.T) {
@@ -22,6 +24,12 @@ func TestBumpTimeoutAlwaysChangesIt(t *testing.T) {
 func TestArgsRoundTrip(t *testing.T) {
 	in := Input{Plan: "up-1", HarvesterVersion: "v1.6.0", PreviousVersion: "v1.5.1", KubeVirtVersion: "v1.5.0-150600.5.21.3", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0",
 		RancherImage: "rancher/rancher", ClusterRepoImage: "mirror.local/rancher/harvester-cluster-repo:v1.6.0",
+		RancherFeatures: "multi-cluster-management=false,turtles=false",
+		RancherDependencies: releases.RancherDependencies{
+			Fleet:          releases.ChartApp{Chart: "107.0.0+up0.13.0", App: "0.13.0"},
+			FleetCRD:       releases.ChartApp{Chart: "107.0.0+up0.13.0", App: "0.13.0"},
+			RancherWebhook: releases.ChartApp{Chart: "107.0.0+up0.8.0", App: "0.8.0"},
+		},
 		PollInterval: time.Second, ChartFailAfter: time.Minute, Timeout: time.Hour}
 	p := Progress{}
 	p.ConfigMap.Namespace, p.ConfigMap.Name = "harvester-system", "up-1-progress"
@@ -31,6 +39,31 @@ func TestArgsRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, in) || gotP.ConfigMap != p.ConfigMap {
 		t.Errorf("round trip of %+v %s gave %+v %s", in, p.ConfigMap, got, gotP.ConfigMap)
+	}
+}
+
+func TestRancherInputsAreChecked(t *testing.T) {
+	base := Input{Plan: "up-1", HarvesterVersion: "v1.6.0", PreviousVersion: "v1.5.1", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0"}
+	for name, tc := range map[string]struct {
+		mutate func(*Input)
+		want   string
+	}{
+		"features not flags":    {func(in *Input) { in.RancherFeatures = "turtles" }, `--rancher-features "turtles"`},
+		"features with a space": {func(in *Input) { in.RancherFeatures = "a=true, b=false" }, "--rancher-features"},
+		"one dependency only":   {func(in *Input) { in.RancherDependencies.Fleet.Chart = "107.0.0" }, "give all six"},
+		"a dependency with a slash": {func(in *Input) {
+			in.RancherDependencies = releases.RancherDependencies{Fleet: releases.ChartApp{Chart: "a/b", App: "1"}, FleetCRD: releases.ChartApp{Chart: "1", App: "1"}, RancherWebhook: releases.ChartApp{Chart: "1", App: "1"}}
+		}, `--fleet-chart-version "a/b"`},
+	} {
+		in := base
+		tc.mutate(&in)
+		err := in.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate() = %v, want an error naming %q", name, err, tc.want)
+		}
+	}
+	if err := base.Validate(); err != nil {
+		t.Errorf("without features and dependencies: %v", err)
 	}
 }
 

@@ -41,6 +41,9 @@ type Metadata struct {
 	// LoggingChart is the version of the rancher-logging charts, to which the cluster
 	// upgrade brings the rancher-logging-crd ManagedChart (fact 27).
 	LoggingChart string `json:"loggingChart,omitempty"`
+	// RancherDependencies are the versions of the Fleet and rancher-webhook charts
+	// Rancher installs, which the cluster upgrade waits for (fact 16.11).
+	RancherDependencies *RancherDependencies `json:"rancherDependencies,omitempty"`
 	// MinUpgradableVersion is the oldest Harvester version the release installs over.
 	MinUpgradableVersion string `json:"minUpgradableVersion"`
 }

@@ -16,6 +16,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -27,6 +28,9 @@ import (
 func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 	rel := pr.Plan.Status.ReleaseMetadata
 	labels := map[string]string{LabelUpgradePlan: pr.Plan.Name}
+	// A release whose Rancher features are not known is outside the supported hops,
+	// which the plan refused before; empty leaves Rancher's features as they are.
+	features, _ := releases.RancherFeatures(rel.Harvester)
 	return clusterupgrade.Job(clusterupgrade.JobInput{
 		Plan:           pr.Plan.Name,
 		Image:          pr.Config.Spec.Images.Node,
@@ -42,6 +46,8 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 			MonitoringChartVersion: rel.MonitoringChart,
 			LoggingChartVersion:    rel.LoggingChart,
 			RancherVersion:         rel.Rancher,
+			RancherFeatures:        features,
+			RancherDependencies:    releases.DependenciesOf(rel.RancherDependencies),
 			PollInterval:           r.ClusterUpgradePollInterval,
 		},
 	})

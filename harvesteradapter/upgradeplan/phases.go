@@ -112,6 +112,7 @@ func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (boo
 		Harvester: rel.Harvester, HarvesterChart: rel.HarvesterChart, OS: rel.OS, Kubernetes: rel.Kubernetes,
 		Rancher: rel.Rancher, KubeVirt: rel.KubeVirt, MinUpgradableVersion: rel.MinUpgradableVersion,
 		MonitoringChart: rel.MonitoringChart, LoggingChart: rel.LoggingChart,
+		RancherDependencies: rel.RancherDependencies.Info(),
 	}
 	if !releases.SameVersion(rel.Harvester, pr.Plan.Spec.Version) {
 		return false, "", nodeupdater.Permanentf("WrongRelease", "the repository serves Harvester %s, but the plan is for %s: point the HarvesterUpgrader's release at the %s release", rel.Harvester, pr.Plan.Spec.Version, pr.Plan.Spec.Version)

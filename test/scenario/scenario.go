@@ -74,6 +74,17 @@ kubernetes: v1.35.6+rke2r1
 rancher: v2.14.2
 # the KubeVirt the simulators take chart 1.8.1 to carry (sim.KubeVirtVersionOfChart)
 kubevirt: v-harvester-1.8.1
+# test values: what the simulated Rancher v2.14.2 installs (sim.DefaultRancherDependencies)
+rancherDependencies:
+  fleet:
+    chart: 114.0.2+up0.14.2
+    app: 0.14.2
+  fleet-crd:
+    chart: 114.0.2+up0.14.2
+    app: 0.14.2
+  rancher-webhook:
+    chart: 114.0.2+up0.10.2
+    app: 0.10.2
 minUpgradableVersion: v1.7.0
 `
 

@@ -26,6 +26,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
 // Rancher plays Rancher and Fleet on a workload cluster for the Harvester cluster upgrade
@@ -85,12 +86,21 @@ type Rancher struct {
 	// simulator running alongside (its Updated condition says whether the nodes are
 	// settled); otherwise this simulator keeps the Cluster ready at its generation.
 	PlannerOwnsLocalCluster bool
+	// Dependencies are the versions of its system charts a Rancher version pins (see
+	// rancherdeps.go); default DefaultRancherDependencies.
+	Dependencies func(rancherVersion string) releases.RancherDependencies
+	// SystemChartDelay is how long Rancher takes to deploy a system chart's new
+	// revision. Default 100ms.
+	SystemChartDelay time.Duration
 
 	loop  passLoop
 	mu    sync.Mutex
 	fails map[string]chartFailure
 	// seen is when a generation (of a chart, a Deployment) or a forceUpdate was first seen.
 	seen map[string]time.Time
+	// systemChartDeployed and chartVersionSeen record when a system chart was deployed
+	// and a ManagedChart first asked for a version (name@version).
+	systemChartDeployed, chartVersionSeen map[string]time.Time
 }
 
 // FailChart makes Fleet fail to apply the ManagedChart name (in fleet-local) with message,
@@ -178,6 +188,7 @@ func (r *Rancher) charts(ctx context.Context) error {
 	var errs []error
 	for i := range list.Items {
 		mc := &list.Items[i]
+		r.noteChartVersion(mc.Name, mc.Spec.Version)
 		message, fail := r.failure(mc)
 		failed := mc.Status.Summary.ErrApplied > 0
 		if mc.Status.ObservedGeneration == mc.Generation && (!failed || fail) {
@@ -277,6 +288,11 @@ func (r *Rancher) deployments(ctx context.Context) error {
 	if err := r.Client.List(ctx, list, client.InNamespace(rancher.CattleSystem)); err != nil {
 		return err
 	}
+	fleet := &appsv1.DeploymentList{}
+	if err := r.Client.List(ctx, fleet, client.InNamespace(rancher.FleetNamespace)); err != nil {
+		return err
+	}
+	list.Items = append(list.Items, fleet.Items...)
 	var errs []error
 	for i := range list.Items {
 		dep := &list.Items[i]
@@ -297,7 +313,8 @@ func (r *Rancher) deployments(ctx context.Context) error {
 }
 
 // serverVersion writes the tag of the running rancher container into server-version, as
-// Rancher does when it starts.
+// Rancher does when it starts, and then upgrades Rancher's system charts to the versions
+// that tag pins (rancherdeps.go).
 func (r *Rancher) serverVersion(ctx context.Context, dep *appsv1.Deployment) error {
 	var image string
 	for _, c := range dep.Spec.Template.Spec.Containers {
@@ -313,11 +330,13 @@ func (r *Rancher) serverVersion(ctx context.Context, dep *appsv1.Deployment) err
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: rancher.ServerVersionSetting}, s); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if s.Value == tag {
-		return nil
+	if s.Value != tag {
+		s.Value = tag
+		if err := r.Client.Update(ctx, s); err != nil {
+			return err
+		}
 	}
-	s.Value = tag
-	return r.Client.Update(ctx, s)
+	return r.upgradeSystemCharts(ctx, tag)
 }
 
 func (r *Rancher) localCluster(ctx context.Context) error {
@@ -385,6 +404,9 @@ type HarvesterRelease struct {
 	// rancher-logging charts; default 105.1.2+up61.3.2 and 105.2.0+up4.10.0 (test values:
 	// the facts do not name each release's).
 	MonitoringChart, LoggingChart string
+	// Dependencies are the versions of Rancher's system charts the cluster runs; default
+	// DefaultRancherDependencies(Rancher).
+	Dependencies *releases.RancherDependencies
 }
 
 // Seed creates (or re-creates) the Rancher objects of a Harvester cluster at release rel,
@@ -399,7 +421,10 @@ type HarvesterRelease struct {
 // start), and the KubeVirt CR harvester-system/kubevirt deployed at the KubeVirt of the
 // release's chart (virtoperator.go), and the longhorn-manager DaemonSet of the Longhorn
 // of its chart, rolled out (longhornmanager.go), and the Ingress rancher-expose, without an
-// ingress class as on a cluster installed before Harvester named one (fact 21). Namespaces are created when missing. Stop a running Rancher
+// ingress class as on a cluster installed before Harvester named one (fact 21); Rancher
+// runs with the release's features (fact 42), and its system charts (fleet, fleet-crd,
+// rancher-webhook) are deployed at Dependencies with their Deployments rolled out
+// (rancherdeps.go). Namespaces are created when missing. Stop a running Rancher
 // simulator before seeding again.
 func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	if rel.Chart == "" {
@@ -433,8 +458,14 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		ObjectMeta: metav1.ObjectMeta{Name: rancher.HarvesterChartsRepo},
 		Spec:       catalogv1.RepoSpec{URL: "http://harvester-cluster-repo.cattle-system/charts"},
 	}
+	rancherDep := seedDeployment(rancher.RancherDeployment, "rancher", "rancher/rancher:"+rel.Rancher, 3)
+	// Rancher's chart renders its features value into CATTLE_FEATURES; each release sets
+	// its own list (harvester-release-steps.md fact 42).
+	if features, err := releases.RancherFeatures(rel.Version); err == nil {
+		rancherDep.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "CATTLE_FEATURES", Value: features}}
+	}
 	deps := []*appsv1.Deployment{
-		seedDeployment(rancher.RancherDeployment, "rancher", "rancher/rancher:"+rel.Rancher, 3),
+		rancherDep,
 		seedDeployment(rancher.ClusterRepoDeployment, rancher.ClusterRepoDeployment, "rancher/harvester-cluster-repo:"+rel.Version, 1),
 	}
 	setting := &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ServerVersionSetting}, Value: rel.Rancher, Source: "env"}
@@ -458,6 +489,13 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		return err
 	}
 	if err := recreate(ctx, c, seedRancherExpose()); err != nil {
+		return err
+	}
+	systemDeps := DefaultRancherDependencies(rel.Rancher)
+	if rel.Dependencies != nil {
+		systemDeps = *rel.Dependencies
+	}
+	if err := seedSystemCharts(ctx, c, systemDeps); err != nil {
 		return err
 	}
 	// Status as Rancher, Fleet and the Deployment controller leave it.

@@ -176,8 +176,36 @@ type ReleaseInfo struct {
 	// loggingChart is the version of the rancher-logging charts the release ships.
 	// +optional
 	LoggingChart string `json:"loggingChart,omitempty"`
+	// rancherDependencies are the versions of the Fleet and rancher-webhook charts that
+	// Rancher installs itself; the cluster upgrade waits for them after Rancher's.
+	// +optional
+	RancherDependencies *RancherDependencies `json:"rancherDependencies,omitempty"`
 	// minUpgradableVersion is the oldest Harvester version the release installs over.
 	MinUpgradableVersion string `json:"minUpgradableVersion,omitempty"`
+}
+
+// RancherDependencies are the charts Rancher installs itself, as the release metadata
+// names them (rancherDependencies).
+type RancherDependencies struct {
+	// fleet is the fleet chart.
+	// +optional
+	Fleet ChartVersions `json:"fleet,omitempty"`
+	// fleetCRD is the fleet-crd chart.
+	// +optional
+	FleetCRD ChartVersions `json:"fleetCRD,omitempty"`
+	// rancherWebhook is the rancher-webhook chart.
+	// +optional
+	RancherWebhook ChartVersions `json:"rancherWebhook,omitempty"`
+}
+
+// ChartVersions are a chart's version and the app version Helm records for it.
+type ChartVersions struct {
+	// chart is the chart's version.
+	// +optional
+	Chart string `json:"chart,omitempty"`
+	// app is the chart's app version.
+	// +optional
+	App string `json:"app,omitempty"`
 }
 
 // NodeRole is a node's part in a Harvester cluster, which orders the node upgrades:

@@ -1,0 +1,89 @@
+package clusterupgrade_test
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+)
+
+// upgrade_rancher (harvester-release-steps.md facts 16 and 42).
+var _ = Describe("Run and Rancher", func() {
+	rancherFeatures := func() string {
+		GinkgoHelper()
+		dep := &appsv1.Deployment{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.CattleSystem, Name: rancher.RancherDeployment}, dep)).To(Succeed())
+		for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "CATTLE_FEATURES" {
+				return e.Value
+			}
+		}
+		return ""
+	}
+
+	It("runs the new Rancher with the target release's features, replacing the whole list as Helm does (fact 42)", func() {
+		seed(oldRelease)
+		settle()
+		// Rancher as a v1.7 release leaves it: turtles off, the embedded Cluster API on.
+		dep := &appsv1.Deployment{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.CattleSystem, Name: rancher.RancherDeployment}, dep)).To(Succeed())
+		v17, err := releases.RancherFeatures("v1.7.1")
+		Expect(err).NotTo(HaveOccurred())
+		dep.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "CATTLE_FEATURES", Value: v17}}
+		Expect(env.Client.Update(ctx, dep)).To(Succeed())
+		settle()
+
+		steps := runStates(input("up-features"), newProgress())
+		want, err := releases.RancherFeatures(newRelease.Version)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(want).NotTo(ContainSubstring("turtles"))
+		Expect(rancherFeatures()).To(Equal(want))
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeRancher).Message).To(ContainSubstring("features " + want))
+	})
+
+	It("waits for the fleet, fleet-crd and rancher-webhook releases Rancher deploys before Harvester's charts change (fact 16.11 to 16.13)", func() {
+		r := seed(oldRelease, func(r *sim.Rancher) { r.SystemChartDelay = 1500 * time.Millisecond })
+		settle()
+		in := input("up-deps")
+		steps := runStates(in, newProgress())
+
+		crdChanged := r.ChartVersionSeenAt(rancher.HarvesterCRDChart, in.HarvesterChartVersion)
+		Expect(crdChanged).NotTo(BeZero())
+		for _, c := range []struct{ name, chart string }{
+			{rancher.FleetChart, in.RancherDependencies.Fleet.Chart},
+			{rancher.FleetCRDChart, in.RancherDependencies.FleetCRD.Chart},
+			{rancher.RancherWebhookChart, in.RancherDependencies.RancherWebhook.Chart},
+		} {
+			deployed := r.SystemChartDeployedAt(c.name, c.chart)
+			Expect(deployed).NotTo(BeZero(), "Rancher deployed %s %s", c.name, c.chart)
+			Expect(crdChanged).To(BeTemporally(">", deployed), "harvester-crd changed only after %s was deployed", c.name)
+		}
+		for _, key := range []client.ObjectKey{
+			{Namespace: rancher.FleetNamespace, Name: rancher.FleetControllerDeploy},
+			{Namespace: rancher.CattleSystem, Name: rancher.RancherWebhookChart},
+		} {
+			dep := &appsv1.Deployment{}
+			Expect(env.Client.Get(ctx, key, dep)).To(Succeed())
+			Expect(dep.Status.ObservedGeneration).To(Equal(dep.Generation), "%s rolled out", key)
+		}
+		secret := &corev1.Secret{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.CattleSystem, Name: rancher.STVAggregationSecret}, secret)).To(Succeed())
+		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).Message).To(ContainSubstring("fleet fleet-" + in.RancherDependencies.Fleet.Chart))
+	})
+
+	It("does not wait for Rancher's charts when Rancher was already at the release", func() {
+		seed(sim.HarvesterRelease{Version: oldRelease.Version, Rancher: newRelease.Rancher})
+		settle()
+		steps := runStates(input("up-deps-skip"), newProgress())
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeRancher).State).To(Equal(clusterupgrade.StateSkipped))
+		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).State).To(Equal(clusterupgrade.StateSkipped))
+	})
+})

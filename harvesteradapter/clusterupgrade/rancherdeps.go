@@ -1,0 +1,135 @@
+package clusterupgrade
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+)
+
+// systemChart is one of the Helm releases Rancher installs itself, at the version the
+// release metadata names.
+type systemChart struct {
+	namespace, name string
+	want            releases.ChartApp
+}
+
+func (in Input) systemCharts() []systemChart {
+	d := in.RancherDependencies
+	return []systemChart{
+		{rancher.FleetNamespace, rancher.FleetChart, d.Fleet},
+		{rancher.FleetNamespace, rancher.FleetCRDChart, d.FleetCRD},
+		{rancher.CattleSystem, rancher.RancherWebhookChart, d.RancherWebhook},
+	}
+}
+
+// waitRancherDependencies is the rest of upgrade_rancher after Rancher runs at the new
+// version (harvester-release-steps.md fact 16.11 to 16.13): Rancher, once upgraded,
+// upgrades the charts it installs itself (fleet, fleet-crd, rancher-webhook; rancher
+// pkg/settings rancher-webhook-version and fleet-version), and the release waits for
+// their Helm releases at the versions its metadata names (wait_helm_release: the newest
+// revision's chart and app version, deployed), then for the rollouts of rancher,
+// fleet-controller and rancher-webhook, and creates the empty Secret
+// cattle-system/stv-aggregation when it is missing. Without these waits the chart patches
+// that follow land while Fleet's controller is replaced (fact 16, "if the waits are
+// skipped"). Skipped, as in the script, when Rancher was already at the release's
+// version (UpgradeRancher Skipped).
+//
+// Not done: the script rolls a release back once (helm rollback) when its newest
+// revision has been pending for more than 5 minutes; without Helm this program says so
+// and keeps waiting. Nor the fleet-agent redeploy and the waits for the local Fleet
+// cluster that follow (16.14 to 16.16), nor the refresh of rancher-charts (16.10).
+func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string, error) {
+	if r.current[StepUpgradeRancher].State == StateSkipped {
+		return StateSkipped, fmt.Sprintf("Rancher was already at %s: the release waits for Rancher's own charts only after it upgraded Rancher", r.in.RancherVersion), nil
+	}
+	var done []string
+	if r.in.RancherDependencies.Complete() {
+		for _, sc := range r.in.systemCharts() {
+			if err := r.waitHelmRelease(ctx, sc); err != nil {
+				return "", "", err
+			}
+			done = append(done, fmt.Sprintf("%s %s-%s (%s)", sc.name, sc.name, sc.want.Chart, sc.want.App))
+		}
+	}
+	deployments := []client.ObjectKey{
+		rancherKey,
+		{Namespace: rancher.FleetNamespace, Name: rancher.FleetControllerDeploy},
+		{Namespace: rancher.CattleSystem, Name: rancher.RancherWebhookChart},
+	}
+	for _, key := range deployments {
+		if err := r.waitRolledOut(ctx, key); err != nil {
+			return "", "", err
+		}
+	}
+	created, err := r.ensureSTVAggregation(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	msg := "Helm releases not checked: the release metadata names no rancherDependencies"
+	if len(done) > 0 {
+		msg = "Helm releases deployed: " + strings.Join(done, ", ")
+	}
+	msg += "; Deployments rancher, fleet-controller and rancher-webhook rolled out; Secret cattle-system/stv-aggregation " + created
+	return StateDone, msg, nil
+}
+
+// waitHelmRelease waits until the newest revision of sc's Helm release is its chart at
+// the wanted versions, deployed (wait_helm_release, fact 16.11).
+func (r *runner) waitHelmRelease(ctx context.Context, sc systemChart) error {
+	chartRef := sc.name + "-" + sc.want.Chart
+	what := fmt.Sprintf("Helm release %s/%s to be %s (app %s), deployed", sc.namespace, sc.name, chartRef, sc.want.App)
+	remedy := fmt.Sprintf("Rancher installs it once it runs at %s; look at `helm -n %s history %s` and Rancher's logs. A revision pending for more than 5 minutes is stuck: the release's script rolls it back once to the last deployed revision (`helm -n %s rollback %s <revision>`), which this program, having no Helm, leaves to you", r.in.RancherVersion, sc.namespace, sc.name, sc.namespace, sc.name)
+	return r.poll(ctx, what, remedy, func(ctx context.Context) (bool, string, error) {
+		rel, err := rancher.NewestHelmRelease(ctx, r.c, sc.namespace, sc.name)
+		if err != nil {
+			return false, "", err
+		}
+		if rel == nil {
+			return false, "no revision stored", nil
+		}
+		status := fmt.Sprintf("revision %d: %s (app %s) %s", rel.Version, rel.ChartRef(), rel.Chart.Metadata.AppVersion, rel.Info.Status)
+		if strings.HasPrefix(rel.Info.Status, "pending-") && rel.Info.LastDeployed != "" {
+			status += " since " + rel.Info.LastDeployed
+		}
+		return rel.ChartRef() == chartRef && rel.Chart.Metadata.AppVersion == sc.want.App && rel.Info.Status == "deployed", status, nil
+	})
+}
+
+// waitRolledOut waits until the Deployment key exists and has rolled out (`kubectl
+// rollout status`, fact 16.12).
+func (r *runner) waitRolledOut(ctx context.Context, key client.ObjectKey) error {
+	return r.poll(ctx, fmt.Sprintf("Deployment %s to roll out", key), fmt.Sprintf("look at its pods (kubectl -n %s get pods) and Rancher's logs", key.Namespace),
+		func(ctx context.Context) (bool, string, error) {
+			dep := &appsv1.Deployment{}
+			if err := r.c.Get(ctx, key, dep); apierrors.IsNotFound(err) {
+				return false, "not found", nil
+			} else if err != nil {
+				return false, "", fmt.Errorf("read Deployment %s: %w", key, err)
+			}
+			return rolledOut(dep)
+		})
+}
+
+// ensureSTVAggregation creates the empty Secret cattle-system/stv-aggregation when it is
+// missing, so that Rancher's system-agent-upgrader plan becomes ready (fact 16.13).
+func (r *runner) ensureSTVAggregation(ctx context.Context) (string, error) {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: rancher.CattleSystem, Name: rancher.STVAggregationSecret}}
+	err := r.c.Create(ctx, s)
+	switch {
+	case err == nil:
+		return "created", nil
+	case apierrors.IsAlreadyExists(err):
+		return "present", nil
+	default:
+		return "", fmt.Errorf("create the Secret %s/%s: %w", rancher.CattleSystem, rancher.STVAggregationSecret, err)
+	}
+}

@@ -1,0 +1,287 @@
+package sim
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/version"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+)
+
+// Rancher's system charts. Rancher installs rancher-webhook, fleet-crd and fleet itself,
+// with Helm, at the versions its build pins (rancher pkg/settings rancher-webhook-version,
+// fleet-version), when it starts at a new version; a Harvester release names those
+// versions in its metadata's rancherDependencies and waits for them after upgrading
+// Rancher (harvester-release-steps.md fact 16.11; lib.sh detect_repo). The simulator
+// plays that: once Rancher runs at a version (server-version written), each system chart
+// whose newest Helm revision is not the one the version pins gets a new revision,
+// pending-upgrade, which after SystemChartDelay is deployed (the previous deployed one
+// superseded) and rolls the chart's Deployment (fleet-controller, rancher-webhook) to the
+// new app version. Helm stores each revision as helm pkg/storage/driver/secrets.go does:
+// Secret sh.helm.release.v1.<name>.v<revision>, type helm.sh/release.v1, labels owner,
+// name, status, version, data "release" the release as JSON, gzipped, base64
+// (util.go encodeRelease).
+
+// DefaultRancherDependencies are the system chart versions the simulated Rancher
+// rancherVersion pins: test values derived from the version (the facts do not name each
+// Rancher's), so that a release metadata and the simulator can agree.
+func DefaultRancherDependencies(rancherVersion string) releases.RancherDependencies {
+	v, err := version.ParseGeneric(rancherVersion)
+	if err != nil {
+		return releases.RancherDependencies{}
+	}
+	minor, patch := v.Minor(), v.Patch()
+	fleet := releases.ChartApp{Chart: fmt.Sprintf("1%02d.0.%d+up0.%d.%d", minor, patch, minor, patch), App: fmt.Sprintf("0.%d.%d", minor, patch)}
+	return releases.RancherDependencies{
+		Fleet:          fleet,
+		FleetCRD:       fleet,
+		RancherWebhook: releases.ChartApp{Chart: fmt.Sprintf("1%02d.0.%d+up0.%d.%d", minor, patch, minor-4, patch), App: fmt.Sprintf("0.%d.%d", minor-4, patch)},
+	}
+}
+
+// systemChart is one of Rancher's system charts: its Helm release and the Deployment it
+// runs (none for fleet-crd).
+type systemChart struct {
+	namespace, name string
+	deployment      string
+	image           string
+	want            func(releases.RancherDependencies) releases.ChartApp
+}
+
+var systemCharts = []systemChart{
+	{rancher.CattleSystem, rancher.RancherWebhookChart, rancher.RancherWebhookChart, "rancher/rancher-webhook", func(d releases.RancherDependencies) releases.ChartApp { return d.RancherWebhook }},
+	{rancher.FleetNamespace, rancher.FleetCRDChart, "", "", func(d releases.RancherDependencies) releases.ChartApp { return d.FleetCRD }},
+	{rancher.FleetNamespace, rancher.FleetChart, rancher.FleetControllerDeploy, "rancher/fleet", func(d releases.RancherDependencies) releases.ChartApp { return d.Fleet }},
+}
+
+// helmRelease is the part of Helm's release JSON the simulator writes.
+type helmRelease struct {
+	Name      string          `json:"name"`
+	Namespace string          `json:"namespace"`
+	Version   int             `json:"version"`
+	Info      helmReleaseInfo `json:"info"`
+	Chart     struct {
+		Metadata struct {
+			Name       string `json:"name"`
+			Version    string `json:"version"`
+			AppVersion string `json:"appVersion"`
+		} `json:"metadata"`
+	} `json:"chart"`
+}
+
+type helmReleaseInfo struct {
+	Status       string `json:"status"`
+	LastDeployed string `json:"last_deployed"`
+}
+
+func helmReleaseSecret(sc systemChart, revision int, want releases.ChartApp, status string) (*corev1.Secret, error) {
+	rel := helmRelease{Name: sc.name, Namespace: sc.namespace, Version: revision, Info: helmReleaseInfo{Status: status, LastDeployed: time.Now().UTC().Format(time.RFC3339Nano)}}
+	rel.Chart.Metadata.Name, rel.Chart.Metadata.Version, rel.Chart.Metadata.AppVersion = sc.name, want.Chart, want.App
+	raw, err := json.Marshal(rel)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	if _, err := w.Write(raw); err != nil {
+		return nil, err
+	}
+	if err := w.Close(); err != nil {
+		return nil, err
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: sc.namespace, Name: fmt.Sprintf("sh.helm.release.v1.%s.v%d", sc.name, revision),
+			Labels: map[string]string{"owner": "helm", "name": sc.name, "status": status, "version": strconv.Itoa(revision)},
+		},
+		Type: corev1.SecretType(rancher.HelmReleaseType),
+		Data: map[string][]byte{"release": []byte(base64.StdEncoding.EncodeToString(buf.Bytes()))},
+	}, nil
+}
+
+// systemChartRevisions are the stored revisions of sc's release, by revision.
+func systemChartRevisions(ctx context.Context, c client.Client, sc systemChart) (map[int]*corev1.Secret, int, error) {
+	list := &corev1.SecretList{}
+	if err := c.List(ctx, list, client.InNamespace(sc.namespace), client.MatchingLabels{"owner": "helm", "name": sc.name}); err != nil {
+		return nil, 0, err
+	}
+	out := map[int]*corev1.Secret{}
+	newest := 0
+	for i := range list.Items {
+		v, err := strconv.Atoi(list.Items[i].Labels["version"])
+		if err != nil {
+			continue
+		}
+		out[v] = &list.Items[i]
+		newest = max(newest, v)
+	}
+	return out, newest, nil
+}
+
+// seedSystemCharts stores revision 1 of each system chart of deps, deployed, and creates
+// the charts' Deployments rolled out at their app versions.
+func seedSystemCharts(ctx context.Context, c client.Client, deps releases.RancherDependencies) error {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rancher.FleetNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", rancher.FleetNamespace, err)
+	}
+	for _, sc := range systemCharts {
+		old := &corev1.SecretList{}
+		if err := c.List(ctx, old, client.InNamespace(sc.namespace), client.MatchingLabels{"owner": "helm", "name": sc.name}); err != nil {
+			return err
+		}
+		for i := range old.Items {
+			if err := c.Delete(ctx, &old.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+		}
+		s, err := helmReleaseSecret(sc, 1, sc.want(deps), "deployed")
+		if err != nil {
+			return err
+		}
+		if err := c.Create(ctx, s); err != nil {
+			return fmt.Errorf("store the Helm release %s/%s: %w", sc.namespace, sc.name, err)
+		}
+		if sc.deployment == "" {
+			continue
+		}
+		dep := seedDeployment(sc.deployment, sc.deployment, sc.image+":v"+sc.want(deps).App, 1)
+		dep.Namespace = sc.namespace
+		if err := recreate(ctx, c, dep); err != nil {
+			return err
+		}
+		if err := rollOut(ctx, c, client.ObjectKeyFromObject(dep)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// upgradeSystemCharts is what Rancher running at rancherVersion does to its system
+// charts (see above).
+func (r *Rancher) upgradeSystemCharts(ctx context.Context, rancherVersion string) error {
+	deps := r.dependencies(rancherVersion)
+	var errs []error
+	for _, sc := range systemCharts {
+		want := sc.want(deps)
+		if want.Chart == "" {
+			continue
+		}
+		revs, newest, err := systemChartRevisions(ctx, r.Client, sc)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cur := revs[newest]
+		if cur != nil && cur.Labels["status"] == "deployed" && r.revisionIs(cur, want) {
+			continue
+		}
+		if cur == nil || !r.revisionIs(cur, want) {
+			s, err := helmReleaseSecret(sc, newest+1, want, "pending-upgrade")
+			if err == nil {
+				err = client.IgnoreAlreadyExists(r.Client.Create(ctx, s))
+			}
+			errs = append(errs, err)
+			continue
+		}
+		if !r.due(fmt.Sprintf("systemchart/%s/%d", sc.name, newest), orDefault(r.SystemChartDelay, 100*time.Millisecond)) {
+			continue
+		}
+		errs = append(errs, r.deploySystemChart(ctx, sc, revs, newest, want))
+	}
+	return errors.Join(errs...)
+}
+
+// revisionIs says whether the stored revision s is the chart at want.
+func (r *Rancher) revisionIs(s *corev1.Secret, want releases.ChartApp) bool {
+	rel, err := rancher.DecodeHelmRelease(s.Data["release"])
+	return err == nil && rel.Chart.Metadata.Version == want.Chart && rel.Chart.Metadata.AppVersion == want.App
+}
+
+// deploySystemChart marks revision newest deployed (and the deployed one before it
+// superseded) and sets the chart's Deployment to the new app version.
+func (r *Rancher) deploySystemChart(ctx context.Context, sc systemChart, revs map[int]*corev1.Secret, newest int, want releases.ChartApp) error {
+	for v, s := range revs {
+		if v != newest && s.Labels["status"] == "deployed" {
+			s.Labels["status"] = "superseded"
+			if err := r.Client.Update(ctx, s); err != nil {
+				return err
+			}
+		}
+	}
+	deployed, err := helmReleaseSecret(sc, newest, want, "deployed")
+	if err != nil {
+		return err
+	}
+	cur := revs[newest]
+	cur.Labels, cur.Data = deployed.Labels, deployed.Data
+	if err := r.Client.Update(ctx, cur); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.systemChartDeployed == nil {
+		r.systemChartDeployed = map[string]time.Time{}
+	}
+	r.systemChartDeployed[sc.name+"@"+want.Chart] = time.Now()
+	r.mu.Unlock()
+	if sc.deployment == "" {
+		return nil
+	}
+	dep := &appsv1.Deployment{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: sc.namespace, Name: sc.deployment}, dep); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	image := sc.image + ":v" + want.App
+	if dep.Spec.Template.Spec.Containers[0].Image == image {
+		return nil
+	}
+	dep.Spec.Template.Spec.Containers[0].Image = image
+	return r.Client.Update(ctx, dep)
+}
+
+func (r *Rancher) dependencies(rancherVersion string) releases.RancherDependencies {
+	if r.Dependencies != nil {
+		return r.Dependencies(rancherVersion)
+	}
+	return DefaultRancherDependencies(rancherVersion)
+}
+
+// SystemChartDeployedAt is when the simulator deployed the system chart name (fleet,
+// fleet-crd, rancher-webhook) at chart version chart; zero if it did not.
+func (r *Rancher) SystemChartDeployedAt(name, chart string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.systemChartDeployed[name+"@"+chart]
+}
+
+// ChartVersionSeenAt is when the simulator first saw the ManagedChart name (in
+// fleet-local) ask for version; zero if it did not.
+func (r *Rancher) ChartVersionSeenAt(name, version string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.chartVersionSeen[name+"@"+version]
+}
+
+func (r *Rancher) noteChartVersion(name, version string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.chartVersionSeen == nil {
+		r.chartVersionSeen = map[string]time.Time{}
+	}
+	if _, ok := r.chartVersionSeen[name+"@"+version]; !ok {
+		r.chartVersionSeen[name+"@"+version] = time.Now()
+	}
+}
