@@ -11,6 +11,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -85,5 +86,34 @@ var _ = Describe("Run and Rancher", func() {
 		steps := runStates(input("up-deps-skip"), newProgress())
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeRancher).State).To(Equal(clusterupgrade.StateSkipped))
 		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).State).To(Equal(clusterupgrade.StateSkipped))
+	})
+
+	repoOf := func() *catalogv1.ClusterRepo {
+		GinkgoHelper()
+		repo := &catalogv1.ClusterRepo{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Name: rancher.RancherChartsRepo}, repo)).To(Succeed())
+		return repo
+	}
+
+	It("leaves the rancher-charts index alone for a target before v1.7.2 (fact 40)", func() {
+		seed(oldRelease)
+		settle()
+		steps := runStates(input("up-rc-v160"), newProgress())
+		Expect(repoOf().Spec.ForceUpdate).To(BeNil(), "a v1.6.0 target does not refresh it")
+		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).Message).To(HavePrefix("Helm releases deployed"))
+	})
+
+	It("refreshes the rancher-charts index after Rancher's upgrade for a target from v1.7.2 on (facts 16.10, 40)", func() {
+		seed(oldRelease)
+		settle()
+		before := repoOf().Status.DownloadTime
+		in := input("up-rc-v172")
+		in.HarvesterVersion = "v1.7.2"
+		steps := runStates(in, newProgress())
+		repo := repoOf()
+		Expect(repo.Spec.ForceUpdate).NotTo(BeNil())
+		Expect(repo.Spec.ForceUpdate.Time).To(BeTemporally(">", before.Time))
+		Expect(repo.Status.DownloadTime.Before(repo.Spec.ForceUpdate)).To(BeFalse(), "the index was downloaded after the forced update")
+		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).Message).To(HavePrefix("ClusterRepo rancher-charts refreshed; Helm releases deployed"))
 	})
 })

@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
@@ -43,13 +47,24 @@ func (in Input) systemCharts() []systemChart {
 // skipped"). Skipped, as in the script, when Rancher was already at the release's
 // version (UpgradeRancher Skipped).
 //
+// Releases from v1.7.2 and v1.8.1 on first force a refresh of the rancher-charts
+// ClusterRepo's index (force_refresh_clusterrepo, fact 16.10 and fact 40; absent in
+// v1.8.0), and so does this for those targets.
+//
 // Not done: the script rolls a release back once (helm rollback) when its newest
 // revision has been pending for more than 5 minutes; without Helm this program says so
 // and keeps waiting. Nor the fleet-agent redeploy and the waits for the local Fleet
-// cluster that follow (16.14 to 16.16), nor the refresh of rancher-charts (16.10).
+// cluster that follow (16.14 to 16.16).
 func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string, error) {
 	if r.current[StepUpgradeRancher].State == StateSkipped {
 		return StateSkipped, fmt.Sprintf("Rancher was already at %s: the release waits for Rancher's own charts only after it upgraded Rancher", r.in.RancherVersion), nil
+	}
+	refreshed := ""
+	if refreshesRancherCharts(r.in.HarvesterVersion) {
+		if err := r.forceRefresh(ctx, rancher.RancherChartsRepo); err != nil {
+			return "", "", err
+		}
+		refreshed = "ClusterRepo " + rancher.RancherChartsRepo + " refreshed; "
 	}
 	var done []string
 	if r.in.RancherDependencies.Complete() {
@@ -74,9 +89,9 @@ func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string
 	if err != nil {
 		return "", "", err
 	}
-	msg := "Helm releases not checked: the release metadata names no rancherDependencies"
+	msg := refreshed + "Helm releases not checked: the release metadata names no rancherDependencies"
 	if len(done) > 0 {
-		msg = "Helm releases deployed: " + strings.Join(done, ", ")
+		msg = refreshed + "Helm releases deployed: " + strings.Join(done, ", ")
 	}
 	msg += "; Deployments rancher, fleet-controller and rancher-webhook rolled out; Secret cattle-system/stv-aggregation " + created
 	return StateDone, msg, nil
@@ -132,4 +147,61 @@ func (r *runner) ensureSTVAggregation(ctx context.Context) (string, error) {
 	default:
 		return "", fmt.Errorf("create the Secret %s/%s: %w", rancher.CattleSystem, rancher.STVAggregationSecret, err)
 	}
+}
+
+// refreshesRancherCharts says whether the release target refreshes the rancher-charts
+// index after Rancher's upgrade: v1.7.2 and later v1.7 releases, v1.8.1 and later, and
+// every later minor (fact 40).
+func refreshesRancherCharts(target string) bool {
+	v, err := version.ParseGeneric(target)
+	if err != nil {
+		return false
+	}
+	switch {
+	case v.Major() != 1:
+		return v.Major() > 1
+	case v.Minor() == 7:
+		return v.Patch() >= 2
+	case v.Minor() == 8:
+		return v.Patch() >= 1
+	default:
+		return v.Minor() > 8
+	}
+}
+
+// forceRefresh asks Rancher to download the index of the ClusterRepo name again and
+// waits until it did, as force_refresh_clusterrepo does (fact 16.10): once the repository
+// exists and was downloaded, spec.forceUpdate is set to a second after its last
+// download, and the index counts as refreshed when status.downloadTime reaches it.
+func (r *runner) forceRefresh(ctx context.Context, name string) error {
+	key := client.ObjectKey{Name: name}
+	var last metav1.Time
+	err := r.poll(ctx, fmt.Sprintf("ClusterRepo %s to exist and have downloaded its index", name), "Rancher creates it when it starts; look at Rancher's logs",
+		func(ctx context.Context) (bool, string, error) {
+			repo := &catalogv1.ClusterRepo{}
+			if err := r.c.Get(ctx, key, repo); apierrors.IsNotFound(err) {
+				return false, "not found", nil
+			} else if err != nil {
+				return false, "", fmt.Errorf("read ClusterRepo %s: %w", name, err)
+			}
+			last = repo.Status.DownloadTime
+			return !last.IsZero(), "no downloadTime yet", nil
+		})
+	if err != nil {
+		return err
+	}
+	force := metav1.NewTime(last.Truncate(time.Second).Add(time.Second))
+	patch := client.RawPatch(types.MergePatchType, []byte(fmt.Sprintf(`{"spec":{"forceUpdate":%q}}`, force.UTC().Format(time.RFC3339))))
+	if err := r.c.Patch(ctx, &catalogv1.ClusterRepo{ObjectMeta: metav1.ObjectMeta{Name: name}}, patch); err != nil {
+		return fmt.Errorf("set spec.forceUpdate of ClusterRepo %s: %w", name, err)
+	}
+	return r.poll(ctx, fmt.Sprintf("ClusterRepo %s to download its index (status.downloadTime at or after %s)", name, force.UTC().Format(time.RFC3339)),
+		"Rancher downloads it; look at the ClusterRepo's conditions and Rancher's logs",
+		func(ctx context.Context) (bool, string, error) {
+			repo := &catalogv1.ClusterRepo{}
+			if err := r.c.Get(ctx, key, repo); err != nil {
+				return false, "", fmt.Errorf("read ClusterRepo %s: %w", name, err)
+			}
+			return !repo.Status.DownloadTime.Before(&force), "downloadTime " + repo.Status.DownloadTime.UTC().Format(time.RFC3339), nil
+		})
 }

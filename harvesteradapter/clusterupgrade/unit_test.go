@@ -110,3 +110,14 @@ func TestJobState(t *testing.T) {
 		t.Errorf("complete Job: %t %t", done, failed)
 	}
 }
+
+func TestRefreshesRancherCharts(t *testing.T) {
+	for target, want := range map[string]bool{
+		"v1.6.1": false, "v1.7.0": false, "v1.7.1": false, "v1.7.2": true, "v1.7.3": true,
+		"v1.8.0": false, "v1.8.1": true, "v1.8.2": true, "v1.9.0": true, "v2.0.0": true, "latest": false,
+	} {
+		if got := refreshesRancherCharts(target); got != want {
+			t.Errorf("refreshesRancherCharts(%s) = %t, want %t (fact 40)", target, got, want)
+		}
+	}
+}

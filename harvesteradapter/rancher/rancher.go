@@ -25,6 +25,8 @@ const (
 	RancherDeployment = "rancher"
 	// ClusterRepoDeployment serves the harvester-charts Helm repository, in CattleSystem.
 	ClusterRepoDeployment = "harvester-cluster-repo"
+	// RancherChartsRepo is the ClusterRepo of Rancher's own charts.
+	RancherChartsRepo = "rancher-charts"
 	// HarvesterChartsRepo is the ClusterRepo of Harvester's charts.
 	HarvesterChartsRepo = "harvester-charts"
 	// ServerVersionSetting is the Setting holding the running Rancher version.

@@ -458,6 +458,12 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		ObjectMeta: metav1.ObjectMeta{Name: rancher.HarvesterChartsRepo},
 		Spec:       catalogv1.RepoSpec{URL: "http://harvester-cluster-repo.cattle-system/charts"},
 	}
+	// Rancher's own chart repository, which Rancher creates and downloads when it starts
+	// (upgrade_rancher force-refreshes it from v1.7.2 and v1.8.1 on, fact 16.10).
+	rancherRepo := &catalogv1.ClusterRepo{
+		ObjectMeta: metav1.ObjectMeta{Name: rancher.RancherChartsRepo},
+		Spec:       catalogv1.RepoSpec{URL: "https://git.rancher.io/charts"},
+	}
 	rancherDep := seedDeployment(rancher.RancherDeployment, "rancher", "rancher/rancher:"+rel.Rancher, 3)
 	// Rancher's chart renders its features value into CATTLE_FEATURES; each release sets
 	// its own list (harvester-release-steps.md fact 42).
@@ -470,7 +476,7 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	}
 	setting := &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ServerVersionSetting}, Value: rel.Rancher, Source: "env"}
 
-	objs := []client.Object{cluster, repo, setting}
+	objs := []client.Object{cluster, repo, rancherRepo, setting}
 	for _, mc := range charts {
 		objs = append(objs, mc)
 	}
@@ -505,9 +511,11 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		SettleChart(mc, "", false)
 		errs = append(errs, c.Status().Update(ctx, mc))
 	}
-	repo.Status.DownloadTime = metav1.Now()
-	repo.Status.Conditions = []genericcondition.GenericCondition{{Type: "Downloaded", Status: corev1.ConditionTrue}}
-	errs = append(errs, c.Status().Update(ctx, repo))
+	for _, r := range []*catalogv1.ClusterRepo{repo, rancherRepo} {
+		r.Status.DownloadTime = metav1.Now()
+		r.Status.Conditions = []genericcondition.GenericCondition{{Type: "Downloaded", Status: corev1.ConditionTrue}}
+		errs = append(errs, c.Status().Update(ctx, r))
+	}
 	for _, d := range deps {
 		errs = append(errs, rollOut(ctx, c, client.ObjectKeyFromObject(d)))
 	}
