@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/capi-inplace/capi-inplace/test/manifests"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 const providerLabel = "cluster.x-k8s.io/provider"
@@ -153,7 +154,7 @@ var _ = Describe("config/default", Ordered, func() {
 		Expect(svc.Object["spec"]).To(HaveKeyWithValue("ports", ContainElement(HaveKeyWithValue("targetPort", "capi-hooks"))))
 	})
 
-	It("admits only Cluster API's controllers to the CAPI hooks, and also the manager's namespace to ExternalUpgradeRequest; metrics and probes stay open", func() {
+	It("admits only Cluster API's controllers (core and KubeadmControlPlane) to the CAPI hooks, and also the manager's namespace to ExternalUpgradeRequest; metrics and probes stay open", func() {
 		np := convert(findObject(objs, "NetworkPolicy", "capi-inplace-hooks"), &networkingv1.NetworkPolicy{})
 		dep := convert(findObject(objs, "Deployment", "capi-inplace-controller-manager"), &appsv1.Deployment{})
 		Expect(np.Namespace).To(Equal(dep.Namespace))
@@ -164,12 +165,20 @@ var _ = Describe("config/default", Ordered, func() {
 		for _, p := range dep.Spec.Template.Spec.Containers[0].Ports {
 			containerPorts[p.ContainerPort] = p.Name
 		}
-		capiSystem := networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "capi-system"}}}
+		// The Cluster API controllers that call the hooks, in the namespaces their own
+		// default manifests put them (read from the module cache, so that a rename is
+		// caught): core (CanUpdateMachineSet, UpdateMachine) and KubeadmControlPlane
+		// (CanUpdateMachine).
+		var callers []networkingv1.NetworkPolicyPeer
+		for _, provider := range []string{"core", "controlplane/kubeadm"} {
+			ns := providerNamespace(provider)
+			callers = append(callers, networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}})
+		}
 		ownNamespace := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{}}
 		// Each port, who may reach it (nil: everyone).
 		want := map[string][]networkingv1.NetworkPolicyPeer{
-			"capi-hooks":    {capiSystem},
-			"external-hook": {capiSystem, ownNamespace},
+			"capi-hooks":    callers,
+			"external-hook": append(append([]networkingv1.NetworkPolicyPeer{}, callers...), ownNamespace),
 			"metrics":       nil,
 			"healthz":       nil,
 		}
@@ -256,4 +265,18 @@ func unstructuredSlice(obj map[string]any, fields ...string) ([]map[string]any, 
 		}
 	}
 	return out, found, err
+}
+
+// providerNamespace is the namespace the default manifests of a Cluster API provider
+// (its directory in the cluster-api module: core, controlplane/kubeadm) install it in.
+func providerNamespace(provider string) string {
+	GinkgoHelper()
+	dir := must(testenv.ModuleDir(env.RepoRoot, "sigs.k8s.io/cluster-api"))
+	data := must(os.ReadFile(filepath.Join(dir, provider, "config", "default", "kustomization.yaml")))
+	var k struct {
+		Namespace string `json:"namespace"`
+	}
+	Expect(yaml.Unmarshal(data, &k)).To(Succeed())
+	Expect(k.Namespace).NotTo(BeEmpty(), "%s's default kustomization names its namespace", provider)
+	return k.Namespace
 }
