@@ -40,6 +40,7 @@ const (
 	StepUpgradeRancher                 = "UpgradeRancher"
 	StepWaitRancherDependencies        = "WaitRancherDependencies"
 	StepPatchLocalClusterDetails       = "PatchLocalClusterDetails"
+	StepUpdateLocalRKEStateSecret      = "UpdateLocalRKEStateSecret"
 	StepMigrateLonghornV1beta1CRDs     = "MigrateLonghornV1beta1CRDs"
 	StepUpgradeClusterRepo             = "UpgradeClusterRepo"
 	StepRefreshHarvesterCharts         = "RefreshHarvesterCharts"
@@ -58,7 +59,7 @@ const (
 // 11) and KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16, whose
 // clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first, and whose waits
 // for Rancher's own charts, 16.11 to 16.13, follow it), the local
-// cluster's details (fact 17), Longhorn's v1beta1 storage migration for a hop from v1.6
+// cluster's details (fact 17), the local-rke-state Secret's type (fact 18), Longhorn's v1beta1 storage migration for a hop from v1.6
 // (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21),
 // Harvester's charts (fact 23), the wait for KubeVirt (fact 23.5) and the wait for
 // Longhorn's own upgrade (fact 25), and the monitoring and logging CRD charts (fact 27).
@@ -72,6 +73,7 @@ func StepNames() []string {
 		StepUpgradeRancher,
 		StepWaitRancherDependencies,
 		StepPatchLocalClusterDetails,
+		StepUpdateLocalRKEStateSecret,
 		StepMigrateLonghornV1beta1CRDs,
 		StepUpgradeClusterRepo,
 		StepRefreshHarvesterCharts,

@@ -307,7 +307,9 @@ func describeBefore(v json.RawMessage, set bool) string {
 // un-paused and the harvester chart's KubeVirt workloadUpdateMethods is what it was, or
 // unset if it was unset (fact 37: Harvester's cleanup does the same, a backup of null
 // deleting the key); Longhorn's validator gets UPDATE back on longhorn.io settings when
-// MigrateLonghornV1beta1CRDs stopped between taking and giving it back (fact 19). A value that is already back is left alone, so Restore can run any
+// MigrateLonghornV1beta1CRDs stopped between taking and giving it back (fact 19); a
+// local-rke-state conversion UpdateLocalRKEStateSecret left half-way is finished from its
+// copy and Rancher brought back to its replicas (fact 18). A value that is already back is left alone, so Restore can run any
 // number of times; a chart that is gone has nothing to restore. Then the records, and the
 // progress of the sub-steps that made them, are removed from the ConfigMap, which stays.
 func Restore(ctx context.Context, c client.Client, key client.ObjectKey) error {
@@ -356,6 +358,8 @@ func restoreChange(ctx context.Context, c client.Client, ch Change) error {
 		return restoreStrategy(ctx, c, ch.Before)
 	case FieldAddonEnabled:
 		return restoreAddon(ctx, c, client.ObjectKey{Namespace: namespace, Name: name}, ch.Before)
+	case FieldRancherReplicas:
+		return restoreRancherReplicas(ctx, c, ch.Before)
 	}
 	mc := &managementv3.ManagedChart{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, mc); err != nil {

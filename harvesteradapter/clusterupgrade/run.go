@@ -38,6 +38,7 @@ func steps() []step {
 		{StepUpgradeRancher, (*runner).upgradeRancher},
 		{StepWaitRancherDependencies, (*runner).waitRancherDependencies},
 		{StepPatchLocalClusterDetails, (*runner).patchLocalClusterDetails},
+		{StepUpdateLocalRKEStateSecret, (*runner).updateLocalRKEStateSecret},
 		{StepMigrateLonghornV1beta1CRDs, (*runner).migrateLonghornV1beta1CRDs},
 		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
 		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
@@ -73,7 +74,8 @@ func steps() []step {
 // legacy CAPI), the Rancher upgrade (fact 16, as a change of the rancher Deployment's
 // image and features, fact 42, see upgradeRancher) and its waits for the charts Rancher
 // installs, the rollouts and stv-aggregation (16.11 to 16.13, rancherdeps.go),
-// patch_local_cluster_details (fact 17), for a hop from v1.6
+// patch_local_cluster_details (fact 17), update_local_rke_state_secret (fact 18,
+// rkestate.go), for a hop from v1.6
 // migrate_longhorn_v1beta1_crds (fact 19; the validator's UPDATE on settings recorded),
 // the cluster repository (fact 20), rancher-expose's ingress class (fact 21, ingress.go),
 // the harvester-crd and harvester ManagedCharts (fact 23: the version, and for harvester
@@ -85,8 +87,7 @@ func steps() []step {
 // recorded; the UpgradePlan runs it when the plan ends, whatever the outcome. Still left
 // out: the v1.9 hop's migrations (facts 14, 15), the guard against RKE2 restarts (fact
 // 12; the UpgradePlan places it before the Job), Rancher's helm upgrade itself and the
-// fleet-agent redeploy after it (16.14 to 16.16), the local-rke-state Secret (18), the
-// extra manifests and the add-ons (22, 28, 29), the containerd registry sync (24) and
+// fleet-agent redeploy after it (16.14 to 16.16), the extra manifests and the add-ons (22, 28, 29), the containerd registry sync (24) and
 // the wait for Fleet's bundles (31).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {

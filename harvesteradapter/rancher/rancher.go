@@ -27,6 +27,10 @@ const (
 	ClusterRepoDeployment = "harvester-cluster-repo"
 	// RancherChartsRepo is the ClusterRepo of Rancher's own charts.
 	RancherChartsRepo = "rancher-charts"
+	// LocalRKEStateSecret, in FleetLocal, holds the local cluster's RKE2 state; Rancher
+	// v2.7 and later require its type to be RKEClusterStateType (fact 18).
+	LocalRKEStateSecret = "local-rke-state"
+	RKEClusterStateType = "rke.cattle.io/cluster-state"
 	// HarvesterChartsRepo is the ClusterRepo of Harvester's charts.
 	HarvesterChartsRepo = "harvester-charts"
 	// ServerVersionSetting is the Setting holding the running Rancher version.

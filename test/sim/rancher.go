@@ -476,7 +476,14 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	}
 	setting := &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ServerVersionSetting}, Value: rel.Rancher, Source: "env"}
 
-	objs := []client.Object{cluster, repo, rancherRepo, setting}
+	// The local cluster's RKE2 state, of the type Rancher v2.7 and later require (fact
+	// 18).
+	state := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: rancher.LocalRKEStateSecret},
+		Type:       rancher.RKEClusterStateType,
+		Data:       map[string][]byte{"serverToken": []byte("server-token"), "agentToken": []byte("agent-token")},
+	}
+	objs := []client.Object{cluster, repo, rancherRepo, setting, state}
 	for _, mc := range charts {
 		objs = append(objs, mc)
 	}

@@ -149,7 +149,9 @@ type HookEvent struct {
 //     downgrade for a node upgraded by SUC), unless the node carries the restart guard:
 //     facts 58, 62 and 12;
 //   - the cluster is not "Updated" while a node's kubelet differs from the declared
-//     version: fact 61.
+//     version: fact 61;
+//   - nothing is rolled while the local-rke-state Secret is not of type
+//     rke.cattle.io/cluster-state: fact 18.
 //
 // Time is real time; the simulator looks at the cluster every Interval, or, with Cache,
 // on events (passLoop). Run it once per cluster; only one may run against
@@ -492,6 +494,17 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 	cl := &provisioningv1.Cluster{}
 	if err := p.Client.Get(ctx, localClusterKey, cl); err != nil {
 		return client.IgnoreNotFound(err)
+	}
+	// Rancher v2.7 and later require the local cluster's state Secret to be of type
+	// rke.cattle.io/cluster-state and stop there otherwise: an Opaque one (clusters
+	// installed before) blocks every plan change, RKE2 upgrades included
+	// (harvester-release-steps.md fact 18; rancher/rancher PR #41088, harvester issue
+	// #3858).
+	state := &corev1.Secret{}
+	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.LocalRKEStateSecret}, state); err == nil && state.Type != rancher.RKEClusterStateType {
+		return p.writeStatus(ctx, fmt.Sprintf("the Secret %s/%s is of type %s, not %s", rancher.FleetLocal, rancher.LocalRKEStateSecret, state.Type, rancher.RKEClusterStateType))
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		return err
 	}
 	render, err := p.renderInput(ctx)
 	if err != nil {

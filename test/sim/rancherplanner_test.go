@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -210,6 +211,28 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		Expect(c.rec.MaxDown()).To(Equal(1))
 		Expect(c.planner.UnguardedRestartsOutsideDrain()).To(BeEmpty())
 		Expect(c.planner.Downgrades()).To(BeEmpty())
+	})
+
+	It("rolls nothing while the local-rke-state Secret is Opaque, and goes once it is of Rancher's type (fact 18)", func() {
+		c := newPlannerCluster(1, 0, nil)
+		state := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: rancher.LocalRKEStateSecret},
+			Type:       corev1.SecretTypeOpaque, Data: map[string][]byte{"serverToken": []byte("t")},
+		}
+		Expect(env.Client.Create(ctx, state)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(env.Client.Delete(ctx, state))).To(Succeed()) })
+		node := c.node("m", 1)
+		updateLocalCluster(func(cl *provisioningv1.Cluster) {
+			cl.Spec.KubernetesVersion = newRKE2
+			cl.Spec.RKEConfig.ProvisionGeneration++
+		})
+		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(ContainSubstring("is of type Opaque"))
+		Consistently(func() string { return c.kubeletVersion(node) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(oldRKE2))
+
+		Expect(env.Client.Delete(ctx, state)).To(Succeed())
+		state.ResourceVersion, state.UID, state.Type = "", "", rancher.RKEClusterStateType
+		Expect(env.Client.Create(ctx, state)).To(Succeed())
+		Eventually(func() string { return c.kubeletVersion(node) }, 5*time.Second, 20*time.Millisecond).Should(Equal(newRKE2))
 	})
 
 	It("keeps a node upgraded behind Rancher's back unsettled, and downgrades it at the next plan change", func() {
