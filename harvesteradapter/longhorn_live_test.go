@@ -119,7 +119,10 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 	Context("when Longhorn does not serve the live upgrade (v1.10 to v1.12.1)", func() {
 		It("holds a node where an attached v2 volume has its engine, naming it, and lets a node without one go", func() {
-			c := newCluster(2)
+			// Three nodes, a replica on each: the second node goes while the first is
+			// held cordoned, and its Cordon judges the storage again (freshstorage_test.go):
+			// with replicas on those two nodes only it would be held there, rightly.
+			c := newCluster(3)
 			for _, n := range c.nodes {
 				Expect(sim.CreateLonghornV2InstanceManager(ctx, lh.Client, longhorn.Namespace, n, imOld)).To(Succeed())
 			}

@@ -1,6 +1,7 @@
 package harvesteradapter_test
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -222,7 +224,12 @@ var _ = Describe("Editing the HarvesterUpgrader while a node is upgraded", func(
 			defer GinkgoRecover()
 			done <- drive(c.updater, nu, 60*time.Second)
 		}()
-		Eventually(func() []sim.PlanRun { return nodeRunsOn(c.rec, node) }, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+		// The cluster step comes first; on a loaded machine that takes more than 20 s.
+		Eventually(func() []sim.PlanRun { return nodeRunsOn(c.rec, node) }, 60*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty(), func() string {
+			cur := &inplacev1.NodeUpdate{}
+			_ = env.Client.Get(ctx, client.ObjectKeyFromObject(nu), cur)
+			return fmt.Sprintf("the NodeUpdate is at %s: %s", cur.Status.CurrentStep, nodeupdater.Step(cur, cur.Status.CurrentStep).Message)
+		})
 
 		cfg := &harvesterv1.HarvesterUpgrader{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.config), cfg)).To(Succeed())
