@@ -30,7 +30,7 @@ import (
 
 // release181 is the release metadata of Harvester v1.8.1, the release the specs install
 // over v1.7.1 (fact 5; its upgrade matrix's minimum, fact 3).
-const release181 = `harvester: v1.8.1
+var release181 = `harvester: v1.8.1
 harvesterChart: 1.8.1
 os: Harvester v1.8.1
 kubernetes: v1.35.6+rke2r1
@@ -40,18 +40,7 @@ kubevirt: v-harvester-1.8.1
 # test values: the facts do not name the release's monitoring and logging charts
 monitoringChart: 106.1.0+up66.0.0
 loggingChart: 106.0.1+up4.10.1
-# test values: what the simulated Rancher v2.14.2 installs (sim.DefaultRancherDependencies)
-rancherDependencies:
-  fleet:
-    chart: 114.0.2+up0.14.2
-    app: 0.14.2
-  fleet-crd:
-    chart: 114.0.2+up0.14.2
-    app: 0.14.2
-  rancher-webhook:
-    chart: 114.0.2+up0.10.2
-    app: 0.10.2
-minUpgradableVersion: v1.7.0
+` + sim.RancherDependenciesYAML("v2.14.2") + `minUpgradableVersion: v1.7.0
 `
 
 // harvesterCluster is a Harvester cluster on the workload API server, managed from the

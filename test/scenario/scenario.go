@@ -66,28 +66,6 @@ const (
 	// ToOSImage is what a node reports once its OS upgrade to HarvesterRelease rebooted it.
 	ToOSImage = "Harvester " + HarvesterRelease
 
-	// ReleaseMetadata is the harvester-release.yaml the repository simulator serves.
-	ReleaseMetadata = `harvester: v1.8.1
-harvesterChart: 1.8.1
-os: Harvester v1.8.1
-kubernetes: v1.35.6+rke2r1
-rancher: v2.14.2
-# the KubeVirt the simulators take chart 1.8.1 to carry (sim.KubeVirtVersionOfChart)
-kubevirt: v-harvester-1.8.1
-# test values: what the simulated Rancher v2.14.2 installs (sim.DefaultRancherDependencies)
-rancherDependencies:
-  fleet:
-    chart: 114.0.2+up0.14.2
-    app: 0.14.2
-  fleet-crd:
-    chart: 114.0.2+up0.14.2
-    app: 0.14.2
-  rancher-webhook:
-    chart: 114.0.2+up0.10.2
-    app: 0.10.2
-minUpgradableVersion: v1.7.0
-`
-
 	// SUCNamespace is where SUC runs on a Harvester cluster (the HarvesterUpgrader default).
 	SUCNamespace = "cattle-system"
 	// UpdaterName is the name of the sample HarvesterUpgrader.
@@ -107,6 +85,17 @@ minUpgradableVersion: v1.7.0
 	LonghornIMImage       = "longhornio/longhorn-instance-manager:v1.12.2"
 	LonghornIMTargetImage = "longhornio/longhorn-instance-manager:v1.13.0"
 )
+
+// ReleaseMetadata is the harvester-release.yaml the repository simulator serves.
+var ReleaseMetadata = `harvester: v1.8.1
+harvesterChart: 1.8.1
+os: Harvester v1.8.1
+kubernetes: v1.35.6+rke2r1
+rancher: v2.14.2
+# the KubeVirt the simulators take chart 1.8.1 to carry (sim.KubeVirtVersionOfChart)
+kubevirt: v-harvester-1.8.1
+` + sim.RancherDependenciesYAML("v2.14.2") + `minUpgradableVersion: v1.7.0
+`
 
 // Options say what to build.
 type Options struct {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -284,4 +285,21 @@ func (r *Rancher) noteChartVersion(name, version string) {
 	if _, ok := r.chartVersionSeen[name+"@"+version]; !ok {
 		r.chartVersionSeen[name+"@"+version] = time.Now()
 	}
+}
+
+// RancherDependenciesYAML is the rancherDependencies block of a harvester-release.yaml
+// naming what the simulated Rancher rancherVersion installs (DefaultRancherDependencies),
+// in the metadata's own layout (lib.sh detect_repo reads .rancherDependencies.<chart>.chart
+// and .app).
+func RancherDependenciesYAML(rancherVersion string) string {
+	d := DefaultRancherDependencies(rancherVersion)
+	var b strings.Builder
+	fmt.Fprintf(&b, "# test values: what the simulated Rancher %s installs (sim.DefaultRancherDependencies)\nrancherDependencies:\n", rancherVersion)
+	for _, c := range []struct {
+		name string
+		v    releases.ChartApp
+	}{{"fleet", d.Fleet}, {"fleet-crd", d.FleetCRD}, {"rancher-webhook", d.RancherWebhook}} {
+		fmt.Fprintf(&b, "  %s:\n    chart: %s\n    app: %s\n", c.name, c.v.Chart, c.v.App)
+	}
+	return b.String()
 }
