@@ -101,6 +101,8 @@ type Rancher struct {
 	// systemChartDeployed and chartVersionSeen record when a system chart was deployed
 	// and a ManagedChart first asked for a version (name@version).
 	systemChartDeployed, chartVersionSeen map[string]time.Time
+	// systemChartsSettledAt is the Rancher version whose system charts are deployed.
+	systemChartsSettledAt string
 }
 
 // FailChart makes Fleet fail to apply the ManagedChart name (in fleet-local) with message,

@@ -174,8 +174,22 @@ func seedSystemCharts(ctx context.Context, c client.Client, deps releases.Ranche
 // upgradeSystemCharts is what Rancher running at rancherVersion does to its system
 // charts (see above).
 func (r *Rancher) upgradeSystemCharts(ctx context.Context, rancherVersion string) error {
+	r.mu.Lock()
+	settled := r.systemChartsSettledAt == rancherVersion
+	r.mu.Unlock()
+	if settled {
+		return nil // Rancher installs its charts when it starts at a version, not again
+	}
 	deps := r.dependencies(rancherVersion)
 	var errs []error
+	pending := false
+	defer func() {
+		if !pending && errors.Join(errs...) == nil {
+			r.mu.Lock()
+			r.systemChartsSettledAt = rancherVersion
+			r.mu.Unlock()
+		}
+	}()
 	for _, sc := range systemCharts {
 		want := sc.want(deps)
 		if want.Chart == "" {
@@ -190,6 +204,7 @@ func (r *Rancher) upgradeSystemCharts(ctx context.Context, rancherVersion string
 		if cur != nil && cur.Labels["status"] == "deployed" && r.revisionIs(cur, want) {
 			continue
 		}
+		pending = true
 		if cur == nil || !r.revisionIs(cur, want) {
 			s, err := helmReleaseSecret(sc, newest+1, want, "pending-upgrade")
 			if err == nil {
