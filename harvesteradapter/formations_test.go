@@ -169,6 +169,10 @@ var _ = Describe("Every Harvester cluster formation", func() {
 						Expect(s.State).To(Equal("Skipped"), "the cluster upgrade's %s", s.Name)
 						Expect(s.Message).To(Or(ContainSubstring("which does not match"), ContainSubstring("not on the cluster"), ContainSubstring("lists v1beta1")), s.Name)
 					}
+				case clusterupgrade.StepUpdateLocalRKEStateSecret:
+					// The simulated cluster's Secret has Rancher's type already (fact 18).
+					Expect(s.State).To(Equal("Skipped"), s.Name)
+					Expect(s.Message).To(ContainSubstring("is of type "+rancher.RKEClusterStateType), s.Name)
 				default:
 					Expect(s.State).To(Equal("Done"), "the cluster upgrade's %s on a cluster of its own", s.Name)
 				}

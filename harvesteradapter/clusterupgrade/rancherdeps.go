@@ -56,6 +56,9 @@ func (in Input) systemCharts() []systemChart {
 // and keeps waiting. Nor the fleet-agent redeploy and the waits for the local Fleet
 // cluster that follow (16.14 to 16.16).
 func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string, error) {
+	if r.prior[StepWaitRancherDependencies].State == StateDone {
+		return StateDone, "Rancher's charts were deployed at the release's versions (done by an earlier run)", nil
+	}
 	if r.current[StepUpgradeRancher].State == StateSkipped {
 		return StateSkipped, fmt.Sprintf("Rancher was already at %s: the release waits for Rancher's own charts only after it upgraded Rancher", r.in.RancherVersion), nil
 	}
