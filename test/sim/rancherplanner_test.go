@@ -219,6 +219,8 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 			ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: rancher.LocalRKEStateSecret},
 			Type:       corev1.SecretTypeOpaque, Data: map[string][]byte{"serverToken": []byte("t")},
 		}
+		// Replacing whatever an earlier spec's Seed left (a Secret of Rancher's type).
+		Expect(client.IgnoreNotFound(env.Client.Delete(ctx, state.DeepCopy()))).To(Succeed())
 		Expect(env.Client.Create(ctx, state)).To(Succeed())
 		DeferCleanup(func() { Expect(client.IgnoreNotFound(env.Client.Delete(ctx, state))).To(Succeed()) })
 		node := c.node("m", 1)
