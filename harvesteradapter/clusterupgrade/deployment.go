@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -113,6 +114,21 @@ func (r *runner) waitRollout(ctx context.Context, key client.ObjectKey, ctrName,
 			}
 			if ctr.Image != image {
 				return false, "", fmt.Errorf("the Deployment %s: container %s runs image %s while the upgrade set %s: someone else changed it; find out who and run the upgrade again", key, ctr.Name, ctr.Image, image)
+			}
+			return rolledOut(dep)
+		})
+}
+
+// waitRolledOut waits until the Deployment key exists and has rolled out (`kubectl
+// rollout status`, fact 16.12).
+func (r *runner) waitRolledOut(ctx context.Context, key client.ObjectKey) error {
+	return r.poll(ctx, fmt.Sprintf("Deployment %s to roll out", key), fmt.Sprintf("look at its pods (kubectl -n %s get pods) and Rancher's logs", key.Namespace),
+		func(ctx context.Context) (bool, string, error) {
+			dep := &appsv1.Deployment{}
+			if err := r.c.Get(ctx, key, dep); apierrors.IsNotFound(err) {
+				return false, "not found", nil
+			} else if err != nil {
+				return false, "", fmt.Errorf("read Deployment %s: %w", key, err)
 			}
 			return rolledOut(dep)
 		})

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -122,21 +121,6 @@ func (r *runner) waitHelmRelease(ctx context.Context, sc systemChart) error {
 	})
 }
 
-// waitRolledOut waits until the Deployment key exists and has rolled out (`kubectl
-// rollout status`, fact 16.12).
-func (r *runner) waitRolledOut(ctx context.Context, key client.ObjectKey) error {
-	return r.poll(ctx, fmt.Sprintf("Deployment %s to roll out", key), fmt.Sprintf("look at its pods (kubectl -n %s get pods) and Rancher's logs", key.Namespace),
-		func(ctx context.Context) (bool, string, error) {
-			dep := &appsv1.Deployment{}
-			if err := r.c.Get(ctx, key, dep); apierrors.IsNotFound(err) {
-				return false, "not found", nil
-			} else if err != nil {
-				return false, "", fmt.Errorf("read Deployment %s: %w", key, err)
-			}
-			return rolledOut(dep)
-		})
-}
-
 // ensureSTVAggregation creates the empty Secret cattle-system/stv-aggregation when it is
 // missing, so that Rancher's system-agent-upgrader plan becomes ready (fact 16.13).
 func (r *runner) ensureSTVAggregation(ctx context.Context) (string, error) {
@@ -198,13 +182,5 @@ func (r *runner) forceRefresh(ctx context.Context, name string) error {
 	if err := r.c.Patch(ctx, &catalogv1.ClusterRepo{ObjectMeta: metav1.ObjectMeta{Name: name}}, patch); err != nil {
 		return fmt.Errorf("set spec.forceUpdate of ClusterRepo %s: %w", name, err)
 	}
-	return r.poll(ctx, fmt.Sprintf("ClusterRepo %s to download its index (status.downloadTime at or after %s)", name, force.UTC().Format(time.RFC3339)),
-		"Rancher downloads it; look at the ClusterRepo's conditions and Rancher's logs",
-		func(ctx context.Context) (bool, string, error) {
-			repo := &catalogv1.ClusterRepo{}
-			if err := r.c.Get(ctx, key, repo); err != nil {
-				return false, "", fmt.Errorf("read ClusterRepo %s: %w", name, err)
-			}
-			return !repo.Status.DownloadTime.Before(&force), "downloadTime " + repo.Status.DownloadTime.UTC().Format(time.RFC3339), nil
-		})
+	return r.waitIndexDownloaded(ctx, name, &force, "Rancher downloads it; look at the ClusterRepo's conditions and Rancher's logs")
 }

@@ -210,8 +210,8 @@ func restoreRancherReplicas(ctx context.Context, c client.Client, before json.Ra
 	if err := c.Get(ctx, rancherKey, dep); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if ptr.Deref(dep.Spec.Replicas, 1) == 0 {
-		return finishRKEState(ctx, c, replicas)
+	if current := ptr.Deref(dep.Spec.Replicas, 1); current != 0 {
+		replicas = current // Rancher already back (or scaled by someone since)
 	}
-	return finishRKEState(ctx, c, ptr.Deref(dep.Spec.Replicas, 1))
+	return finishRKEState(ctx, c, replicas)
 }

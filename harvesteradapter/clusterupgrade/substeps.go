@@ -242,12 +242,21 @@ func (r *runner) refreshHarvesterCharts(ctx context.Context) (StepState, string,
 		}
 	}
 	forced := repo.Spec.ForceUpdate.DeepCopy()
-	err := r.poll(ctx, fmt.Sprintf("ClusterRepo %s to download its index (status.downloadTime at or after spec.forceUpdate %s)", rancher.HarvesterChartsRepo, forced.UTC().Format(time.RFC3339)),
-		"Rancher downloads it from the harvester-cluster-repo Service; look at the ClusterRepo's conditions and at Rancher's logs",
+	err := r.waitIndexDownloaded(ctx, rancher.HarvesterChartsRepo, forced, "Rancher downloads it from the harvester-cluster-repo Service; look at the ClusterRepo's conditions and at Rancher's logs")
+	if err != nil {
+		return "", "", err
+	}
+	return StateDone, fmt.Sprintf("ClusterRepo %s downloaded its index after the refresh of %s", rancher.HarvesterChartsRepo, forced.UTC().Format(time.RFC3339)), nil
+}
+
+// waitIndexDownloaded waits until the ClusterRepo name has downloaded its index at or
+// after the forced update forced (status.downloadTime, fact 20).
+func (r *runner) waitIndexDownloaded(ctx context.Context, name string, forced *metav1.Time, remedy string) error {
+	return r.poll(ctx, fmt.Sprintf("ClusterRepo %s to download its index (status.downloadTime at or after spec.forceUpdate %s)", name, forced.UTC().Format(time.RFC3339)), remedy,
 		func(ctx context.Context) (bool, string, error) {
 			cur := &catalogv1.ClusterRepo{}
-			if err := r.c.Get(ctx, chartsRepoKey, cur); err != nil {
-				return false, "", fmt.Errorf("read ClusterRepo %s: %w", rancher.HarvesterChartsRepo, err)
+			if err := r.c.Get(ctx, client.ObjectKey{Name: name}, cur); err != nil {
+				return false, "", fmt.Errorf("read ClusterRepo %s: %w", name, err)
 			}
 			status := "downloadTime " + cur.Status.DownloadTime.UTC().Format(time.RFC3339)
 			if c := condition(cur.Status.Conditions, "Downloaded"); c != nil && c.Status == corev1.ConditionFalse {
@@ -255,10 +264,6 @@ func (r *runner) refreshHarvesterCharts(ctx context.Context) (StepState, string,
 			}
 			return !cur.Status.DownloadTime.Before(forced), status, nil
 		})
-	if err != nil {
-		return "", "", err
-	}
-	return StateDone, fmt.Sprintf("ClusterRepo %s downloaded its index after the refresh of %s", rancher.HarvesterChartsRepo, forced.UTC().Format(time.RFC3339)), nil
 }
 
 // ours says whether this upgrade (its plan) last changed obj.
