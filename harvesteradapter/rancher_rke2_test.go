@@ -76,6 +76,9 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		addon := &harvesterapi.Addon{}
 		Expect(wl.Client.Get(ctx, upgradeplan.DeschedulerAddon, addon)).To(Succeed())
 		Expect(addon.Spec.Enabled).To(BeTrue(), "the descheduler add-on is enabled again")
+		released, err := sim.ReleaseAddon(upgradeplan.DeschedulerAddon.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(addon.Spec.Version).To(Equal(released.Spec.Version), "the cluster step brought it to the release's add-on file, taken from the release's upgrade image by the Job (fact 29)")
 
 		By("every node's RKE2 was restarted once, by Rancher, at the release, inside its answered drain hooks, one node at a time")
 		byNode := map[string]int{}

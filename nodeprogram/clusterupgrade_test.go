@@ -95,7 +95,7 @@ func TestClusterUpgradeRunsWithTheGivenClient(t *testing.T) {
 // input.
 func TestClusterUpgradeJobArgumentsParse(t *testing.T) {
 	in := clusterupgrade.Input{HarvesterVersion: "v1.6.0", PreviousVersion: "v1.7.1", KubeVirtVersion: "v1.6.0-150700.3.5.1", HarvesterChartVersion: "1.6.0", RancherVersion: "v2.12.0", RancherImage: "registry.local:5000/rancher/rancher"}
-	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-1", Image: "capi-inplace:dev", Input: in})
+	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-1", Image: "capi-inplace:dev", UpgradeImage: "rancher/harvester-upgrade:v1.6.0", Input: in})
 	args := job.Spec.Template.Spec.Containers[0].Args
 	if len(args) < 2 || args[0] != "node" || args[1] != "cluster-upgrade" {
 		t.Fatalf("Job args %q do not run `node cluster-upgrade`", args)
@@ -108,6 +108,17 @@ func TestClusterUpgradeJobArgumentsParse(t *testing.T) {
 	}
 	if got.Plan != "up-1" || got.RancherImage != in.RancherImage || got.PreviousVersion != in.PreviousVersion || got.KubeVirtVersion != in.KubeVirtVersion || got.ClusterRepoImage != "rancher/harvester-cluster-repo:v1.6.0" || got.Timeout <= 0 {
 		t.Errorf("parsed input %+v", got)
+	}
+	// The release's files: copied by the init container from the release's upgrade
+	// image into the volume the program reads them from.
+	pod := job.Spec.Template.Spec
+	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Image != "rancher/harvester-upgrade:v1.6.0" || len(pod.InitContainers[0].VolumeMounts) != 1 ||
+		pod.InitContainers[0].VolumeMounts[0].MountPath != clusterupgrade.ReleaseFilesDir {
+		t.Errorf("init containers %+v, want one of the release's upgrade image writing %s", pod.InitContainers, clusterupgrade.ReleaseFilesDir)
+	}
+	if mounts := pod.Containers[0].VolumeMounts; got.ReleaseFiles != clusterupgrade.ReleaseFilesDir || len(mounts) != 1 || mounts[0].MountPath != got.ReleaseFiles ||
+		!mounts[0].ReadOnly || mounts[0].Name != pod.InitContainers[0].VolumeMounts[0].Name {
+		t.Errorf("--release-files %q with mounts %+v, want %s mounted read-only from the init container's volume", got.ReleaseFiles, mounts, clusterupgrade.ReleaseFilesDir)
 	}
 	if p.ConfigMap != clusterupgrade.ProgressKey("harvester-system", "up-1") {
 		t.Errorf("progress ConfigMap %s, want %s", p.ConfigMap, clusterupgrade.ProgressKey("harvester-system", "up-1"))

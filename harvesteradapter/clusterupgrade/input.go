@@ -72,6 +72,12 @@ type Input struct {
 	// ClusterRepoImage is the harvester-cluster-repo image of the release; the default
 	// (DefaultClusterRepoImage) is rancher/harvester-cluster-repo:<HarvesterVersion>.
 	ClusterRepoImage string
+	// ReleaseFiles is a directory holding the files the release's upgrade image
+	// (rancher/harvester-upgrade:<release>) ships under /usr/local/share: addons/ (one
+	// Addon per file, fact 29) and extra_manifests/cdi/ (fact 22). The Job's init
+	// container copies them there (ReleaseFilesDir); empty skips ApplyExtraManifests and
+	// UpgradeAddons, saying so.
+	ReleaseFiles string
 
 	// PollInterval is how often a wait looks again. Default 5s, as wait_managed_chart
 	// (fact 42).
@@ -180,6 +186,9 @@ func (in Input) Validate() error {
 	if in.ClusterRepoImage != "" && !imageRef.MatchString(in.ClusterRepoImage) {
 		errs = append(errs, fmt.Errorf("--cluster-repo-image %q must be an image with a tag or digest, such as rancher/harvester-cluster-repo:v1.6.0", in.ClusterRepoImage))
 	}
+	if in.ReleaseFiles != "" && !strings.HasPrefix(in.ReleaseFiles, "/") {
+		errs = append(errs, fmt.Errorf("--release-files %q must be an absolute directory, such as %s", in.ReleaseFiles, ReleaseFilesDir))
+	}
 	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.Timeout < 0 {
 		errs = append(errs, errors.New("--poll-interval, --chart-fail-after and --timeout must not be negative"))
 	}
@@ -251,6 +260,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	}
 	fs.StringVar(&in.RancherImage, "rancher-image", in.RancherImage, "Rancher image repository; empty keeps the rancher Deployment's")
 	fs.StringVar(&in.ClusterRepoImage, "cluster-repo-image", in.ClusterRepoImage, "harvester-cluster-repo image; default rancher/harvester-cluster-repo:<harvester-version>")
+	fs.StringVar(&in.ReleaseFiles, "release-files", in.ReleaseFiles, "directory with the release upgrade image's addons/ and extra_manifests/; empty skips the add-ons and extra manifests")
 	fs.DurationVar(&in.PollInterval, "poll-interval", in.PollInterval, "how often waits look again (default 5s)")
 	fs.DurationVar(&in.ChartFailAfter, "chart-fail-after", in.ChartFailAfter, "how long a ManagedChart may report a failed apply before the upgrade fails (default 5m)")
 	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
@@ -286,6 +296,7 @@ func Args(in Input, p Progress) []string {
 	}
 	add("rancher-image", in.RancherImage)
 	add("cluster-repo-image", in.ClusterRepoImage)
+	add("release-files", in.ReleaseFiles)
 	dur("poll-interval", in.PollInterval)
 	dur("chart-fail-after", in.ChartFailAfter)
 	dur("timeout", in.Timeout)

@@ -48,6 +48,12 @@ type JobInput struct {
 	Plan string
 	// Image is the capi-inplace image whose node program runs the upgrade.
 	Image string
+	// UpgradeImage is the release's upgrade image, with its tag
+	// (rancher/harvester-upgrade:<release>, harvester-node-upgrade.md fact 3): when set,
+	// an init container copies its addons/ and extra_manifests/ into ReleaseFilesDir,
+	// which the upgrade reads (Input.ReleaseFiles); nothing else of it runs. Empty leaves
+	// the add-ons and extra manifests out.
+	UpgradeImage string
 	// Namespace of the Job. Default DefaultNamespace.
 	Namespace string
 	// ServiceAccount the Job runs as. Default DefaultServiceAccount.
@@ -117,6 +123,15 @@ func Job(in JobInput) *batchv1.Job {
 			upgrade.Timeout = deadline
 		}
 	}
+	var initContainers []corev1.Container
+	var volumes []corev1.Volume
+	var mounts []corev1.VolumeMount
+	if in.UpgradeImage != "" {
+		if upgrade.ReleaseFiles == "" {
+			upgrade.ReleaseFiles = ReleaseFilesDir
+		}
+		initContainers, volumes, mounts = releaseFilesCopy(in.UpgradeImage, upgrade.ReleaseFiles)
+	}
 	labels := map[string]string{}
 	maps.Copy(labels, in.Labels)
 	labels[LabelUpgradePlan] = in.Plan
@@ -140,8 +155,11 @@ func Job(in JobInput) *batchv1.Job {
 						RunAsUser:      ptr.To(nonRootUser),
 						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 					},
+					InitContainers: initContainers,
+					Volumes:        volumes,
 					Containers: []corev1.Container{{
 						Name:                     "apply",
+						VolumeMounts:             mounts,
 						Image:                    in.Image,
 						Command:                  []string{"/capi-inplace"},
 						Args:                     args,
@@ -156,6 +174,41 @@ func Job(in JobInput) *batchv1.Job {
 			},
 		},
 	}
+}
+
+// ReleaseFilesDir is where the cluster upgrade Job's init container puts the release
+// upgrade image's files, and where its program reads them.
+const ReleaseFilesDir = "/release-files"
+
+// ReleaseFilesContainer is the name of the init container that copies them.
+const ReleaseFilesContainer = "release-files"
+
+// releaseShare is where Harvester's upgrade image keeps the files its scripts apply
+// (package/upgrade/Dockerfile: COPY extra_manifests, migrations, addons into it).
+const releaseShare = "/usr/local/share"
+
+// releaseFilesCopy is the init container that copies the release image's addons/ and
+// extra_manifests/ into an emptyDir at dir (each only if the image has it), with the
+// volume and the program's read-only mount of it. The image is Harvester's, so only
+// its shell and cp run; they run as the pod's non-root user, reading files the image
+// keeps world-readable.
+func releaseFilesCopy(image, dir string) ([]corev1.Container, []corev1.Volume, []corev1.VolumeMount) {
+	script := fmt.Sprintf(`set -e; for d in addons extra_manifests; do if [ -d %[1]s/$d ]; then cp -R %[1]s/$d %[2]s/; fi; done; ls -R %[2]s`, releaseShare, dir)
+	init := corev1.Container{
+		Name:                     ReleaseFilesContainer,
+		Image:                    image,
+		Command:                  []string{"/bin/sh", "-c", script},
+		VolumeMounts:             []corev1.VolumeMount{{Name: ReleaseFilesContainer, MountPath: dir}},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+	}
+	volume := corev1.Volume{Name: ReleaseFilesContainer, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	mount := corev1.VolumeMount{Name: ReleaseFilesContainer, MountPath: dir, ReadOnly: true}
+	return []corev1.Container{init}, []corev1.Volume{volume}, []corev1.VolumeMount{mount}
 }
 
 // JobState reads a cluster upgrade Job: done when it completed, failed (with the Job

@@ -45,12 +45,15 @@ const (
 	StepUpgradeClusterRepo             = "UpgradeClusterRepo"
 	StepRefreshHarvesterCharts         = "RefreshHarvesterCharts"
 	StepEnsureIngressClassName         = "EnsureIngressClassName"
+	StepApplyExtraManifests            = "ApplyExtraManifests"
 	StepUpgradeHarvesterCRDChart       = "UpgradeHarvesterCRDChart"
 	StepUpgradeHarvesterChart          = "UpgradeHarvesterChart"
 	StepWaitKubeVirt                   = "WaitKubeVirt"
+	StepSyncContainerdRegistry         = "SyncContainerdRegistry"
 	StepWaitLonghorn                   = "WaitLonghorn"
 	StepUpgradeMonitoringCRDChart      = "UpgradeMonitoringCRDChart"
 	StepUpgradeLoggingCRDChart         = "UpgradeLoggingCRDChart"
+	StepUpgradeAddons                  = "UpgradeAddons"
 )
 
 // StepNames are the sub-steps in the order Run runs them, the script's order
@@ -60,9 +63,11 @@ const (
 // clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first, and whose waits
 // for Rancher's own charts, 16.11 to 16.13, follow it), the local
 // cluster's details (fact 17), the local-rke-state Secret's type (fact 18), Longhorn's v1beta1 storage migration for a hop from v1.6
-// (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21),
-// Harvester's charts (fact 23), the wait for KubeVirt (fact 23.5) and the wait for
-// Longhorn's own upgrade (fact 25), and the monitoring and logging CRD charts (fact 27).
+// (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21), the
+// release's extra manifests (fact 22), Harvester's charts (fact 23), the wait for KubeVirt
+// (fact 23.5), the containerd registries synced to Rancher (fact 24), the wait for
+// Longhorn's own upgrade (fact 25), the monitoring and logging CRD charts (fact 27) and
+// the add-ons (fact 29).
 func StepNames() []string {
 	return []string{
 		StepPatchMultusFailurePolicy,
@@ -78,12 +83,15 @@ func StepNames() []string {
 		StepUpgradeClusterRepo,
 		StepRefreshHarvesterCharts,
 		StepEnsureIngressClassName,
+		StepApplyExtraManifests,
 		StepUpgradeHarvesterCRDChart,
 		StepUpgradeHarvesterChart,
 		StepWaitKubeVirt,
+		StepSyncContainerdRegistry,
 		StepWaitLonghorn,
 		StepUpgradeMonitoringCRDChart,
 		StepUpgradeLoggingCRDChart,
+		StepUpgradeAddons,
 	}
 }
 

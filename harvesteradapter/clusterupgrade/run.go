@@ -43,6 +43,7 @@ func steps() []step {
 		{StepUpgradeClusterRepo, (*runner).upgradeClusterRepo},
 		{StepRefreshHarvesterCharts, (*runner).refreshHarvesterCharts},
 		{StepEnsureIngressClassName, (*runner).ensureIngressClassName},
+		{StepApplyExtraManifests, (*runner).applyExtraManifests},
 		{StepUpgradeHarvesterCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
 			return r.upgradeChart(ctx, harvesterCRDChart, r.in.HarvesterChartVersion)
 		}},
@@ -50,6 +51,7 @@ func steps() []step {
 			return r.upgradeChart(ctx, harvesterChart, r.in.HarvesterChartVersion)
 		}},
 		{StepWaitKubeVirt, (*runner).waitKubeVirt},
+		{StepSyncContainerdRegistry, (*runner).syncContainerdRegistry},
 		{StepWaitLonghorn, (*runner).waitLonghorn},
 		{StepUpgradeMonitoringCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
 			return r.upgradeAddonCRDChart(ctx, rancher.MonitoringCRDChart, r.in.MonitoringChartVersion, "monitoringChart")
@@ -57,6 +59,7 @@ func steps() []step {
 		{StepUpgradeLoggingCRDChart, func(r *runner, ctx context.Context) (StepState, string, error) {
 			return r.upgradeAddonCRDChart(ctx, rancher.LoggingCRDChart, r.in.LoggingChartVersion, "loggingChart")
 		}},
+		{StepUpgradeAddons, (*runner).upgradeAddons},
 	}
 }
 
@@ -78,17 +81,21 @@ func steps() []step {
 // rkestate.go), for a hop from v1.6
 // migrate_longhorn_v1beta1_crds (fact 19; the validator's UPDATE on settings recorded),
 // the cluster repository (fact 20), rancher-expose's ingress class (fact 21, ingress.go),
-// the harvester-crd and harvester ManagedCharts (fact 23: the version, and for harvester
-// the values its script adds, chartvalues.go), wait_kubevirt (fact 23.5, when the
-// release names its KubeVirt) and wait_longhorn_upgrade (fact 25, longhorn.go) and the
+// apply_extra_nonversion_manifests (fact 22, from the release's upgrade image,
+// releasefiles.go), the harvester-crd and harvester ManagedCharts (fact 23: the version,
+// and for harvester the values its script adds, chartvalues.go), wait_kubevirt (fact
+// 23.5, when the release names its KubeVirt), sync_containerd_registry_to_rancher (fact
+// 24, registry.go), wait_longhorn_upgrade (fact 25, longhorn.go), the
 // rancher-monitoring-crd and rancher-logging-crd charts (fact 27, when the metadata names
-// their versions). The hop-keyed sub-steps key on Input.PreviousVersion with the
+// their versions) and upgrade_addons for the add-ons upgrade_addon brings along (fact
+// 29, releasefiles.go). The hop-keyed sub-steps key on Input.PreviousVersion with the
 // script's own regexes (facts 1, 2; migrations.go). Restore gives back what was
 // recorded; the UpgradePlan runs it when the plan ends, whatever the outcome. Still left
 // out: the v1.9 hop's migrations (facts 14, 15), the guard against RKE2 restarts (fact
 // 12; the UpgradePlan places it before the Job), Rancher's helm upgrade itself and the
-// fleet-agent redeploy after it (16.14 to 16.16), the extra manifests and the add-ons (22, 28, 29), the containerd registry sync (24) and
-// the wait for Fleet's bundles (31).
+// fleet-agent redeploy after it (16.14 to 16.16), the add-ons whose values the script
+// patches per release (monitoring, logging, nvidia-driver-toolkit, kube-ovn; 29) and the
+// wait for Fleet's bundles (31).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

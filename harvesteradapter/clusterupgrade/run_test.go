@@ -13,11 +13,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
@@ -44,6 +47,7 @@ func input(plan string) clusterupgrade.Input {
 		RancherVersion:         newRelease.Rancher,
 		RancherFeatures:        mustFeatures(newRelease.Version),
 		RancherDependencies:    sim.DefaultRancherDependencies(newRelease.Rancher),
+		ReleaseFiles:           releaseFiles,
 		PollInterval:           10 * time.Millisecond,
 		ChartFailAfter:         300 * time.Millisecond,
 		Timeout:                30 * time.Second,
@@ -73,6 +77,14 @@ func newProgress() clusterupgrade.Progress {
 func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher {
 	GinkgoHelper()
 	Expect(sim.Seed(ctx, env.Client, rel)).To(Succeed())
+	// Neither a Harvester add-on nor the extra manifests' CRD yet: each spec's upgrade
+	// installs them from the release's files.
+	for _, ns := range []string{"harvester-system", "kube-system"} {
+		Expect(env.Client.DeleteAllOf(ctx, &harvesterapi.Addon{}, client.InNamespace(ns))).To(Succeed())
+	}
+	cdi := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "cdis.cdi.kubevirt.io"}}
+	Expect(client.IgnoreNotFound(env.Client.Delete(ctx, cdi))).To(Succeed())
+	Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(cdi), cdi)) }).WithTimeout(10 * time.Second).Should(BeTrue())
 	// RKE2's rke2-multus HelmChartConfig as a fresh cluster has it: none.
 	if cfg := multusConfig(); cfg != nil {
 		Expect(env.Client.Delete(ctx, cfg)).To(Succeed())
@@ -214,7 +226,9 @@ func runJob(jobs *sim.ClusterUpgradeJobs, plan string) []string {
 	jobs.Start(jobCtx)
 	in := input("")
 	in.Timeout = 0
-	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: plan, Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: in})
+	// The files come from the release's upgrade image, through the Job's init container.
+	in.ReleaseFiles = ""
+	job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: plan, Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", UpgradeImage: "rancher/harvester-upgrade:" + newRelease.Version, Input: in})
 	Expect(env.Client.Create(ctx, job)).To(Succeed())
 	Eventually(func() bool {
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
@@ -295,8 +309,9 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(rerr).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{
 			clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed, clusterupgrade.StepWaitKubeVirt: clusterupgrade.StatePending,
-			clusterupgrade.StepWaitLonghorn: clusterupgrade.StatePending, clusterupgrade.StepUpgradeMonitoringCRDChart: clusterupgrade.StatePending,
-			clusterupgrade.StepUpgradeLoggingCRDChart: clusterupgrade.StatePending})))
+			clusterupgrade.StepSyncContainerdRegistry: clusterupgrade.StatePending,
+			clusterupgrade.StepWaitLonghorn:           clusterupgrade.StatePending, clusterupgrade.StepUpgradeMonitoringCRDChart: clusterupgrade.StatePending,
+			clusterupgrade.StepUpgradeLoggingCRDChart: clusterupgrade.StatePending, clusterupgrade.StepUpgradeAddons: clusterupgrade.StatePending})))
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterChart).Message).To(ContainSubstring("already exists"))
 
 		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
@@ -361,8 +376,9 @@ var _ = Describe("Run", Ordered, func() {
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(states(steps)[len(steps)-8:]).To(Equal([]string{"RefreshHarvesterCharts=Failed", "EnsureIngressClassName=Pending", "UpgradeHarvesterCRDChart=Pending", "UpgradeHarvesterChart=Pending",
-			"WaitKubeVirt=Pending", "WaitLonghorn=Pending", "UpgradeMonitoringCRDChart=Pending", "UpgradeLoggingCRDChart=Pending"}))
+		from := slices.Index(clusterupgrade.StepNames(), clusterupgrade.StepRefreshHarvesterCharts)
+		Expect(states(steps)[from]).To(Equal("RefreshHarvesterCharts=Failed"))
+		Expect(states(steps)[from+1:]).To(HaveEach(HaveSuffix("=Pending")), "nothing after it ran")
 		Expect(chart(rancher.HarvesterCRDChart).Spec.Version).To(Equal("1.5.1"), "no chart was upgraded before the index was downloaded")
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())
@@ -388,6 +404,11 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(env.Client.Get(ctx, clusterupgrade.RancherExposeKey, ing)).To(Succeed())
 		ing.Spec.IngressClassName = ptr.To("nginx") // as the earlier upgrade left it (fact 21)
 		Expect(env.Client.Update(ctx, ing)).To(Succeed())
+		atReleaseFiles() // facts 22, 29
+		registry := &harvesterapi.Setting{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Name: clusterupgrade.ContainerdRegistrySetting}, registry)).To(Succeed())
+		registry.Annotations = map[string]string{clusterupgrade.UpgradePatchedAnnotation: newRelease.Version} // fact 24
+		Expect(env.Client.Update(ctx, registry)).To(Succeed())
 		settle()
 
 		rvs := resourceVersions()
@@ -490,5 +511,30 @@ var _ = Describe("Run", Ordered, func() {
 			return msg
 		}).Should(ContainSubstring("--rancher-version"))
 		Expect(jobs.Runs()).To(Equal(2))
+	})
+
+	It("runs nothing while the release's upgrade image cannot be pulled, and the Job fails at its deadline naming the image", func() {
+		seed(oldRelease)
+		settle()
+		jobCtx, cancel := context.WithCancel(ctx)
+		DeferCleanup(cancel)
+		(&sim.ClusterUpgradeJobs{Client: env.Client}).Start(jobCtx)
+		in := input("")
+		in.Timeout, in.ReleaseFiles = 0, ""
+		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-pull", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0",
+			UpgradeImage: "registry.example.com/unknown:v1.6.0", ActiveDeadline: 2 * time.Second, Input: in})
+		Expect(job.Spec.Template.Spec.InitContainers).To(HaveLen(1))
+		Expect(env.Client.Create(ctx, job)).To(Succeed())
+		Eventually(func() string {
+			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
+			_, failed, msg := clusterupgrade.JobState(job)
+			if !failed {
+				return ""
+			}
+			return msg
+		}).WithTimeout(10 * time.Second).Should(And(ContainSubstring("DeadlineExceeded"), ContainSubstring("registry.example.com/unknown:v1.6.0")))
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job-pull"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(states(steps)).To(HaveEach(HaveSuffix("=" + string(clusterupgrade.StatePending))))
 	})
 })

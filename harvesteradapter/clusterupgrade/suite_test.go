@@ -2,17 +2,23 @@ package clusterupgrade_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 var (
 	env *testenv.Environment
 	ctx = context.Background()
+	// releaseFiles holds the simulated release upgrade image's files, as the Job's init
+	// container copies them (input's ReleaseFiles).
+	releaseFiles string
 )
 
 func TestClusterUpgrade(t *testing.T) {
@@ -24,9 +30,16 @@ var _ = BeforeSuite(func() {
 	var err error
 	env, err = testenv.Start()
 	Expect(err).NotTo(HaveOccurred())
+	dir, err := os.MkdirTemp("", "clusterupgrade-release-files-")
+	Expect(err).NotTo(HaveOccurred())
+	releaseFiles = filepath.Join(dir, "share")
+	Expect(sim.WriteHarvesterUpgradeFiles(releaseFiles)).To(Succeed())
 })
 
 var _ = AfterSuite(func() {
+	if releaseFiles != "" {
+		Expect(os.RemoveAll(filepath.Dir(releaseFiles))).To(Succeed())
+	}
 	if env != nil {
 		Expect(env.Stop()).To(Succeed())
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -34,6 +35,7 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 	return clusterupgrade.Job(clusterupgrade.JobInput{
 		Plan:           pr.Plan.Name,
 		Image:          pr.Config.Spec.Images.Node,
+		UpgradeImage:   upgradeImage(pr.Config.Spec.Images.Upgrade, rel.Harvester),
 		Namespace:      repository.Namespace,
 		ServiceAccount: pr.Config.Spec.ClusterUpgrade.ServiceAccountName,
 		Labels:         labels,
@@ -51,6 +53,16 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 			PollInterval:           r.ClusterUpgradePollInterval,
 		},
 	})
+}
+
+// upgradeImage is the release's upgrade image (harvester-node-upgrade.md fact 3: the
+// apply-manifests Job runs rancher/harvester-upgrade at the new release): image with the
+// release as its tag unless it has one; empty when no image is configured.
+func upgradeImage(image, release string) string {
+	if image == "" {
+		return ""
+	}
+	return suc.ImageWithTag(image, release)
 }
 
 // upgradeCluster runs the cluster upgrade Job and copies its sub-steps' progress into the

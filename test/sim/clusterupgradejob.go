@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,7 +30,10 @@ import (
 // own flag parsing (clusterupgrade.ParseArgs) and runs the real clusterupgrade.Run
 // in-process against Client, the workload cluster, within the Job's
 // activeDeadlineSeconds (the Job of fact 51, harvester-node-upgrade.md, whose work is
-// fact 41's script). The Job then gets the conditions the Job controller sets, as the
+// fact 41's script). Its init container that copies the release upgrade image's files
+// (clusterupgrade.ReleaseFilesContainer) is played too (releaseFiles): the image is
+// pulled from ReleaseImages, and one that cannot be pulled keeps the pod waiting until
+// the Job's deadline. The Job then gets the conditions the Job controller sets, as the
 // SUC simulator's Jobs do (jobrunner.go):
 // Complete, or Failed with the error as its message (what the termination message
 // carries on a real cluster). A Job whose arguments do not parse fails as the program
@@ -48,6 +56,10 @@ type ClusterUpgradeJobs struct {
 	// plays a real cluster upgrade's duration with it). It only delays: a failed run ends
 	// at once, and the Job's activeDeadlineSeconds still bounds the wait.
 	MinDuration time.Duration
+	// ReleaseImages is what the init container that copies the release upgrade image's
+	// files (clusterupgrade.ReleaseFilesContainer) pulls: the files of an image, or false
+	// when the image cannot be pulled. Default DefaultReleaseImages.
+	ReleaseImages func(image string) (fs.FS, bool)
 
 	loop    passLoop
 	mu      sync.Mutex
@@ -114,16 +126,20 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 	}); err != nil {
 		return
 	}
+	runCtx, cancel := jobDeadline(ctx, job)
+	defer cancel()
+	args, cleanup, err := j.releaseFiles(runCtx, job, args)
+	defer cleanup()
+	if err != nil {
+		if ctx.Err() == nil {
+			j.finish(ctx, job, err)
+		}
+		return
+	}
 	in, p, err := clusterupgrade.ParseArgs(args)
 	if err != nil {
 		j.finish(ctx, job, fmt.Errorf("capi-inplace node cluster-upgrade: %w (exit code 2)", err))
 		return
-	}
-	runCtx := ctx
-	if d := job.Spec.ActiveDeadlineSeconds; d != nil {
-		var cancel context.CancelFunc
-		runCtx, cancel = context.WithTimeout(ctx, time.Duration(*d)*time.Second)
-		defer cancel()
 	}
 	err = clusterupgrade.Run(runCtx, j.Client, in, p)
 	if rest := j.MinDuration - time.Since(start.Time); rest > 0 && err == nil {
@@ -140,6 +156,78 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 		err = fmt.Errorf("capi-inplace node cluster-upgrade: failed: %w", err)
 	}
 	j.finish(ctx, job, err)
+}
+
+// jobDeadline is ctx bounded by the Job's activeDeadlineSeconds, counted from now (the pod's
+// start).
+func jobDeadline(ctx context.Context, job *batchv1.Job) (context.Context, context.CancelFunc) {
+	if d := job.Spec.ActiveDeadlineSeconds; d != nil {
+		return context.WithTimeout(ctx, time.Duration(*d)*time.Second)
+	}
+	return context.WithCancel(ctx)
+}
+
+// releaseFiles plays the Job's init container that copies the release upgrade image's
+// files (clusterupgrade.Job): it pulls the image from ReleaseImages and writes its files
+// into a directory of its own, standing for the pod's emptyDir, and points the
+// program's --release-files there when the program mounts that emptyDir where the flag
+// says, as in the pod; a flag elsewhere gets an empty directory, as the pod would see.
+// An image that cannot be pulled keeps the pod waiting (ErrImagePull) until the Job's
+// deadline, which then fails the Job. Without the init container the arguments stay.
+func (j *ClusterUpgradeJobs) releaseFiles(ctx context.Context, job *batchv1.Job, args []string) ([]string, func(), error) {
+	spec := job.Spec.Template.Spec
+	var init *corev1.Container
+	for i := range spec.InitContainers {
+		if spec.InitContainers[i].Name == clusterupgrade.ReleaseFilesContainer {
+			init = &spec.InitContainers[i]
+		}
+	}
+	if init == nil {
+		return args, func() {}, nil
+	}
+	images := j.ReleaseImages
+	if images == nil {
+		images = DefaultReleaseImages
+	}
+	files, ok := images(init.Image)
+	if !ok {
+		<-ctx.Done()
+		return nil, func() {}, fmt.Errorf("pod of Job %s/%s: init container %s: ErrImagePull: image %s cannot be pulled (%w)", job.Namespace, job.Name, init.Name, init.Image, context.DeadlineExceeded)
+	}
+	dir, err := os.MkdirTemp("", "release-files-")
+	if err != nil {
+		return nil, func() {}, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	initMounts := map[string]string{}
+	for _, m := range init.VolumeMounts {
+		initMounts[m.Name] = m.MountPath
+	}
+	copied := filepath.Join(dir, "copied")
+	if err := os.CopyFS(copied, files); err != nil {
+		return nil, cleanup, err
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		return nil, cleanup, err
+	}
+	const flag = "--release-files="
+	out := slices.Clone(args)
+	for i, a := range out {
+		path, isFlag := strings.CutPrefix(a, flag)
+		if !isFlag {
+			continue
+		}
+		out[i] = flag + empty
+		for _, c := range spec.Containers {
+			for _, m := range c.VolumeMounts {
+				if initMounts[m.Name] != "" && initMounts[m.Name] == m.MountPath && m.MountPath == path {
+					out[i] = flag + copied
+				}
+			}
+		}
+	}
+	return out, cleanup, nil
 }
 
 func (j *ClusterUpgradeJobs) finish(ctx context.Context, job *batchv1.Job, runErr error) {

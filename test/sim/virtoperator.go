@@ -126,12 +126,14 @@ func seedOvercommitConfig(harvesterVersion string) *harvesterapi.Setting {
 }
 
 // seedHarvesterObjects re-creates the Harvester objects Seed adds to Rancher's: the
-// overcommit-config Setting and the KubeVirt CR, deployed. A cluster whose API server
-// does not serve their kinds gets neither.
+// overcommit-config Setting, the containerd-registry Setting without a value (no mirror
+// configured; sync_containerd_registry_to_rancher annotates it, fact 24) and the KubeVirt
+// CR, deployed. A cluster whose API server does not serve their kinds gets none.
 func seedHarvesterObjects(ctx context.Context, c client.Client, rel HarvesterRelease) error {
-	setting := seedOvercommitConfig(rel.Version)
-	if err := recreate(ctx, c, setting); err != nil && !noKind(err) {
-		return err
+	for _, setting := range []*harvesterapi.Setting{seedOvercommitConfig(rel.Version), {ObjectMeta: metav1.ObjectMeta{Name: "containerd-registry"}}} {
+		if err := recreate(ctx, c, setting); err != nil && !noKind(err) {
+			return err
+		}
 	}
 	kv := seedKubeVirt()
 	if err := recreate(ctx, c, kv); err != nil {

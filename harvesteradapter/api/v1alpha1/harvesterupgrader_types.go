@@ -94,6 +94,17 @@ type Images struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+(:[^/:@ ]+|@[^ ]+)$')",message="images.kubectl needs a tag or digest, such as rancher/kubectl:v1.30.3: SUC would tag an untagged image with the release version"
 	Kubectl string `json:"kubectl,omitempty"`
 
+	// upgrade is Harvester's upgrade image, from which the cluster upgrade Job takes the
+	// release's own files: the add-ons (/usr/local/share/addons) and the extra manifests
+	// (/usr/local/share/extra_manifests), copied out by an init container; nothing else of
+	// it runs. Untagged, it gets the release version as its tag, as Harvester tags it
+	// (rancher/harvester-upgrade:v1.8.1). Set it to use a mirror.
+	// +optional
+	// +kubebuilder:default="rancher/harvester-upgrade"
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.upgrade must be an image reference without spaces"
+	Upgrade string `json:"upgrade,omitempty"`
+
 	// nginx serves the mounted ISO in the repository's pods.
 	// +optional
 	// +kubebuilder:default="rancher/mirrored-library-nginx:1.27-alpine"
