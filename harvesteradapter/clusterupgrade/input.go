@@ -85,6 +85,10 @@ type Input struct {
 	// ChartFailAfter is how long a ManagedChart may report a failed apply before the
 	// upgrade gives up on it (Fleet retries Helm meanwhile). Default 5m.
 	ChartFailAfter time.Duration
+	// FleetBundlesWait bounds the wait for Fleet's bundles at the end, which never fails
+	// the upgrade (fact 31: wait_for_fleet_bundles 9, nine looks ten seconds apart).
+	// Default 90s.
+	FleetBundlesWait time.Duration
 	// Timeout bounds the whole run; 0 leaves it to the caller's context.
 	Timeout time.Duration
 
@@ -107,8 +111,9 @@ func DefaultClusterRepoImage(harvesterVersion string) string {
 }
 
 const (
-	defaultPollInterval   = 5 * time.Second
-	defaultChartFailAfter = 5 * time.Minute
+	defaultPollInterval     = 5 * time.Second
+	defaultChartFailAfter   = 5 * time.Minute
+	defaultFleetBundlesWait = 90 * time.Second
 )
 
 func (in Input) withDefaults() Input {
@@ -120,6 +125,9 @@ func (in Input) withDefaults() Input {
 	}
 	if in.ChartFailAfter <= 0 {
 		in.ChartFailAfter = defaultChartFailAfter
+	}
+	if in.FleetBundlesWait <= 0 {
+		in.FleetBundlesWait = defaultFleetBundlesWait
 	}
 	if in.Clock == nil {
 		in.Clock = clock.RealClock{}
@@ -189,8 +197,8 @@ func (in Input) Validate() error {
 	if in.ReleaseFiles != "" && !strings.HasPrefix(in.ReleaseFiles, "/") {
 		errs = append(errs, fmt.Errorf("--release-files %q must be an absolute directory, such as %s", in.ReleaseFiles, ReleaseFilesDir))
 	}
-	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.Timeout < 0 {
-		errs = append(errs, errors.New("--poll-interval, --chart-fail-after and --timeout must not be negative"))
+	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.FleetBundlesWait < 0 || in.Timeout < 0 {
+		errs = append(errs, errors.New("--poll-interval, --chart-fail-after, --fleet-bundles-wait and --timeout must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -263,6 +271,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.StringVar(&in.ReleaseFiles, "release-files", in.ReleaseFiles, "directory with the release upgrade image's addons/ and extra_manifests/; empty skips the add-ons and extra manifests")
 	fs.DurationVar(&in.PollInterval, "poll-interval", in.PollInterval, "how often waits look again (default 5s)")
 	fs.DurationVar(&in.ChartFailAfter, "chart-fail-after", in.ChartFailAfter, "how long a ManagedChart may report a failed apply before the upgrade fails (default 5m)")
+	fs.DurationVar(&in.FleetBundlesWait, "fleet-bundles-wait", in.FleetBundlesWait, "how long to wait at the end for Fleet's bundles to be ready, never failing (default 90s)")
 	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
 	fs.StringVar(&p.ConfigMap.Namespace, "progress-namespace", p.ConfigMap.Namespace, "namespace of the progress ConfigMap")
 	fs.StringVar(&p.ConfigMap.Name, "progress-name", p.ConfigMap.Name, "name of the progress ConfigMap")
@@ -299,6 +308,7 @@ func Args(in Input, p Progress) []string {
 	add("release-files", in.ReleaseFiles)
 	dur("poll-interval", in.PollInterval)
 	dur("chart-fail-after", in.ChartFailAfter)
+	dur("fleet-bundles-wait", in.FleetBundlesWait)
 	dur("timeout", in.Timeout)
 	add("progress-namespace", p.ConfigMap.Namespace)
 	add("progress-name", p.ConfigMap.Name)

@@ -54,6 +54,7 @@ const (
 	StepUpgradeMonitoringCRDChart      = "UpgradeMonitoringCRDChart"
 	StepUpgradeLoggingCRDChart         = "UpgradeLoggingCRDChart"
 	StepUpgradeAddons                  = "UpgradeAddons"
+	StepWaitFleetBundles               = "WaitFleetBundles"
 )
 
 // StepNames are the sub-steps in the order Run runs them, the script's order
@@ -67,7 +68,7 @@ const (
 // release's extra manifests (fact 22), Harvester's charts (fact 23), the wait for KubeVirt
 // (fact 23.5), the containerd registries synced to Rancher (fact 24), the wait for
 // Longhorn's own upgrade (fact 25), the monitoring and logging CRD charts (fact 27) and
-// the add-ons (fact 29).
+// the add-ons (fact 29), and last a bounded wait for Fleet's bundles (fact 31).
 func StepNames() []string {
 	return []string{
 		StepPatchMultusFailurePolicy,
@@ -92,6 +93,7 @@ func StepNames() []string {
 		StepUpgradeMonitoringCRDChart,
 		StepUpgradeLoggingCRDChart,
 		StepUpgradeAddons,
+		StepWaitFleetBundles,
 	}
 }
 

@@ -3,9 +3,11 @@ package clusterupgrade_test
 import (
 	"io/fs"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/rancher/wrangler/v3/pkg/genericcondition"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +18,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/fleetv1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -155,5 +158,43 @@ var _ = Describe("Run and the containerd registries", func() {
 		Expect(setting().Annotations).NotTo(HaveKey(clusterupgrade.UpgradePatchedAnnotation))
 		Expect(stepNamed(steps, clusterupgrade.StepSyncContainerdRegistry)).To(HaveField("State", clusterupgrade.StateSkipped))
 		Expect(stepNamed(steps, clusterupgrade.StepSyncContainerdRegistry).Message).To(ContainSubstring("already has spec.rkeConfig.registries (1 keys)"))
+	})
+})
+
+// wait_for_fleet_bundles (harvester-release-steps.md fact 31).
+var _ = Describe("Run and Fleet's bundles", func() {
+	bundle := func(name, ready, message string) {
+		GinkgoHelper()
+		b := &fleetv1alpha1.Bundle{ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: name}}
+		Expect(env.Client.Create(ctx, b)).To(Succeed())
+		DeferCleanup(func() { Expect(env.Client.Delete(ctx, b)).To(Succeed()) })
+		b.Status.Conditions = []genericcondition.GenericCondition{{Type: "Ready", Status: corev1.ConditionStatus(ready), Message: message}}
+		Expect(env.Client.Status().Update(ctx, b)).To(Succeed())
+	}
+
+	It("waits a bounded time for a bundle that is not ready, then ends without failing and names it", func() {
+		seed(oldRelease)
+		settle()
+		bundle("mcc-harvester", "True", "")
+		bundle("mcc-rancher-logging-crd", "False", "NotReady(1) [Cluster fleet-local/local]")
+		in := input("up-bundles")
+		in.FleetBundlesWait = 500 * time.Millisecond
+		start := time.Now()
+		steps := runStates(in, newProgress())
+		s := stepNamed(steps, clusterupgrade.StepWaitFleetBundles)
+		Expect(s.State).To(Equal(clusterupgrade.StateDone))
+		Expect(s.Message).To(And(ContainSubstring("gave up waiting for Fleet's bundles after 500ms"),
+			ContainSubstring("fleet-local/mcc-rancher-logging-crd (NotReady(1) [Cluster fleet-local/local])"), Not(ContainSubstring("mcc-harvester"))))
+		Expect(time.Since(start)).To(BeNumerically(">=", 500*time.Millisecond), "it waited")
+	})
+
+	It("ends as soon as every bundle is ready", func() {
+		seed(oldRelease)
+		settle()
+		bundle("mcc-harvester", "True", "")
+		in := input("up-bundles-ready")
+		in.FleetBundlesWait = time.Hour
+		steps := runStates(in, newProgress())
+		Expect(stepNamed(steps, clusterupgrade.StepWaitFleetBundles).Message).To(Equal("all 1 of Fleet's bundles are ready"))
 	})
 })

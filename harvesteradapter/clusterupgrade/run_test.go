@@ -311,7 +311,8 @@ var _ = Describe("Run", Ordered, func() {
 			clusterupgrade.StepUpgradeHarvesterChart: clusterupgrade.StateFailed, clusterupgrade.StepWaitKubeVirt: clusterupgrade.StatePending,
 			clusterupgrade.StepSyncContainerdRegistry: clusterupgrade.StatePending,
 			clusterupgrade.StepWaitLonghorn:           clusterupgrade.StatePending, clusterupgrade.StepUpgradeMonitoringCRDChart: clusterupgrade.StatePending,
-			clusterupgrade.StepUpgradeLoggingCRDChart: clusterupgrade.StatePending, clusterupgrade.StepUpgradeAddons: clusterupgrade.StatePending})))
+			clusterupgrade.StepUpgradeLoggingCRDChart: clusterupgrade.StatePending, clusterupgrade.StepUpgradeAddons: clusterupgrade.StatePending,
+			clusterupgrade.StepWaitFleetBundles: clusterupgrade.StatePending})))
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeHarvesterChart).Message).To(ContainSubstring("already exists"))
 
 		crd, harvester, rancherDep, repo := chart(rancher.HarvesterCRDChart), chart(rancher.HarvesterChart), deployment(rancher.RancherDeployment), clusterRepo()
@@ -419,7 +420,8 @@ var _ = Describe("Run", Ordered, func() {
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateSkipped, map[string]clusterupgrade.StepState{
-			clusterupgrade.StepPauseCharts: clusterupgrade.StateDone, clusterupgrade.StepDisableKubeVirtWorkloadUpdates: clusterupgrade.StateDone})))
+			clusterupgrade.StepPauseCharts: clusterupgrade.StateDone, clusterupgrade.StepDisableKubeVirtWorkloadUpdates: clusterupgrade.StateDone,
+			clusterupgrade.StepWaitFleetBundles: clusterupgrade.StateDone})))
 		after := resourceVersions()
 		for _, k := range []string{"deployment/" + rancher.RancherDeployment, "deployment/" + rancher.ClusterRepoDeployment, "clusterrepo", "cluster", "setting"} {
 			Expect(after[k]).To(Equal(rvs[k]), k)

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/fleetv1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 )
@@ -48,7 +49,7 @@ const (
 
 // AddToScheme registers every kind of the subpackages.
 func AddToScheme(s *runtime.Scheme) error {
-	for _, add := range []func(*runtime.Scheme) error{provisioningv1.AddToScheme, managementv3.AddToScheme, catalogv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{provisioningv1.AddToScheme, managementv3.AddToScheme, catalogv1.AddToScheme, fleetv1alpha1.AddToScheme} {
 		if err := add(s); err != nil {
 			return err
 		}

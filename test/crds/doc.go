@@ -6,7 +6,7 @@
 // VirtualMachineInstanceMigration (KubeVirt's operator builds its CRDs in code),
 // Harvester's VirtualMachineBackup and ScheduleVMBackup, and the Rancher kinds the
 // Harvester cluster upgrade drives (provisioning Cluster, ManagedChart, Setting,
-// ClusterRepo). Harvester's and Rancher's Go modules are not served by the module proxy:
+// ClusterRepo, and Fleet's Bundle). Harvester's and Rancher's Go modules are not served by the module proxy:
 // the updater's own types of them (harvesteradapter/harvesterapi, harvesteradapter/rancher)
 // are the source. They are generated from Go types with controller-gen (make test-crds)
 // and checked in. KubeVirt's (with the install CR KubeVirt) get the status subresource
