@@ -102,3 +102,14 @@ func releaseIs(m *clusterv1.Machine, target *version.Version) bool {
 	rel, err := version.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation])
 	return err == nil && kubeversion.SameRelease(rel, target)
 }
+
+// atLeast reports whether version v is target or newer (kubeversion.Compare); an
+// unparsable or unordered version is not.
+func atLeast(v string, target *version.Version) bool {
+	parsed, err := version.ParseSemantic(v)
+	if err != nil {
+		return false
+	}
+	order, err := kubeversion.Compare(parsed, target)
+	return err == nil && order >= 0
+}

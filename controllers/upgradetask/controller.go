@@ -305,6 +305,10 @@ type taskScope struct {
 	nodes map[string]*corev1.Node
 	// nodeUpdates are this task's NodeUpdates by machine name.
 	nodeUpdates map[string]*inplacev1.NodeUpdate
+	// upgradedBy names, by machine, a NodeUpdate of another task (or a hand-made one)
+	// that Succeeded on it at the target or newer: its node is there whatever the cached
+	// Machine says yet.
+	upgradedBy map[string]string
 	// budget is what is disrupted in the whole Cluster now, for every task and path.
 	budget *disruption.Budget
 	// controlPlaneBehind describes, for a MachineDeployment's task, the control plane
@@ -374,9 +378,14 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 		return nil, err
 	}
 	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
+	s.upgradedBy = map[string]string{}
 	for i := range nus {
-		if nu := &nus[i]; metav1IsControlledBy(nu, task) {
+		nu := &nus[i]
+		switch {
+		case metav1IsControlledBy(nu, task):
 			s.nodeUpdates[nu.Spec.MachineName] = nu
+		case nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded && atLeast(nu.Spec.Version, v):
+			s.upgradedBy[nu.Spec.MachineName] = nu.Name
 		}
 	}
 

@@ -372,6 +372,36 @@ var _ = Describe("UpgradeTask controller", func() {
 			Should(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, targetVersion))
 	})
 
+	It("never upgrades again a machine that another task's NodeUpdate upgraded to the target, while its Machine does not show it yet", func() {
+		w := newMDWorld(3)
+		simulate(w.ns, 200*time.Millisecond)
+		// Issue #34 (the soak's seed 9238): a NodeUpdate of an earlier task finished
+		// workers-2, and the Machine does not show it yet: its nodeInfo is Cluster API's
+		// copy of the Node, and the release annotation is written behind.
+		earlier := &inplacev1.NodeUpdate{
+			ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "earlier-workers-2", Labels: map[string]string{inplacev1.ClusterNameLabel: "harvester"}},
+			Spec: inplacev1.NodeUpdateSpec{ClusterName: "harvester", MachineName: "workers-2", NodeName: w.node(1), Version: targetVersion,
+				UpdaterRef: inplacev1.UpdaterReference{Kind: "ExternalUpgrader", Name: "default"}},
+		}
+		Expect(k8s.Create(ctx, earlier)).To(Succeed())
+		earlier.Status.Phase = inplacev1.NodeUpdatePhaseSucceeded
+		Expect(k8s.Status().Update(ctx, earlier)).To(Succeed())
+		lagging := w.machine("workers-2")
+		Expect(lagging.Status.NodeInfo == nil || lagging.Status.NodeInfo.KubeletVersion != targetVersion).To(BeTrue(), "the Machine lags")
+		Expect(lagging.Annotations).NotTo(HaveKey(inplacev1.UpgradeReleaseAnnotation))
+
+		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(3)) }))).To(Succeed())
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+		var onWorkers2 []string
+		for _, nu := range w.nodeUpdates() {
+			if nu.Spec.MachineName == "workers-2" {
+				onWorkers2 = append(onWorkers2, nu.Name)
+			}
+		}
+		Expect(onWorkers2).To(Equal([]string{earlier.Name}), "no second NodeUpdate on workers-2")
+		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(Equal(3))
+	})
+
 	It("starts nothing while paused, skips pauseNodes, and completes when they are released", func() {
 		w := newMDWorld(3)
 		rec := watchNodeUpdates(w.ns)

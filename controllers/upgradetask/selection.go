@@ -31,6 +31,9 @@ type member struct {
 	// atTarget is true when the task holds the machine, no NodeUpdate of the task touched
 	// it, and its node already runs the target: it is done without one.
 	atTarget bool
+	// upgradedBy names the NodeUpdate of another task that upgraded the machine to the
+	// target, when that is why it is atTarget.
+	upgradedBy string
 	// removed is true when the machine is being deleted or is gone: its NodeUpdate is
 	// aborted, and its end is not a failure of the task.
 	removed   bool
@@ -81,12 +84,26 @@ func collectMembers(s *taskScope) ([]*member, int) {
 				requires = !upgraderequest.ReachedInPlace(m, s.version)
 			}
 		}
-		if j, judged := s.atTarget[m.Name]; judged && !j.at {
+		j, judged := s.atTarget[m.Name]
+		judgedBehind := judged && !j.at
+		if judgedBehind {
 			// Its kubelet runs the target, its updater says the rest does not (an OS
 			// step that failed after the kubelet was upgraded): upgrade it again.
 			requires = true
 		}
-		if nu == nil && !claimedByUs && (!inScope || !requires) {
+		upgradedBy := ""
+		if by := s.upgradedBy[m.Name]; by != "" && nu == nil && requires && !judgedBehind {
+			// Another task's NodeUpdate (or a hand-made one) upgraded it to the target
+			// or newer, and Succeeded: the node is there even while the cached Machine
+			// does not show it yet (its nodeInfo is Cluster API's copy of the Node and
+			// lags; the release annotation is written behind). Upgrading it again would
+			// take a node down for nothing (issue #34, the soak's seed 9238). The
+			// updater's judge, when it says the node is not there, still wins.
+			requires, upgradedBy = false, by
+		}
+		// A machine that only another task's NodeUpdate showed at the target is still a
+		// member, shown Upgraded with that NodeUpdate named.
+		if nu == nil && !claimedByUs && (!inScope || (!requires && upgradedBy == "")) {
 			continue
 		}
 		mem := &member{name: m.Name, machine: m, nu: nu, nodeName: m.Status.NodeRef.Name, removed: !m.DeletionTimestamp.IsZero(),
@@ -97,7 +114,7 @@ func collectMembers(s *taskScope) ([]*member, int) {
 			// marked Aborted when its task's abort and a manager restart overtook the
 			// success; Cluster API then handed the machine to a new task, which upgraded
 			// it a second time.)
-			atTarget: nu == nil && !requires}
+			atTarget: nu == nil && !requires, upgradedBy: upgradedBy}
 		if mem.nodeName != "" {
 			mem.node = s.nodes[mem.nodeName]
 		}
@@ -119,6 +136,9 @@ func collectMembers(s *taskScope) ([]*member, int) {
 		mem.state, mem.message = stateFromNodeUpdate(mem.nu)
 		if mem.atTarget && !mem.removed {
 			mem.state, mem.message = inplacev1.MachineStateUpgraded, "needs no NodeUpdate: its node already runs "+s.task.Spec.Version+" (or newer)"
+			if mem.upgradedBy != "" {
+				mem.message = "needs no NodeUpdate: NodeUpdate " + mem.upgradedBy + " of another task upgraded its node to " + s.task.Spec.Version + " (or newer)"
+			}
 		}
 		if mem.removed && mem.nu != nil && mem.state != inplacev1.MachineStateUpgraded {
 			mem.message = "the machine is being deleted or is gone; its NodeUpdate is aborted at a safe point (" + inplacev1.MachineDeletedReason + ")"
