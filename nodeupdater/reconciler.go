@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -70,9 +69,8 @@ type Reconciler struct {
 	// manager's client when nil.
 	Client client.Client
 	// APIReader reads what must not come from a possibly stale cache: the NodeUpdate
-	// itself before the updater acts on it when Client's copy is not the one this
-	// reconciler last wrote, CRDs and external updater configurations. The manager's API
-	// reader when nil.
+	// itself, at every reconcile, before the updater acts on it, CRDs and external
+	// updater configurations. The manager's API reader when nil.
 	APIReader client.Reader
 	// Registry holds the updaters the manager runs. Required.
 	Registry *Registry
@@ -99,9 +97,6 @@ type Reconciler struct {
 
 	// wakes carries the NodeUpdates Wake asks to reconcile now.
 	wakes chan event.TypedGenericEvent[*inplacev1.NodeUpdate]
-	// written is, per NodeUpdate (types.NamespacedName), the resourceVersion of this
-	// reconciler's last write of it (read).
-	written sync.Map
 }
 
 // scope is what one reconcile of a NodeUpdate read and decided.
@@ -202,42 +197,19 @@ func (r *Reconciler) setDefaults() {
 	}
 }
 
-// read returns the NodeUpdate as it is at least since this reconciler's last write of
-// it, so that the updater never acts on a status older than the last one written: from
-// Client (the manager's cache) when that holds the very version last written here,
-// else (and after a write that failed) from the API server. A step that waits long is looked at every poll; once the
-// cache has caught up with the reconciler's own write, those looks cost the API server
-// nothing. A copy changed by another writer since (an abort, a deletion, an external
-// updater's status) is read from the API server too.
+// read returns the NodeUpdate as the API server holds it (APIReader), never the
+// manager's cache: every reconcile may call the updater, which may start a step that
+// takes the node down, and a copy the cache holds may miss a write it has not seen yet
+// (the task's abort, a deletion, another writer). Even the cache's copy of this
+// reconciler's own last write is not enough: another writer may have written after it
+// (issue #34: an aborted NodeUpdate took its next step). One read per reconcile of a
+// NodeUpdate that has not ended is the price.
 func (r *Reconciler) read(ctx context.Context, key types.NamespacedName) (*inplacev1.NodeUpdate, error) {
-	if last, ok := r.written.Load(key); ok {
-		cached := &inplacev1.NodeUpdate{}
-		if err := r.Client.Get(ctx, key, cached); err == nil && cached.ResourceVersion == last {
-			return cached, nil
-		}
-	}
 	nu := &inplacev1.NodeUpdate{}
 	if err := r.APIReader.Get(ctx, key, nu); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.written.Delete(key)
-		}
 		return nil, err
 	}
 	return nu, nil
-}
-
-// wrote records the version of a NodeUpdate this reconciler has just written.
-func (r *Reconciler) wrote(nu *inplacev1.NodeUpdate) {
-	r.written.Store(client.ObjectKeyFromObject(nu), nu.ResourceVersion)
-}
-
-// writeFailed forgets the version last written of a NodeUpdate whose write just failed:
-// the write may have landed all the same (an answer lost with its connection) while the
-// cache, its watch broken, still holds the version before it. Until a write succeeds
-// again the NodeUpdate is read from the API server; while that is down, the reconcile
-// then ends at its read, before the updater is called.
-func (r *Reconciler) writeFailed(nu *inplacev1.NodeUpdate) {
-	r.written.Delete(client.ObjectKeyFromObject(nu))
 }
 
 // Reconcile advances one NodeUpdate, read as read says; the status is computed and
@@ -261,10 +233,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		patch := client.MergeFromWithOptions(nu.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(nu, inplacev1.NodeUpdateFinalizer)
 		if err := r.Client.Patch(ctx, nu, patch); err != nil {
-			r.writeFailed(nu)
 			return ctrl.Result{}, fmt.Errorf("add finalizer to NodeUpdate %s: %w", klog.KObj(nu), err)
 		}
-		r.wrote(nu)
 	}
 	if nu.Status.Phase.IsFinal() {
 		r.updateGauges(ctx)
@@ -636,10 +606,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nu *inplacev1.NodeUpda
 	patch := client.MergeFromWithOptions(nu.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(nu, inplacev1.NodeUpdateFinalizer)
 	if err := r.Client.Patch(ctx, nu, patch); err != nil && !apierrors.IsNotFound(err) {
-		r.writeFailed(nu)
 		return ctrl.Result{}, fmt.Errorf("remove finalizer from NodeUpdate %s: %w", klog.KObj(nu), err)
 	}
-	r.written.Delete(client.ObjectKeyFromObject(nu))
 	return ctrl.Result{}, nil
 }
 

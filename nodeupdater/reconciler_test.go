@@ -136,17 +136,29 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		Expect(u.count("poll", "Upgrade")).To(Equal(1))
 	})
 
-	It("looks at a waiting step without asking the API server for the NodeUpdate once its client holds the last write", func() {
-		api := &nodeUpdateGets{Reader: k8s}
-		r.Client, r.APIReader = k8s, api
+	It("reads the NodeUpdate from the API server before it calls the updater, so that an abort its cache has not seen stops the next step", func() {
+		cache := &frozenNodeUpdates{Client: k8s}
+		r.Client = cache
 		startManager(ns, r)
 		nu := startedNodeUpdate(ns)
 
-		polls, reads := u.count("poll", "Prepare"), api.count()
-		Eventually(func() int { return u.count("poll", "Prepare") - polls }, wait).Should(BeNumerically(">=", 10))
-		Expect(api.count()-reads).To(BeZero(), "the NodeUpdate is read from the API server while the client holds the reconciler's last write")
-
-		finishOnce(u, nu, "")
+		// The task's abort lands on the API server; the cache, as one whose watch lags,
+		// still holds the copy the reconciler last wrote (issue #34): the step waits, and
+		// nothing writes the NodeUpdate meanwhile.
+		Consistently(func() string { return get(nu).ResourceVersion }, 300*time.Millisecond).Should(Equal(get(nu).ResourceVersion))
+		Expect(cache.freeze(ctx, nu)).To(Succeed())
+		got := get(nu)
+		before := got.DeepCopy()
+		got.Spec.Phase = inplacev1.TaskActionAbort
+		Expect(k8s.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
+		// A reconcile that read before the abort landed has called the updater by now.
+		time.Sleep(200 * time.Millisecond)
+		completed := u.count("complete", "Prepare")
+		// The node's work is done: the updater would end the step and go on.
+		u.openGate("Prepare")
+		Eventually(func() inplacev1.NodeUpdatePhase { return get(nu).Status.Phase }, wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
+		Expect(u.count("complete", "Prepare")).To(Equal(completed), "the updater went on with an aborted NodeUpdate")
+		Expect(u.count("run", "Upgrade")).To(BeZero(), "the step after Prepare was started on an aborted NodeUpdate")
 	})
 
 	It("reads the NodeUpdate from the API server after a status write failed, which may have landed all the same", func() {

@@ -151,10 +151,8 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		patch = client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})
 	}
 	if err := r.Client.Status().Patch(ctx, s.nu, patch); err != nil {
-		r.writeFailed(s.nu)
 		return fmt.Errorf("patch status of NodeUpdate %s: %w", klog.KObj(s.nu), err)
 	}
-	r.wrote(s.nu)
 	r.recordTransitions(ctx, s.before, s.nu)
 	return nil
 }

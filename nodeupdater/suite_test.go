@@ -477,6 +477,45 @@ func (r *nodeUpdateGets) count() int {
 	return r.gets
 }
 
+// frozenNodeUpdates is a client whose Gets of a NodeUpdate, once frozen, answer the copy
+// the API server held when it was frozen, as a cache whose watch stopped delivering
+// would. Everything else goes through.
+type frozenNodeUpdates struct {
+	client.Client
+	mu     sync.Mutex
+	frozen map[client.ObjectKey]*inplacev1.NodeUpdate
+}
+
+// freeze makes the client answer nu as the API server holds it now.
+func (c *frozenNodeUpdates) freeze(ctx context.Context, nu *inplacev1.NodeUpdate) error {
+	now := &inplacev1.NodeUpdate{}
+	if err := c.Client.Get(ctx, client.ObjectKeyFromObject(nu), now); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.frozen == nil {
+		c.frozen = map[client.ObjectKey]*inplacev1.NodeUpdate{}
+	}
+	c.frozen[client.ObjectKeyFromObject(nu)] = now
+	return nil
+}
+
+func (c *frozenNodeUpdates) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	nu, ok := obj.(*inplacev1.NodeUpdate)
+	if !ok {
+		return c.Client.Get(ctx, key, obj, opts...)
+	}
+	c.mu.Lock()
+	old, frozen := c.frozen[key]
+	c.mu.Unlock()
+	if frozen {
+		old.DeepCopyInto(nu)
+		return nil
+	}
+	return c.Client.Get(ctx, key, nu, opts...)
+}
+
 // staleNodeUpdates is a client whose Gets of a NodeUpdate answer the first copy they
 // read, as a cache that never catches up would; everything else goes through.
 type staleNodeUpdates struct {
