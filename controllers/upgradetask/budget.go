@@ -103,13 +103,9 @@ func releaseIs(m *clusterv1.Machine, target *version.Version) bool {
 	return err == nil && kubeversion.SameRelease(rel, target)
 }
 
-// atLeast reports whether version v is target or newer (kubeversion.Compare); an
+// atLeast reports whether version v is target or newer (kubeversion.CompareStrings); an
 // unparsable or unordered version is not.
 func atLeast(v string, target *version.Version) bool {
-	parsed, err := version.ParseSemantic(v)
-	if err != nil {
-		return false
-	}
-	order, err := kubeversion.Compare(parsed, target)
+	order, err := kubeversion.CompareStrings(v, target.String())
 	return err == nil && order >= 0
 }
