@@ -48,6 +48,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi/toolkit"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
@@ -128,6 +129,7 @@ func newScheme() (*runtime.Scheme, error) {
 		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
 		harvesterapi.AddToScheme,
+		toolkit.AddToScheme,
 		rancher.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -31,7 +32,8 @@ const (
 )
 
 // Preflight runs the Harvester updater's checks for a node: its configuration exists, SUC
-// is installed (its Plan kind served, its service account present), and Longhorn lets
+// is installed (its Plan kind served, its service account present), no other upgrader
+// runs on the cluster (NoOtherUpgrade), and Longhorn lets
 // the node go (see longhornChecks). A check that cannot be evaluated fails with the
 // reason, so a node is never started on a guess.
 func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
@@ -48,7 +50,7 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 	if err != nil {
 		return append(results, nodeupdater.CheckResult{Name: CheckSUCInstalled, Message: fmt.Sprintf("cannot reach the workload cluster %s: %v", target.ClusterName, err)})
 	}
-	results = append(results, sucInstalled(ctx, wc, cfg.Spec.SystemUpgradeController))
+	results = append(results, sucInstalled(ctx, wc, cfg.Spec.SystemUpgradeController), noOtherUpgrade(ctx, wc))
 	if turn, ok := rancherTurn(ctx, wc, target); ok {
 		results = append(results, turn)
 	}
@@ -69,6 +71,22 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 		return append(results, nodeupdater.CheckResult{Name: longhorn.CheckLonghornLiveUpgradeIdle, Message: err.Error()})
 	}
 	return append(results, state.Checks(longhorn.DownSet{Candidate: target.NodeName, Disrupted: target.Disrupted, Picked: target.Picked}, live, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
+}
+
+// noOtherUpgrade is the NoOtherUpgrade check for a node: no node is picked while
+// Harvester's own upgrade or upgrade-toolkit's runs on its cluster.
+func noOtherUpgrade(ctx context.Context, wc client.Client) nodeupdater.CheckResult {
+	r := nodeupdater.CheckResult{Name: clusterchecks.CheckNoOtherUpgrade}
+	others, err := clusterchecks.OtherUpgrades(ctx, wc)
+	switch {
+	case err != nil:
+		r.Message = err.Error()
+	case len(others) > 0:
+		r.Message = clusterchecks.OtherUpgradeHold(others)
+	default:
+		r.Passed = true
+	}
+	return r
 }
 
 func sucInstalled(ctx context.Context, wc client.Client, suc harvesterv1.SystemUpgradeController) nodeupdater.CheckResult {

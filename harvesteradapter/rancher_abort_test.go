@@ -44,10 +44,10 @@ var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is
 		abortUntilDone(c, nu)
 		Expect(c.suc.Guarded(node)).To(BeTrue(), "node %s left without its restart guard", node)
 
-		By("the plan deleted, its hooks go and Rancher rolls on under the strategy it had: it restarts no RKE2")
+		By("the plan deleted (allowed by its annotation), its hooks go and Rancher rolls on under the strategy it had: it restarts no RKE2")
 		plan := &harvesterv1.UpgradePlan{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
-		Expect(env.Client.Delete(ctx, plan)).To(Succeed())
+		deleteRunningPlan(plan)
 		Eventually(func() bool {
 			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
 		}, 30*time.Second, 100*time.Millisecond).Should(BeTrue(), "the plan's finalizer gave back what it changed")

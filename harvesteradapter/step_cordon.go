@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 )
@@ -40,18 +41,45 @@ var cordonStep = step{
 // something with it (the same rule as the NodeSchedulable preflight check, which keeps
 // such a node from being picked).
 //
-// Before the node is touched its storage is judged again (storageSettled): it was judged
-// when the node was picked, possibly long before (a NodeUpdate waits for its cluster's
-// UpgradePlan to finish the cluster step, which upgrades Longhorn).
+// Before the node is touched it is judged again, as it was when it was picked, possibly
+// long before (a NodeUpdate waits for its cluster's UpgradePlan to finish the cluster
+// step, which upgrades Longhorn): no other upgrader runs on the cluster
+// (noOtherUpgrade), and its storage lets it go (storageSettled). Once the node is
+// cordoned as ours (a run that resumes), it was judged already.
 func (u *Updater) runCordon(ctx context.Context, r *nodeRun) (bool, string, error) {
-	if held, err := u.storageSettled(ctx, r); err != nil || held != "" {
-		return false, held, err
+	if !u.cordonedAsOurs(ctx, r) {
+		for _, fresh := range []func(context.Context, *nodeRun) (string, error){u.noOtherUpgrade, u.storageSettled} {
+			if held, err := fresh(ctx, r); err != nil || held != "" {
+				return false, held, err
+			}
+		}
 	}
 	held, err := u.cordonAsOurs(ctx, r)
 	if err != nil || held != "" {
 		return false, held, err
 	}
 	return true, fmt.Sprintf("node %s is cordoned", r.nu.Spec.NodeName), nil
+}
+
+// cordonedAsOurs reports whether the node carries this NodeUpdate's cordon.
+func (u *Updater) cordonedAsOurs(ctx context.Context, r *nodeRun) bool {
+	node, err := u.node(ctx, r)
+	return err == nil && node.Annotations[AnnotationCordonedBy] == string(r.nu.UID)
+}
+
+// noOtherUpgrade says why the node may not be touched while Harvester's own upgrade or
+// upgrade-toolkit's runs on the cluster (clusterchecks.OtherUpgrades), "" when none
+// does: two upgraders would each take nodes down within their own budget, not within
+// one.
+func (u *Updater) noOtherUpgrade(ctx context.Context, r *nodeRun) (string, error) {
+	others, err := clusterchecks.OtherUpgrades(ctx, r.wc)
+	if err != nil {
+		return "", err
+	}
+	if hold := clusterchecks.OtherUpgradeHold(others); hold != "" {
+		return fmt.Sprintf("holding node %s before it is cordoned: %s", r.nu.Spec.NodeName, hold), nil
+	}
+	return "", nil
 }
 
 // freshStorageChecks are the Longhorn preflight checks storageSettled asks again: the
@@ -66,13 +94,8 @@ var freshStorageChecks = []string{longhorn.CheckLonghornVolumesHealthy, longhorn
 // and so does this, with the preflight's own Longhorn checks (longhorn.State.Checks) of
 // the volumes' health and of the replicas left outside the nodes that are down together:
 // this node and every other node of the cluster (the UpgradePlan's nodes) that is not
-// Ready or is cordoned now. Nothing to judge
-// on a cluster without Longhorn. Once the node is cordoned as ours (a run that resumes),
-// it was judged already.
+// Ready or is cordoned now. Nothing to judge on a cluster without Longhorn.
 func (u *Updater) storageSettled(ctx context.Context, r *nodeRun) (string, error) {
-	if node, err := u.node(ctx, r); err == nil && node.Annotations[AnnotationCordonedBy] == string(r.nu.UID) {
-		return "", nil
-	}
 	served, err := kube.KindServed(r.wc, schema.GroupKind{Group: "longhorn.io", Kind: "Volume"}, "v1beta2")
 	if err != nil || !served {
 		return "", err

@@ -36,7 +36,7 @@ var GroupVersion = schema.GroupVersion{Group: "harvesterhci.io", Version: "v1bet
 // AddToScheme registers the kinds of this package under harvesterhci.io/v1beta1.
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &VirtualMachineBackup{}, &VirtualMachineBackupList{},
-		&ScheduleVMBackup{}, &ScheduleVMBackupList{}, &Addon{}, &AddonList{}, &Setting{}, &SettingList{})
+		&ScheduleVMBackup{}, &ScheduleVMBackupList{}, &Addon{}, &AddonList{}, &Setting{}, &SettingList{}, &Upgrade{}, &UpgradeList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -50,6 +50,27 @@ func managedChartsCheck(ctx context.Context, pr *PlanRun) harvesterv1.PreflightC
 	return c
 }
 
+// otherUpgradeCheck is the NoOtherUpgrade check (clusterchecks.OtherUpgrades), skipped
+// by its annotation. Unlike the checks of ClusterChecks, which the manager wires in, it
+// always runs: one upgrader at a time is not a matter of the cluster's shape.
+func otherUpgradeCheck(ctx context.Context, pr *PlanRun) harvesterv1.PreflightCheck {
+	c := harvesterv1.PreflightCheck{Name: clusterchecks.CheckNoOtherUpgrade}
+	if pr.Plan.Annotations[clusterchecks.SkipCheckAnnotationPrefix+clusterchecks.CheckNoOtherUpgrade] == "true" {
+		c.Result, c.Message = harvesterv1.CheckSkipped, "skipped by the annotation "+clusterchecks.SkipCheckAnnotationPrefix+clusterchecks.CheckNoOtherUpgrade
+		return c
+	}
+	others, err := clusterchecks.OtherUpgrades(ctx, pr.Workload)
+	switch {
+	case err != nil:
+		c.Result, c.Message = harvesterv1.CheckFailed, err.Error()
+	case len(others) > 0:
+		c.Result, c.Message = harvesterv1.CheckFailed, clusterchecks.OtherUpgradeHold(others)
+	default:
+		c.Result, c.Message = harvesterv1.CheckPassed, "no other upgrade of the cluster is in progress"
+	}
+	return c
+}
+
 // preflightStatus is the checks' results as the plan's status shows them.
 func preflightStatus(results []clusterchecks.Result) []harvesterv1.PreflightCheck {
 	out := make([]harvesterv1.PreflightCheck, 0, len(results))

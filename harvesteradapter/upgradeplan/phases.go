@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,9 +70,11 @@ func (r *PlanReconciler) initialize(ctx context.Context, pr *PlanRun) (bool, str
 	}
 	pr.Plan.Status.SingleNode = nonWitness == 1
 	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateWaiting, pr)
+	pr.Plan.Status.Preflight = nil
 	if r.Checks != nil {
 		pr.Plan.Status.Preflight = r.Checks(ctx, pr)
 	}
+	pr.Plan.Status.Preflight = append(pr.Plan.Status.Preflight, otherUpgradeCheck(ctx, pr))
 	var failed []string
 	for _, c := range pr.Plan.Status.Preflight {
 		if c.Result == harvesterv1.CheckFailed {
@@ -386,7 +389,8 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 }
 
 // removeLabelled deletes the Plans, Jobs and ConfigMaps labelled with the plan's name,
-// in every namespace. The Plans and Jobs go first, so that a cluster upgrade still running
+// in every namespace, and last the admission policy that kept other upgraders off the
+// cluster (ensureGuard). The Plans and Jobs go first, so that a cluster upgrade still running
 // when its plan is deleted is being stopped; then what the cluster upgrade and the plan
 // changed for the roll, recorded in the cluster upgrade's progress ConfigMap (charts
 // paused, KubeVirt's workload update methods, Longhorn's replica replenishment wait), is
@@ -397,7 +401,9 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 // and their Jobs, stay.
 func removeLabelled(ctx context.Context, wc client.Client, plan string, keep ...string) error {
 	sel := client.MatchingLabels{LabelUpgradePlan: plan}
-	for _, list := range []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}, &corev1.ConfigMapList{}} {
+	lists := []client.ObjectList{&sucv1.PlanList{}, &batchv1.JobList{}, &corev1.ConfigMapList{},
+		&admissionv1.ValidatingAdmissionPolicyBindingList{}, &admissionv1.ValidatingAdmissionPolicyList{}}
+	for _, list := range lists {
 		if _, configMaps := list.(*corev1.ConfigMapList); configMaps {
 			if err := clusterupgrade.Restore(ctx, wc, clusterupgrade.ProgressKey(repository.Namespace, plan)); err != nil {
 				return fmt.Errorf("give back what the cluster upgrade of plan %s changed for the roll: %w", plan, err)

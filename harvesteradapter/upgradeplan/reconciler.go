@@ -313,6 +313,12 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 			break
 		}
 		phase := plan.Status.Phase
+		if phaseIndex(phase) < phaseIndex(harvesterv1.UpgradePlanCleaningUp) {
+			if err := ensureGuard(ctx, pr); err != nil {
+				runErr = err
+				break
+			}
+		}
 		done, message, err := planPhases[phase](r, ctx, pr)
 		if err != nil {
 			runErr = err

@@ -82,6 +82,8 @@ var _ = Describe("config/default", Ordered, func() {
 			"Certificate/capi-inplace-serving-cert",
 			"ExtensionConfig/capi-inplace",
 			"NetworkPolicy/capi-inplace-hooks",
+			"ValidatingAdmissionPolicy/capi-inplace-upgradeplan-deletion",
+			"ValidatingAdmissionPolicyBinding/capi-inplace-upgradeplan-deletion",
 		))
 	})
 
@@ -92,7 +94,8 @@ var _ = Describe("config/default", Ordered, func() {
 	})
 
 	It("puts every namespaced object into the one target namespace", func() {
-		clusterScoped := map[string]bool{"Namespace": true, "CustomResourceDefinition": true, "ClusterRole": true, "ClusterRoleBinding": true, "ExtensionConfig": true}
+		clusterScoped := map[string]bool{"Namespace": true, "CustomResourceDefinition": true, "ClusterRole": true, "ClusterRoleBinding": true, "ExtensionConfig": true,
+			"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}
 		for _, o := range objs {
 			if clusterScoped[o.GetKind()] {
 				Expect(o.GetNamespace()).To(BeEmpty(), "%s %s is cluster-scoped", o.GetKind(), o.GetName())

@@ -38,8 +38,10 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi/toolkit"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/test/manifests"
 )
 
 // Environment is a running test API server with the project's CRDs installed.
@@ -78,6 +80,7 @@ func NewScheme() (*runtime.Scheme, error) {
 		longhornlive.AddToScheme,
 		kubevirtv1.AddToScheme,
 		harvesterapi.AddToScheme,
+		toolkit.AddToScheme,
 		rancher.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
@@ -165,7 +168,40 @@ func StartWithOptions(opts Options) (*Environment, error) {
 		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("create test client: %w", err)
 	}
+	if err := installPolicies(root, c); err != nil {
+		_ = env.Stop()
+		_ = os.RemoveAll(certDir)
+		return nil, err
+	}
 	return &Environment{env: env, certDir: certDir, Config: cfg, Client: c, Scheme: scheme, RepoRoot: root}, nil
+}
+
+// installPolicies creates the admission policies capi-inplace ships (config/policy), so
+// that the API server enforces them in every test as it does on a management cluster.
+func installPolicies(root string, c client.Client) error {
+	files, err := filepath.Glob(filepath.Join(root, "config", "policy", "*.yaml"))
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if filepath.Base(f) == "kustomization.yaml" {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		objs, err := manifests.Decode(data)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", f, err)
+		}
+		for _, o := range objs {
+			if err := c.Create(context.Background(), o); err != nil {
+				return fmt.Errorf("install %s %s from %s: %w", o.GetKind(), o.GetName(), f, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Stop stops the API server and etcd.
