@@ -74,11 +74,17 @@ type judgement struct {
 // judgeAtTarget asks the task's updater about every target machine whose kubelet reports
 // the target without the release annotation a NodeUpdate of capi-inplace writes when it
 // ends well: a node whose kubelet was upgraded and whose later step failed is not done.
+// The kubelet is read from the Machine (Cluster API's copy of the Node) and from the live
+// Node of the workload cluster, read at this reconcile (s.nodes): the Machine lags the
+// Node by seconds, and a machine whose node an earlier NodeUpdate upgraded before it was
+// aborted, failed or deleted would otherwise be started again on the Machine's word
+// (issue #34 point 1). So no NodeUpdate is created for a machine whose live node runs the
+// target unless the updater, asked now, says it is behind.
 func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[string]judgement, error) {
 	out := map[string]judgement{}
 	for i := range s.targetMachines {
 		m := &s.targetMachines[i]
-		if !upgraderequest.ReachedInPlace(m, s.version) || releaseIs(m, s.version) {
+		if !(upgraderequest.ReachedInPlace(m, s.version) || liveAtTarget(s, m)) || releaseIs(m, s.version) {
 			continue
 		}
 		if nu := s.nodeUpdates[m.Name]; nu != nil && nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded {
@@ -95,6 +101,16 @@ func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[strin
 		out[m.Name] = judgement{at: at, why: why}
 	}
 	return out, nil
+}
+
+// liveAtTarget reports whether the machine's live Node (s.nodes, read from the workload
+// cluster at this reconcile) runs the target or newer by its kubelet.
+func liveAtTarget(s *taskScope, m *clusterv1.Machine) bool {
+	if m.Status.NodeRef.Name == "" {
+		return false
+	}
+	node := s.nodes[m.Status.NodeRef.Name]
+	return node != nil && atLeast(node.Status.NodeInfo.KubeletVersion, s.version)
 }
 
 // releaseIs reports whether the machine's release annotation records target.

@@ -402,6 +402,46 @@ var _ = Describe("UpgradeTask controller", func() {
 		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(Equal(3))
 	})
 
+	It("asks the live node before it starts a machine: one whose node already runs the target after an aborted NodeUpdate is not upgraded again while its Machine lags", func() {
+		w := newMDWorld(3)
+		simulate(w.ns, 200*time.Millisecond)
+		// Issue #34 point 1: a NodeUpdate of an earlier task upgraded workers-2's node and
+		// was then marked Aborted (its task aborted in the same moment); the Machine does
+		// not show the new kubelet yet (its nodeInfo is Cluster API's copy of the Node),
+		// and no release annotation was written. Only the live Node says it is there.
+		earlier := &inplacev1.NodeUpdate{
+			ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "earlier-workers-2", Labels: map[string]string{inplacev1.ClusterNameLabel: "harvester"}},
+			Spec: inplacev1.NodeUpdateSpec{ClusterName: "harvester", MachineName: "workers-2", NodeName: w.node(1), Version: targetVersion,
+				UpdaterRef: inplacev1.UpdaterReference{Kind: "ExternalUpgrader", Name: "default"}},
+		}
+		Expect(k8s.Create(ctx, earlier)).To(Succeed())
+		earlier.Status.Phase = inplacev1.NodeUpdatePhaseAborted
+		Expect(k8s.Status().Update(ctx, earlier)).To(Succeed())
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			node := &corev1.Node{}
+			if err := k8s.Get(ctx, client.ObjectKey{Name: w.node(1)}, node); err != nil {
+				return err
+			}
+			node.Status.NodeInfo.KubeletVersion = targetVersion
+			return k8s.Status().Update(ctx, node)
+		})).To(Succeed())
+		lagging := w.machine("workers-2")
+		Expect(lagging.Status.NodeInfo == nil || lagging.Status.NodeInfo.KubeletVersion != targetVersion).To(BeTrue(), "the Machine lags")
+		Expect(lagging.Annotations).NotTo(HaveKey(inplacev1.UpgradeReleaseAnnotation))
+
+		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(3)) }))).To(Succeed())
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+		var onWorkers2 []string
+		for _, nu := range w.nodeUpdates() {
+			if nu.Spec.MachineName == "workers-2" {
+				onWorkers2 = append(onWorkers2, nu.Name)
+			}
+		}
+		Expect(onWorkers2).To(Equal([]string{earlier.Name}), "no second NodeUpdate on workers-2")
+		Expect(w.task("md").Status.Total).To(Equal(int32(2)), "workers-2 is already at the target: the task does not take it")
+		Expect(w.machine("workers-2").Labels).NotTo(HaveKey(inplacev1.UpgradeTaskLabel))
+	})
+
 	It("starts nothing while paused, skips pauseNodes, and completes when they are released", func() {
 		w := newMDWorld(3)
 		rec := watchNodeUpdates(w.ns)

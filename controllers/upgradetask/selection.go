@@ -91,6 +91,13 @@ func collectMembers(s *taskScope) ([]*member, int) {
 			// step that failed after the kubelet was upgraded): upgrade it again.
 			requires = true
 		}
+		if requires && !judgedBehind && nu == nil && liveAtTarget(s, m) {
+			// The live Node runs the target while the Machine does not show it yet, and
+			// its updater, asked now, does not say it is behind (judgeAtTarget): an
+			// earlier NodeUpdate got it there. Starting it again would take a node down
+			// for nothing.
+			requires = false
+		}
 		upgradedBy := ""
 		if by := s.upgradedBy[m.Name]; by != "" && nu == nil && requires && !judgedBehind {
 			// Another task's NodeUpdate (or a hand-made one) upgraded it to the target
