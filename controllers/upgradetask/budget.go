@@ -84,7 +84,8 @@ func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[strin
 	out := map[string]judgement{}
 	for i := range s.targetMachines {
 		m := &s.targetMachines[i]
-		if !(upgraderequest.ReachedInPlace(m, s.version) || liveAtTarget(s, m)) || releaseIs(m, s.version) {
+		reported := upgraderequest.ReachedInPlace(m, s.version) || liveAtTarget(s, m)
+		if !reported || releaseIs(m, s.version) {
 			continue
 		}
 		if nu := s.nodeUpdates[m.Name]; nu != nil && nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded {
