@@ -186,6 +186,15 @@ type NodeUpdateStatus struct {
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
 
+	// lastCheckTime is when the updater last judged, right before the node's first
+	// disruption, whether the cluster can let it go now (the Harvester updater: no other
+	// upgrader, control-plane quorum, version skew, Longhorn's roll settled and its volumes
+	// with a healthy replica off every node down now), whether that held the node or let it
+	// go; the step's message says what was found. Unset for an updater that disrupts the
+	// node as soon as it starts, right after the pick-time preflight.
+	// +optional
+	LastCheckTime *metav1.Time `json:"lastCheckTime,omitempty"`
+
 	// completionTime is when the NodeUpdate ended.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`

@@ -142,7 +142,7 @@ func (r *Rancher) longhornManagerRollout(ctx context.Context) error {
 	}
 	st := ds.Status
 	newGeneration := st.ObservedGeneration < ds.Generation
-	if newGeneration && !r.due(fmt.Sprintf("daemonset/%s/%d", ds.UID, ds.Generation), orDefault(r.RolloutDelay, 50*time.Millisecond)) {
+	if newGeneration && !r.due(fmt.Sprintf("daemonset/%s/%d", ds.UID, ds.Generation), orDefault(r.LonghornRolloutDelay, orDefault(r.RolloutDelay, 50*time.Millisecond))) {
 		return nil
 	}
 	if !newGeneration && st.DesiredNumberScheduled == desired && st.UpdatedNumberScheduled == desired && st.NumberReady == ready {

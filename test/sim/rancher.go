@@ -74,6 +74,10 @@ type Rancher struct {
 	DownloadDelay time.Duration
 	// RolloutDelay is how long a Deployment's rollout takes. Default 50ms.
 	RolloutDelay time.Duration
+	// LonghornRolloutDelay is how long the longhorn-manager DaemonSet's rollout of a new
+	// generation takes (the DaemonSet controller replacing the managers node by node).
+	// Default RolloutDelay.
+	LonghornRolloutDelay time.Duration
 	// Interval is how often the cluster is looked at: without Cache, default 20ms; with
 	// it, when no event came, default 1s.
 	Interval time.Duration
