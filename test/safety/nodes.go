@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"sort"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,6 +33,12 @@ type Kubelets struct {
 	gone  map[string]bool
 	// nodeLocks serializes the writes of one Node.
 	nodeLocks map[string]*sync.Mutex
+	// machineLag, while set, is how long Cluster API takes to copy a new kubelet version
+	// into the Machine: its Machine controller copies the Node's nodeInfo on its own
+	// reconciles, so a reader of the Machine sees the new kubelet seconds after the Node
+	// shows it (issue #34 point 1). lagged tracks the copies still to write.
+	machineLag time.Duration
+	lagged     int
 }
 
 // NewKubelets returns the kubelets of the nodes of namespace's machines.
@@ -100,7 +107,50 @@ func (k *Kubelets) SetVersion(ctx context.Context, machine, node, version string
 	if err := k.writeNode(ctx, node, func(st *corev1.NodeStatus) { st.NodeInfo.KubeletVersion = version }); err != nil {
 		return err
 	}
-	return setMachineKubelet(ctx, k.client, k.namespace, machine, version)
+	k.mu.Lock()
+	lag := k.machineLag
+	if lag > 0 {
+		k.lagged++
+	}
+	k.mu.Unlock()
+	if lag == 0 {
+		return setMachineKubelet(ctx, k.client, k.namespace, machine, version)
+	}
+	go func() {
+		time.Sleep(lag)
+		// Cluster API copies what the Node says when its Machine controller looks, not
+		// what it said when it changed: a later version written meanwhile wins.
+		wctx := context.WithoutCancel(ctx)
+		current := &corev1.Node{}
+		if err := k.client.Get(wctx, client.ObjectKey{Name: node}, current); err == nil {
+			_ = setMachineKubelet(wctx, k.client, k.namespace, machine, current.Status.NodeInfo.KubeletVersion)
+		}
+		k.mu.Lock()
+		k.lagged--
+		k.mu.Unlock()
+	}()
+	return nil
+}
+
+// LagMachines makes Cluster API's copy of a new kubelet version into the Machine come
+// lag after the Node shows it (0: at once).
+func (k *Kubelets) LagMachines(lag time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.machineLag = lag
+}
+
+// WaitMachines waits until every lagged copy into a Machine is written.
+func (k *Kubelets) WaitMachines() {
+	for {
+		k.mu.Lock()
+		n := k.lagged
+		k.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Gone records that node was deleted: nothing writes it any more.

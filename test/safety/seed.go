@@ -171,7 +171,27 @@ func (d *driver) operations() []operation {
 		{"flap", 14, d.flap},
 		{"delete-machine", 3, d.deleteMachine},
 		{"restart-manager", 4, d.restartManager},
+		{"lag-machines", 4, d.lagMachines},
 	}
+}
+
+// lagMachines makes Cluster API's copy of new kubelet versions into the Machines lag the
+// Nodes for a while (issue #34 point 1: a reader of the Machines alone would take a node
+// that its NodeUpdate just upgraded for one still to upgrade, and upgrade it twice,
+// invariant 4).
+func (d *driver) lagMachines(ctx context.Context) error {
+	lag := time.Duration(300+d.rng.Intn(1700)) * time.Millisecond
+	window := time.Duration(500+d.rng.Intn(2500)) * time.Millisecond
+	d.w.History.Action("Machines lag their Nodes' kubelet versions by %s for %s", lag, window)
+	d.w.Kubelets.LagMachines(lag)
+	d.async.Add(1)
+	go func() {
+		defer d.async.Done()
+		_ = sleep(ctx, window)
+		d.w.Kubelets.LagMachines(0)
+		d.w.Kubelets.WaitMachines()
+	}()
+	return nil
 }
 
 func (d *driver) randomPhase(ctx context.Context, n int) error {
