@@ -125,7 +125,9 @@ var _ = Describe("An UpgradePlan on a Longhorn without the live upgrade of v2 in
 			g.Expect(vm.Spec.RunStrategy).To(HaveValue(Equal(kubevirtv1.RunStrategyHalted)))
 		}, 30*time.Second, 50*time.Millisecond).Should(Succeed())
 
-		Expect(env.Client.Delete(ctx, c.plan)).To(Succeed())
+		// The VMs are stopped as the cluster step starts: the plan is in ClusterUpgrading,
+		// where only allow-deletion lets it be deleted.
+		deleteRunningPlan(c.plan)
 		Eventually(func(g Gomega) {
 			g.Expect(workload.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm)).To(Succeed())
 			g.Expect(vm.Spec.RunStrategy).To(HaveValue(Equal(kubevirtv1.RunStrategyRerunOnFailure)))
