@@ -79,12 +79,15 @@ type judgement struct {
 // Node by seconds, and a machine whose node an earlier NodeUpdate upgraded before it was
 // aborted, failed or deleted would otherwise be started again on the Machine's word
 // (issue #34 point 1). So no NodeUpdate is created for a machine whose live node runs the
-// target unless the updater, asked now, says it is behind.
+// target unless the updater, asked now, says it is behind. A live node newer than the
+// target is not asked about (a judge answers for the target, and a NodeUpdate there would
+// be a downgrade): selection never starts it.
 func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[string]judgement, error) {
 	out := map[string]judgement{}
 	for i := range s.targetMachines {
 		m := &s.targetMachines[i]
-		reported := upgraderequest.ReachedInPlace(m, s.version) || liveAtTarget(s, m)
+		live, known := liveOrder(s, m)
+		reported := upgraderequest.ReachedInPlace(m, s.version) || (known && live == 0)
 		if !reported || releaseIs(m, s.version) {
 			continue
 		}
@@ -104,14 +107,19 @@ func (r *Reconciler) judgeAtTarget(ctx context.Context, s *taskScope) (map[strin
 	return out, nil
 }
 
-// liveAtTarget reports whether the machine's live Node (s.nodes, read from the workload
-// cluster at this reconcile) runs the target or newer by its kubelet.
-func liveAtTarget(s *taskScope, m *clusterv1.Machine) bool {
+// liveOrder compares the kubelet of the machine's live Node (s.nodes, read from the
+// workload cluster at this reconcile) with the target (kubeversion.Compare: -1 older, 0
+// the target, 1 newer); known is false without a node or an ordered version.
+func liveOrder(s *taskScope, m *clusterv1.Machine) (order int, known bool) {
 	if m.Status.NodeRef.Name == "" {
-		return false
+		return 0, false
 	}
 	node := s.nodes[m.Status.NodeRef.Name]
-	return node != nil && atLeast(node.Status.NodeInfo.KubeletVersion, s.version)
+	if node == nil {
+		return 0, false
+	}
+	order, err := kubeversion.CompareStrings(node.Status.NodeInfo.KubeletVersion, s.version.String())
+	return order, err == nil
 }
 
 // releaseIs reports whether the machine's release annotation records target.

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -290,6 +291,31 @@ var _ = Describe("One disruption budget per Cluster", func() {
 			Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
 			Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 			Expect(rec.Creations()).To(Equal(map[string]int{"workers-1": 1, "workers-2": 1, "workers-3": 1}))
+		})
+
+		It("never starts a machine whose live node runs a newer version than the target while its Machine lags, whatever the judge says of the target", func() {
+			w := newMDWorld(3)
+			// The soak's seed 20056: the node went to v1.34.1+rke2r2, the Machine still
+			// showed the old kubelet, and a task for v1.34.1+rke2r1 asked the judge, which
+			// answers for that exact target ("not there"), and downgraded the node.
+			judge.mu.Lock()
+			judge.notAtTarget["workers-2"] = "the node runs v1.34.1+rke2r2, not v1.34.1+rke2r1"
+			judge.mu.Unlock()
+			Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				node := &corev1.Node{}
+				if err := k8s.Get(ctx, client.ObjectKey{Name: w.node(1)}, node); err != nil {
+					return err
+				}
+				node.Status.NodeInfo.KubeletVersion = "v1.34.1+rke2r2"
+				return k8s.Status().Update(ctx, node)
+			})).To(Succeed())
+			lagging := w.machine("workers-2")
+			Expect(lagging.Status.NodeInfo == nil || lagging.Status.NodeInfo.KubeletVersion != "v1.34.1+rke2r2").To(BeTrue(), "the Machine lags")
+			rec := watchNodeUpdates(w.ns)
+			simulate(w.ns, 200*time.Millisecond)
+			Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+			Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+			Expect(rec.Creations()).To(Equal(map[string]int{"workers-1": 1, "workers-3": 1}), "no NodeUpdate downgrades workers-2")
 		})
 
 		It("gives the updater's preflight the Cluster's disrupted nodes and this round's picks", func() {

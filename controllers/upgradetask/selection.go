@@ -91,11 +91,14 @@ func collectMembers(s *taskScope) ([]*member, int) {
 			// step that failed after the kubelet was upgraded): upgrade it again.
 			requires = true
 		}
-		if requires && !judgedBehind && nu == nil && liveAtTarget(s, m) {
+		if live, known := liveOrder(s, m); requires && nu == nil && known && (live > 0 || (live == 0 && !judgedBehind)) {
 			// The live Node runs the target while the Machine does not show it yet, and
 			// its updater, asked now, does not say it is behind (judgeAtTarget): an
-			// earlier NodeUpdate got it there. Starting it again would take a node down
-			// for nothing.
+			// earlier NodeUpdate got it there, and starting it again would take a node
+			// down for nothing. Or the live Node runs a newer version than the target:
+			// a NodeUpdate would be a downgrade, which the hooks refuse from the Machine
+			// and which a Machine that lags the Node must not let through (the soak's
+			// seed 20056).
 			requires = false
 		}
 		upgradedBy := ""
