@@ -119,13 +119,13 @@ func controlPlaneNode(n *corev1.Node) bool {
 // version skew policy does not support).
 func (u *Updater) quorumAndSkew(_ context.Context, r *nodeRun, nodes []corev1.Node) (string, error) {
 	self := r.nu.Spec.NodeName
-	var cp *corev1.Node
+	var own *corev1.Node
 	for i := range nodes {
 		if nodes[i].Name == self {
-			cp = &nodes[i]
+			own = &nodes[i]
 		}
 	}
-	if cp == nil {
+	if own == nil {
 		return "", nil // a node the plan does not cover: the generic checks judged it
 	}
 	var down, behind []string
@@ -142,11 +142,12 @@ func (u *Updater) quorumAndSkew(_ context.Context, r *nodeRun, nodes []corev1.No
 			behind = append(behind, fmt.Sprintf("%s (%s)", n.Name, v))
 		}
 	}
+	ownIsControlPlane := controlPlaneNode(own)
 	switch {
-	case controlPlaneNode(cp) && len(down) > 0:
+	case ownIsControlPlane && len(down) > 0:
 		return fmt.Sprintf("holding control plane node %s before it is cordoned: control plane node(s) %s are down (not Ready or cordoned) now; one control plane node at a time keeps etcd's and the API server's quorum",
 			self, strings.Join(down, ", ")), nil
-	case !controlPlaneNode(cp) && len(behind) > 0:
+	case !ownIsControlPlane && len(behind) > 0:
 		return fmt.Sprintf("holding node %s before it is cordoned: control plane node(s) %s run a kubelet older than %s; a node is not upgraded past its API server (version skew)",
 			self, strings.Join(behind, ", "), r.nu.Spec.Version), nil
 	}
