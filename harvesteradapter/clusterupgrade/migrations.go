@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -305,7 +306,8 @@ func (r *runner) rewriteObjects(ctx context.Context, crd *apiextensionsv1.Custom
 		if obj.GetAnnotations()[StorageMigratedAnnotation] == r.in.Plan {
 			continue
 		}
-		if err := r.c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+		err := retryValidatorLag(ctx, func() error { return r.c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)) })
+		if err != nil && !apierrors.IsNotFound(err) {
 			return 0, fmt.Errorf("rewrite %s %s at version %s (annotate it %s): %w; Longhorn's webhooks may refuse it: look at the error, fix the object and run again",
 				crd.Spec.Names.Kind, client.ObjectKeyFromObject(obj), gvk.Version, StorageMigratedAnnotation, err)
 		}
@@ -314,6 +316,44 @@ func (r *runner) rewriteObjects(ctx context.Context, crd *apiextensionsv1.Custom
 }
 
 var longhornValidatorKey = client.ObjectKey{Name: LonghornValidatorWebhook}
+
+// LonghornValidatorWebhookName is the name of the webhook in LonghornValidatorWebhook
+// (longhorn-manager webhook/server/server.go), which the API server names in the error of
+// a request it sent there.
+const LonghornValidatorWebhookName = "validator.longhorn.io"
+
+// validatorLagTimeout bounds how long a rewrite refused by Longhorn's validator is tried
+// again after UPDATE was taken off its rules.
+var validatorLagTimeout = 30 * time.Second
+
+// retryValidatorLag runs write, and runs it again while the API server still sends it to
+// Longhorn's validator. Taking UPDATE off the validator's rules is a write of its
+// ValidatingWebhookConfiguration, which every API server applies from its own watch of
+// the configurations, a moment later (seconds on a loaded one); a write made in between
+// still goes to the validator, which may refuse it. Any other error, and the validator's
+// after validatorLagTimeout, is returned as it is.
+func retryValidatorLag(ctx context.Context, write func() error) error {
+	err := write()
+	if !validatorRefused(err) {
+		return err
+	}
+	deadline := time.Now().Add(validatorLagTimeout)
+	for delay := 100 * time.Millisecond; validatorRefused(err) && time.Now().Before(deadline); delay = min(2*delay, 2*time.Second) {
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		err = write()
+	}
+	return err
+}
+
+// validatorRefused tells whether err is the API server's answer for a request that went
+// to Longhorn's validator: its denial or a failure to call it.
+func validatorRefused(err error) bool {
+	return err != nil && strings.Contains(err.Error(), `webhook "`+LonghornValidatorWebhookName+`"`)
+}
 
 // takeSettingsUpdate records the operations of the validator's rules on longhorn.io
 // settings and takes UPDATE off them. A cluster without the validator has nothing to take.

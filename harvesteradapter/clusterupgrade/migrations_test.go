@@ -3,6 +3,7 @@ package clusterupgrade_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -184,22 +185,33 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 			return env.Client.Status().Update(ctx, crd)
 		}).Should(Succeed())
 		DeferCleanup(func() {
-			Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			// Back to v1beta2 alone, status first (the API server refuses a spec without a
+			// version that status.storedVersions lists). Each attempt reads the CRD again
+			// and does only what is left, so a conflict or a slow API server is retried
+			// until the timeout, and the error the API server gave is the one reported.
+			Eventually(func() error {
 				crd := &apiextensionsv1.CustomResourceDefinition{}
 				if err := env.Client.Get(ctx, crdKey, crd); err != nil {
 					return err
 				}
-				crd.Status.StoredVersions = []string{"v1beta2"}
-				if err := env.Client.Status().Update(ctx, crd); err != nil {
-					return err
+				if !slices.Equal(crd.Status.StoredVersions, []string{"v1beta2"}) {
+					crd.Status.StoredVersions = []string{"v1beta2"}
+					if err := env.Client.Status().Update(ctx, crd); err != nil {
+						return fmt.Errorf("status.storedVersions back to [v1beta2]: %w", err)
+					}
 				}
-				crd.Spec.Versions = crd.Spec.Versions[1:]
-				return env.Client.Update(ctx, crd)
-			})).To(Succeed())
+				if i := slices.IndexFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == "v1beta1" }); i >= 0 {
+					crd.Spec.Versions = slices.Delete(crd.Spec.Versions, i, i+1)
+					if err := env.Client.Update(ctx, crd); err != nil {
+						return fmt.Errorf("spec.versions without v1beta1: %w", err)
+					}
+				}
+				return nil
+			}).WithTimeout(30 * time.Second).Should(Succeed())
 		})
 		Eventually(func() error {
 			return env.Client.List(ctx, &longhornv1.SettingList{}, client.InNamespace("longhorn-system"))
-		}).Should(Succeed())
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 		var settings []*longhornv1.Setting
 		for _, name := range []string{"migration-test-a", "migration-test-b"} {
 			s := &longhornv1.Setting{ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: name}, Value: "1"}
@@ -232,7 +244,7 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 			}
 			s.Value = "2"
 			return env.Client.Update(ctx, s)
-		}).Should(MatchError(ContainSubstring("longhorn-admission-webhook")), "the validator is in force")
+		}).WithTimeout(30*time.Second).Should(MatchError(ContainSubstring("longhorn-admission-webhook")), "the validator is in force")
 		storedVersions := func() []string {
 			crd := &apiextensionsv1.CustomResourceDefinition{}
 			Expect(env.Client.Get(ctx, crdKey, crd)).To(Succeed())
@@ -250,6 +262,28 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		Expect(storedVersions()).To(Equal([]string{"v1beta1", "v1beta2"}))
 
 		By("on a hop from v1.6.1: every object rewritten, storedVersions [v1beta2], the validator as it was")
+		// The API server applies a change of a webhook configuration from its own watch,
+		// a moment later. Here that moment is two seconds: a copy of the validator with
+		// UPDATE still in its rules, gone two seconds after the run starts. A rewrite in
+		// between is refused as it would be on a loaded API server, and must be tried
+		// again, not fail the upgrade.
+		lagging := validator.DeepCopy()
+		lagging.ObjectMeta = metav1.ObjectMeta{Name: "longhorn-webhook-validator-as-still-applied"}
+		Expect(env.Client.Create(ctx, lagging)).To(Succeed())
+		DeferCleanup(func() { _ = env.Client.Delete(ctx, lagging) })
+		Eventually(func() error {
+			s := &longhornv1.Setting{}
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(settings[0]), s); err != nil {
+				return err
+			}
+			s.Value = "3"
+			return env.Client.Update(ctx, s)
+		}).WithTimeout(30*time.Second).Should(MatchError(ContainSubstring(`webhook "validator.longhorn.io"`)), "the copy is in force")
+		go func() {
+			defer GinkgoRecover()
+			time.Sleep(2 * time.Second)
+			Expect(env.Client.Delete(ctx, lagging)).To(Succeed())
+		}()
 		in := input("up-lh-161")
 		in.PreviousVersion = "v1.6.1"
 		p := newProgress()
