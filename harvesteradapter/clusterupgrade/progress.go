@@ -39,6 +39,7 @@ const (
 	StepCleanCAPILegacyWebhooks        = "CleanCAPILegacyWebhooks"
 	StepUpgradeRancher                 = "UpgradeRancher"
 	StepWaitRancherDependencies        = "WaitRancherDependencies"
+	StepSettleFleetAgent               = "SettleFleetAgent"
 	StepPatchLocalClusterDetails       = "PatchLocalClusterDetails"
 	StepUpdateLocalRKEStateSecret      = "UpdateLocalRKEStateSecret"
 	StepMigrateLonghornV1beta1CRDs     = "MigrateLonghornV1beta1CRDs"
@@ -62,7 +63,8 @@ const (
 // overcommit-config kept for a hop from v1.7 (fact 10), Harvester's charts paused (fact
 // 11) and KubeVirt's workload updates emptied (fact 13) before Rancher (fact 16, whose
 // clean_capi_legacy_webhooks for a hop from v1.7, 16.8, comes first, and whose waits
-// for Rancher's own charts, 16.11 to 16.13, follow it), the local
+// for Rancher's own charts, 16.11 to 16.13, and the local Fleet agent's redeploy with
+// fleet-controller's API server fields put back, 16.5 and 16.14 to 16.16, follow it), the local
 // cluster's details (fact 17), the local-rke-state Secret's type (fact 18), Longhorn's v1beta1 storage migration for a hop from v1.6
 // (fact 19), the chart repository (fact 20), Rancher's Ingress class (fact 21), the
 // release's extra manifests (fact 22), Harvester's charts (fact 23), the wait for KubeVirt
@@ -78,6 +80,7 @@ func StepNames() []string {
 		StepCleanCAPILegacyWebhooks,
 		StepUpgradeRancher,
 		StepWaitRancherDependencies,
+		StepSettleFleetAgent,
 		StepPatchLocalClusterDetails,
 		StepUpdateLocalRKEStateSecret,
 		StepMigrateLonghornV1beta1CRDs,

@@ -52,8 +52,8 @@ func (in Input) systemCharts() []systemChart {
 //
 // Not done: the script rolls a release back once (helm rollback) when its newest
 // revision has been pending for more than 5 minutes; without Helm this program says so
-// and keeps waiting. Nor the fleet-agent redeploy and the waits for the local Fleet
-// cluster that follow (16.14 to 16.16).
+// and keeps waiting. The local fleet-agent's redeploy and the waits for the local Fleet
+// cluster that follow (16.14 to 16.16) are the next sub-step, SettleFleetAgent.
 func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string, error) {
 	if r.prior[StepWaitRancherDependencies].State == StateDone {
 		return StateDone, "Rancher's charts were deployed at the release's versions (done by an earlier run)", nil

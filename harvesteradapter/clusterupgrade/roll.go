@@ -360,6 +360,9 @@ func restoreChange(ctx context.Context, c client.Client, ch Change) error {
 		return restoreAddon(ctx, c, client.ObjectKey{Namespace: namespace, Name: name}, ch.Before)
 	case FieldRancherReplicas:
 		return restoreRancherReplicas(ctx, c, ch.Before)
+	case FieldFleetAPIServer:
+		_, err := restoreFleetAPIServer(ctx, c, ch.Before)
+		return err
 	}
 	mc := &managementv3.ManagedChart{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, mc); err != nil {

@@ -37,6 +37,7 @@ func steps() []step {
 		{StepCleanCAPILegacyWebhooks, (*runner).cleanCAPILegacyWebhooks},
 		{StepUpgradeRancher, (*runner).upgradeRancher},
 		{StepWaitRancherDependencies, (*runner).waitRancherDependencies},
+		{StepSettleFleetAgent, (*runner).settleFleetAgent},
 		{StepPatchLocalClusterDetails, (*runner).patchLocalClusterDetails},
 		{StepUpdateLocalRKEStateSecret, (*runner).updateLocalRKEStateSecret},
 		{StepMigrateLonghornV1beta1CRDs, (*runner).migrateLonghornV1beta1CRDs},

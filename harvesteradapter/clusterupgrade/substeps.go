@@ -89,6 +89,9 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 		if err := r.waitLocalClusterSettled(ctx); err != nil {
 			return "", "", err
 		}
+		if err := r.saveFleetAPIServer(ctx); err != nil {
+			return "", "", err
+		}
 		if err := r.setImage(ctx, dep, "rancher", image, env...); err != nil {
 			return "", "", err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/fleetv1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
@@ -107,6 +108,8 @@ type Rancher struct {
 	systemChartDeployed, chartVersionSeen map[string]time.Time
 	// systemChartsSettledAt is the Rancher version whose system charts are deployed.
 	systemChartsSettledAt string
+	// agentRedeploys are the local fleet-agent's deploys (fleet.go).
+	agentRedeploys []FleetAgentRedeploy
 }
 
 // FailChart makes Fleet fail to apply the ManagedChart name (in fleet-local) with message,
@@ -171,7 +174,7 @@ func (r *Rancher) due(key string, delay time.Duration) bool {
 
 // Start plays Rancher until ctx ends.
 func (r *Rancher) Start(ctx context.Context) {
-	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, &appsv1.DaemonSet{}, &corev1.Node{}}
+	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, &appsv1.DaemonSet{}, &corev1.Node{}, &fleetv1alpha1.Cluster{}}
 	go r.loop.run(ctx, r.Interval, r.Cache, kinds, func(ctx context.Context) { _ = r.pass(ctx) })
 }
 
@@ -183,7 +186,7 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func (r *Rancher) pass(ctx context.Context) error {
-	return errors.Join(r.charts(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.kubevirtRollout(ctx), r.longhornManagerRollout(ctx))
+	return errors.Join(r.charts(ctx), r.fleetAgent(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.kubevirtRollout(ctx), r.longhornManagerRollout(ctx))
 }
 
 func (r *Rancher) charts(ctx context.Context) error {
@@ -199,6 +202,13 @@ func (r *Rancher) charts(ctx context.Context) error {
 		failed := mc.Status.Summary.ErrApplied > 0
 		if mc.Status.ObservedGeneration == mc.Generation && (!failed || fail) {
 			continue // settled, or failing as told
+		}
+		if mc.Name == rancher.HarvesterChart && !mc.Spec.Paused {
+			// The new harvester pod starts: Harvester's controller writes the cluster's
+			// API server into fleet-controller's configuration (fleet.go).
+			if err := r.harvesterRestoresFleetConfig(ctx); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if !r.due(fmt.Sprintf("chart/%s/%d/%t", mc.UID, mc.Generation, fail), orDefault(r.ChartDelay, 100*time.Millisecond)) {
 			continue
@@ -299,6 +309,11 @@ func (r *Rancher) deployments(ctx context.Context) error {
 		return err
 	}
 	list.Items = append(list.Items, fleet.Items...)
+	agents := &appsv1.DeploymentList{}
+	if err := r.Client.List(ctx, agents, client.InNamespace(rancher.FleetLocalAgentNamespace)); err != nil {
+		return err
+	}
+	list.Items = append(list.Items, agents.Items...)
 	var errs []error
 	for i := range list.Items {
 		dep := &list.Items[i]
@@ -515,6 +530,9 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		systemDeps = *rel.Dependencies
 	}
 	if err := seedSystemCharts(ctx, c, systemDeps); err != nil {
+		return err
+	}
+	if err := seedFleet(ctx, c); err != nil {
 		return err
 	}
 	// Status as Rancher, Fleet and the Deployment controller leave it.

@@ -253,6 +253,13 @@ func (r *Rancher) deploySystemChart(ctx context.Context, sc systemChart, revs ma
 	}
 	r.systemChartDeployed[sc.name+"@"+want.Chart] = time.Now()
 	r.mu.Unlock()
+	if sc.name == rancher.FleetChart {
+		// The new fleet chart renders fleet-controller's configuration without the
+		// cluster's API server (fleet.go).
+		if err := r.setFleetAPIServer(ctx, "", ""); err != nil {
+			return err
+		}
+	}
 	if sc.deployment == "" {
 		return nil
 	}
