@@ -12,6 +12,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -78,6 +79,25 @@ var _ = Describe("Run and Rancher", func() {
 		secret := &corev1.Secret{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.CattleSystem, Name: rancher.STVAggregationSecret}, secret)).To(Succeed())
 		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).Message).To(ContainSubstring("fleet fleet-" + in.RancherDependencies.Fleet.Chart))
+	})
+
+	It("deletes Rancher's chart repositories before changing it, so that the new Rancher indexes its own charts and upgrades Fleet (fact 16.4)", func() {
+		r := seed(oldRelease)
+		settle()
+		in := input("up-repos")
+		in.Timeout = 15 * time.Second
+		steps := runStates(in, newProgress())
+		for _, name := range []string{rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo} {
+			repo := &catalogv1.ClusterRepo{}
+			Expect(env.Client.Get(ctx, client.ObjectKey{Name: name}, repo)).To(Succeed())
+			Expect(repo.Status.Commit).To(Equal(sim.BundledChartsCommit(newRelease.Rancher)), "%s created again by the new Rancher", name)
+		}
+		branch := &managementv3.Setting{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Name: rancher.ChartDefaultBranchSetting}, branch)).To(Succeed())
+		Expect(branch.Value).To(Equal("release-v2.12"))
+		Expect(r.SystemChartDeployedAt(rancher.FleetChart, in.RancherDependencies.Fleet.Chart)).NotTo(BeZero(), "the new Rancher found its fleet chart")
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeRancher).Message).To(ContainSubstring(
+			"ClusterRepos rancher-charts, rancher-rke2-charts, rancher-partner-charts and Setting chart-default-branch deleted before"))
 	})
 
 	It("does not wait for Rancher's charts when Rancher was already at the release", func() {

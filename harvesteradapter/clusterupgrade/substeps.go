@@ -85,10 +85,16 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 		features = f
 	}
 	current, literal := envValue(ctr, rancherFeaturesEnv)
+	repos := ""
 	if ctr.Image != image || len(env) > 0 && (!literal || current != r.in.RancherFeatures) {
 		if err := r.waitLocalClusterSettled(ctx); err != nil {
 			return "", "", err
 		}
+		if err := r.deleteRancherChartRepos(ctx); err != nil {
+			return "", "", err
+		}
+		repos = fmt.Sprintf("; ClusterRepos %s, %s, %s and Setting %s deleted before, for the new Rancher to create from its own charts",
+			rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo, rancher.ChartDefaultBranchSetting)
 		if err := r.saveFleetAPIServer(ctx); err != nil {
 			return "", "", err
 		}
@@ -111,7 +117,28 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 	if err != nil {
 		return "", "", err
 	}
-	return StateDone, fmt.Sprintf("Rancher runs %s (image %s, features %s)", target, image, features), nil
+	return StateDone, fmt.Sprintf("Rancher runs %s (image %s, features %s)%s", target, image, features, repos), nil
+}
+
+// deleteRancherChartRepos deletes Rancher's own ClusterRepos and its chart-default-branch
+// Setting right before Rancher is changed, as the release does (fact 16.4, the workaround
+// for rancher/rancher#36914 and harvester#2011): a ClusterRepo that outlives the old
+// Rancher keeps the index of the old Rancher's charts, and the new Rancher then finds no
+// fleet chart as new as it requires ("Failed to find system chart fleet"), never
+// upgrades Fleet, and the wait for its charts never ends. The new Rancher creates them
+// again when it starts, from its own charts. What is already gone is left.
+func (r *runner) deleteRancherChartRepos(ctx context.Context) error {
+	for _, name := range []string{rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo} {
+		repo := &catalogv1.ClusterRepo{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := r.c.Delete(ctx, repo); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete Rancher's ClusterRepo %s before its upgrade (the new Rancher creates it again): %w", name, err)
+		}
+	}
+	setting := &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ChartDefaultBranchSetting}}
+	if err := r.c.Delete(ctx, setting); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("delete Rancher's Setting %s before its upgrade: %w", rancher.ChartDefaultBranchSetting, err)
+	}
+	return nil
 }
 
 // rancherFeaturesEnv is the variable Rancher's chart renders its `features` value into.

@@ -28,6 +28,13 @@ const (
 	ClusterRepoDeployment = "harvester-cluster-repo"
 	// RancherChartsRepo is the ClusterRepo of Rancher's own charts.
 	RancherChartsRepo = "rancher-charts"
+	// RancherRKE2ChartsRepo and RancherPartnerChartsRepo are Rancher's other chart
+	// repositories, which it creates when it starts.
+	RancherRKE2ChartsRepo    = "rancher-rke2-charts"
+	RancherPartnerChartsRepo = "rancher-partner-charts"
+	// ChartDefaultBranchSetting is Rancher's Setting of the branch its chart repositories
+	// follow.
+	ChartDefaultBranchSetting = "chart-default-branch"
 	// LocalRKEStateSecret, in FleetLocal, holds the local cluster's RKE2 state; Rancher
 	// v2.7 and later require its type to be RKEClusterStateType (fact 18).
 	LocalRKEStateSecret = "local-rke-state"

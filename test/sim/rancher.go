@@ -110,6 +110,9 @@ type Rancher struct {
 	systemChartsSettledAt string
 	// agentRedeploys are the local fleet-agent's deploys (fleet.go).
 	agentRedeploys []FleetAgentRedeploy
+	// startedAt is the Rancher version the simulated Rancher last started at
+	// (rancherdeps.go, its chart repositories).
+	startedAt string
 }
 
 // FailChart makes Fleet fail to apply the ManagedChart name (in fleet-local) with message,
@@ -545,8 +548,14 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	for _, r := range []*catalogv1.ClusterRepo{repo, rancherRepo} {
 		r.Status.DownloadTime = metav1.Now()
 		r.Status.Conditions = []genericcondition.GenericCondition{{Type: "Downloaded", Status: corev1.ConditionTrue}}
+		if r == rancherRepo {
+			r.Status.Commit = BundledChartsCommit(rel.Rancher) // as the Rancher that created it indexed it
+		}
 		errs = append(errs, c.Status().Update(ctx, r))
 	}
+	// Rancher's other repositories and its default branch, as it created them.
+	errs = append(errs, recreate(ctx, c, &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ChartDefaultBranchSetting}, Value: chartDefaultBranch(rel.Rancher)}),
+		ensureRancherChartRepos(ctx, c, rel.Rancher))
 	for _, d := range deps {
 		errs = append(errs, rollOut(ctx, c, client.ObjectKeyFromObject(d)))
 	}

@@ -19,7 +19,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/rancher/wrangler/v3/pkg/genericcondition"
+
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/catalogv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
@@ -180,6 +184,16 @@ func (r *Rancher) upgradeSystemCharts(ctx context.Context, rancherVersion string
 	if settled {
 		return nil // Rancher installs its charts when it starts at a version, not again
 	}
+	if r.startedAt != rancherVersion {
+		// Rancher starts at this version.
+		if err := ensureRancherChartRepos(ctx, r.Client, rancherVersion); err != nil {
+			return err
+		}
+		r.startedAt = rancherVersion
+	}
+	if ok, err := r.chartsIndexed(ctx, rancherVersion); err != nil || !ok {
+		return err // "Failed to find system chart fleet": nothing upgraded
+	}
 	deps := r.dependencies(rancherVersion)
 	var errs []error
 	pending := false
@@ -324,4 +338,64 @@ func RancherDependenciesYAML(rancherVersion string) string {
 		fmt.Fprintf(&b, "  %s:\n    chart: %s\n    app: %s\n", c.name, c.v.Chart, c.v.App)
 	}
 	return b.String()
+}
+
+// Rancher's own chart repositories (harvester-release-steps.md fact 16.4). Rancher creates
+// the ClusterRepos rancher-charts, rancher-rke2-charts and rancher-partner-charts, and its
+// Setting chart-default-branch, when it starts and they are missing, indexed from the
+// charts its build bundles (BundledChartsCommit). One that already exists keeps the index
+// it has: an upgraded Rancher does not bring an old ClusterRepo's commit up to its own
+// (rancher/rancher#36914, harvester#2011: "spec.gitBranch is dev-v2.6, but the
+// status.commit still shows the old commit"), and then it finds no fleet chart as new as
+// it requires ("Failed to find system chart fleet ... available chart version ... is less
+// than the min version") and upgrades none of its system charts; the simulator does the
+// same, so that Rancher's charts wait for ever unless the release's deletion came first.
+
+var rancherChartRepos = []string{rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo}
+
+// BundledChartsCommit is the commit of the charts a simulated Rancher version bundles.
+func BundledChartsCommit(rancherVersion string) string {
+	return "bundled-charts-of-" + rancherVersion
+}
+
+func chartDefaultBranch(rancherVersion string) string {
+	v, err := version.ParseGeneric(rancherVersion)
+	if err != nil {
+		return "release-v2"
+	}
+	return fmt.Sprintf("release-v%d.%d", v.Major(), v.Minor())
+}
+
+// ensureRancherChartRepos creates what Rancher at rancherVersion creates when it starts
+// and finds missing (see above), the repositories downloaded.
+func ensureRancherChartRepos(ctx context.Context, c client.Client, rancherVersion string) error {
+	for _, name := range rancherChartRepos {
+		repo := &catalogv1.ClusterRepo{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       catalogv1.RepoSpec{GitRepo: "https://git.rancher.io/" + strings.TrimPrefix(name, "rancher-"), GitBranch: chartDefaultBranch(rancherVersion)},
+		}
+		if err := c.Create(ctx, repo); apierrors.IsAlreadyExists(err) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		repo.Status.Commit = BundledChartsCommit(rancherVersion)
+		repo.Status.DownloadTime = metav1.Now()
+		repo.Status.Conditions = []genericcondition.GenericCondition{{Type: "Downloaded", Status: corev1.ConditionTrue}}
+		if err := c.Status().Update(ctx, repo); err != nil {
+			return err
+		}
+	}
+	setting := &managementv3.Setting{ObjectMeta: metav1.ObjectMeta{Name: rancher.ChartDefaultBranchSetting}, Value: chartDefaultBranch(rancherVersion)}
+	return client.IgnoreAlreadyExists(c.Create(ctx, setting))
+}
+
+// chartsIndexed says whether Rancher at rancherVersion finds its system charts: its
+// rancher-charts ClusterRepo is indexed at the charts it bundles.
+func (r *Rancher) chartsIndexed(ctx context.Context, rancherVersion string) (bool, error) {
+	repo := &catalogv1.ClusterRepo{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: rancher.RancherChartsRepo}, repo); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return repo.Status.Commit == BundledChartsCommit(rancherVersion), nil
 }

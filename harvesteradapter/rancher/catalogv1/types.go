@@ -61,6 +61,9 @@ type RepoStatus struct {
 	// url is the URL the index was fetched from.
 	// +optional
 	URL string `json:"url,omitempty"`
+	// commit is, for a git repository, the commit the index was built from.
+	// +optional
+	Commit string `json:"commit,omitempty"`
 	// conditions are Rancher's conditions of the repository, such as Downloaded.
 	// +optional
 	Conditions []genericcondition.GenericCondition `json:"conditions,omitempty"`
