@@ -268,12 +268,14 @@ var _ = Describe("Upgrading the manager while a node is upgraded", func() {
 		}, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		// The old manager starts the node: its preload Plan runs.
+		// The old manager starts the node: its preload Plan runs. The node's turn comes
+		// after the whole cluster step (about 10 s here on an idle machine, more on a
+		// loaded one), hence the wait.
 		Eventually(func() []sim.PlanRun {
 			_, _ = c.updater.Reconcile(ctx, nu)
 			Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
 			return nodeRunsOn(c.rec, node)
-		}, 20*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+		}, 60*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
 
 		// The new manager: another version, so another --harvester-node-image.
 		upgraded := *c.updater

@@ -160,21 +160,22 @@ func (r *runner) settleFleetAgent(ctx context.Context) (StepState, string, error
 	if err != nil {
 		return "", "", err
 	}
-	saved := false
+	var saved json.RawMessage
 	for _, ch := range changes {
 		if ch.Object == fleetControllerConfigKey.String() && ch.Field == FieldFleetAPIServer {
-			saved = true
-			what, err := restoreFleetAPIServer(ctx, r.c, ch.Before)
-			if err != nil {
-				return "", "", err
-			}
-			if what != "" {
-				restored = "put back " + what
-			}
+			saved = ch.Before
 		}
 	}
-	if !saved {
+	if saved == nil {
 		restored = "nothing saved to put back (fleet-controller had no configuration before Rancher's upgrade)"
+	} else {
+		what, err := restoreFleetAPIServer(ctx, r.c, saved)
+		if err != nil {
+			return "", "", err
+		}
+		if what != "" {
+			restored = "put back " + what
+		}
 	}
 	generation, err := r.redeployFleetAgent(ctx)
 	if err != nil {
@@ -183,6 +184,17 @@ func (r *runner) settleFleetAgent(ctx context.Context) (StepState, string, error
 	err = r.poll(ctx, fmt.Sprintf("Fleet to deploy the local agent for redeployAgentGeneration %d", generation),
 		fmt.Sprintf("fleet-controller deploys it; look at `kubectl -n %s get clusters.fleet.cattle.io %s -o yaml` and fleet-controller's logs", rancher.FleetLocal, rancher.FleetLocalCluster),
 		func(ctx context.Context) (bool, string, error) {
+			if saved != nil {
+				// fleet-controller deploys no agent without an apiServerURL: should
+				// anything render the configuration again meanwhile, put it back again.
+				what, err := restoreFleetAPIServer(ctx, r.c, saved)
+				if err != nil {
+					return false, "", err
+				}
+				if what != "" {
+					r.logf("fleet-controller's configuration changed again: put back %s", what)
+				}
+			}
 			cl := &fleetv1alpha1.Cluster{}
 			if err := r.c.Get(ctx, fleetLocalClusterKey, cl); err != nil {
 				return false, "", fmt.Errorf("read Fleet's Cluster %s: %w", fleetLocalClusterKey, err)
@@ -238,26 +250,42 @@ func (r *runner) redeployFleetAgent(ctx context.Context) (int64, error) {
 // fleetLocalReady waits at most fleetLocalReadyWait for cluster.fleet local's Ready
 // condition (wait_cluster_local_is_ready) and says what it saw; it never fails on it.
 func (r *runner) fleetLocalReady(ctx context.Context) (string, error) {
-	deadline := r.in.Clock.Now().Add(fleetLocalReadyWait)
-	for {
+	ready, last, err := r.pollBounded(ctx, fleetLocalReadyWait, func(ctx context.Context) (bool, string, error) {
 		cl := &fleetv1alpha1.Cluster{}
 		if err := r.c.Get(ctx, fleetLocalClusterKey, cl); err != nil {
-			return "", fmt.Errorf("read Fleet's Cluster %s: %w", fleetLocalClusterKey, err)
+			return false, "", fmt.Errorf("read Fleet's Cluster %s: %w", fleetLocalClusterKey, err)
 		}
 		c := condition(cl.Status.Conditions, "Ready")
-		if c != nil && c.Status == corev1.ConditionTrue {
-			return "cluster.fleet local is Ready", nil
+		if c == nil {
+			return false, "no Ready condition", nil
+		}
+		return c.Status == corev1.ConditionTrue, fmt.Sprintf("Ready %s: %s", c.Status, c.Message), nil
+	})
+	switch {
+	case err != nil:
+		return "", err
+	case ready:
+		return "cluster.fleet local is Ready", nil
+	}
+	return fmt.Sprintf("cluster.fleet local not Ready after %s (%s), gone on without it as the release's script does", fleetLocalReadyWait, last), nil
+}
+
+// pollBounded calls check every poll interval until it says done or limit has passed, and
+// returns whether it was done and the last status it gave. Only check's error, or the
+// context's, is an error: the release's bounded waits go on when they give up.
+func (r *runner) pollBounded(ctx context.Context, limit time.Duration, check func(context.Context) (bool, string, error)) (bool, string, error) {
+	deadline := r.in.Clock.Now().Add(limit)
+	for {
+		done, status, err := check(ctx)
+		if err != nil || done {
+			return done, status, err
 		}
 		if !r.in.Clock.Now().Before(deadline) {
-			msg := "no Ready condition"
-			if c != nil {
-				msg = fmt.Sprintf("Ready %s: %s", c.Status, c.Message)
-			}
-			return fmt.Sprintf("cluster.fleet local not Ready after %s (%s), gone on without it as the release's script does", fleetLocalReadyWait, msg), nil
+			return false, status, nil
 		}
 		select {
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return false, status, ctx.Err()
 		case <-r.in.Clock.After(r.in.PollInterval):
 		}
 	}

@@ -55,6 +55,10 @@ type Input struct {
 	// rancher-logging-crd ManagedCharts are brought (fact 27); empty skips that chart.
 	MonitoringChartVersion string
 	LoggingChartVersion    string
+	// LoggingEventRouterImage is the eventrouter image of the release (its metadata's
+	// loggingChartHarvesterEventRouter), written into the rancher-logging add-on's event
+	// tailer when its values name one (fact 29); empty leaves it.
+	LoggingEventRouterImage string
 	// RancherVersion is the Rancher version of the release, such as v2.12.0.
 	RancherVersion string
 	// RancherFeatures is the `features` value the release runs Rancher with
@@ -260,6 +264,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.StringVar(&in.HarvesterChartVersion, "harvester-chart-version", in.HarvesterChartVersion, "version of the harvester and harvester-crd charts, such as 1.6.0")
 	fs.StringVar(&in.MonitoringChartVersion, "monitoring-chart-version", in.MonitoringChartVersion, "version of the rancher-monitoring charts (the release metadata's monitoringChart); empty leaves rancher-monitoring-crd as it is")
 	fs.StringVar(&in.LoggingChartVersion, "logging-chart-version", in.LoggingChartVersion, "version of the rancher-logging charts (the release metadata's loggingChart); empty leaves rancher-logging-crd as it is")
+	fs.StringVar(&in.LoggingEventRouterImage, "logging-eventrouter-image", in.LoggingEventRouterImage, "eventrouter image of the release (its metadata's loggingChartHarvesterEventRouter) for the rancher-logging add-on's event tailer; empty leaves it")
 	fs.StringVar(&in.RancherVersion, "rancher-version", in.RancherVersion, "Rancher release of the Harvester release, such as v2.12.0")
 	fs.StringVar(&in.RancherFeatures, "rancher-features", in.RancherFeatures, "Rancher's features value the release runs it with (CATTLE_FEATURES); empty leaves them")
 	for _, d := range dependencyFlags(&in.RancherDependencies) {
@@ -297,6 +302,7 @@ func Args(in Input, p Progress) []string {
 	add("harvester-chart-version", in.HarvesterChartVersion)
 	add("monitoring-chart-version", in.MonitoringChartVersion)
 	add("logging-chart-version", in.LoggingChartVersion)
+	add("logging-eventrouter-image", in.LoggingEventRouterImage)
 	add("rancher-version", in.RancherVersion)
 	add("rancher-features", in.RancherFeatures)
 	for _, d := range dependencyFlags(&in.RancherDependencies) {

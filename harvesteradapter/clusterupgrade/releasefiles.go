@@ -36,8 +36,9 @@ const (
 // (harvester-release-steps.md fact 29; upgrade_manifests.sh and lib.sh at v1.8.2), in its
 // order: each one's spec.version and spec.valuesContent from the release's file, or the
 // whole file when the add-on is missing. Its other add-ons (rancher-monitoring and
-// rancher-logging, whose values are patched per release, nvidia-driver-toolkit, which
-// keeps the user's driverLocation, and kube-ovn's) are not brought along here.
+// rancher-logging, whose values are patched per release, and nvidia-driver-toolkit,
+// which keeps the user's driverLocation) and kube-ovn's (manage_kubeovn) follow them
+// (addonvalues.go).
 var plainAddons = []client.ObjectKey{
 	{Namespace: "harvester-system", Name: "vm-import-controller"},
 	{Namespace: "harvester-system", Name: "pcidevices-controller"},
@@ -168,6 +169,14 @@ func (r *runner) upgradeAddons(ctx context.Context) (StepState, string, error) {
 		return "", "", err
 	}
 	var did, kept, missing []string
+	note := func(d, k string) {
+		if d != "" {
+			did = append(did, d)
+		}
+		if k != "" {
+			kept = append(kept, k)
+		}
+	}
 	for _, key := range plainAddons {
 		want, err := readAddon(filepath.Join(r.in.ReleaseFiles, addonsDir, key.Name+".yaml"))
 		if errors.Is(err, os.ErrNotExist) {
@@ -177,27 +186,31 @@ func (r *runner) upgradeAddons(ctx context.Context) (StepState, string, error) {
 		if err != nil {
 			return "", "", err
 		}
-		a := &harvesterapi.Addon{}
-		err = r.c.Get(ctx, key, a)
+		d, k, err := r.bringAddon(ctx, key, want)
+		if err != nil {
+			return "", "", err
+		}
+		note(d, k)
+	}
+	for _, upgrade := range []func(context.Context) (string, string, error){r.upgradeMonitoringAddon, r.upgradeLoggingAddon} {
+		d, k, err := upgrade(ctx)
+		if err != nil {
+			return "", "", err
+		}
+		note(d, k)
+	}
+	for _, fromFile := range []struct {
+		name    string
+		upgrade func(context.Context) (string, string, error)
+	}{{nvidiaAddon.Name, r.upgradeNvidiaAddon}, {kubeOVNAddon.Name, r.upgradeKubeOVN}} {
+		d, k, err := fromFile.upgrade(ctx)
 		switch {
-		case apierrors.IsNotFound(err):
-			want.Namespace, want.Name, want.ResourceVersion = key.Namespace, key.Name, ""
-			if err := r.c.Create(ctx, want); err != nil {
-				return "", "", fmt.Errorf("install add-on %s from the release's %s/%s.yaml: %w", key, addonsDir, key.Name, err)
-			}
-			did = append(did, fmt.Sprintf("%s installed at %s (enabled %t)", key.Name, want.Spec.Version, want.Spec.Enabled))
+		case errors.Is(err, os.ErrNotExist):
+			missing = append(missing, fromFile.name)
 		case err != nil:
-			return "", "", fmt.Errorf("read add-on %s: %w", key, err)
-		case a.Spec.Version == want.Spec.Version && a.Spec.ValuesContent == want.Spec.ValuesContent:
-			kept = append(kept, fmt.Sprintf("%s at %s", key.Name, a.Spec.Version))
+			return "", "", err
 		default:
-			before := a.DeepCopy()
-			was := a.Spec.Version
-			a.Spec.Version, a.Spec.ValuesContent = want.Spec.Version, want.Spec.ValuesContent
-			if err := r.c.Patch(ctx, a, client.MergeFrom(before)); err != nil {
-				return "", "", fmt.Errorf("set add-on %s to version %s: %w", key, want.Spec.Version, err)
-			}
-			did = append(did, fmt.Sprintf("%s %s (was %s)", key.Name, want.Spec.Version, was))
+			note(d, k)
 		}
 	}
 	message := ""
@@ -253,4 +266,37 @@ func readAddon(path string) (*harvesterapi.Addon, error) {
 		return nil, fmt.Errorf("the release's add-on file %s is not an Addon with a chart and version (kind %q, chart %q, version %q)", path, a.Kind, a.Spec.Chart, a.Spec.Version)
 	}
 	return a, nil
+}
+
+// bringAddon is upgrade_addon for one add-on and the release's file of it: an add-on that
+// exists gets the file's spec.version and spec.valuesContent by merge patch (enabled
+// stays), a missing one is created as the file says. It says what it did, or what was
+// already there.
+func (r *runner) bringAddon(ctx context.Context, key client.ObjectKey, want *harvesterapi.Addon) (did, kept string, err error) {
+	a := &harvesterapi.Addon{}
+	err = r.c.Get(ctx, key, a)
+	switch {
+	case apierrors.IsNotFound(err):
+		want.Namespace, want.Name, want.ResourceVersion = key.Namespace, key.Name, ""
+		if err := r.c.Create(ctx, want); err != nil {
+			return "", "", fmt.Errorf("install add-on %s from the release's %s/%s.yaml: %w", key, addonsDir, key.Name, err)
+		}
+		return fmt.Sprintf("%s installed at %s (enabled %t)", key.Name, want.Spec.Version, want.Spec.Enabled), "", nil
+	case err != nil:
+		return "", "", fmt.Errorf("read add-on %s: %w", key, err)
+	case a.Spec.Version == want.Spec.Version && a.Spec.ValuesContent == want.Spec.ValuesContent:
+		return "", fmt.Sprintf("%s at %s", key.Name, a.Spec.Version), nil
+	}
+	return r.patchAddon(ctx, a, want.Spec.Version, want.Spec.ValuesContent)
+}
+
+// patchAddon sets a's spec.version and spec.valuesContent by merge patch and says so.
+func (r *runner) patchAddon(ctx context.Context, a *harvesterapi.Addon, version, values string) (string, string, error) {
+	before := a.DeepCopy()
+	was := a.Spec.Version
+	a.Spec.Version, a.Spec.ValuesContent = version, values
+	if err := r.c.Patch(ctx, a, client.MergeFrom(before)); err != nil {
+		return "", "", fmt.Errorf("set add-on %s/%s to version %s: %w", a.Namespace, a.Name, version, err)
+	}
+	return fmt.Sprintf("%s %s (was %s)", a.Name, version, was), "", nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/fleetv1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -45,6 +46,12 @@ func atReleaseFiles() {
 	for _, e := range entries {
 		Expect(env.Client.Create(ctx, releaseAddon(strings.TrimSuffix(e.Name(), ".yaml")))).To(Succeed())
 	}
+	// kube-ovn's CRD chart at the release's kubeovn-operator version (manage_kubeovn).
+	Expect(env.Client.Create(ctx, &managementv3.ManagedChart{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: "kubeovn-operator-crd"},
+		Spec: managementv3.ManagedChartSpec{Chart: "kubeovn-operator-crd", ReleaseName: "kubeovn-operator-crd", Version: releaseAddon("kubeovn-operator").Spec.Version,
+			DefaultNamespace: "kube-system", RepoName: rancher.HarvesterChartsRepo, TimeoutSeconds: 600},
+	})).To(Succeed())
 }
 
 func addon(key client.ObjectKey) *harvesterapi.Addon {
@@ -125,6 +132,99 @@ var _ = Describe("Run and the release's files", Ordered, func() {
 		steps = runStates(input("up-files"), p)
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeAddons)).To(HaveField("State", clusterupgrade.StateDone))
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeAddons).Message).To(ContainSubstring("(done by an earlier run)"))
+	})
+
+	It("edits the values of rancher-monitoring, rancher-logging and nvidia-driver-toolkit as the release does, keeping what their users set", func() {
+		seed(oldRelease)
+		settle()
+		monitoring := client.ObjectKey{Namespace: "cattle-monitoring-system", Name: "rancher-monitoring"}
+		logging := client.ObjectKey{Namespace: "cattle-logging-system", Name: "rancher-logging"}
+		nvidia := client.ObjectKey{Namespace: "harvester-system", Name: "nvidia-driver-toolkit"}
+		kubeOVN := client.ObjectKey{Namespace: "kube-system", Name: "kubeovn-operator"}
+		for _, ns := range []string{monitoring.Namespace, logging.Namespace} {
+			Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Or(Succeed(), MatchError(ContainSubstring("already exists"))))
+		}
+		// As a user left them on a v1.6 cluster: monitoring with their own retention and
+		// without the keys v1.7 added, logging with its eventrouter and their own limits,
+		// the NVIDIA toolkit pointing at their driver.
+		seeded := []*harvesterapi.Addon{
+			{ObjectMeta: metav1.ObjectMeta{Namespace: monitoring.Namespace, Name: monitoring.Name}, Spec: harvesterapi.AddonSpec{
+				Repo: "http://harvester-cluster-repo.cattle-system.svc/charts", Chart: "rancher-monitoring", Version: "105.1.0+up61.3.2", Enabled: true,
+				ValuesContent: "prometheus:\n  prometheusSpec:\n    retention: 30d\n"}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: logging.Namespace, Name: logging.Name}, Spec: harvesterapi.AddonSpec{
+				Repo: "http://harvester-cluster-repo.cattle-system.svc/charts", Chart: "rancher-logging", Version: "105.1.0+up4.10.0", Enabled: false,
+				ValuesContent: "fluentd:\n  resources:\n    limits:\n      memory: 1600Mi\neventTailer:\n  workloadOverrides:\n    containers:\n    - image: rancher/harvester-eventrouter:v0.1.2\n      name: event-tailer\n"}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: nvidia.Namespace, Name: nvidia.Name}, Spec: harvesterapi.AddonSpec{
+				Repo: "http://harvester-cluster-repo.cattle-system.svc/charts", Chart: "nvidia-driver-runtime", Version: "0.1.1", Enabled: true,
+				ValuesContent: "driverLocation: http://files.example.com/NVIDIA-Linux-x86_64-570.run\nfullnameOverride: nvidia-driver-runtime\n"}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: kubeOVN.Namespace, Name: kubeOVN.Name}, Spec: harvesterapi.AddonSpec{
+				Repo: "http://harvester-cluster-repo.cattle-system.svc/charts", Chart: "kubeovn-operator", Version: "1.13.0", Enabled: true,
+				ValuesContent: "their: own\n"}},
+		}
+		for _, a := range seeded {
+			Expect(env.Client.Create(ctx, a)).To(Succeed())
+			DeferCleanup(func() { _ = env.Client.Delete(ctx, a) })
+		}
+		in := input("up-valued-addons")
+		in.LoggingEventRouterImage = "rancher/harvester-eventrouter:v0.3.3"
+		p := newProgress()
+		steps := runStates(in, p)
+
+		values := func(key client.ObjectKey) map[string]any {
+			GinkgoHelper()
+			v := map[string]any{}
+			Expect(yaml.Unmarshal([]byte(addon(key).Spec.ValuesContent), &v)).To(Succeed())
+			return v
+		}
+		By("rancher-monitoring: the monitoring chart, the two keys v1.7 added, the user's retention kept")
+		Expect(addon(monitoring).Spec.Version).To(Equal(in.MonitoringChartVersion))
+		Expect(addon(monitoring).Spec.Enabled).To(BeTrue())
+		m := values(monitoring)
+		Expect(m).To(HaveKeyWithValue("rancherMonitoring", map[string]any{"enabled": false}))
+		Expect(m).To(HaveKeyWithValue("kube-state-metrics", map[string]any{"metricLabelsAllowlist": []any{"nodes=[*]"}}))
+		Expect(m).To(HaveKeyWithValue("prometheus", map[string]any{"prometheusSpec": map[string]any{"retention": "30d"}}))
+
+		By("rancher-logging: the logging chart, the release's eventrouter, the user's limits kept")
+		Expect(addon(logging).Spec.Version).To(Equal(in.LoggingChartVersion))
+		l := values(logging)
+		Expect(l["eventTailer"]).To(HaveKeyWithValue("workloadOverrides", HaveKeyWithValue("containers", ConsistOf(
+			map[string]any{"image": "rancher/harvester-eventrouter:v0.3.3", "name": "event-tailer"}))))
+		Expect(l["fluentd"]).To(HaveKeyWithValue("resources", HaveKeyWithValue("limits", HaveKeyWithValue("memory", "1600Mi"))))
+
+		By("nvidia-driver-toolkit: the release's file with the user's driver location in place of its placeholder")
+		want := releaseAddon(nvidia.Name)
+		Expect(want.Spec.ValuesContent).To(ContainSubstring("HTTPENDPOINT/NVIDIA-Linux-x86_64-vgpu-kvm.run"), "the fixture has the release's placeholder")
+		Expect(addon(nvidia).Spec.Version).To(Equal(want.Spec.Version))
+		Expect(addon(nvidia).Spec.Enabled).To(BeTrue())
+		Expect(values(nvidia)).To(HaveKeyWithValue("driverLocation", "http://files.example.com/NVIDIA-Linux-x86_64-570.run"))
+		Expect(values(nvidia)).To(HaveKeyWithValue("image", HaveKeyWithValue("tag", "v1.8.1")))
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeAddons).Message).To(And(
+			ContainSubstring("rancher-monitoring "+in.MonitoringChartVersion+" (was 105.1.0+up61.3.2) with its values edited as the release does"),
+			ContainSubstring("rancher-logging "+in.LoggingChartVersion+" (was 105.1.0+up4.10.0) with its values edited as the release does"),
+			ContainSubstring("nvidia-driver-toolkit "+want.Spec.Version+" (was 0.1.1)")))
+
+		By("kube-ovn: its CRD chart at the release's kubeovn-operator version, deployed, then the add-on's version, its values kept")
+		ovn := releaseAddon(kubeOVN.Name)
+		chart := &managementv3.ManagedChart{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: "kubeovn-operator-crd"}, chart)).To(Succeed())
+		Expect(chart.Spec.Version).To(Equal(ovn.Spec.Version))
+		Expect(chart.Spec.RepoName).To(Equal(rancher.HarvesterChartsRepo))
+		Expect(chart.Status.Summary.Ready).To(Equal(1), "Fleet deployed it")
+		Expect(addon(kubeOVN).Spec.Version).To(Equal(ovn.Spec.Version))
+		Expect(addon(kubeOVN).Spec.ValuesContent).To(Equal("their: own\n"))
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeAddons).Message).To(ContainSubstring(
+			"ManagedChart kubeovn-operator-crd created at " + ovn.Spec.Version + ", kubeovn-operator " + ovn.Spec.Version + " (was 1.13.0) (kubeovn-operator-crd ready)"))
+
+		By("a run for another plan finds them at the release and writes none of them")
+		rvs := map[client.ObjectKey]string{}
+		for _, k := range []client.ObjectKey{monitoring, logging, nvidia, kubeOVN} {
+			rvs[k] = addon(k).ResourceVersion
+		}
+		steps = runStates(in, newProgress())
+		for k, rv := range rvs {
+			Expect(addon(k).ResourceVersion).To(Equal(rv), "%s not written again", k)
+		}
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeAddons).Message).To(ContainSubstring("rancher-monitoring at " + in.MonitoringChartVersion))
 	})
 })
 

@@ -41,6 +41,11 @@ type Metadata struct {
 	// LoggingChart is the version of the rancher-logging charts, to which the cluster
 	// upgrade brings the rancher-logging-crd ManagedChart (fact 27).
 	LoggingChart string `json:"loggingChart,omitempty"`
+	// LoggingChartHarvesterEventRouter is the eventrouter image the rancher-logging
+	// add-on's event tailer runs with the release, which the cluster upgrade writes into
+	// the add-on's values when they name one (fact 29; lib.sh
+	// upgrade_addon_rancher_logging_with_patch_eventrouter_image).
+	LoggingChartHarvesterEventRouter string `json:"loggingChartHarvesterEventRouter,omitempty"`
 	// RancherDependencies are the versions of the Fleet and rancher-webhook charts
 	// Rancher installs, which the cluster upgrade waits for (fact 16.11).
 	RancherDependencies *RancherDependencies `json:"rancherDependencies,omitempty"`

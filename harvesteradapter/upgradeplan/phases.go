@@ -114,7 +114,7 @@ func (r *PlanReconciler) populateMetadata(ctx context.Context, pr *PlanRun) (boo
 	pr.Plan.Status.ReleaseMetadata = &harvesterv1.ReleaseInfo{
 		Harvester: rel.Harvester, HarvesterChart: rel.HarvesterChart, OS: rel.OS, Kubernetes: rel.Kubernetes,
 		Rancher: rel.Rancher, KubeVirt: rel.KubeVirt, MinUpgradableVersion: rel.MinUpgradableVersion,
-		MonitoringChart: rel.MonitoringChart, LoggingChart: rel.LoggingChart,
+		MonitoringChart: rel.MonitoringChart, LoggingChart: rel.LoggingChart, LoggingChartHarvesterEventRouter: rel.LoggingChartHarvesterEventRouter,
 		RancherDependencies: rel.RancherDependencies.Info(),
 	}
 	if !releases.SameVersion(rel.Harvester, pr.Plan.Spec.Version) {

@@ -507,6 +507,11 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		Type:       rancher.RKEClusterStateType,
 		Data:       map[string][]byte{"serverToken": []byte("server-token"), "agentToken": []byte("agent-token")},
 	}
+	// No kube-ovn chart yet: the release's upgrade creates it (manage_kubeovn, fact 29).
+	kubeOVN := &managementv3.ManagedChart{ObjectMeta: metav1.ObjectMeta{Namespace: rancher.FleetLocal, Name: "kubeovn-operator-crd"}}
+	if err := c.Delete(ctx, kubeOVN); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete ManagedChart %s: %w", client.ObjectKeyFromObject(kubeOVN), err)
+	}
 	objs := []client.Object{cluster, repo, rancherRepo, setting, state}
 	for _, mc := range charts {
 		objs = append(objs, mc)

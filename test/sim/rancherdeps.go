@@ -244,6 +244,16 @@ func (r *Rancher) revisionIs(s *corev1.Secret, want releases.ChartApp) bool {
 // deploySystemChart marks revision newest deployed (and the deployed one before it
 // superseded) and sets the chart's Deployment to the new app version.
 func (r *Rancher) deploySystemChart(ctx context.Context, sc systemChart, revs map[int]*corev1.Secret, newest int, want releases.ChartApp) error {
+	if sc.name == rancher.FleetChart {
+		// The new fleet chart renders fleet-controller's configuration without the
+		// cluster's API server (fleet.go). Helm applies a chart's objects before it
+		// records the revision deployed (helm pkg/action/upgrade.go: the release is
+		// stored as deployed after its resources are updated), so the configuration is
+		// there by the time the release says deployed.
+		if err := r.setFleetAPIServer(ctx, "", ""); err != nil {
+			return err
+		}
+	}
 	for v, s := range revs {
 		if v != newest && s.Labels["status"] == "deployed" {
 			s.Labels["status"] = "superseded"
@@ -267,13 +277,6 @@ func (r *Rancher) deploySystemChart(ctx context.Context, sc systemChart, revs ma
 	}
 	r.systemChartDeployed[sc.name+"@"+want.Chart] = time.Now()
 	r.mu.Unlock()
-	if sc.name == rancher.FleetChart {
-		// The new fleet chart renders fleet-controller's configuration without the
-		// cluster's API server (fleet.go).
-		if err := r.setFleetAPIServer(ctx, "", ""); err != nil {
-			return err
-		}
-	}
 	if sc.deployment == "" {
 		return nil
 	}

@@ -176,6 +176,10 @@ type ReleaseInfo struct {
 	// loggingChart is the version of the rancher-logging charts the release ships.
 	// +optional
 	LoggingChart string `json:"loggingChart,omitempty"`
+	// loggingChartHarvesterEventRouter is the eventrouter image the release's
+	// rancher-logging add-on runs.
+	// +optional
+	LoggingChartHarvesterEventRouter string `json:"loggingChartHarvesterEventRouter,omitempty"`
 	// rancherDependencies are the versions of the Fleet and rancher-webhook charts that
 	// Rancher installs itself; the cluster upgrade waits for them after Rancher's.
 	// +optional
