@@ -188,6 +188,9 @@ func (r *runner) settleFleetAgent(ctx context.Context) (StepState, string, error
 				// fleet-controller deploys no agent without an apiServerURL: should
 				// anything render the configuration again meanwhile, put it back again.
 				what, err := restoreFleetAPIServer(ctx, r.c, saved)
+				if apierrors.IsConflict(err) {
+					return false, "fleet-controller's ConfigMap changed while being put back: looking again", nil
+				}
 				if err != nil {
 					return false, "", err
 				}
