@@ -16,6 +16,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 // abortUntilDone calls Abort the way the NodeUpdate reconciler does, until it is done.
@@ -90,4 +91,56 @@ var _ = Describe("Aborting a node that failed", func() {
 		abortUntilDone(c, nu)
 		Expect(unschedulable(node)).To(BeTrue(), "the updater never cordoned the node, so it does not uncordon it")
 	})
+})
+
+// The OS step's reboot is armed on the host by the os-upgrade Job, which completes
+// before the host goes down (harvester-node-upgrade.md fact 28; test/sim hostreboot.go).
+// An abort at any point of the step must not end the NodeUpdate while that reboot is
+// still to come or under way: once the NodeUpdate is final, its node is counted up, is
+// uncordoned and its VMs may come back.
+var _ = Describe("Aborting a node during its OS step", func() {
+	const window = 2 * time.Second
+	osWork := func(plan *sucv1.Plan) time.Duration {
+		if sim.DefaultOSImage(plan) != "" {
+			return window
+		}
+		return 100 * time.Millisecond
+	}
+	DescribeTable("ends only after the reboot the OS Job armed is over",
+		func(point func(c *harvesterCluster, nu *inplacev1.NodeUpdate, node string) bool) {
+			c := newHarvesterCluster(1, "Harvester v1.7.1", nil, func(s *sim.SUC) {
+				s.Work, s.RebootDelay, s.RebootDuration = osWork, window, window
+			})
+			node := c.nodes[0]
+			nu := c.nodeUpdate(node)
+			Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+				return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning
+			})).To(Succeed())
+			Eventually(func() bool { return point(c, nu, node) }, 30*time.Second, 10*time.Millisecond).Should(BeTrue())
+
+			abortUntilDone(c, nu)
+			Expect(c.suc.RebootArmed(node)).To(BeFalse(), "the abort ended while a reboot was still armed on the node's host")
+			reboots := c.rec.Reboots(node)
+			Expect(reboots).To(HaveLen(1))
+			Expect(reboots[0].End).NotTo(BeZero(), "the abort ended while the node was still down in its reboot")
+			Consistently(func() []sim.Reboot { return c.rec.Reboots(node) }, window+time.Second, 100*time.Millisecond).Should(HaveLen(1))
+			Expect(unschedulable(node)).To(BeFalse())
+			expectNoPlanOf(nu)
+		},
+		Entry("while the OS Job runs", func(c *harvesterCluster, nu *inplacev1.NodeUpdate, node string) bool {
+			for _, run := range c.rec.Runs() {
+				if run.Plan == harvesteradapter.PlanName("os", nu) && run.End.IsZero() {
+					return true
+				}
+			}
+			return false
+		}),
+		Entry("after the OS Job completed, before the reboot", func(c *harvesterCluster, _ *inplacev1.NodeUpdate, node string) bool {
+			return c.suc.RebootArmed(node) && len(c.rec.Reboots(node)) == 0
+		}),
+		Entry("while the node is down in its reboot", func(c *harvesterCluster, _ *inplacev1.NodeUpdate, node string) bool {
+			reboots := c.rec.Reboots(node)
+			return len(reboots) == 1 && reboots[0].End.IsZero()
+		}),
+	)
 })

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
@@ -41,4 +44,48 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
 	}
 	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil
+}
+
+// rebootPending tells whether the reboot the node's os Plan armed is still to come or
+// under way, so that no ending of the NodeUpdate (abort, failure, timeout, deletion)
+// comes before it. os-upgrade arms the reboot on the host and exits; its Job completes
+// before the host goes down (harvester-node-upgrade.md fact 28), and nothing in the
+// cluster can take the armed reboot back. So once the os Plan's Job succeeded on the
+// node, the node is taken as rebooting until its kubelet reports Ready on a boot other
+// than the one the Plan recorded at its creation (AnnotationBootID), or on the release's
+// OS (then nothing was installed, or the node booted it: os-upgrade arms no reboot on a
+// node that runs the release's OS). A node whose os Plan recorded no boot ID (created
+// by an earlier manager) is waited for until it runs the release's OS.
+func (u *Updater) rebootPending(ctx context.Context, r *nodeRun, plans []sucv1.Plan) (bool, error) {
+	name := suc.PlanName(suc.PlanOS, r.nu)
+	var osPlan *sucv1.Plan
+	for i := range plans {
+		if plans[i].Name == name {
+			osPlan = &plans[i]
+		}
+	}
+	if osPlan == nil {
+		return false, nil
+	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, err
+	}
+	succeeded := osPlan.Status.LatestHash != "" && suc.DoneOn(osPlan, node)
+	if !succeeded {
+		if succeeded, err = suc.JobSucceeded(ctx, r.wc, osPlan, node.Name); err != nil {
+			return false, err
+		}
+	}
+	if !succeeded {
+		return false, nil
+	}
+	booted := osPlan.Annotations[suc.AnnotationBootID]
+	newBoot := booted != "" && node.Status.NodeInfo.BootID != booted
+	if kube.NodeReady(node) && (newBoot || releases.OSAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version)) {
+		return false, nil
+	}
+	ctrl.LoggerFrom(ctx).Info("Waiting for the node's reboot, armed by its OS upgrade, before ending", "node", node.Name,
+		"plan", osPlan.Name, "bootID", node.Status.NodeInfo.BootID, "ready", kube.NodeReady(node), "osImage", node.Status.NodeInfo.OSImage)
+	return true, nil
 }

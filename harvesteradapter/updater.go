@@ -206,14 +206,17 @@ func (u *Updater) node(ctx context.Context, r *nodeRun) (*corev1.Node, error) {
 // Plan's latest hash; a failed Job of the Plan on this node is a permanent error with the
 // Job's reason.
 func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) (bool, string, error) {
-	want := suc.NodePlan(r.cfg, r.nu, kind, r.repo)
-	current, message, err := suc.Sync(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
-	if current == nil || err != nil {
-		return false, message, err
-	}
 	node, err := u.node(ctx, r)
 	if err != nil {
 		return false, "", err
+	}
+	want := suc.NodePlan(r.cfg, r.nu, kind, r.repo)
+	if kind == suc.PlanOS {
+		want.Annotations[suc.AnnotationBootID] = node.Status.NodeInfo.BootID
+	}
+	current, message, err := suc.Sync(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
+	if current == nil || err != nil {
+		return false, message, err
 	}
 	if suc.DoneOn(current, node) {
 		return true, fmt.Sprintf("SUC plan %s completed on node %s", current.Name, node.Name), nil
@@ -247,6 +250,9 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 	if !nodeGone {
 		running, err := suc.JobRunning(ctx, r.wc, nu.Spec.NodeName, plans.Items)
 		if err != nil || running {
+			return false, err
+		}
+		if pending, err := u.rebootPending(ctx, r, plans.Items); err != nil || pending {
 			return false, err
 		}
 		if ready, err := u.rancherAbortReady(ctx, r); err != nil || !ready {

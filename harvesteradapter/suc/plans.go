@@ -54,6 +54,10 @@ const (
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
 	// AnnotationNode names the node a Plan is for.
 	AnnotationNode = "harvester.inplace.cluster.x-k8s.io/node"
+	// AnnotationBootID is, on a node's os Plan, the node's status.nodeInfo.bootID when
+	// the Plan was created: the boot the reboot armed by the Plan's Job ends. Written
+	// once, at creation (Sync never changes a Plan's annotations).
+	AnnotationBootID = "harvester.inplace.cluster.x-k8s.io/boot-id"
 )
 
 // hostRoot is where SUC mounts the node's / in every container of a Plan's Job

@@ -107,6 +107,26 @@ func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv
 	return false, nil
 }
 
+// JobSucceeded tells whether a Job of plan, no older than the Plan, completed on node.
+func JobSucceeded(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) (bool, error) {
+	jobs := &batchv1.JobList{}
+	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name, "upgrade.cattle.io/node": node}); err != nil {
+		return false, fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
+	}
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		if job.CreationTimestamp.Before(&plan.CreationTimestamp) {
+			continue
+		}
+		for _, c := range job.Status.Conditions {
+			if c.Type == batchv1.JobComplete && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 func jobFinished(job *batchv1.Job) bool {
 	for _, c := range job.Status.Conditions {
 		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {

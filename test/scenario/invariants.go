@@ -117,6 +117,9 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		s.noVMWhileDrained(),
 		s.vmsRestored(ctx, done),
 	}
+	if s.SUC != nil {
+		checks = append(checks, s.rebootsEnded())
+	}
 	if s.Options.LonghornV2 && s.Longhorn != nil {
 		checks = append(checks, longhornLiveUpgradeLeftAlone(s.Longhorn))
 	}
@@ -127,6 +130,32 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		checks = append(checks, s.multusLeftAlone(ctx))
 	}
 	return checks
+}
+
+// rebootsEnded checks the reboots the OS upgrades armed on the nodes' hosts (the SUC
+// simulator's record; harvester-node-upgrade.md fact 28): none is still to come or under
+// way once the upgrade has ended, so none happens after its NodeUpdate was final, and no
+// node rebooted twice.
+func (s *Scenario) rebootsEnded() Check {
+	reboots := s.Record.Reboots("")
+	c := Check{Name: fmt.Sprintf("no reboot armed by an OS upgrade outlived its NodeUpdate, no node rebooted twice (%d reboots)", len(reboots)), OK: true}
+	var problems []string
+	count := map[string]int{}
+	for _, rb := range reboots {
+		count[rb.Node]++
+	}
+	for _, n := range s.NodeNames() {
+		if s.SUC.RebootArmed(n) {
+			problems = append(problems, n+" still has a reboot armed or under way")
+		}
+		if count[n] > 1 {
+			problems = append(problems, fmt.Sprintf("%s rebooted %d times", n, count[n]))
+		}
+	}
+	if len(problems) > 0 {
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
 }
 
 // multusLeftAlone checks what the nodes' RKE2 did to the rke2-multus chart (the Multus

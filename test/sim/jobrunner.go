@@ -321,7 +321,9 @@ func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun
 			}
 		}
 	}
-	if s.kubeletVersion(run.plan) != "" || s.osImage(run.plan) != "" {
+	// The RKE2 upgrade restarts RKE2, and the kubelet with it, inside the Job. The OS
+	// install runs while the node serves; its reboot comes after the Job (finishPod).
+	if s.kubeletVersion(run.plan) != "" {
 		if err := s.Kubelet.SetReady(ctx, run.node, false, "UpgradeInProgress"); err != nil {
 			return err
 		}
@@ -337,7 +339,7 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 	failed := reason != ""
 	if run.down {
 		if !failed {
-			if err := s.Kubelet.SetVersion(ctx, run.node, s.kubeletVersion(run.plan), s.osImage(run.plan)); err != nil {
+			if err := s.Kubelet.SetVersion(ctx, run.node, s.kubeletVersion(run.plan), ""); err != nil {
 				return err
 			}
 			if err := s.rke2Restarted(ctx, run); err != nil {
@@ -368,6 +370,9 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 	}
 	run.finished = true
 	s.Record.endRun(run.record, now.Time, failed, recordMessage, false)
+	if osImage := s.osImage(run.plan); !failed && osImage != "" {
+		s.armReboot(run.node, osImage, now.Time)
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -52,7 +53,7 @@ func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels m
 		osImage = "Harvester v1.7.1"
 	}
 	node.Status = corev1.NodeStatus{
-		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage},
+		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage, BootID: string(uuid.NewUUID())},
 		Conditions: []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
 	}
 	if k.ServeAddress != "" {
@@ -94,6 +95,21 @@ func (k *Kubelet) SetVersion(ctx context.Context, name, version, osImage string)
 			st.NodeInfo.OSImage = osImage
 		}
 	})
+}
+
+// Rebooted reports the node back from a reboot of its host: a new boot ID (the kernel's
+// random boot_id, which the kubelet reports as status.nodeInfo.bootID), the OS image it
+// booted (empty keeps the one it had) and Ready.
+func (k *Kubelet) Rebooted(ctx context.Context, name, osImage string) error {
+	if err := k.updateStatus(ctx, name, func(st *corev1.NodeStatus) {
+		st.NodeInfo.BootID = string(uuid.NewUUID())
+		if osImage != "" {
+			st.NodeInfo.OSImage = osImage
+		}
+	}); err != nil {
+		return err
+	}
+	return k.SetReady(ctx, name, true, "KubeletReady")
 }
 
 // SetUnschedulable cordons or uncordons the node.

@@ -65,6 +65,14 @@ type Record struct {
 	drains  []NodeEvent
 	// uncordons are SUC's uncordons after a completed Job (fact 46).
 	uncordons []NodeEvent
+	reboots   []Reboot
+}
+
+// Reboot is a reboot of a node's host: Start when it went down, End when its kubelet
+// reported Ready again on the new boot (zero while it is down).
+type Reboot struct {
+	Node       string
+	Start, End time.Time
 }
 
 // DownEvent is a node going NotReady (Down true) or coming back Ready.
@@ -138,6 +146,32 @@ func (r *Record) uncordonedBySUC(node, plan string, at time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.uncordons = append(r.uncordons, NodeEvent{Node: node, Plan: plan, At: at})
+}
+
+func (r *Record) rebootStarted(node string, at time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reboots = append(r.reboots, Reboot{Node: node, Start: at})
+	return len(r.reboots) - 1
+}
+
+func (r *Record) rebootEnded(i int, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reboots[i].End = at
+}
+
+// Reboots returns the reboots of node (of every node when node is ""), in order.
+func (r *Record) Reboots(node string) []Reboot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Reboot
+	for _, rb := range r.reboots {
+		if node == "" || rb.Node == node {
+			out = append(out, rb)
+		}
+	}
+	return out
 }
 
 // Rejections returns the Jobs the API server refused to create, in order.

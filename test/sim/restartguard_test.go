@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 // nodeProgramPlan makes p run `capi-inplace node <subcommand...>` from the node image
@@ -55,9 +57,22 @@ var _ = Describe("The SUC simulator keeps the restart guard of each node (harves
 		Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.suc.Guarded(node2)).To(BeTrue(), "restarting RKE2 leaves /run as it is")
 
-		// The OS upgrade reboots node 2: /run is a tmpfs, the drop-in is gone.
+		// The OS upgrade reboots node 2: /run is a tmpfs, the drop-in is gone. The Job
+		// completes first, the host reboots after it (harvester-node-upgrade.md fact 28).
 		osPlan := c.onePlan("os-2", node2, nodeProgramPlan("os-upgrade"))
 		Eventually(planComplete(osPlan), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(func() []sim.Reboot { return c.rec.Reboots(node2) }, 10*time.Second, 50*time.Millisecond).Should(
+			ContainElement(HaveField("End", Not(BeZero()))))
+		Expect(c.rec.Reboots(node2)).To(HaveLen(1))
+		var osRun sim.PlanRun
+		for _, run := range c.rec.Runs() {
+			if run.Plan == "os-2" {
+				osRun = run
+			}
+		}
+		Expect(osRun.End).NotTo(BeZero())
+		Expect(c.rec.Reboots(node2)[0].Start).To(BeTemporally(">", osRun.End), "the host went down only after the Job's pod ended")
+		Expect(c.rec.Reboots(node1)).To(BeEmpty())
 		n := &corev1.Node{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node2}, n)).To(Succeed())
 		Expect(n.Status.NodeInfo.OSImage).To(Equal("Harvester v1.6.0"), "the node rebooted into the release's OS")

@@ -94,6 +94,16 @@ type SUC struct {
 	// OSImage returns the OS image a node reports after the Plan succeeded on it (and
 	// rebooted it), or "" for a Plan that does not change it. Default: DefaultOSImage.
 	OSImage func(*sucv1.Plan) string
+	// RebootDelay is how long, on Clock, after an os-upgrade Job's pod ended the node's
+	// host reboots: the node program arms the reboot on the host (systemd-run
+	// --on-active, its --reboot-delay, a minute by default; Harvester's unit reboots 10 s
+	// after its container exited) and exits, so that the Job completes and SUC labels the
+	// node before the node goes down (harvester-node-upgrade.md fact 28: "the Job
+	// therefore completes before the reboot"). Scaled down for tests. Default 300ms.
+	RebootDelay time.Duration
+	// RebootDuration is how long, on Clock, a rebooting node is down before its kubelet
+	// reports Ready again on the new boot. Default 200ms.
+	RebootDuration time.Duration
 	// Multus, when set, plays RKE2's deploy controller and helm-controller for the
 	// rke2-multus chart on the server nodes (see Multus): told when an rke2-upgrade Plan
 	// restarted RKE2 at a new version on a server node (finishPod), and when a Job removed
@@ -121,6 +131,8 @@ type SUC struct {
 	guarded    map[string]bool
 	skipped    map[string]bool
 	hostPlayed map[types.UID]bool
+	// reboots are the reboots armed on the nodes' hosts, by node (hostreboot.go).
+	reboots map[string]*hostReboot
 }
 
 // DefaultKubeletVersion is the Plan's version when its upgrade image is an rke2-upgrade
@@ -137,7 +149,8 @@ func DefaultKubeletVersion(plan *sucv1.Plan) string {
 
 // DefaultOSImage is "Harvester <version>" for a Plan whose upgrade container runs the
 // node program's os-upgrade from the capi-inplace image, else "". That subcommand
-// installs the release's OS and schedules the reboot that brings the node back on it,
+// installs the release's OS and arms the reboot that brings the node back on it (after
+// the Job completed: RebootDelay),
 // whose os-release PRETTY_NAME is then the release's os, "Harvester <version>"
 // (nodeprogram/osupgrade.go; facts, harvester-node-upgrade.md fact 27); with
 // --reboot=false it leaves the reboot to someone else and the node keeps its OS.
@@ -207,9 +220,6 @@ func ServerNode(node *corev1.Node) bool {
 //   - a Plan whose upgrade container runs the node program's rke2-restart-guard guards
 //     the node (harvester-release-steps.md fact 12, skip_restart_rancher_system_agent);
 //     with --remove it unguards it (fact 44, recover_rancher_system_agent);
-//   - a Plan that reboots the node (the OS upgrade: s.osImage is not "", the node came
-//     back on a new OS, DefaultOSImage) unguards it: the drop-in is under /run, a tmpfs
-//     that a reboot empties (fact 12);
 //   - a Plan whose upgrade container runs the node program's rke2-manifest-skip puts
 //     rke2-multus.yaml.skip on a server node (fact 34), and with --remove takes it off;
 //     on an agent node it does nothing. When the file goes from a node while RKE2 runs,
@@ -219,7 +229,8 @@ func ServerNode(node *corev1.Node) bool {
 //
 // It runs when SUC's job handler first sees the Job Complete, before the node is
 // labelled, and reads the Plan the pod ran (the pod's, even if the Plan changed or went
-// since); a failed Job changes nothing.
+// since); a failed Job changes nothing. The reboot an os-upgrade Job arms, and what it
+// does to the host, is played when it comes (hostreboot.go).
 func (s *SUC) playHost(ctx context.Context, job *batchv1.Job) error {
 	if jobCondition(job, batchv1.JobComplete) == nil {
 		return nil
@@ -246,8 +257,6 @@ func (s *SUC) playHost(ctx context.Context, job *batchv1.Job) error {
 		if ServerNode(node) {
 			skip, unskip = !removesGuard(up.Args), removesGuard(up.Args)
 		}
-	case s.osImage(run.plan) != "":
-		unguard = true
 	}
 	s.mu.Lock()
 	if s.hostPlayed == nil {
@@ -443,6 +452,12 @@ func (s *SUC) untilWorkEnds() (time.Duration, bool) {
 			next, found = left, true
 		}
 	}
+	for _, rb := range s.reboots {
+		left := max(rb.next().Sub(now), time.Millisecond)
+		if !found || left < next {
+			next, found = left, true
+		}
+	}
 	return next, found
 }
 
@@ -480,6 +495,9 @@ func (s *SUC) pass(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if err := s.runPods(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.playReboots(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	if s.Cache != nil {
