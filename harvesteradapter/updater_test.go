@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -305,9 +306,35 @@ var _ = Describe("The Harvester updater", func() {
 		Expect(perm.Reason).To(Equal("PlanJobFailed"))
 		step := nodeupdater.Step(nu, harvesteradapter.StepKubernetesUpgrade)
 		Expect(step.State).To(Equal(inplacev1.StepStateFailed))
-		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: rke2 failed to start: etcd member not healthy"))
+		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: Job has reached the specified backoff limit"), "the Job controller's words")
+		Expect(step.Message).To(MatchRegexp(`container upgrade of pod \S+ exited with code 1: rke2 failed to start: etcd member not healthy`), "the node's own words, from the failed pod")
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStatePending), "nothing after the failed step runs")
 		Expect(c.rec.RunsOf(harvesteradapter.PlanName("os", nu))).To(BeEmpty())
+	})
+
+	It("fails the Drain step with kubectl's own error, which only the failed pod's log holds", func() {
+		addr, err := sim.NonLoopbackIPv4()
+		Expect(err).NotTo(HaveOccurred())
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+			h.Spec.Drain.Timeout = ptr.To(intstr.FromInt32(30))
+		}, func(s *sim.SUC) {
+			s.DrainDuration = 5 * time.Minute // longer than kubectl's --timeout: the drain fails
+			s.Kubelet.ServeAddress, s.Kubelet.Logs = addr, s.PodLog
+		})
+		DeferCleanup(c.kubelet.Close)
+		node := c.nodes[0]
+		Expect(c.kubelet.StartServing(ctx, node)).To(Succeed())
+		nu := c.nodeUpdate(node)
+		err = drive(c.updater, nu, 30*time.Second)
+		perm, ok := nodeupdater.AsPermanent(err)
+		Expect(ok).To(BeTrue(), "%v", err)
+		Expect(perm.Reason).To(Equal("PlanJobFailed"))
+		step := nodeupdater.Step(nu, harvesteradapter.StepDrain)
+		Expect(step.State).To(Equal(inplacev1.StepStateFailed))
+		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: Job has reached the specified backoff limit"))
+		Expect(step.Message).To(MatchRegexp(`container upgrade of pod \S+ exited with code 1: no termination message; its log ends: container upgrade: error: unable to drain node "%s" due to error: global timeout reached: 30s`, node))
 	})
 
 	It("holds a release the cluster's Harvester version cannot be upgraded to, before touching a node, until the plan is forced", func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -68,7 +69,10 @@ func DoneOn(plan *sucv1.Plan, node *corev1.Node) bool {
 // failedPlanJob is a permanent error naming a failed Job of plan on node (on any node when
 // node is empty), with the Job's reason; nil when none failed. A Job older than the Plan
 // belongs to an earlier Plan of the same name.
-func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) error {
+//
+// The error carries what the Job's failed pod says (podWords); logs, when not nil, reads
+// the end of a failed container's log.
+func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string, logs LogTail) error {
 	selector := client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name}
 	if node != "" {
 		selector["upgrade.cattle.io/node"] = node
@@ -83,12 +87,96 @@ func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node str
 		}
 		for _, c := range job.Status.Conditions {
 			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
-				return nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s",
-					job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
+				words, err := podWords(ctx, wc, &job, logs)
+				if err != nil {
+					return err
+				}
+				return nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s%s",
+					job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message, words)
 			}
 		}
 	}
 	return nil
+}
+
+// labelJobName is the label the API server puts on a Job's pod template, so on its pods,
+// with the Job's name (batch/v1, Kubernetes 1.27 on).
+const labelJobName = "batch.kubernetes.io/job-name"
+
+// maxWords bounds what podWords takes from one termination message: the kubelet keeps up
+// to 4096 bytes of it, the NodeUpdate's failureMessage holds 10 KiB.
+const maxWords = 4096
+
+// LogTail reads the last lines of a container's log through the API server (pods/log).
+type LogTail func(ctx context.Context, namespace, pod, container string) (string, error)
+
+// podWords is what the failed Job's newest pod says about its failure, for the Job's
+// failure message: each container that ended in error, its exit code, its termination
+// message (the node program writes its outcome there; nodeprogram Main) and, when logs
+// is set and the log says more (kubectl writes no termination message: a drain's error
+// is in its log only), the last lines of its log. The Job controller's condition says
+// only that the backoff limit was reached, and the pod goes with the Job when its Plan is
+// removed, so this is read before any cleanup. Empty when the pod is gone or no
+// container ended in error. A log that cannot be read is said only when there is no
+// termination message.
+func podWords(ctx context.Context, wc client.Client, job *batchv1.Job, logs LogTail) (string, error) {
+	pods := &corev1.PodList{}
+	if err := wc.List(ctx, pods, client.InNamespace(job.Namespace), client.MatchingLabels{labelJobName: job.Name}); err != nil {
+		return "", fmt.Errorf("list the pods of job %s: %w", job.Name, err)
+	}
+	var newest *corev1.Pod
+	for i := range pods.Items {
+		if p := &pods.Items[i]; newest == nil || newest.CreationTimestamp.Before(&p.CreationTimestamp) {
+			newest = p
+		}
+	}
+	if newest == nil {
+		return "", nil
+	}
+	var said []string
+	for _, st := range append(append([]corev1.ContainerStatus(nil), newest.Status.InitContainerStatuses...), newest.Status.ContainerStatuses...) {
+		t := st.State.Terminated
+		if t == nil {
+			t = st.LastTerminationState.Terminated
+		}
+		if t == nil || t.ExitCode == 0 {
+			continue
+		}
+		message := bounded(t.Message)
+		var tail string
+		var logErr error
+		if logs != nil {
+			var log string
+			log, logErr = logs(ctx, newest.Namespace, newest.Name, st.Name)
+			if tail = bounded(log); tail == message {
+				tail = ""
+			}
+		}
+		switch {
+		case message == "" && tail == "" && logErr != nil:
+			message = fmt.Sprintf("no termination message, and its log could not be read: %v", logErr)
+		case message == "" && tail == "":
+			message = "no termination message (see the pod's log)"
+		case message == "":
+			message = "no termination message; its log ends: " + tail
+		case tail != "":
+			message += "; its log ends: " + tail
+		}
+		said = append(said, fmt.Sprintf("container %s of pod %s exited with code %d: %s", st.Name, newest.Name, t.ExitCode, message))
+	}
+	if len(said) == 0 {
+		return "", nil
+	}
+	return "; " + strings.Join(said, "; "), nil
+}
+
+// bounded is text without its surrounding space, cut at maxWords bytes.
+func bounded(text string) string {
+	text = strings.TrimSpace(text)
+	if len(text) > maxWords {
+		text = text[:maxWords] + "…"
+	}
+	return text
 }
 
 // planJobRunning reports whether a Job of one of plans runs on node.

@@ -194,7 +194,7 @@ func applyClusterPlan(ctx context.Context, pr *PlanRun, want *sucv1.Plan, nodes 
 	if current == nil || err != nil {
 		return false, message, nil, err
 	}
-	if err := suc.FailedJob(ctx, pr.Workload, current, ""); err != nil {
+	if err := suc.FailedJob(ctx, pr.Workload, current, "", nil); err != nil {
 		return false, "", nil, err
 	}
 	states := map[string]string{}

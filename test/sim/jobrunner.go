@@ -38,6 +38,19 @@ type podRun struct {
 	finished  bool
 	exclusive bool
 	pullError string
+	// exit is how the pod's failing container ended (nil while none failed): what the
+	// kubelet reports on the pod the Job controller leaves (failedPod).
+	exit *containerExit
+}
+
+// containerExit is a container that ended in error: its exit code, the termination
+// message the kubelet read from its terminationMessagePath (the node program writes its
+// outcome there; kubectl writes nothing), and the last lines of its log.
+type containerExit struct {
+	container   string
+	code        int32
+	termination string
+	log         string
 }
 
 // blockedByAntiAffinity says whether the pod of job must stay Pending: a pod of the same
@@ -120,15 +133,15 @@ func knownSubcommand(sub string) bool {
 	return slices.Contains(nodeprogram.Subcommands(), sub)
 }
 
-// unknownSubcommand is the message of the first container of pod that runs a node
-// program subcommand this build does not have, or "".
-func unknownSubcommand(pod corev1.PodSpec) string {
+// unknownSubcommand is the first container of pod that runs a node program subcommand
+// this build does not have, and its message; "" when there is none.
+func unknownSubcommand(pod corev1.PodSpec) (string, string) {
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		if sub := nodeSubcommand(c.Image, c.Args); sub != "" && !knownSubcommand(sub) {
-			return fmt.Sprintf("container %s: capi-inplace node: unknown subcommand %q (exit code %d)", c.Name, sub, nodeprogram.ExitUsage)
+			return c.Name, fmt.Sprintf("container %s: capi-inplace node: unknown subcommand %q (exit code %d)", c.Name, sub, nodeprogram.ExitUsage)
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // imageRepository is an image reference without its tag or digest.
@@ -237,9 +250,11 @@ func (s *SUC) runPod(ctx context.Context, job *batchv1.Job) error {
 	}
 	if message, fail := s.failure(run.plan, run.node); fail {
 		// A failed upgrade container: the Job controller gives up after backoffLimit
-		// retries. The real condition message is the Job controller's; the simulator
-		// carries the failure's own message there so a test can follow it.
-		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, message, message)
+		// retries and says only that (jobReasonBackoffLimitExceeded): the failure's own
+		// words are the node program's termination message and log on the failed pod,
+		// where the kubelet puts them (failedPod).
+		run.exit = &containerExit{container: "upgrade", code: 1, termination: message, log: message}
+		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
 	}
 	return s.finishPod(ctx, job, run, "", "", "")
 }
@@ -292,8 +307,10 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 // NotReady. A kubectl drain whose --timeout is shorter than the drain fails the pod.
 func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun, now time.Time) error {
 	pod := job.Spec.Template.Spec
-	if message := unknownSubcommand(pod); message != "" {
-		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, "Job has reached the specified backoff limit", message)
+	if container, message := unknownSubcommand(pod); message != "" {
+		// The node program writes its own termination message (nodeprogram Main).
+		run.exit = &containerExit{container: container, code: nodeprogram.ExitUsage, termination: message, log: message}
+		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
 	}
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		if len(c.Args) < 2 || !strings.Contains(imageRepository(c.Image), "kubectl") {
@@ -316,7 +333,9 @@ func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun
 					if err != nil {
 						message = fmt.Sprintf("container %s: error: invalid argument %q for \"--timeout\" flag: %v", c.Name, t, err)
 					}
-					return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, "Job has reached the specified backoff limit", message)
+					// kubectl writes no termination message: its error is in its log.
+					run.exit = &containerExit{container: c.Name, code: 1, log: message}
+					return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
 				}
 			}
 		}
@@ -370,6 +389,11 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 	}
 	run.finished = true
 	s.Record.endRun(run.record, now.Time, failed, recordMessage, false)
+	if failed && run.exit != nil {
+		if err := s.failedPod(ctx, job, run, now); err != nil {
+			return err
+		}
+	}
 	if osImage := s.osImage(run.plan); !failed && osImage != "" {
 		s.armReboot(run.node, osImage, now.Time)
 	}

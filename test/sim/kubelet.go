@@ -31,6 +31,10 @@ type Kubelet struct {
 	// status names (InternalIP, daemonEndpoints.kubeletEndpoint.Port). Empty serves
 	// nothing and leaves nodes without addresses.
 	ServeAddress string
+	// Logs, when set, is what the kubelet servers answer for a container's log
+	// (/containerLogs, behind the API server's pods/log): the log, and whether the
+	// container is known. SUC.PodLog fits.
+	Logs func(namespace, pod, container string) (string, bool)
 
 	servers kubeletServers
 }

@@ -1,13 +1,16 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -121,6 +124,10 @@ func (k *Kubelet) Close() {
 }
 
 func (k *Kubelet) handle(node string, w http.ResponseWriter, r *http.Request) {
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/containerLogs/"); ok {
+		k.containerLogs(w, r, rest)
+		return
+	}
 	k.servers.mu.Lock()
 	disk, ok := k.servers.disks[node]
 	k.servers.mu.Unlock()
@@ -166,6 +173,44 @@ func (k *Kubelet) handle(node string, w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(body)
+}
+
+// containerLogs serves the kubelet's /containerLogs/<namespace>/<pod>/<container>, what
+// the API server's pods/log subresource proxies to (kubelet server.go getContainerLogs):
+// the container's log from Logs, its last tailLines lines when asked, as text/plain. A
+// container Logs knows nothing of is not found.
+func (k *Kubelet) containerLogs(w http.ResponseWriter, r *http.Request, path string) {
+	parts := strings.Split(path, "/")
+	if len(parts) != 3 || k.Logs == nil {
+		http.NotFound(w, r)
+		return
+	}
+	text, ok := k.Logs(parts[0], parts[1], parts[2])
+	if !ok {
+		http.Error(w, fmt.Sprintf("container %q in pod %q is not available", parts[2], parts[1]), http.StatusNotFound)
+		return
+	}
+	if tail := r.URL.Query().Get("tailLines"); tail != "" {
+		n, err := strconv.Atoi(tail)
+		if err != nil || n < 0 {
+			http.Error(w, "tailLines must be a non-negative integer", http.StatusBadRequest)
+			return
+		}
+		lines := strings.SplitAfter(strings.TrimSuffix(text, "\n"), "\n")
+		text = strings.Join(lines[max(0, len(lines)-n):], "")
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = io.WriteString(w, text)
+}
+
+// StartServing starts the kubelet server of a node created without one (ServeAddress set
+// since), and points the node's status at it.
+func (k *Kubelet) StartServing(ctx context.Context, name string) error {
+	host, port, err := k.serve(name)
+	if err != nil {
+		return err
+	}
+	return k.updateStatus(ctx, name, func(st *corev1.NodeStatus) { servedStatus(st, host, port) })
 }
 
 // servedStatus points a node's status at its kubelet server.

@@ -151,7 +151,22 @@ var _ = Describe("The SUC simulator", func() {
 			}
 		}
 		Expect(failed).NotTo(BeNil())
-		Expect(failed.Message).To(Equal("rke2 binary checksum mismatch"))
+		// The Job controller's words only; the node's are on the failed pod.
+		Expect(failed.Reason).To(Equal(batchv1.JobReasonBackoffLimitExceeded))
+		Expect(failed.Message).To(Equal("Job has reached the specified backoff limit"))
+		pods := &corev1.PodList{}
+		Expect(env.Client.List(ctx, pods, client.InNamespace(c.ns), client.MatchingLabels{sim.LabelJobName: jobs.Items[0].Name})).To(Succeed())
+		Expect(pods.Items).To(HaveLen(1))
+		pod := pods.Items[0]
+		Expect(pod.Spec.NodeName).To(Equal(node))
+		Expect(pod.Status.Phase).To(Equal(corev1.PodFailed))
+		Expect(pod.Status.ContainerStatuses).To(ContainElement(And(
+			HaveField("Name", "upgrade"),
+			HaveField("State.Terminated.ExitCode", int32(1)),
+			HaveField("State.Terminated.Message", "rke2 binary checksum mismatch"))))
+		log, ok := c.suc.PodLog(c.ns, pod.Name, "upgrade")
+		Expect(ok).To(BeTrue())
+		Expect(log).To(Equal("rke2 binary checksum mismatch"))
 
 		n := &corev1.Node{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())

@@ -133,6 +133,8 @@ type SUC struct {
 	hostPlayed map[types.UID]bool
 	// reboots are the reboots armed on the nodes' hosts, by node (hostreboot.go).
 	reboots map[string]*hostReboot
+	// podLogs are the logs of the failed pods' containers (sucpods.go).
+	podLogs map[string]string
 }
 
 // DefaultKubeletVersion is the Plan's version when its upgrade image is an rke2-upgrade
@@ -914,6 +916,9 @@ func (s *SUC) deleteAfterTTL(ctx context.Context, job *batchv1.Job, finished, no
 func (s *SUC) deleteJob(ctx context.Context, job *batchv1.Job, why string) error {
 	if err := s.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete job %s: %w", job.Name, err)
+	}
+	if err := s.deletePods(ctx, job); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	run := s.running[job.UID]
