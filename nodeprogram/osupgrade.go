@@ -35,6 +35,7 @@ type osUpgradeOptions struct {
 	elemental     string
 	rebootDelay   time.Duration
 	reboot        bool
+	rke2Settings  bool
 }
 
 // runOSUpgrade does what Harvester's upgrade_os and reboot_if_job_succeed do (facts,
@@ -51,6 +52,7 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&o.elemental, "elemental", "elemental", "elemental on the host: a name looked up in the host's PATH or an absolute host path")
 	fs.DurationVar(&o.rebootDelay, "reboot-delay", time.Minute, "how long after the install the host reboots; time for this container to exit and for its Job to be recorded as succeeded")
 	fs.BoolVar(&o.reboot, "reboot", true, "schedule the reboot (false leaves it to someone else; the new OS runs only after one)")
+	fs.BoolVar(&o.rke2Settings, "rke2-settings", true, "first write the release's post-drain RKE2 and kubelet settings (rke2-settings --stage=post-drain), which the reboot applies, as Harvester's post-drain does before its OS upgrade")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -71,10 +73,14 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-
 	running, err := prettyName(env.host().Path(osReleasePath))
 	if err != nil {
 		return err
+	}
+	if o.rke2Settings {
+		if err := applyRKE2Settings(ctx, env, stagePostDrain); err != nil {
+			return err
+		}
 	}
 	if running == rel.OS {
 		env.say("the node already runs %s: nothing to install, no reboot\n", rel.OS)

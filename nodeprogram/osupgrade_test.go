@@ -19,6 +19,7 @@ func osNode(t *testing.T, osPretty string) *fakeHost {
 	for _, tool := range []string{"fallocate", "systemd-run"} {
 		host.tools[tool] = func(Command, []byte) ([]byte, error) { return nil, nil }
 	}
+	host.tools["nproc"] = func(Command, []byte) ([]byte, error) { return []byte("4\n"), nil }
 	host.tools["elemental"] = func(c Command, _ []byte) ([]byte, error) {
 		i := slices.Index(c.Args, "--directory")
 		if i < 0 || i+1 >= len(c.Args) {
@@ -52,6 +53,7 @@ func TestOSUpgradeInstallsAndSchedulesTheReboot(t *testing.T) {
 	r.expect(t, ExitOK, "capi-inplace node os-upgrade: done")
 
 	want := []string{
+		"nproc", // the post-drain settings' CPU reservation, first (rke2settings_test.go)
 		"fallocate --dig-holes /run/initramfs/cos-state/cOS/passive.img",
 		"elemental upgrade --logfile /usr/local/upgrade_tmp/elemental-upgrade.log --directory /tmp/capi-inplace-rootfs --config-dir /usr/local/upgrade_tmp/elemental-config --debug",
 		"systemd-run --unit=capi-inplace-reboot --description=capi-inplace: reboot into the upgraded OS --on-active=60s /bin/sh -c rm -f /var/lib/rancher/rke2/agent/pod-manifests/*; systemctl reboot",
@@ -92,7 +94,8 @@ func TestOSUpgradeAlreadyAtTarget(t *testing.T) {
 	host := osNode(t, "Harvester v1.6.0")
 	r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso")
 	r.expect(t, ExitOK, "done")
-	if got := host.commandLines(); len(got) != 0 {
+	// Only the post-drain settings' CPU count: no install, no reboot.
+	if got := host.commandLines(); !slices.Equal(got, []string{"nproc"}) {
 		t.Errorf("ran %v on a node already at the target", got)
 	}
 	if len(host.mountHistory) != 0 || srv.count("/harvester-iso/rootfs.squashfs") != 0 {
@@ -126,6 +129,27 @@ func TestOSUpgradeElementalFails(t *testing.T) {
 	}
 	if len(host.mounts) != 0 {
 		t.Errorf("the squashfs stayed mounted: %v", host.mounts)
+	}
+}
+
+// os-upgrade is Harvester's post-drain tail: the release's post-drain RKE2 settings are
+// written before the OS (fact 51), also on a node whose OS is the release's already.
+func TestOSUpgradeWritesThePostDrainSettingsFirst(t *testing.T) {
+	srv := osRepository(t)
+	for _, running := range []string{"Harvester v1.5.0", "Harvester v1.6.0"} {
+		host := osNode(t, running)
+		runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--version=v1.6.0").expect(t, ExitOK)
+		for _, p := range []string{"/etc/rancher/rke2/config.yaml.d/99-max-pods.yaml", "/etc/rancher/rke2/config.yaml.d/99-z00-harvester-reserved-resources.yaml",
+			"/etc/rancher/rke2/config.yaml.d/91-harvester-cdi.yaml", "/oem/91_cleanup_kubelet.yaml"} {
+			if _, there := readHost(t, host, p); !there {
+				t.Errorf("running %s: %s was not written", running, p)
+			}
+		}
+	}
+	host := osNode(t, "Harvester v1.5.0")
+	runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--rke2-settings=false").expect(t, ExitOK)
+	if _, there := readHost(t, host, "/etc/rancher/rke2/config.yaml.d/99-max-pods.yaml"); there {
+		t.Error("--rke2-settings=false wrote the settings")
 	}
 }
 

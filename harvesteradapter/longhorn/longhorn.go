@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -50,6 +51,38 @@ type State struct {
 	replicas []longhornv1.Replica
 	engines  []longhornv1.Engine
 	nodes    []longhornv1.Node
+	// storageNodes is how many nodes can hold Longhorn data, as Harvester counts them for
+	// its volume check (unhealthyVolumes): the Kubernetes nodes it manages that are not
+	// witnesses; 0 when not known.
+	storageNodes int
+}
+
+// Harvester's node labels that say which nodes hold Longhorn data: the nodes it manages,
+// except a witness (upgrade_node.sh wait_longhorn_engines's selector
+// harvesterhci.io/managed=true,node-role.harvesterhci.io/witness!=true).
+const (
+	labelManagedNode = "harvesterhci.io/managed"
+	labelWitnessNode = "node-role.harvesterhci.io/witness"
+)
+
+// countStorageNodes counts the nodes that can hold Longhorn data: the managed nodes that
+// are not witnesses, or, on a cluster whose nodes carry no managed label (not
+// Harvester), every node that is not a witness.
+func countStorageNodes(nodes []corev1.Node) int {
+	managed, all := 0, 0
+	for _, n := range nodes {
+		if n.Labels[labelWitnessNode] == "true" {
+			continue
+		}
+		all++
+		if n.Labels[labelManagedNode] == "true" {
+			managed++
+		}
+	}
+	if managed > 0 {
+		return managed
+	}
+	return all
 }
 
 func Read(ctx context.Context, c client.Reader) (*State, error) {
@@ -70,6 +103,11 @@ func Read(ctx context.Context, c client.Reader) (*State, error) {
 	s.replicas = lists[1].list.(*longhornv1.ReplicaList).Items
 	s.engines = lists[2].list.(*longhornv1.EngineList).Items
 	s.nodes = lists[3].list.(*longhornv1.NodeList).Items
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	s.storageNodes = countStorageNodes(nodes.Items)
 	return s, nil
 }
 
@@ -83,16 +121,52 @@ func (s *State) volume(name string) *longhornv1.Volume {
 }
 
 // unhealthyVolumes lists the attached volumes that are not healthy (degraded or
-// faulted): taking a node down now could cost them their last good replica.
+// faulted): taking a node down now could cost them their last good replica. On a
+// cluster of two storage nodes or fewer (two management nodes and a witness, or two
+// nodes) it applies Harvester's own rule there instead: a volume passes when its running
+// engine has at least two replicas in mode RW (one for a volume of one replica). Such a
+// cluster cannot place the third replica of Harvester's default 3-replica volumes, which
+// stay degraded for good (shared/facts/harvester-node-upgrade.md fact 36,
+// upgrade_node.sh wait_longhorn_engines; harvester-release-steps.md fact 45).
 func (s *State) unhealthyVolumes() []string {
 	var out []string
 	for _, v := range s.volumes {
-		if v.Status.State == longhornv1.VolumeStateAttached && v.Status.Robustness != longhornv1.VolumeRobustnessHealthy {
+		if v.Status.State != longhornv1.VolumeStateAttached || v.Status.Robustness == longhornv1.VolumeRobustnessHealthy {
+			continue
+		}
+		if s.storageNodes == 0 || s.storageNodes > 2 {
 			out = append(out, fmt.Sprintf("%s (%s)", v.Name, v.Status.Robustness))
+			continue
+		}
+		want := 2
+		if v.Spec.NumberOfReplicas == 1 {
+			want = 1
+		}
+		if rw := s.readWriteReplicas(v.Name); rw < want {
+			out = append(out, fmt.Sprintf("%s (%s, %d replica(s) in mode RW; with %d storage node(s) it needs %d)", v.Name, v.Status.Robustness, rw, s.storageNodes, want))
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// readWriteReplicas counts the replicas in mode RW of the volume's running engine
+// (status.replicaModeMap); 0 when no engine of it runs.
+func (s *State) readWriteReplicas(volume string) int {
+	rw := 0
+	for _, e := range s.engines {
+		if e.Spec.VolumeName != volume || e.Status.CurrentState != longhornv1.InstanceStateRunning {
+			continue
+		}
+		n := 0
+		for _, mode := range e.Status.ReplicaModeMap {
+			if mode == longhornv1.ReplicaModeRW {
+				n++
+			}
+		}
+		rw = max(rw, n)
+	}
+	return rw
 }
 
 func replicaHealthy(r *longhornv1.Replica) bool {

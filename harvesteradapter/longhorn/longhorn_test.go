@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -307,5 +308,76 @@ func TestLonghornChecksAcrossDownNodes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Harvester's volume check on a cluster of two storage nodes (two management nodes and a
+// witness, or two nodes): a 3-replica volume stays degraded there for good, and passes
+// with two replicas RW in its running engine (harvester-node-upgrade.md fact 36).
+func TestLonghornVolumesHealthyOnTwoStorageNodes(t *testing.T) {
+	engine := func(volume string, running bool, modes ...longhornv1.ReplicaMode) longhornv1.Engine {
+		e := longhornv1.Engine{ObjectMeta: metav1.ObjectMeta{Name: volume + "-e-0"}}
+		e.Spec.VolumeName = volume
+		if running {
+			e.Status.CurrentState = longhornv1.InstanceStateRunning
+		} else {
+			e.Status.CurrentState = longhornv1.InstanceStateStopped
+		}
+		e.Status.ReplicaModeMap = map[string]longhornv1.ReplicaMode{}
+		for i, m := range modes {
+			e.Status.ReplicaModeMap[volume+"-r-"+string(rune('a'+i))] = m
+		}
+		return e
+	}
+	withReplicas := func(v longhornv1.Volume, n int) longhornv1.Volume {
+		v.Spec.NumberOfReplicas = n
+		return v
+	}
+	degraded := longhornv1.VolumeRobustnessDegraded
+	for name, tc := range map[string]struct {
+		storageNodes int
+		volume       longhornv1.Volume
+		engine       longhornv1.Engine
+		pass         bool
+		message      string
+	}{
+		"two storage nodes, three replicas wanted, two RW": {2, withReplicas(volume("pvc", longhornv1.DataEngineTypeV1, degraded), 3), engine("pvc", true, "RW", "RW"), true, ""},
+		"two storage nodes, one RW and one rebuilding":     {2, withReplicas(volume("pvc", longhornv1.DataEngineTypeV1, degraded), 3), engine("pvc", true, "RW", "WO"), false, "pvc (degraded, 1 replica(s) in mode RW; with 2 storage node(s) it needs 2)"},
+		"two storage nodes, a one-replica volume":          {2, withReplicas(volume("pvc", longhornv1.DataEngineTypeV1, degraded), 1), engine("pvc", true, "RW"), true, ""},
+		"two storage nodes, no engine running":             {2, withReplicas(volume("pvc", longhornv1.DataEngineTypeV1, degraded), 3), engine("pvc", false, "RW", "RW"), false, "pvc (degraded, 0 replica(s) in mode RW; with 2 storage node(s) it needs 2)"},
+		"three storage nodes: degraded holds":              {3, withReplicas(volume("pvc", longhornv1.DataEngineTypeV1, degraded), 3), engine("pvc", true, "RW", "RW"), false, "pvc (degraded)"},
+		"storage nodes not known: degraded holds":          {0, withReplicas(volume("pvc", longhornv1.DataEngineTypeV1, degraded), 3), engine("pvc", true, "RW", "RW"), false, "pvc (degraded)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := &State{volumes: []longhornv1.Volume{tc.volume}, engines: []longhornv1.Engine{tc.engine}, nodes: lhNodes("node-1", "node-2"), storageNodes: tc.storageNodes}
+			r := resultOf(s.Checks(DownSet{Candidate: "node-1"}, LiveUpgrade{}, false), CheckLonghornVolumesHealthy)
+			if r.Passed != tc.pass {
+				t.Fatalf("passed %v, want %v (%s)", r.Passed, tc.pass, r.Message)
+			}
+			if !tc.pass && !strings.Contains(r.Message, tc.message) {
+				t.Errorf("message %q does not name %q", r.Message, tc.message)
+			}
+		})
+	}
+}
+
+func TestCountStorageNodes(t *testing.T) {
+	node := func(name string, labels map[string]string) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	}
+	managed := map[string]string{labelManagedNode: "true"}
+	witness := map[string]string{labelManagedNode: "true", labelWitnessNode: "true"}
+	for name, tc := range map[string]struct {
+		nodes []corev1.Node
+		want  int
+	}{
+		"two management nodes and a witness":       {[]corev1.Node{node("a", managed), node("b", managed), node("w", witness)}, 2},
+		"three management nodes":                   {[]corev1.Node{node("a", managed), node("b", managed), node("c", managed)}, 3},
+		"a node Harvester does not manage is left": {[]corev1.Node{node("a", managed), node("b", managed), node("x", nil)}, 2},
+		"not Harvester: every node but a witness":  {[]corev1.Node{node("a", nil), node("b", nil), node("c", nil), node("w", map[string]string{labelWitnessNode: "true"})}, 3},
+	} {
+		if got := countStorageNodes(tc.nodes); got != tc.want {
+			t.Errorf("%s: %d storage nodes, want %d", name, got, tc.want)
+		}
 	}
 }

@@ -168,11 +168,16 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 		plan.Spec.Version = release
 		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: spec.Images.Kubectl, Args: DrainArgs(spec.Drain, nu.Spec.NodeName), SecurityContext: &corev1.SecurityContext{}}
 	case PlanKubernetes:
+		// Harvester's pre-drain settings (harvester-release-steps.md fact 49: the canal
+		// leftover removed, RKE2's snapshot charts disabled) right before RKE2 restarts at
+		// the release, which applies them; files only, as root.
 		plan.Spec.Version = nu.Spec.Version
+		plan.Spec.Prepare = NodeProgram(harvesterImage, []string{"rke2-settings", "--stage=pre-drain"}, repositoryURL, release, HostRootUser())
 		plan.Spec.Upgrade = &sucv1.ContainerSpec{Image: ImageWithTag(spec.Images.RKE2Upgrade, MungeVersion(nu.Spec.Version)), Env: env}
 	case PlanOS:
 		// Harvester's post-drain, after RKE2 is upgraded: remove the RKE2 archives preload
-		// placed (fact 26.4), then install the OS. os-upgrade exits once the reboot is
+		// placed (fact 26.4), then (os-upgrade) write the release's post-drain RKE2
+		// settings (fact 51) and install the OS. os-upgrade exits once the reboot is
 		// scheduled on the host a minute later, so SUC records the Job as succeeded and
 		// labels the node first (fact 28's order); the OS step then waits for the node
 		// to come back Ready on the release.
@@ -181,8 +186,10 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"os-upgrade"}, repositoryURL, release, PrivilegedRoot())
 	case PlanUnguard:
 		// Privileged and root, as os-upgrade: it runs the host's systemctl, which talks
-		// to the host's systemd.
+		// to the host's systemd. Where Rancher restarts RKE2, this is the node's
+		// pre-drain: the release's pre-drain settings first, as for the rke2 Plan.
 		plan.Spec.Version = release
+		plan.Spec.Prepare = NodeProgram(harvesterImage, []string{"rke2-settings", "--stage=pre-drain"}, repositoryURL, release, HostRootUser())
 		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-restart-guard", "--remove"}, repositoryURL, release, PrivilegedRoot())
 	case PlanReguard:
 		plan.Spec.Version = release
