@@ -29,6 +29,9 @@ type fakeHost struct {
 	mounts map[string]mountRecord // by target
 	// mountHistory is every LoopMount call, in order.
 	mountHistory []mountRecord
+	// onMount, when set, fills a loop mount's target with the image's files (as this
+	// program sees them once mounted).
+	onMount func(image, target string) error
 }
 
 type ranCommand struct {
@@ -76,6 +79,9 @@ func (h *fakeHost) LoopMount(image, target, fstype string) error {
 	r := mountRecord{image: image, target: target, fstype: fstype}
 	h.mounts[target] = r
 	h.mountHistory = append(h.mountHistory, r)
+	if h.onMount != nil {
+		return h.onMount(image, target)
+	}
 	return nil
 }
 

@@ -49,7 +49,7 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&o.repositoryURL, "repository-url", "", "base URL of the release repository (required), e.g. http://upgrade-repo.harvester-system/harvester-iso")
 	fs.StringVar(&o.version, "version", "", "the Harvester release the repository must hold (e.g. v1.6.0); empty accepts any")
 	fs.StringVar(&o.workDir, "work-dir", "/usr/local/upgrade_tmp", "host directory for the downloaded rootfs.squashfs, elemental's configuration and its log (on the persistent disk: the squashfs is large)")
-	fs.StringVar(&o.elemental, "elemental", "elemental", "elemental on the host: a name looked up in the host's PATH or an absolute host path")
+	fs.StringVar(&o.elemental, "elemental", "", "the elemental to run: empty runs the release's own, from the new OS image (as Harvester does since v1.5.2); else a name looked up in the host's PATH or an absolute host path")
 	fs.DurationVar(&o.rebootDelay, "reboot-delay", time.Minute, "how long after the install the host reboots; time for this container to exit and for its Job to be recorded as succeeded")
 	fs.BoolVar(&o.reboot, "reboot", true, "schedule the reboot (false leaves it to someone else; the new OS runs only after one)")
 	fs.BoolVar(&o.rke2Settings, "rke2-settings", true, "first write the release's post-drain RKE2 and kubelet settings (rke2-settings --stage=post-drain), which the reboot applies, as Harvester's post-drain does before its OS upgrade")
@@ -62,9 +62,6 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	}
 	if !filepath.IsAbs(o.workDir) {
 		return usagef("--work-dir %q must be an absolute path on the host", o.workDir)
-	}
-	if o.elemental == "" {
-		return usagef("--elemental must name elemental on the host")
 	}
 	if o.rebootDelay < 10*time.Second {
 		return usagef("--reboot-delay %s is too short for the Job to be recorded as succeeded first: give 10s or more", o.rebootDelay)
@@ -167,20 +164,24 @@ func installOS(ctx context.Context, env *Env, o osUpgradeOptions, repo *reposito
 	}
 	defer env.host().Unmount(mountPoint) //nolint:errcheck // best effort; the reboot clears it too
 
-	// Harvester frees the holes of the passive image first: the state partition must
-	// hold the old active image as the new passive one next to the new active image.
-	if _, err := os.Lstat(env.host().Path(passiveImage)); err == nil {
-		if _, err := env.host().Run(ctx, Command{Name: "fallocate", Args: []string{"--dig-holes", passiveImage}}); err != nil {
-			return fmt.Errorf("free space in the passive image: %w", err)
-		}
+	// The state partition first (upgrade_os: cleanup_incomplete_state_file,
+	// sparsify_passive_img, check_and_mount_state).
+	if err := prepareStatePartition(ctx, env); err != nil {
+		return err
 	}
+	elemental, cleanup, err := releaseElemental(ctx, env, o)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
 	logFile := filepath.Join(o.workDir, "elemental-upgrade.log")
-	if _, err := env.host().Run(ctx, Command{Name: o.elemental, Args: []string{
+	if _, err := env.host().Run(ctx, Command{Name: elemental, Args: []string{
 		"upgrade", "--logfile", logFile, "--directory", rootfsMountPoint, "--config-dir", configDir, "--debug",
 	}}); err != nil {
 		return fmt.Errorf("install the OS (elemental's log is %s on the node): %w", logFile, err)
 	}
-	return nil
+	// Then what the new OS needs to boot as the release boots it.
+	return patchBoot(ctx, env)
 }
 
 // scheduleReboot asks the host's systemd to reboot after delay, once: a transient timer

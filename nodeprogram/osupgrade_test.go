@@ -16,10 +16,37 @@ func osNode(t *testing.T, osPretty string) *fakeHost {
 	host := newFakeHost(t)
 	host.write(t, "/etc/os-release", "NAME=\"SLE Micro\"\nPRETTY_NAME=\""+osPretty+"\"\nVERSION_ID=\"5.5\"\n")
 	host.write(t, passiveImage, "passive image")
+	host.write(t, "/oem/harvester.config", "os:\n  hostname: node-1\n  externalstorage:\n    enabled: false\n")
 	for _, tool := range []string{"fallocate", "systemd-run"} {
 		host.tools[tool] = func(Command, []byte) ([]byte, error) { return nil, nil }
 	}
 	host.tools["nproc"] = func(Command, []byte) ([]byte, error) { return []byte("4\n"), nil }
+	// The new OS image holds the release's elemental (fact 54.3).
+	host.onMount = func(image, target string) error {
+		data, err := os.ReadFile(image)
+		if err != nil || string(data) != "new root file system" {
+			return nil
+		}
+		if err := os.MkdirAll(filepath.Join(target, "usr/bin"), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(target, "usr/bin/elemental"), []byte("the release's elemental"), 0o755)
+	}
+	for _, tool := range []string{"mount"} {
+		host.tools[tool] = func(Command, []byte) ([]byte, error) { return nil, nil }
+	}
+	host.tools["blkid"] = func(Command, []byte) ([]byte, error) { return []byte("/dev/sda3\n"), nil }
+	host.tools["grub2-editenv"] = fakeGrubEditenv(host)
+	host.tools[releaseElementalPath] = func(c Command, _ []byte) ([]byte, error) {
+		data, err := os.ReadFile(host.Path(releaseElementalPath))
+		if err != nil || string(data) != "the release's elemental" {
+			return nil, errors.New("not the release's elemental")
+		}
+		if len(c.Args) == 1 && c.Args[0] == "version" {
+			return []byte("v2.2.1\n"), nil
+		}
+		return host.tools["elemental"](c, nil)
+	}
 	host.tools["elemental"] = func(c Command, _ []byte) ([]byte, error) {
 		i := slices.Index(c.Args, "--directory")
 		if i < 0 || i+1 >= len(c.Args) {
@@ -38,6 +65,49 @@ func osNode(t *testing.T, osPretty string) *fakeHost {
 	return host
 }
 
+// releaseElementalPath is where os-upgrade puts the release's elemental on the host.
+const releaseElementalPath = "/usr/local/upgrade_tmp/elemental"
+
+// fakeGrubEditenv plays grub2-editenv on a host file of key=value lines: create, list,
+// set.
+func fakeGrubEditenv(host *fakeHost) func(Command, []byte) ([]byte, error) {
+	return func(c Command, _ []byte) ([]byte, error) {
+		if len(c.Args) < 2 {
+			return nil, errors.New("grub2-editenv: usage")
+		}
+		file := host.Path(c.Args[0])
+		switch c.Args[1] {
+		case "create":
+			return nil, os.WriteFile(file, []byte("# GRUB Environment Block\n"), 0o644)
+		case "list":
+			data, err := os.ReadFile(file)
+			if err != nil {
+				return nil, err
+			}
+			var out []string
+			for _, l := range strings.Split(string(data), "\n") {
+				if l != "" && !strings.HasPrefix(l, "#") {
+					out = append(out, l)
+				}
+			}
+			return []byte(strings.Join(out, "\n") + "\n"), nil
+		case "set":
+			data, err := os.ReadFile(file)
+			if err != nil {
+				return nil, err
+			}
+			lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+			for _, kv := range c.Args[2:] {
+				key, _, _ := strings.Cut(kv, "=")
+				lines = slices.DeleteFunc(lines, func(l string) bool { return strings.HasPrefix(l, key+"=") })
+				lines = append(lines, kv)
+			}
+			return nil, os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+		}
+		return nil, errors.New("grub2-editenv: unknown command " + c.Args[1])
+	}
+}
+
 func osRepository(t *testing.T) *fileServer {
 	t.Helper()
 	return newFileServer(t, map[string][]byte{
@@ -54,8 +124,18 @@ func TestOSUpgradeInstallsAndSchedulesTheReboot(t *testing.T) {
 
 	want := []string{
 		"nproc", // the post-drain settings' CPU reservation, first (rke2settings_test.go)
+		// The state partition, read-write only while its passive image is made sparse.
+		"mount -o rw,remount /run/initramfs/cos-state",
 		"fallocate --dig-holes /run/initramfs/cos-state/cOS/passive.img",
-		"elemental upgrade --logfile /usr/local/upgrade_tmp/elemental-upgrade.log --directory /tmp/capi-inplace-rootfs --config-dir /usr/local/upgrade_tmp/elemental-config --debug",
+		"mount -o ro,remount /run/initramfs/cos-state",
+		"blkid -L COS_STATE", // not a multipath device: nothing mounted
+		// The release's elemental, from the new OS image.
+		"/usr/local/upgrade_tmp/elemental version",
+		"/usr/local/upgrade_tmp/elemental upgrade --logfile /usr/local/upgrade_tmp/elemental-upgrade.log --directory /tmp/capi-inplace-rootfs --config-dir /usr/local/upgrade_tmp/elemental-config --debug",
+		// The boot settings of the release.
+		"grub2-editenv /oem/grubenv create",
+		"grub2-editenv /oem/grubenv list",
+		"grub2-editenv /oem/grubenv set third_party_kernel_args=multipath=off",
 		"systemd-run --unit=capi-inplace-reboot --description=capi-inplace: reboot into the upgraded OS --on-active=60s /bin/sh -c rm -f /var/lib/rancher/rke2/agent/pod-manifests/*; systemctl reboot",
 	}
 	if got := host.commandLines(); !slices.Equal(got, want) {
@@ -115,6 +195,7 @@ func TestOSUpgradeElementalFails(t *testing.T) {
 	host.tools["elemental"] = func(c Command, _ []byte) ([]byte, error) {
 		return nil, commandError(c, errors.New("exit status 1"), []byte("ERRO[0003] not enough space in the state partition"))
 	}
+	// (the release's elemental answers `version`, then fails the upgrade as above)
 	r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso")
 	r.expect(t, ExitFailed, "install the OS (elemental's log is /usr/local/upgrade_tmp/elemental-upgrade.log on the node)", "not enough space in the state partition")
 	for _, line := range host.commandLines() {

@@ -1,0 +1,149 @@
+package nodeprogram
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// What upgrade_os does around elemental (harvester-release-steps.md fact 54), each case
+// written from the facts.
+
+func installOn(t *testing.T, host *fakeHost, args ...string) result {
+	t.Helper()
+	srv := osRepository(t)
+	return runNode(t, host, nil, append([]string{"os-upgrade", "--repository-url=" + srv.URL + "/harvester-iso", "--version=v1.6.0", "--rke2-settings=false"}, args...)...)
+}
+
+func hostHas(t *testing.T, host *fakeHost, line string) bool {
+	t.Helper()
+	return slices.Contains(host.commandLines(), line)
+}
+
+func TestOSInstallMovesAnIncompleteStateFileAside(t *testing.T) {
+	host := osNode(t, "Harvester v1.5.0")
+	host.write(t, "/run/initramfs/cos-state/state.yaml", "state:\n  fs: ext4\n") // no label (harvester#4526)
+	installOn(t, host).expect(t, ExitOK)
+	if _, there := readHost(t, host, "/run/initramfs/cos-state/state.yaml"); there {
+		t.Error("the incomplete state.yaml is still there")
+	}
+	if got, _ := readHost(t, host, "/run/initramfs/cos-state/state.yaml.bak"); got != "state:\n  fs: ext4\n" {
+		t.Errorf("state.yaml.bak is %q", got)
+	}
+	lines := host.commandLines()
+	rw, ro := slices.Index(lines, "mount -o rw,remount /run/initramfs/cos-state"), slices.Index(lines, "mount -o ro,remount /run/initramfs/cos-state")
+	if rw < 0 || ro < rw {
+		t.Errorf("the state partition was not remounted read-write, then read-only: %q", lines)
+	}
+
+	complete := osNode(t, "Harvester v1.5.0")
+	complete.write(t, "/run/initramfs/cos-state/state.yaml", "state:\n  label: COS_STATE\n")
+	installOn(t, complete).expect(t, ExitOK)
+	if _, there := readHost(t, complete, "/run/initramfs/cos-state/state.yaml"); !there {
+		t.Error("a complete state.yaml was removed")
+	}
+}
+
+func TestOSInstallMountsAStatePartitionOnMultipath(t *testing.T) {
+	host := osNode(t, "Harvester v1.5.0")
+	host.tools["blkid"] = func(Command, []byte) ([]byte, error) { return []byte("/dev/mapper/mpatha3\n"), nil }
+	installOn(t, host).expect(t, ExitOK)
+	if !hostHas(t, host, "mount -L COS_STATE /run/cos/state") {
+		t.Errorf("COS_STATE on multipath was not mounted where elemental looks: %q", host.commandLines())
+	}
+	if info, err := os.Stat(host.Path("/run/cos/state")); err != nil || !info.IsDir() {
+		t.Errorf("/run/cos/state: %v", err)
+	}
+}
+
+func TestOSInstallKernelArguments(t *testing.T) {
+	// Two NICs, one of them a bond's slave (pinned by its permanent address), one already
+	// pinned, and a loopback and a bridge that are not en*.
+	nics := func(host *fakeHost) {
+		host.write(t, "/sys/class/net/eno1/address", "aa:bb:cc:00:00:01\n")
+		host.write(t, "/sys/class/net/enp6s0f0/address", "aa:bb:cc:00:00:99\n")
+		host.write(t, "/sys/class/net/enp6s0f0/bonding_slave/perm_hwaddr", "aa:bb:cc:00:00:02\n")
+		host.write(t, "/sys/class/net/ens3/address", "aa:bb:cc:00:00:03\n")
+		host.write(t, "/sys/class/net/lo/address", "00:00:00:00:00:00\n")
+		host.write(t, "/sys/class/net/mgmt-br/address", "aa:bb:cc:00:00:01\n")
+	}
+	for name, tc := range map[string]struct {
+		config, args string
+		want         string
+	}{
+		"multipath=off added, NICs pinned": {"os:\n  externalstorage:\n    enabled: false\n", "console=tty1 ifname=ens3:aa:bb:cc:00:00:03",
+			"third_party_kernel_args=console=tty1 ifname=ens3:aa:bb:cc:00:00:03 multipath=off ifname=eno1:aa:bb:cc:00:00:01 ifname=enp6s0f0:aa:bb:cc:00:00:02"},
+		"external storage: no multipath=off": {"os:\n  externalstorage:\n    enabled: true\n", "",
+			"third_party_kernel_args=ifname=eno1:aa:bb:cc:00:00:01 ifname=enp6s0f0:aa:bb:cc:00:00:02 ifname=ens3:aa:bb:cc:00:00:03"},
+		"a multipath argument is kept as it is": {"os: {}\n", "multipath=on",
+			"third_party_kernel_args=multipath=on ifname=eno1:aa:bb:cc:00:00:01 ifname=enp6s0f0:aa:bb:cc:00:00:02 ifname=ens3:aa:bb:cc:00:00:03"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			host := osNode(t, "Harvester v1.5.0")
+			host.write(t, "/oem/harvester.config", tc.config)
+			host.write(t, "/oem/grubenv", "# GRUB Environment Block\nthird_party_kernel_args="+tc.args+"\n")
+			nics(host)
+			installOn(t, host).expect(t, ExitOK)
+			got, _ := readHost(t, host, "/oem/grubenv")
+			if !strings.Contains(got, tc.want+"\n") {
+				t.Errorf("grubenv is %q, want the line %q", got, tc.want)
+			}
+			if hostHas(t, host, "grub2-editenv /oem/grubenv create") {
+				t.Error("an existing grubenv was created again")
+			}
+			if _, there := readHost(t, host, "/oem/grubcustom"); !there {
+				t.Error("/oem/grubcustom was not created")
+			}
+		})
+	}
+
+	// Everything there already: nothing is written.
+	host := osNode(t, "Harvester v1.5.0")
+	host.write(t, "/oem/grubenv", "# GRUB Environment Block\nthird_party_kernel_args=multipath=off ifname=eno1:aa:bb:cc:00:00:01\n")
+	host.write(t, "/sys/class/net/eno1/address", "aa:bb:cc:00:00:01\n")
+	installOn(t, host).expect(t, ExitOK)
+	for _, l := range host.commandLines() {
+		if strings.HasPrefix(l, "grub2-editenv /oem/grubenv set") {
+			t.Errorf("wrote the kernel arguments again: %s", l)
+		}
+	}
+}
+
+func TestOSInstallFixesTheSFTPServerPath(t *testing.T) {
+	host := osNode(t, "Harvester v1.5.0")
+	host.write(t, "/etc/ssh/sshd_config.d/sftp.conf", "Subsystem sftp /usr/lib/ssh/sftp-server\n")
+	installOn(t, host).expect(t, ExitOK)
+	if got, _ := readHost(t, host, "/etc/ssh/sshd_config.d/sftp.conf"); got != "Subsystem sftp /usr/libexec/ssh/sftp-server\n" {
+		t.Errorf("sftp.conf is %q", got)
+	}
+}
+
+func TestOSInstallRefusesAReleaseElementalTheHostCannotRun(t *testing.T) {
+	host := osNode(t, "Harvester v1.5.0")
+	host.tools[releaseElementalPath] = func(c Command, _ []byte) ([]byte, error) {
+		return nil, commandError(c, errors.New("exit status 1"), []byte("/usr/local/upgrade_tmp/elemental: /lib64/libc.so.6: version `GLIBC_2.38' not found (required by /usr/local/upgrade_tmp/elemental)"))
+	}
+	r := installOn(t, host)
+	r.expect(t, ExitFailed, "the release's elemental cannot run on this host: GLIBC_2.38' not found", "that hop is not supported")
+	for _, l := range host.commandLines() {
+		if strings.Contains(l, " upgrade ") || strings.HasPrefix(l, "systemd-run") {
+			t.Errorf("ran %q after the release's elemental was found unusable", l)
+		}
+	}
+	if _, there := readHost(t, host, releaseElementalPath); there {
+		t.Error("the copy of the release's elemental was left on the host")
+	}
+}
+
+func TestOSInstallWithTheHostsElemental(t *testing.T) {
+	host := osNode(t, "Harvester v1.5.0")
+	installOn(t, host, "--elemental=elemental").expect(t, ExitOK)
+	if !hostHas(t, host, "elemental upgrade --logfile /usr/local/upgrade_tmp/elemental-upgrade.log --directory /tmp/capi-inplace-rootfs --config-dir /usr/local/upgrade_tmp/elemental-config --debug") {
+		t.Errorf("the host's elemental did not run: %q", host.commandLines())
+	}
+	if hostHas(t, host, releaseElementalPath+" version") {
+		t.Error("the release's elemental was run with --elemental set")
+	}
+}
