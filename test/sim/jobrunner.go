@@ -39,8 +39,10 @@ type podRun struct {
 	exclusive bool
 	pullError string
 	// exit is how the pod's failing container ended (nil while none failed): what the
-	// kubelet reports on the pod the Job controller leaves (failedPod).
-	exit *containerExit
+	// kubelet reports on the pod the Job controller leaves (failedPod); podLeft once
+	// that pod was created.
+	exit    *containerExit
+	podLeft bool
 }
 
 // containerExit is a container that ended in error: its exit code, the termination
@@ -370,6 +372,15 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 		}
 	}
 	now := metav1.NewTime(s.clock().Now())
+	// The kubelet reports the pod failed before the Job controller, counting failed pods
+	// against the backoff limit, marks the Job Failed: the pod is there, with the node's
+	// words, before anyone sees the Job's failure.
+	if failed && run.exit != nil && !run.podLeft {
+		if err := s.failedPod(ctx, job, run, now); err != nil {
+			return err
+		}
+		run.podLeft = true
+	}
 	if err := s.updateJobStatus(ctx, job, func(st *batchv1.JobStatus) {
 		st.Active, st.Ready = 0, ptr.To[int32](0)
 		if failed {
@@ -389,11 +400,6 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 	}
 	run.finished = true
 	s.Record.endRun(run.record, now.Time, failed, recordMessage, false)
-	if failed && run.exit != nil {
-		if err := s.failedPod(ctx, job, run, now); err != nil {
-			return err
-		}
-	}
 	if osImage := s.osImage(run.plan); !failed && osImage != "" {
 		s.armReboot(run.node, osImage, now.Time)
 	}
