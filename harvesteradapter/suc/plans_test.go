@@ -80,13 +80,7 @@ func TestKubernetesPlan(t *testing.T) {
 	if p.Spec.Cordon || p.Spec.Drain != nil {
 		t.Errorf("cordon %v drain %+v: the node is drained once, by the drain Plan, and SUC would uncordon after a cordoning Plan", p.Spec.Cordon, p.Spec.Drain)
 	}
-	// The release's pre-drain RKE2 settings, right before RKE2 restarts at the release
-	// (harvester-release-steps.md fact 49): files only, as root, no privilege.
-	pre := p.Spec.Prepare
-	if pre == nil || pre.Image != fixtures.NodeImage || strings.Join(pre.Args, " ") != "node rke2-settings --stage=pre-drain --host-root=/host --repository-url=http://repo.example --version=v1.6.0" ||
-		pre.SecurityContext == nil || pre.SecurityContext.Privileged != nil || pre.SecurityContext.RunAsUser == nil || *pre.SecurityContext.RunAsUser != 0 {
-		t.Errorf("prepare %+v: want the node program's rke2-settings --stage=pre-drain as root", pre)
-	}
+	expectPreDrainSettings(t, p)
 	if p.Spec.JobActiveDeadlineSecs == nil || *p.Spec.JobActiveDeadlineSecs != 3600 {
 		t.Errorf("jobActiveDeadlineSecs %v, want the step's 1h", p.Spec.JobActiveDeadlineSecs)
 	}
@@ -195,5 +189,17 @@ func TestPreloadPlan(t *testing.T) {
 	}
 	if p.Spec.Version != "v1.6.0" || *p.Spec.JobActiveDeadlineSecs != 1800 {
 		t.Errorf("version %q deadline %d", p.Spec.Version, *p.Spec.JobActiveDeadlineSecs)
+	}
+}
+
+// expectPreDrainSettings checks that a Plan's prepare writes the release's pre-drain RKE2
+// settings, right before RKE2 restarts at the release (harvester-release-steps.md fact
+// 49): the node program, files only, as root, no privilege.
+func expectPreDrainSettings(t *testing.T, p *sucv1.Plan) {
+	t.Helper()
+	pre := p.Spec.Prepare
+	if pre == nil || pre.Image != fixtures.NodeImage || strings.Join(pre.Args, " ") != "node rke2-settings --stage=pre-drain --host-root=/host --repository-url=http://repo.example --version=v1.6.0" ||
+		pre.SecurityContext == nil || pre.SecurityContext.Privileged != nil || pre.SecurityContext.RunAsUser == nil || *pre.SecurityContext.RunAsUser != 0 {
+		t.Errorf("prepare %+v: want the node program's rke2-settings --stage=pre-drain as root", pre)
 	}
 }

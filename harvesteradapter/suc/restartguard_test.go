@@ -70,13 +70,7 @@ func TestUnguardPlan(t *testing.T) {
 	if p.Spec.Cordon || p.Spec.Drain != nil {
 		t.Errorf("cordon %v drain %+v: removing the guard leaves the node in service", p.Spec.Cordon, p.Spec.Drain)
 	}
-	// The release's pre-drain RKE2 settings, right before RKE2 restarts at the release
-	// (harvester-release-steps.md fact 49): files only, as root, no privilege.
-	pre := p.Spec.Prepare
-	if pre == nil || pre.Image != fixtures.NodeImage || strings.Join(pre.Args, " ") != "node rke2-settings --stage=pre-drain --host-root=/host --repository-url=http://repo.example --version=v1.6.0" ||
-		pre.SecurityContext == nil || pre.SecurityContext.Privileged != nil || pre.SecurityContext.RunAsUser == nil || *pre.SecurityContext.RunAsUser != 0 {
-		t.Errorf("prepare %+v: want the node program's rke2-settings --stage=pre-drain as root", pre)
-	}
+	expectPreDrainSettings(t, p)
 	up := p.Spec.Upgrade
 	want := "node rke2-restart-guard --remove --host-root=/host --repository-url=http://repo.example --version=v1.6.0"
 	if up == nil || up.Image != fixtures.NodeImage || strings.Join(up.Command, " ") != "/capi-inplace" || strings.Join(up.Args, " ") != want {
