@@ -106,7 +106,8 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 		},
 		Entry("image preload: capi-inplace node preload", "preload", 30*time.Minute, map[string]string{"upgrade": "preload"}),
 		Entry("drain: kubectl drain as the upgrade container, with a tag of its own", "drain", time.Hour, map[string]string{}),
-		Entry("RKE2: rancher/rke2-upgrade at the target, tagged by the updater", "rke2", time.Hour, map[string]string{}),
+		Entry("RKE2: the release's pre-drain RKE2 settings, then rancher/rke2-upgrade at the target, tagged by the updater", "rke2", time.Hour,
+			map[string]string{"prepare": "rke2-settings"}),
 		Entry("OS: remove-archives then os-upgrade; SUC adds host-root itself, a second one makes the Job invalid", "os", 45*time.Minute,
 			map[string]string{"prepare": "remove-archives", "upgrade": "os-upgrade"}),
 	)
