@@ -73,18 +73,11 @@ func DoneOn(plan *sucv1.Plan, node *corev1.Node) bool {
 // The error carries what the Job's failed pod says (podWords); logs, when not nil, reads
 // the end of a failed container's log.
 func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string, logs LogTail) error {
-	selector := client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name}
-	if node != "" {
-		selector["upgrade.cattle.io/node"] = node
+	jobs, err := planJobs(ctx, wc, plan, node)
+	if err != nil {
+		return err
 	}
-	jobs := &batchv1.JobList{}
-	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), selector); err != nil {
-		return fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
-	}
-	for _, job := range jobs.Items {
-		if job.CreationTimestamp.Before(&plan.CreationTimestamp) {
-			continue
-		}
+	for _, job := range jobs {
 		for _, c := range job.Status.Conditions {
 			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
 				words, err := podWords(ctx, wc, &job, logs)
@@ -197,15 +190,11 @@ func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv
 
 // JobSucceeded tells whether a Job of plan, no older than the Plan, completed on node.
 func JobSucceeded(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) (bool, error) {
-	jobs := &batchv1.JobList{}
-	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name, "upgrade.cattle.io/node": node}); err != nil {
-		return false, fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
+	jobs, err := planJobs(ctx, wc, plan, node)
+	if err != nil {
+		return false, err
 	}
-	for i := range jobs.Items {
-		job := &jobs.Items[i]
-		if job.CreationTimestamp.Before(&plan.CreationTimestamp) {
-			continue
-		}
+	for _, job := range jobs {
 		for _, c := range job.Status.Conditions {
 			if c.Type == batchv1.JobComplete && c.Status == corev1.ConditionTrue {
 				return true, nil
@@ -213,6 +202,26 @@ func JobSucceeded(ctx context.Context, wc client.Client, plan *sucv1.Plan, node 
 		}
 	}
 	return false, nil
+}
+
+// planJobs lists the Jobs of plan on node (on any node when node is empty), leaving out
+// a Job older than the Plan: it belongs to an earlier Plan of the same name.
+func planJobs(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string) ([]batchv1.Job, error) {
+	selector := client.MatchingLabels{"upgrade.cattle.io/plan": plan.Name}
+	if node != "" {
+		selector["upgrade.cattle.io/node"] = node
+	}
+	jobs := &batchv1.JobList{}
+	if err := wc.List(ctx, jobs, client.InNamespace(plan.Namespace), selector); err != nil {
+		return nil, fmt.Errorf("list jobs of plan %s: %w", plan.Name, err)
+	}
+	out := jobs.Items[:0]
+	for _, job := range jobs.Items {
+		if !job.CreationTimestamp.Before(&plan.CreationTimestamp) {
+			out = append(out, job)
+		}
+	}
+	return out, nil
 }
 
 func jobFinished(job *batchv1.Job) bool {
