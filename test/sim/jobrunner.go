@@ -43,6 +43,9 @@ type podRun struct {
 	// that pod was created.
 	exit    *containerExit
 	podLeft bool
+	// drainStart is when its kubectl drain began (zero before): a drain whose evictions
+	// are refused runs on until its --timeout.
+	drainStart time.Time
 }
 
 // containerExit is a container that ended in error: its exit code, the termination
@@ -327,7 +330,29 @@ func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun
 			if err := s.Kubelet.SetUnschedulable(ctx, c.Args[1], true); err != nil {
 				return err
 			}
-			s.Record.drained(c.Args[1], run.plan.Name, now)
+			if run.drainStart.IsZero() {
+				s.Record.drained(c.Args[1], run.plan.Name, now)
+				run.drainStart = now
+			}
+			refused, fatal, err := s.evictPods(ctx, c.Args[1], c.Args)
+			if err != nil {
+				return err
+			}
+			if fatal != "" {
+				message := fmt.Sprintf("container %s: %s", c.Name, fatal)
+				run.exit = &containerExit{container: c.Name, code: 1, log: message}
+				return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
+			}
+			if len(refused) > 0 {
+				// kubectl retries a refused eviction every 5 s until its --timeout.
+				t, err := time.ParseDuration(flagValue(c.Args, "--timeout"))
+				if err != nil || t <= 0 || now.Sub(run.drainStart) < t {
+					return nil
+				}
+				message := fmt.Sprintf("container %s: error: unable to drain node %q due to error: [error when evicting %s: global timeout reached: %s], continuing command...", c.Name, c.Args[1], strings.Join(refused, ", "), t)
+				run.exit = &containerExit{container: c.Name, code: 1, log: message}
+				return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
+			}
 			if t := flagValue(c.Args, "--timeout"); t != "" {
 				d, err := time.ParseDuration(t)
 				if err != nil || d < s.drainDuration() {

@@ -43,7 +43,9 @@ import (
 //     when no node can take the VMI (KubeVirt's target pod stays unschedulable until its
 //     timeout), or when the VMI does not exist. A migration of a VMI that is not
 //     LiveMigratable fails at once: KubeVirt's admission webhook refuses to create it, a
-//     webhook this API server does not run.
+//     webhook this API server does not run;
+//   - the Longhorn volumes a VMI uses move with its live migration and detach when it
+//     stops (longhornusers.go).
 //
 // With KubeVirtCR set it also plays virt-operator's deployed version and virt-controller's
 // workload updater (see kubevirt_updater.go).
@@ -268,6 +270,12 @@ func (k *KubeVirt) syncVMs(ctx context.Context) error {
 				return err
 			}
 			k.leave(key, time.Now())
+			// The stopped guest's disks detach (longhornusers.go).
+			if err := ReleaseVolumes(ctx, k.Client, func(namespace, _, name, kind string) bool {
+				return kind == "VirtualMachineInstance" && namespace == vmi.Namespace && name == vmi.Name
+			}); err != nil {
+				return err
+			}
 		case vmi != nil && vmi.Status.Phase == kubevirtv1.Scheduling:
 			if node := k.pick(vm, &vmi.Spec, nodes.Items, byKey, ""); node != "" {
 				if err := k.run(ctx, vmi, node); err != nil {
@@ -490,6 +498,10 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 		vmi.Status.LauncherContainerImageVersion = image
 	}
 	if err := k.Client.Update(ctx, vmi); err != nil {
+		return err
+	}
+	// Its disks' attachment moves with it (longhornusers.go, LH fact 38).
+	if err := MoveVolumeAttachments(ctx, k.Client, vmi.Namespace, vmi.Name, target); err != nil {
 		return err
 	}
 	key := vmi.Namespace + "/" + vmi.Name

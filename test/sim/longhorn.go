@@ -660,6 +660,18 @@ type LonghornV2Volume struct {
 	Name         string
 	ReplicaNodes []string
 	EngineNode   string
+	// PVC is the volume's PersistentVolumeClaim, and Users the pods that mount it, as
+	// Longhorn reports them (status.kubernetesStatus; longhornusers.go). Empty: a volume
+	// attached by hand.
+	PVC   client.ObjectKey
+	Users []LonghornVolumeUser
+}
+
+// LonghornVolumeUser is a pod that mounts a volume's PVC, as Longhorn reports it
+// (status.kubernetesStatus.workloadsStatus): a VM's disk is used by its virt-launcher
+// pod, whose workload is the VirtualMachineInstance.
+type LonghornVolumeUser struct {
+	Pod, WorkloadName, WorkloadType string
 }
 
 // CreateLonghornV2Volume writes the volume, its replicas and its engine. Longhorn's CRDs
@@ -676,7 +688,15 @@ func CreateLonghornV2Volume(ctx context.Context, c client.Client, namespace stri
 	// An attached volume's engine and replicas are desired running (LH fact 26:
 	// desireState; DetachLonghornVolume stops them).
 	vol := obj("Volume", v.Name, map[string]any{"dataEngine": "v2", "numberOfReplicas": int64(len(v.ReplicaNodes)), "nodeID": v.EngineNode})
-	if err := createWithStatus(ctx, c, vol, map[string]any{"state": "attached", "robustness": "healthy", "currentNodeID": v.EngineNode}); err != nil {
+	status := map[string]any{"state": "attached", "robustness": "healthy", "currentNodeID": v.EngineNode}
+	if v.PVC.Name != "" {
+		users := []any{}
+		for _, u := range v.Users {
+			users = append(users, map[string]any{"podName": u.Pod, "podStatus": "Running", "workloadName": u.WorkloadName, "workloadType": u.WorkloadType})
+		}
+		status["kubernetesStatus"] = map[string]any{"namespace": v.PVC.Namespace, "pvcName": v.PVC.Name, "workloadsStatus": users}
+	}
+	if err := createWithStatus(ctx, c, vol, status); err != nil {
 		return fmt.Errorf("create Longhorn volume %s: %w", v.Name, err)
 	}
 	for _, n := range v.ReplicaNodes {
