@@ -91,7 +91,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 		return out
 	}
 	// longhornStep is the Longhorn step the node is at: LonghornPause (before the cordon)
-	// until it is done, then LonghornDataEngine (after the evacuation).
+	// until it is done, then LonghornDataEngine (after the evacuation and the drain).
 	longhornStep := func(nu *inplacev1.NodeUpdate) *inplacev1.NodeUpdateStep {
 		if !nodeupdater.StepDone(nu, harvesteradapter.StepLonghornPause) {
 			return nodeupdater.Step(nu, harvesteradapter.StepLonghornPause)
@@ -133,18 +133,24 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 				sim.LonghornV2Volume{Name: "pvc-" + c.name, ReplicaNodes: c.nodes, EngineNode: c.nodes[0]})).To(Succeed())
 
 			Expect(preflightOf(c, c.nodes[0])).To(HaveKeyWithValue(longhorn.CheckLonghornV2SwapAvailable,
-				ContainSubstring("would interrupt the attached v2 volumes whose engine runs on it: pvc-"+c.name+";")))
+				ContainSubstring("would interrupt the attached v2 volumes whose engine runs on it and that neither its VMs' evacuation nor its drain frees: pvc-"+c.name+" (attached with no pod using it);")))
 			Expect(preflightOf(c, c.nodes[1])).To(BeEmpty(), "a v2 replica alone does not hold a node")
 
 			held := c.nodeUpdate(c.nodes[0])
-			Expect(drive(c.updater, held, 3*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
+			Expect(driveUntil(c.updater, held, 30*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+				return nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine) == inplacev1.StepStateRunning
+			})).To(Succeed())
+			Expect(drive(c.updater, held, 2*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
 			step := nodeupdater.Step(held, harvesteradapter.StepLonghornDataEngine)
 			Expect(step.State).To(Equal(inplacev1.StepStateRunning))
 			Expect(step.Message).To(ContainSubstring("holding: the cluster's Longhorn does not serve the live upgrade of v2 instance managers"))
 			Expect(step.Message).To(ContainSubstring("have their engine on node " + c.nodes[0] + ": pvc-" + c.name))
-			// Cordoned as ours (a volume attached by a VM would have moved with its VM's
-			// migration in EvacuateVMs, just before), but not drained.
-			Expect(nodeupdater.StepState(held, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStatePending), "the node is not drained")
+			// Cordoned as ours and drained (a volume attached by a VM would have moved with
+			// its VM's migration in EvacuateVMs, a pod's detached with the drain's
+			// eviction), but neither RKE2 nor the OS is touched while held.
+			Expect(nodeupdater.StepState(held, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStateSucceeded), "held after the drain")
+			Expect(nodeupdater.StepState(held, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending), "RKE2 is not restarted while held")
+			Expect(nodeupdater.StepState(held, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStatePending), "the OS is not touched while held")
 			Expect(unschedulableOn(lh, c.nodes[0])).To(BeTrue(), "the node was cordoned before the evacuation")
 
 			free := c.nodeUpdate(c.nodes[1])
@@ -282,7 +288,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(step.Message).To(ContainSubstring("holding: Longhorn's live upgrade is idle, but attached v2 volumes have their engine on node " + c.nodes[0] + ": " + vol + ";"))
 			Expect(step.Message).To(ContainSubstring("live-migrate their VMs to another node or detach them"))
 			Expect(pausers()).To(Equal(string(nu.UID)), "the node pauses Longhorn's roll while it waits")
-			Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStatePending), "the node is not drained while held")
+			Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending), "RKE2 is not restarted while held")
 			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornPause)).To(Equal(inplacev1.StepStateSucceeded), "the pause came before the cordon")
 
 			// A VM's live migration moves its volume's engine to the VM's new node.

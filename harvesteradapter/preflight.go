@@ -70,7 +70,9 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 	if err != nil {
 		return append(results, nodeupdater.CheckResult{Name: longhorn.CheckLonghornLiveUpgradeIdle, Message: err.Error()})
 	}
-	return append(results, state.Checks(longhorn.DownSet{Candidate: target.NodeName, Disrupted: target.Disrupted, Picked: target.Picked}, live, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
+	down := longhorn.DownSet{Candidate: target.NodeName, Disrupted: target.Disrupted, Picked: target.Picked,
+		Leaving: nodeLeaving(ctx, wc, target.NodeName, cfg.Spec.Drain)}
+	return append(results, state.Checks(down, live, cfg.Spec.LonghornV2Swap == harvesterv1.LonghornV2SwapSkip)...)
 }
 
 // noOtherUpgrade is the NoOtherUpgrade check for a node: no node is picked while

@@ -14,10 +14,14 @@ import (
 )
 
 // dataEngineStep keeps the node from being taken down while that would break Longhorn
-// v2 volumes. It runs before the drain: Longhorn's live upgrade of v2 instance managers
-// is paused and idle, and no attached v2 volume has its engine on the node (see
-// runDataEngine). The pause is given back by cleanup, at Finish or when the node's
-// update is aborted or fails.
+// v2 volumes: Longhorn's live upgrade of v2 instance managers is paused and idle, and no
+// attached v2 volume has its engine on the node (see runDataEngine). It runs after the
+// evacuation and the drain, which take the node's VMs and pods, and with them their
+// volumes' engines, off the node (a VM's migration moves its volumes' attachment, LH
+// fact 38; a pod evicted detaches the volume it alone used): before the drain, a pod's
+// v2 volume would hold the node until the step timed out. Before RKE2 or the OS are
+// touched. The pause is given back by cleanup, at Finish or when the node's update is
+// aborted or fails.
 var dataEngineStep = step{
 	name: StepLonghornDataEngine,
 	timeout: func(t harvesterv1.Timeouts) time.Duration {

@@ -15,8 +15,8 @@ import (
 // drain policy and replica eviction, shared/facts/longhorn-v2-live-upgrade.md, facts 30
 // to 32), and the virtual machines' migrations that follow move v2 engines, while a
 // running upgrade has engines on temporary nodes, cordoned ones included (facts 17, 20,
-// 37). LonghornDataEngine, after the evacuation, checks again and holds for the engines
-// left on the node. The pause is given back by cleanup.
+// 37). LonghornDataEngine, after the evacuation and the drain, checks again and holds for
+// the engines left on the node. The pause is given back by cleanup.
 var longhornPauseStep = step{
 	name: StepLonghornPause,
 	timeout: func(t harvesterv1.Timeouts) time.Duration {

@@ -132,14 +132,27 @@ func (s *State) V2Concerned(node string) bool {
 // moved to another node first (a VM's live migration moves it) or the volume be
 // detached. A stopped engine does not count.
 func (s *State) V2EnginesOn(node string) []string {
+	return s.V2EnginesStaying(node, nil)
+}
+
+// Leaving says whether the node's own steps take off the node what uses an attached
+// volume, so that its engine leaves with it (a VM's evacuation moves the attachment with
+// the live migration or detaches it with the stop, LH fact 38; the drain's eviction of a
+// pod detaches the volume it alone used), and otherwise why not.
+type Leaving func(v *longhornv1.Volume) (leaves bool, why string)
+
+// V2EnginesStaying is V2EnginesOn without the volumes that leaving says leave the node,
+// each named with why it stays; a nil leaving frees none.
+func (s *State) V2EnginesStaying(node string, leaving Leaving) []string {
 	var out []string
+	seen := map[string]bool{}
 	for i := range s.engines {
 		e := &s.engines[i]
 		if e.Spec.NodeID != node || e.Status.CurrentState == longhornv1.InstanceStateStopped {
 			continue
 		}
 		v := s.volume(e.Spec.VolumeName)
-		if v == nil || v.Status.State == longhornv1.VolumeStateDetached {
+		if v == nil || v.Status.State == longhornv1.VolumeStateDetached || seen[v.Name] {
 			continue
 		}
 		engine := v.Spec.DataEngine
@@ -149,13 +162,25 @@ func (s *State) V2EnginesOn(node string) []string {
 		if engine != longhornv1.DataEngineTypeV2 {
 			continue
 		}
-		name := v.Name
+		seen[v.Name] = true
+		var notes []string
 		if k := v.Status.KubernetesStatus; k.PVCName != "" {
-			name = fmt.Sprintf("%s (PVC %s/%s)", v.Name, k.Namespace, k.PVCName)
+			notes = append(notes, fmt.Sprintf("PVC %s/%s", k.Namespace, k.PVCName))
 		}
-		if !slices.Contains(out, name) {
-			out = append(out, name)
+		if leaving != nil {
+			leaves, why := leaving(v)
+			if leaves {
+				continue
+			}
+			if why != "" {
+				notes = append(notes, why)
+			}
 		}
+		name := v.Name
+		if len(notes) > 0 {
+			name += " (" + strings.Join(notes, ", ") + ")"
+		}
+		out = append(out, name)
 	}
 	sort.Strings(out)
 	return out

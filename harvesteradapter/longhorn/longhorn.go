@@ -293,6 +293,10 @@ type DownSet struct {
 	Candidate string
 	Disrupted []string
 	Picked    []string
+	// Leaving, when set, says which attached volumes with their engine on the candidate
+	// the candidate's own steps free before it goes down (its VMs' evacuation, its
+	// drain): those do not hold it at pick time.
+	Leaving Leaving
 }
 
 // Checks are the Harvester updater's Longhorn preflight checks for the candidate
@@ -330,7 +334,7 @@ func (s *State) Checks(down DownSet, live LiveUpgrade, skipSwap bool) []nodeupda
 		singleReplica = s.v2SingleReplicaOn(node)
 	}
 	if !skipSwap && !live.Served {
-		unavailable = s.V2EnginesOn(node)
+		unavailable = s.V2EnginesStaying(node, down.Leaving)
 	}
 	if !skipSwap && live.Served && s.V2Concerned(node) {
 		running = live.Running
@@ -344,7 +348,7 @@ func (s *State) Checks(down DownSet, live LiveUpgrade, skipSwap bool) []nodeupda
 	})
 	add(CheckLonghornV2SwapAvailable, unavailable, func(list string) string {
 		return "the cluster's Longhorn does not serve the live upgrade of v2 instance managers (instancemanagerupgradecontrols.longhorn.io), so upgrading node " + node +
-			" would interrupt the attached v2 volumes whose engine runs on it: " + list +
+			" would interrupt the attached v2 volumes whose engine runs on it and that neither its VMs' evacuation nor its drain frees: " + list +
 			"; detach them, or set longhornV2Swap: Skip on the HarvesterUpgrader to accept the interruption"
 	})
 	add(CheckLonghornLiveUpgradeIdle, running, func(list string) string {

@@ -93,7 +93,7 @@ func TestLonghornChecks(t *testing.T) {
 			state: &State{volumes: []longhornv1.Volume{volume("pvc-v1", longhornv1.DataEngineTypeV1, longhornv1.VolumeRobustnessDegraded)}, nodes: lhNodes("a", "b")}},
 		{name: "v2 with a live swap available", state: v2Cluster(), node: "node-1", live: liveServed},
 		{name: "v2 without the live swap API holds the node", state: v2Cluster(), node: "node-1", failing: []string{CheckLonghornV2SwapAvailable},
-			wantMessage: "would interrupt the attached v2 volumes whose engine runs on it: pvc-v2; detach them, or set longhornV2Swap: Skip"},
+			wantMessage: "would interrupt the attached v2 volumes whose engine runs on it and that neither its VMs' evacuation nor its drain frees: pvc-v2; detach them, or set longhornV2Swap: Skip"},
 		{name: "v2 without the live swap API, swap skipped", state: v2Cluster(), node: "node-1", skipSwap: true},
 		{name: "without the live swap API a v2 replica alone does not hold the node", state: v2Cluster(), node: "node-2"},
 		{name: "without the live swap API an engine that moved away does not hold the node", node: "node-1",

@@ -240,6 +240,10 @@ func ImageWithTag(image, tag string) string {
 	return image + ":" + tag
 }
 
+// LabelSUCController is the label SUC puts on the pods of its Jobs (facts 25, 39): the drain
+// leaves them out.
+const LabelSUCController = "upgrade.cattle.io/controller"
+
 // drainArgs are the kubectl drain arguments of the drain Plan, nil when draining is off.
 // They are SUC's own (facts 39 to 41), the timeout always a duration: never evict SUC's
 // pods (the drain's own among them), DaemonSet pods stay, emptyDir data goes unless
@@ -248,7 +252,7 @@ func DrainArgs(d harvesterv1.Drain, node string) []string {
 	if d.Enabled != nil && !*d.Enabled {
 		return nil
 	}
-	args := []string{"drain", node, "--pod-selector", "!upgrade.cattle.io/controller"}
+	args := []string{"drain", node, "--pod-selector", "!" + LabelSUCController}
 	if d.IgnoreDaemonSets == nil || *d.IgnoreDaemonSets {
 		args = append(args, "--ignore-daemonsets")
 	}
