@@ -170,7 +170,9 @@ func glibcMissing(output string) string {
 // multipath=off unless the node uses external storage or an argument names multipath
 // already, and ifname=<name>:<mac> for each en* NIC not pinned yet (its permanent address
 // for a bond's slave), so that a new driver's naming cannot rename the interfaces the
-// network configuration names (harvester PR #9877); the sftp-server path of SL Micro 6.
+// network configuration names (harvester PR #9877); the boot configuration that keeps
+// multipathd off Longhorn's iSCSI disks (lhMultipathdConfig); the sftp-server path of SL
+// Micro 6.
 func patchBoot(ctx context.Context, env *Env) error {
 	h := env.host()
 	if exists, err := hostFileExists(h, grubEnv); err != nil {
@@ -188,6 +190,9 @@ func patchBoot(ctx context.Context, env *Env) error {
 		}
 	}
 	if err := setKernelArgs(ctx, env); err != nil {
+		return err
+	}
+	if err := writeHostFile(h, lhMultipathdFile, lhMultipathdConfig()); err != nil {
 		return err
 	}
 	data, err := os.ReadFile(h.Path(sftpConfig))
@@ -298,4 +303,62 @@ func nicPins(h Host, current string) ([]string, error) {
 		pins = append(pins, "ifname="+name+":"+addr)
 	}
 	return pins, nil
+}
+
+// lhMultipathdFile is the cloud-init (yip) configuration upgrade_os writes on every node
+// since v1.7.0, after elemental (fact 54.5; upgrade_node.sh upgrade_os at v1.7.0 to
+// v1.8.2, harvester commit 7ef7891 "change kernel arguments and create directives for
+// disabling multipathd for longhorn volumes"): at each boot it keeps multipathd from
+// claiming the iSCSI disks Longhorn's v1 engine exposes (vendor IET, product
+// VIRTUAL-DISK), and installs the release's multipathd unit.
+const lhMultipathdFile = "/oem/99_disable_lh_multipathd.yaml"
+
+// lhMultipathdConfig is that configuration: in the initramfs stage, the directory
+// /etc/multipath/conf.d, a blacklist of Longhorn's disks in it, and the multipathd
+// service unit the release writes (socket activation left out, started from sysinit).
+func lhMultipathdConfig() string {
+	blacklist := "blacklist { \n  device { \n    vendor \"IET\" \n    product \"VIRTUAL-DISK\"\n  }\n}\n"
+	unit := strings.Join([]string{
+		"[Unit]",
+		"Description=Device-Mapper Multipath Device Controller",
+		"Before=lvm2-activation-early.service",
+		"Before=local-fs-pre.target blk-availability.service shutdown.target",
+		"Wants=systemd-udevd-kernel.socket modprobe@dm_multipath.service",
+		"After=systemd-udevd-kernel.socket modprobe@dm_multipath.service",
+		"After=multipathd.socket systemd-remount-fs.service",
+		"Before=initrd-cleanup.service",
+		"DefaultDependencies=no",
+		"Conflicts=shutdown.target",
+		"Conflicts=initrd-cleanup.service",
+		"ConditionKernelCommandLine=!nompath",
+		"ConditionVirtualization=!container",
+		"",
+		"[Service]",
+		"Type=notify",
+		"NotifyAccess=main",
+		"ExecStart=/usr/sbin/multipathd -d -s",
+		"ExecReload=/usr/sbin/multipathd reconfigure",
+		"TasksMax=infinity",
+		"LimitRTPRIO=10",
+		"CPUWeight=1000",
+		"",
+		"[Install]",
+		"WantedBy=sysinit.target",
+		"",
+	}, "\n")
+	config := map[string]any{
+		"name": "disable longhorn multipathing",
+		"stages": map[string]any{"initramfs": []any{
+			map[string]any{"directories": []any{map[string]any{"path": "/etc/multipath/conf.d", "permissions": 0o644, "owner": 0, "group": 0}}},
+			map[string]any{"files": []any{
+				map[string]any{"path": "/etc/multipath/conf.d/99-longhorn.conf", "content": blacklist, "permissions": 0o644, "owner": 0, "group": 0},
+				map[string]any{"path": "/etc/systemd/system/multipathd.service", "content": unit, "permissions": 0o644, "owner": 0, "group": 0},
+			}},
+		}},
+	}
+	out, err := yaml.Marshal(config)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %s: %v", lhMultipathdFile, err)) // a constant map: cannot fail
+	}
+	return string(out)
 }

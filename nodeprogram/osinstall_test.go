@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // What upgrade_os does around elemental (harvester-release-steps.md fact 54), each case
@@ -145,5 +147,54 @@ func TestOSInstallWithTheHostsElemental(t *testing.T) {
 	}
 	if hostHas(t, host, releaseElementalPath+" version") {
 		t.Error("the release's elemental was run with --elemental set")
+	}
+}
+
+func TestOSInstallKeepsMultipathdOffLonghornDisks(t *testing.T) {
+	host := osNode(t, "Harvester v1.5.0")
+	installOn(t, host).expect(t, ExitOK)
+	got, there := readHost(t, host, "/oem/99_disable_lh_multipathd.yaml")
+	if !there {
+		t.Fatal("/oem/99_disable_lh_multipathd.yaml was not written")
+	}
+	var config struct {
+		Stages struct {
+			Initramfs []struct {
+				Directories []struct{ Path string } `json:"directories"`
+				Files       []struct {
+					Path, Content string
+					Permissions   int
+				} `json:"files"`
+			} `json:"initramfs"`
+		} `json:"stages"`
+	}
+	if err := yaml.Unmarshal([]byte(got), &config); err != nil {
+		t.Fatalf("not YAML: %v\n%s", err, got)
+	}
+	files := map[string]string{}
+	var dirs []string
+	for _, stage := range config.Stages.Initramfs {
+		for _, d := range stage.Directories {
+			dirs = append(dirs, d.Path)
+		}
+		for _, f := range stage.Files {
+			files[f.Path] = f.Content
+			if f.Permissions != 0o644 {
+				t.Errorf("%s has permissions %o, want 644", f.Path, f.Permissions)
+			}
+		}
+	}
+	if len(dirs) != 1 || dirs[0] != "/etc/multipath/conf.d" {
+		t.Errorf("directories %v, want /etc/multipath/conf.d", dirs)
+	}
+	blacklist := strings.Join(strings.Fields(files["/etc/multipath/conf.d/99-longhorn.conf"]), " ")
+	if blacklist != `blacklist { device { vendor "IET" product "VIRTUAL-DISK" } }` {
+		t.Errorf("the multipath blacklist is %q, want Longhorn's iSCSI disks (IET VIRTUAL-DISK)", blacklist)
+	}
+	unit := files["/etc/systemd/system/multipathd.service"]
+	for _, line := range []string{"ExecStart=/usr/sbin/multipathd -d -s", "ConditionKernelCommandLine=!nompath", "WantedBy=sysinit.target"} {
+		if !strings.Contains(unit, line+"\n") {
+			t.Errorf("the multipathd unit lacks %q:\n%s", line, unit)
+		}
 	}
 }
