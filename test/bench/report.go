@@ -681,7 +681,7 @@ func (r *report) renderMakespan(w io.Writer, full bool) {
 func harvesterStepOrder() []string {
 	return []string{
 		harvesteradapter.StepClusterUpgrade, harvesteradapter.StepRepository, harvesteradapter.StepImagePreload, harvesteradapter.StepLonghornPause,
-		harvesteradapter.StepCordon, harvesteradapter.StepEvacuateVMs, harvesteradapter.StepLonghornDataEngine, harvesteradapter.StepDrain,
+		harvesteradapter.StepCordon, harvesteradapter.StepEvacuateVMs, harvesteradapter.StepDrain, harvesteradapter.StepLonghornDataEngine,
 		harvesteradapter.StepKubernetesUpgrade, harvesteradapter.StepOSUpgrade, harvesteradapter.StepRestoreVMs, harvesteradapter.StepFinish,
 	}
 }

@@ -37,6 +37,21 @@ func TestDemoViaHook(t *testing.T) {
 		}
 	}
 
+	// Each node's line of what ran on its host: the release's pre-drain settings, then the
+	// OS install, then its reboot.
+	for _, node := range cfg.nodeNames() {
+		line := ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), node+": ") && strings.Contains(l, "os-upgrade") {
+				line = l
+			}
+		}
+		pre, osUp, reboot := strings.Index(line, "rke2-settings --stage=pre-drain"), strings.Index(line, "os-upgrade"), strings.Index(line, "reboot at ")
+		if pre < 0 || osUp < pre || reboot < osUp || strings.Count(line, "reboot at ") != 1 {
+			t.Errorf("the output does not show node %s's pre-drain settings, OS install and one reboot, in that order: %q", node, line)
+		}
+	}
+
 	runs := scenario.RunsPerNode(res.record.Runs())
 	var cp, workers []string
 	for _, node := range cfg.nodeNames() {

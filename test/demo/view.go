@@ -394,6 +394,13 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 			v.println("  " + j)
 		}
 	}
+	if journeys := s.NodeJourneys(); len(journeys) > 0 {
+		v.println("")
+		v.println("On each node's host, in order (SUC simulator's record; the release's node steps are the node program's rke2-settings and os-upgrade):")
+		for _, j := range journeys {
+			v.println("  " + j)
+		}
+	}
 	v.println("")
 	v.println("Safety, from the simulators' records:")
 	for _, c := range res.checks {

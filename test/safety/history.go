@@ -29,6 +29,10 @@ const (
 	EventNodeDown EventKind = "updater-down"
 	// EventNodeUp: the updater brought the node back Ready.
 	EventNodeUp EventKind = "updater-up"
+	// EventHostReboot: the node's host rebooted, as the updater's disruptive step had
+	// armed it (a Harvester node's OS step arms the reboot and its Job completes before
+	// the host goes down: node sheet fact 28).
+	EventHostReboot EventKind = "host-reboot"
 	// EventKubelet: the updater set the node's kubelet version.
 	EventKubelet EventKind = "kubelet"
 	// EventNodeUpdateDone: the updater reported the node at the target.

@@ -19,6 +19,7 @@ const (
 	InvVolumeReplica     = 5 // no volume left without a replica off the disrupted nodes
 	InvNothingAfterEnd   = 6 // nothing of a failed or aborted node still running
 	InvNoNewerThanPlanes = 7 // no worker kubelet newer than the control plane
+	InvNoRebootAfterEnd  = 8 // no host reboots for a NodeUpdate once it ended
 )
 
 var invariantNames = map[int]string{
@@ -29,6 +30,7 @@ var invariantNames = map[int]string{
 	InvVolumeReplica:     "every volume keeps a replica on a node that is up and not upgraded",
 	InvNothingAfterEnd:   "nothing of a failed or aborted node still running",
 	InvNoNewerThanPlanes: "no worker kubelet newer than the lowest control plane kubelet",
+	InvNoRebootAfterEnd:  "no host reboots for a NodeUpdate once the updater ended it or the API shows it final",
 }
 
 // Violation is one broken invariant, at the event that broke it.
@@ -74,8 +76,10 @@ type Checker struct {
 	worldDownSince map[string]time.Time
 	// created: when the watch first saw each NodeUpdate.
 	created map[string]time.Time
-	// watched: NodeUpdates the watch shows not final, with their node.
+	// watched: NodeUpdates the watch shows not final, with their node; ended: those it
+	// showed final or deleted.
 	watched map[string]string
+	ended   map[string]bool
 	// successes counts, per node and version, the NodeUpdates the updater reported done.
 	successes map[string]map[string]int
 	kubelet   map[string]string
@@ -93,7 +97,7 @@ type liveUpdate struct {
 func NewChecker(topo Topology) *Checker {
 	c := &Checker{
 		topo: topo, exists: map[string]bool{}, live: map[string]liveUpdate{}, down: map[string]string{},
-		worldDownSince: map[string]time.Time{}, created: map[string]time.Time{}, watched: map[string]string{},
+		worldDownSince: map[string]time.Time{}, created: map[string]time.Time{}, watched: map[string]string{}, ended: map[string]bool{},
 		successes: map[string]map[string]int{}, kubelet: map[string]string{}, replicas: map[string]map[string]bool{},
 	}
 	for n := range topo.TargetOf {
@@ -130,6 +134,8 @@ func (c *Checker) Observe(e Event) {
 		c.checkVolumes(e)
 	case EventNodeUp:
 		delete(c.down, e.Node)
+	case EventHostReboot:
+		c.checkReboot(e)
 	case EventKubelet:
 		c.kubelet[e.Node] = e.Version
 	case EventNodeUpdateDone:
@@ -182,9 +188,11 @@ func (c *Checker) observeNodeUpdate(e Event) {
 	final := e.Phase == "Succeeded" || e.Phase == "Failed" || e.Phase == "Aborted"
 	if e.Deleted || final {
 		delete(c.watched, e.NodeUpdate)
+		c.ended[e.NodeUpdate] = true
 		return
 	}
 	c.watched[e.NodeUpdate] = e.Node
+	delete(c.ended, e.NodeUpdate) // a NodeUpdate of the same name, made again
 	var others []string
 	for nu, node := range c.watched {
 		if node == e.Node && nu != e.NodeUpdate {
@@ -240,6 +248,23 @@ func (c *Checker) worldDownBefore(nu string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// checkReboot judges a host's reboot: the NodeUpdate that armed it must still be in the
+// updater's hands (its Abort waits for an armed reboot) and not final in the API (the
+// controller ends a NodeUpdate only once its updater said it was done). A node that is
+// gone disrupts nothing.
+func (c *Checker) checkReboot(e Event) {
+	if !c.exists[e.Node] {
+		return
+	}
+	if _, live := c.live[e.NodeUpdate]; !live {
+		c.violate(InvNoRebootAfterEnd, e, "the host of node %s rebooted for NodeUpdate %s after the updater had ended it", e.Node, e.NodeUpdate)
+		return
+	}
+	if c.ended[e.NodeUpdate] {
+		c.violate(InvNoRebootAfterEnd, e, "the host of node %s rebooted for NodeUpdate %s after the API showed it final or deleted", e.Node, e.NodeUpdate)
+	}
 }
 
 func (c *Checker) checkControlPlane(e Event) {

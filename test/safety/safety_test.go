@@ -207,6 +207,20 @@ func TestCheckerInvariants(t *testing.T) {
 			start(0, "n1", "a1", 1), {At: at(10), Kind: EventNodeUpdateAborted, NodeUpdate: "n1", Node: "a1"},
 			{At: at(20), Kind: EventResumedAfterEnd, NodeUpdate: "n1", Node: "a1", Why: "aborted"},
 		}, []int{InvNothingAfterEnd}},
+		{"8: a host rebooted after the updater's Abort said done", []Event{
+			start(0, "n1", "a1", 1), down(10, "n1", "a1"), {At: at(20), Kind: EventNodeUpdateAborted, NodeUpdate: "n1", Node: "a1"},
+			{At: at(30), Kind: EventHostReboot, NodeUpdate: "n1", Node: "a1"},
+		}, []int{InvNoRebootAfterEnd}},
+		{"8: a host rebooted after the API showed its NodeUpdate final", []Event{
+			watched(0, "n1", "a1", "InProgress"), start(5, "n1", "a1", 1), down(10, "n1", "a1"), watched(20, "n1", "a1", "Aborted"),
+			{At: at(30), Kind: EventHostReboot, NodeUpdate: "n1", Node: "a1"},
+		}, []int{InvNoRebootAfterEnd}},
+		{"8: not broken by a reboot while its NodeUpdate runs, nor by a gone node's", []Event{
+			watched(0, "n1", "a1", "InProgress"), start(5, "n1", "a1", 1), down(10, "n1", "a1"),
+			{At: at(20), Kind: EventHostReboot, NodeUpdate: "n1", Node: "a1"}, {At: at(30), Kind: EventNodeUpdateAborted, NodeUpdate: "n1", Node: "a1"},
+			start(40, "n2", "a2", 1), down(50, "n2", "a2"), {At: at(60), Kind: EventNodeGone, Node: "a2"},
+			{At: at(70), Kind: EventNodeUpdateAborted, NodeUpdate: "n2", Node: "a2"}, {At: at(80), Kind: EventHostReboot, NodeUpdate: "n2", Node: "a2"},
+		}, nil},
 		{"7: a worker upgraded past the control plane", []Event{
 			kubelet(0, "c1", v35), kubelet(0, "c2", v35),
 			start(10, "n1", "a1", 1), kubelet(20, "a1", v35), done(20, "n1", "a1", v35),

@@ -19,7 +19,11 @@ import (
 // The simulated updater's steps, in order. They stand for what a real updater does to a
 // node (the Harvester adapter: DESIGN.md section 5): work while the node serves (image
 // preload, drain), a disruptive step (the RKE2 upgrade restarts the kubelet, the OS step
-// reboots: the node is NotReady), and the node coming back Ready at the new version.
+// reboots: the node is NotReady), and the node coming back Ready at the new version. The
+// disruptive step arms a reboot that the host carries out a moment later whatever the
+// manager does, as a Harvester node's OS Job arms its reboot and completes before the
+// host goes down (node sheet fact 28): the updater's Abort waits for it, so no reboot
+// comes after the NodeUpdate ended (invariant 8).
 const (
 	stepPrepare = "Prepare"
 	stepDrain   = "Drain"
@@ -40,6 +44,8 @@ type updateState struct {
 	// failAt is the step at which the node fails (-1: never).
 	failAt int
 	down   bool
+	// armed: the disruptive step armed the host's reboot; rebooted: it happened.
+	armed, rebooted bool
 	// ended is "", "succeeded", "failed" or "aborted".
 	ended   string
 	failErr error
@@ -130,6 +136,11 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 	}
 	step := st.next
 	fail := st.failAt == step
+	if st.armed && !st.rebooted {
+		// Nothing goes on, not even a failure, until the armed reboot has happened.
+		u.mu.Unlock()
+		return nodeupdater.Result{RequeueAfter: 10 * time.Millisecond}, nil
+	}
 	u.mu.Unlock()
 
 	nodeupdater.DeclareSteps(nu, steps...)
@@ -145,15 +156,14 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 	}
 	switch steps[step] {
 	case stepReboot:
-		// Recorded before the node is written: the Checker judges the moment the
-		// updater decides to take the node down.
+		// Recorded when the updater decides to take the node down, which is when it arms
+		// the reboot: the Checker judges that moment.
 		u.History.Record(Event{Kind: EventNodeDown, Node: st.node, NodeUpdate: nu.Name, Target: u.TargetOf[st.node]})
 		u.mu.Lock()
-		st.down = true
+		st.down, st.armed = true, true
+		delay := u.stepDuration()
 		u.mu.Unlock()
-		if err := u.Kubelets.Hold(ctx, st.node, nu.Name, true); err != nil {
-			return nodeupdater.Result{}, fmt.Errorf("take node %s down: %w", st.node, err)
-		}
+		u.armReboot(nu.Name, st, delay)
 	case stepKubelet:
 		if err := u.Kubelets.SetVersion(ctx, st.machine, st.node, st.version); err != nil {
 			return nodeupdater.Result{}, fmt.Errorf("set the kubelet version of node %s: %w", st.node, err)
@@ -180,6 +190,23 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 	st.nextAt = time.Now().Add(d)
 	u.mu.Unlock()
 	return nodeupdater.Result{RequeueAfter: d}, nil
+}
+
+// armReboot has the host of st's node reboot after delay, whatever the manager does
+// meanwhile: the host takes the node NotReady (until the updater brings it back) and the
+// History records the reboot.
+func (u *Updater) armReboot(nuName string, st *updateState, delay time.Duration) {
+	time.AfterFunc(delay, func() {
+		u.History.Record(Event{Kind: EventHostReboot, Node: st.node, NodeUpdate: nuName})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := u.Kubelets.Hold(ctx, st.node, nuName, true); err != nil && !errors.Is(err, errNodeGone) {
+			u.History.Action("the host of node %s rebooted, but its NotReady could not be written: %v", st.node, err)
+		}
+		u.mu.Lock()
+		st.rebooted = true
+		u.mu.Unlock()
+	})
 }
 
 // start takes a NodeUpdate into the updater's hands; u.mu is held.
@@ -265,14 +292,19 @@ func (u *Updater) cleanUp(ctx context.Context, nu *inplacev1.NodeUpdate, st *upd
 }
 
 // Abort implements nodeupdater.Updater: the updater stops at its safe point, which for
-// this updater is at once: a node it holds down is brought back Ready. After it said
-// done it never touches the node for this NodeUpdate again.
+// this updater is at once, unless a reboot is armed: then once the host has rebooted. A
+// node it holds down is brought back Ready. After it said done it never touches the node
+// for this NodeUpdate again.
 func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, error) {
 	u.mu.Lock()
 	st := u.updates[updateKey(nu)]
 	if st == nil || st.ended != "" {
 		u.mu.Unlock()
 		return true, nil
+	}
+	if st.armed && !st.rebooted {
+		u.mu.Unlock()
+		return false, nil
 	}
 	u.mu.Unlock()
 	if err := u.cleanUp(ctx, nu, st); err != nil {

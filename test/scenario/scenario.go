@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -618,6 +619,56 @@ func (s *Scenario) VMJourneys() []string {
 			line += fmt.Sprintf(", stopped on %s (not running)", last[vmi].Node)
 		}
 		out = append(out, line)
+	}
+	return out
+}
+
+// NodeJourneys says, per node that ran anything, what ran on its host, in order, from the
+// SUC simulator's record: each Plan's pod as the commands of its containers (the node
+// program's subcommands by name, kubectl's verb, else the image), and each reboot, with
+// when the node went down and how long it stayed down. The names of the node program's
+// subcommands say which of the release's node steps ran (rke2-settings at pre-drain and
+// post-drain, os-upgrade's install and boot settings); the reboot is the one os-upgrade
+// arms after its Job completed (node sheet fact 28).
+func (s *Scenario) NodeJourneys() []string {
+	if s.Record == nil {
+		return nil
+	}
+	type event struct {
+		at   time.Time
+		text string
+	}
+	byNode := map[string][]event{}
+	for _, r := range s.Record.Runs() {
+		text := strings.Join(r.Commands, " + ")
+		if r.Failed {
+			text += " (failed)"
+		}
+		byNode[r.Node] = append(byNode[r.Node], event{r.Start, text})
+	}
+	nodes := make([]string, 0, len(byNode))
+	for node := range byNode {
+		nodes = append(nodes, node)
+		for _, rb := range s.Record.Reboots(node) {
+			text := "reboot at " + rb.Start.Format("15:04:05")
+			if rb.End.IsZero() {
+				text += " (still down)"
+			} else {
+				text += fmt.Sprintf(", back after %s", rb.End.Sub(rb.Start).Round(100*time.Millisecond))
+			}
+			byNode[node] = append(byNode[node], event{rb.Start, text})
+		}
+	}
+	sort.Strings(nodes)
+	out := make([]string, 0, len(nodes))
+	for _, node := range nodes {
+		events := byNode[node]
+		sort.SliceStable(events, func(i, j int) bool { return events[i].at.Before(events[j].at) })
+		texts := make([]string, 0, len(events))
+		for _, e := range events {
+			texts = append(texts, e.text)
+		}
+		out = append(out, node+": "+strings.Join(texts, " → "))
 	}
 	return out
 }

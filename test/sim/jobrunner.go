@@ -126,6 +126,23 @@ func nodeSubcommand(image string, args []string) string {
 	return args[1]
 }
 
+// podCommand is what a container of a Job's pod runs, in a few words: the node program's
+// subcommand with its --stage, kubectl's verb, else the image's last path element.
+func podCommand(c corev1.Container) string {
+	if sub := nodeSubcommand(c.Image, c.Args); sub != "" {
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--stage=") {
+				sub += " " + a
+			}
+		}
+		return sub
+	}
+	if strings.Contains(imageRepository(c.Image), "kubectl") && len(c.Args) > 0 {
+		return "kubectl " + c.Args[0]
+	}
+	return c.Image[strings.LastIndex(c.Image, "/")+1:]
+}
+
 // knownSubcommand tells whether the node program of this build has the subcommand sub
 // (nodeprogram.Subcommands): a Job's container that runs another one exits with code 2
 // at once, as the real program does (nodeprogram/program.go). Every subcommand the
@@ -277,9 +294,10 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 	}
 	run := &podRun{node: node, plan: plan, start: now, exclusive: job.Labels[LabelExclusive] == "true"}
 	pod := job.Spec.Template.Spec
-	var images []string
+	var images, commands []string
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		images = append(images, c.Image)
+		commands = append(commands, podCommand(c))
 	}
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		if !s.imageExists(c.Image) {
@@ -297,7 +315,7 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 	s.mu.Lock()
 	seen := s.planSeen[plan.UID]
 	s.mu.Unlock()
-	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Images: images, PlanSeen: seen, Start: now})
+	run.record = s.Record.startRun(PlanRun{Plan: plan.Name, Node: node, Job: job.Name, Hash: job.Labels[NodePlanPrefix+plan.Name], Version: plan.Spec.Version, Images: images, Commands: commands, PlanSeen: seen, Start: now})
 	if run.pullError != "" {
 		s.Record.noteRun(run.record, run.pullError)
 	}

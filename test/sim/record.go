@@ -21,6 +21,9 @@ type PlanRun struct {
 	Version string
 	// Images are the images of the run's pod, init containers first.
 	Images []string
+	// Commands are what the pod's containers ran, in the same order (podCommand): a node
+	// program subcommand, kubectl's verb, or the image's name and tag.
+	Commands []string
 	// PlanSeen is when the simulator first synced the run's Plan: with Start and
 	// Labelled, what System Upgrade Controller's chain around the pod's work took (facts
 	// 28 and 46): from the Plan to the pod started (a Job created paused, the Plan's
