@@ -161,7 +161,10 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 		u.History.Record(Event{Kind: EventNodeDown, Node: st.node, NodeUpdate: nu.Name, Target: u.TargetOf[st.node]})
 		u.mu.Lock()
 		st.down, st.armed = true, true
-		delay := u.stepDuration()
+		// The host reboots a while after the step armed it (a Harvester OS Job's
+		// reboot comes a minute after it completed): long enough, against steps of
+		// tens of milliseconds, for aborts and timeouts to land in between.
+		delay := 4*u.stepDuration() + 60*time.Millisecond
 		u.mu.Unlock()
 		u.armReboot(nu.Name, st, delay)
 	case stepKubelet:
