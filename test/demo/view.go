@@ -396,7 +396,7 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 	}
 	if journeys := s.NodeJourneys(); len(journeys) > 0 {
 		v.println("")
-		v.println("On each node's host, in order (SUC simulator's record; the release's node steps are the node program's rke2-settings and os-upgrade):")
+		v.println("On each node, in order (SUC and Rancher simulators' records; the release's own node steps are the node program's rke2-settings and os-upgrade):")
 		for _, j := range journeys {
 			v.println("  " + j)
 		}

@@ -625,7 +625,8 @@ func (s *Scenario) VMJourneys() []string {
 
 // NodeJourneys says, per node that ran anything, what ran on its host, in order, from the
 // SUC simulator's record: each Plan's pod as the commands of its containers (the node
-// program's subcommands by name, kubectl's verb, else the image), and each reboot, with
+// program's subcommands by name, kubectl's verb, else the image), Rancher's RKE2 restarts
+// where its planner is played, and each reboot, with
 // when the node went down and how long it stayed down. The names of the node program's
 // subcommands say which of the release's node steps ran (rke2-settings at pre-drain and
 // post-drain, os-upgrade's install and boot settings); the reboot is the one os-upgrade
@@ -645,6 +646,13 @@ func (s *Scenario) NodeJourneys() []string {
 			text += " (failed)"
 		}
 		byNode[r.Node] = append(byNode[r.Node], event{r.Start, text})
+	}
+	if s.Planner != nil {
+		// Rancher's planner restarting RKE2 at the declared version, between the node's
+		// drain hooks (fact 60).
+		for _, a := range s.Planner.Restarts() {
+			byNode[a.Node] = append(byNode[a.Node], event{a.Start, fmt.Sprintf("Rancher restarts RKE2 at %s", a.To)})
+		}
 	}
 	nodes := make([]string, 0, len(byNode))
 	for node := range byNode {

@@ -127,11 +127,13 @@ func nodeSubcommand(image string, args []string) string {
 }
 
 // podCommand is what a container of a Job's pod runs, in a few words: the node program's
-// subcommand with its --stage, kubectl's verb, else the image's last path element.
+// subcommand with its own flags (not the host root, repository and version every one
+// gets), kubectl's verb, else the image's last path element.
 func podCommand(c corev1.Container) string {
 	if sub := nodeSubcommand(c.Image, c.Args); sub != "" {
 		for _, a := range c.Args {
-			if strings.HasPrefix(a, "--stage=") {
+			name, _, _ := strings.Cut(a, "=")
+			if strings.HasPrefix(a, "--") && !slices.Contains([]string{"--host-root", "--repository-url", "--version"}, name) {
 				sub += " " + a
 			}
 		}
