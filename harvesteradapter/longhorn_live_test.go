@@ -67,29 +67,6 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 		}
 		return c
 	}
-	// clusterUpgraded waits until the cluster's UpgradePlan has done the cluster step: a
-	// cluster upgrade on a fresh workload API server takes a few seconds, which a node's
-	// own wait for it must not eat into.
-	clusterUpgraded := func(c *harvesterCluster) {
-		GinkgoHelper()
-		Eventually(func(g Gomega) bool {
-			plan := &harvesterv1.UpgradePlan{}
-			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
-			return upgradeplan.PhaseReached(plan, harvesterv1.UpgradePlanNodeUpgrading)
-		}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
-	}
-	preflightOf := func(c *harvesterCluster, node string) map[string]string {
-		out := map[string]string{}
-		for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
-			Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.35.6+rke2r1",
-			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
-		}) {
-			if !r.Passed {
-				out[r.Name] = r.Message
-			}
-		}
-		return out
-	}
 	// longhornStep is the Longhorn step the node is at: LonghornPause (before the cordon)
 	// until it is done, then LonghornDataEngine (after the evacuation and the drain).
 	longhornStep := func(nu *inplacev1.NodeUpdate) *inplacev1.NodeUpdateStep {
@@ -132,9 +109,9 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(sim.CreateLonghornV2Volume(ctx, lh.Client, longhorn.Namespace,
 				sim.LonghornV2Volume{Name: "pvc-" + c.name, ReplicaNodes: c.nodes, EngineNode: c.nodes[0]})).To(Succeed())
 
-			Expect(preflightOf(c, c.nodes[0])).To(HaveKeyWithValue(longhorn.CheckLonghornV2SwapAvailable,
+			Expect(preflightFailures(c, c.nodes[0])).To(HaveKeyWithValue(longhorn.CheckLonghornV2SwapAvailable,
 				ContainSubstring("would interrupt the attached v2 volumes whose engine runs on it and that neither its VMs' evacuation nor its drain frees: pvc-"+c.name+" (attached with no pod using it);")))
-			Expect(preflightOf(c, c.nodes[1])).To(BeEmpty(), "a v2 replica alone does not hold a node")
+			Expect(preflightFailures(c, c.nodes[1])).To(BeEmpty(), "a v2 replica alone does not hold a node")
 
 			held := c.nodeUpdate(c.nodes[0])
 			Expect(driveUntil(c.updater, held, 30*time.Second, func(nu *inplacev1.NodeUpdate) bool {
@@ -185,7 +162,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(first.Node).To(Equal(c.nodes[0]), "Longhorn starts the smallest node name")
 			Expect(first.IMU).To(HavePrefix("upgrade-" + c.nodes[0] + "-"))
 
-			Expect(preflightOf(c, c.nodes[2])).To(HaveKeyWithValue(longhorn.CheckLonghornLiveUpgradeIdle,
+			Expect(preflightFailures(c, c.nodes[2])).To(HaveKeyWithValue(longhorn.CheckLonghornLiveUpgradeIdle,
 				ContainSubstring("InstanceManagerUpgrade "+first.IMU+" on node "+c.nodes[0])), "no node is picked while Longhorn's roll runs")
 
 			nu := c.nodeUpdate(c.nodes[2])
@@ -339,4 +316,31 @@ func installCRDs(wl *testenv.Environment, dir string) {
 	}
 	_, err = envtest.InstallCRDs(wl.Config, envtest.CRDInstallOptions{CRDs: crds})
 	Expect(err).NotTo(HaveOccurred())
+}
+
+// clusterUpgraded waits until the cluster's UpgradePlan has done the cluster step: a
+// cluster upgrade on a fresh workload API server takes a few seconds, which a node's own
+// wait for it must not eat into.
+func clusterUpgraded(c *harvesterCluster) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) bool {
+		plan := &harvesterv1.UpgradePlan{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
+		return upgradeplan.PhaseReached(plan, harvesterv1.UpgradePlanNodeUpgrading)
+	}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
+}
+
+// preflightFailures are the updater's failed preflight checks for node, by name.
+func preflightFailures(c *harvesterCluster, node string) map[string]string {
+	GinkgoHelper()
+	out := map[string]string{}
+	for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
+		Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.35.6+rke2r1",
+		UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
+	}) {
+		if !r.Passed {
+			out[r.Name] = r.Message
+		}
+	}
+	return out
 }

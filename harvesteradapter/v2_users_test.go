@@ -17,7 +17,6 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -28,30 +27,6 @@ import (
 // volume it alone used (test/sim/longhornusers.go; LH fact 38), so neither may keep the
 // node from being picked; what neither frees still does.
 var _ = Describe("Longhorn v2 volumes that the node's evacuation and drain free", func() {
-	// preflightFailures are the node's failed preflight checks, by name.
-	preflightFailures := func(c *vmCluster, node string) map[string]string {
-		GinkgoHelper()
-		out := map[string]string{}
-		for _, r := range c.updater.Preflight(ctx, nodeupdater.PreflightTarget{
-			Namespace: c.ns, ClusterName: c.name, NodeName: node, Version: "v1.35.6+rke2r1",
-			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
-		}) {
-			if !r.Passed {
-				out[r.Name] = r.Message
-			}
-		}
-		return out
-	}
-	// clusterUpgraded waits for the cluster step: a v2 volume attached before it holds the
-	// whole upgrade there (released_longhorn_test.go).
-	clusterUpgraded := func(c *vmCluster) {
-		GinkgoHelper()
-		Eventually(func(g Gomega) bool {
-			plan := &harvesterv1.UpgradePlan{}
-			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
-			return upgradeplan.PhaseReached(plan, harvesterv1.UpgradePlanNodeUpgrading)
-		}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
-	}
 	// longhornNodes gives each of the cluster's nodes its Longhorn node and running v1 and
 	// v2 instance managers of the image Longhorn runs now, as a settled Longhorn with the
 	// v2 data engine has; they leave with the spec.
@@ -111,7 +86,7 @@ var _ = Describe("Longhorn v2 volumes that the node's evacuation and drain free"
 		c := newVMCluster(3, func(h *harvesterv1.HarvesterUpgrader) {
 			h.Spec.Timeouts.DataEngineUpgrade = &metav1.Duration{Duration: 20 * time.Second}
 		})
-		clusterUpgraded(c)
+		clusterUpgraded(c.harvesterCluster)
 		longhornNodes(c)
 		node := c.nodes[0]
 		vm := c.vm("db", node, nil)
@@ -119,7 +94,7 @@ var _ = Describe("Longhorn v2 volumes that the node's evacuation and drain free"
 		web := podOn(c, "web-5d8f-x1", node, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-5d8f", UID: types.UID("web-rs")}, "web-data")
 		v2Volume(c, "pvc-"+c.name+"-pod", node, "web-data", sim.LonghornVolumeUser{Pod: web.Name, WorkloadName: "web-5d8f", WorkloadType: "ReplicaSet"})
 
-		Expect(preflightFailures(c, node)).To(BeEmpty(), "the VM's evacuation and the drain free both volumes: nothing holds the node at pick time")
+		Expect(preflightFailures(c.harvesterCluster, node)).To(BeEmpty(), "the VM's evacuation and the drain free both volumes: nothing holds the node at pick time")
 
 		nu := c.nodeUpdate(node)
 		Expect(drive(c.updater, nu, 60*time.Second)).To(Succeed())
@@ -142,7 +117,7 @@ var _ = Describe("Longhorn v2 volumes that the node's evacuation and drain free"
 
 	It("still holds at pick time a node where a v2 volume attached by hand, or used by a DaemonSet's pod the drain leaves, has its engine", func() {
 		c := newVMCluster(3, nil)
-		clusterUpgraded(c)
+		clusterUpgraded(c.harvesterCluster)
 		longhornNodes(c)
 		node := c.nodes[0]
 		ds := &appsv1.DaemonSet{
@@ -158,11 +133,11 @@ var _ = Describe("Longhorn v2 volumes that the node's evacuation and drain free"
 		v2Volume(c, "pvc-"+c.name+"-ds", node, "agent-data", sim.LonghornVolumeUser{Pod: agent.Name, WorkloadName: "agent", WorkloadType: "DaemonSet"})
 		v2Volume(c, "pvc-"+c.name+"-hand", node, "")
 
-		failures := preflightFailures(c, node)
+		failures := preflightFailures(c.harvesterCluster, node)
 		Expect(failures).To(HaveKeyWithValue(longhorn.CheckLonghornV2SwapAvailable, And(
 			ContainSubstring("pvc-"+c.name+"-ds (PVC "+c.ns+"/agent-data, used by pod "+c.ns+"/"+agent.Name+", which the drain leaves on the node (a DaemonSet's pod))"),
 			ContainSubstring("pvc-"+c.name+"-hand (attached with no pod using it)"))))
-		Expect(preflightFailures(c, c.nodes[1])).NotTo(HaveKey(longhorn.CheckLonghornV2SwapAvailable))
+		Expect(preflightFailures(c.harvesterCluster, c.nodes[1])).NotTo(HaveKey(longhorn.CheckLonghornV2SwapAvailable))
 	})
 })
 
