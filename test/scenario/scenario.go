@@ -623,14 +623,14 @@ func (s *Scenario) VMJourneys() []string {
 	return out
 }
 
-// NodeJourneys says, per node that ran anything, what ran on its host, in order, from the
-// SUC simulator's record: each Plan's pod as the commands of its containers (the node
-// program's subcommands by name, kubectl's verb, else the image), Rancher's RKE2 restarts
-// where its planner is played, and each reboot, with
-// when the node went down and how long it stayed down. The names of the node program's
-// subcommands say which of the release's node steps ran (rke2-settings at pre-drain and
-// post-drain, os-upgrade's install and boot settings); the reboot is the one os-upgrade
-// arms after its Job completed (node sheet fact 28).
+// NodeJourneys says, per node that ran anything, what ran on it, in order: from the SUC
+// simulator's record each Plan's pod as the commands of its containers (the node
+// program's subcommands by name, kubectl's verb, else the image) and each reboot, with
+// when the node went down and how long it stayed down; from Rancher's planner, where it
+// is played, each RKE2 restart. The names of the node program's subcommands say which of
+// the release's node steps ran (rke2-settings at pre-drain and post-drain, os-upgrade's
+// install and boot settings); the reboot is the one os-upgrade arms after its Job
+// completed (node sheet fact 28).
 func (s *Scenario) NodeJourneys() []string {
 	if s.Record == nil {
 		return nil

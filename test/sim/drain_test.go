@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
@@ -61,12 +60,10 @@ func podGone(p *corev1.Pod) func() bool {
 
 func longhornVolume(name string) func(Gomega) map[string]string {
 	return func(g Gomega) map[string]string {
-		v := &longhornv1.Volume{}
-		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: longhornNS, Name: name}, v)).To(Succeed())
-		e := &longhornv1.Engine{}
-		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: longhornNS, Name: name + "-e-0"}, e)).To(Succeed())
-		return map[string]string{"state": string(v.Status.State), "node": v.Status.CurrentNodeID, "engineNode": e.Spec.NodeID,
-			"engineState": string(e.Status.CurrentState), "lastPodRefAt": v.Status.KubernetesStatus.LastPodRefAt}
+		st, err := sim.ReadLonghornVolume(ctx, env.Client, longhornNS, name)
+		g.Expect(err).NotTo(HaveOccurred())
+		return map[string]string{"state": st.State, "node": st.Node, "engineNode": st.EngineNode,
+			"engineState": st.EngineState, "lastPodRefAt": st.LastPodRefAt}
 	}
 }
 

@@ -99,16 +99,8 @@ func MoveVolumeAttachments(ctx context.Context, c client.Client, namespace, vmi,
 			continue
 		}
 		key := client.ObjectKeyFromObject(v)
-		engines := &unstructured.UnstructuredList{}
-		engines.SetAPIVersion(longhornv1.SchemeGroupVersion.String())
-		engines.SetKind("EngineList")
-		if err := c.List(ctx, engines, client.InNamespace(key.Namespace), client.MatchingLabels{"longhornvolume": key.Name}); err != nil {
-			return fmt.Errorf("move the attachment of Longhorn volume %s: list its engines: %w", key.Name, err)
-		}
-		for j := range engines.Items {
-			if err := patchLonghorn(ctx, c, "Engine", client.ObjectKeyFromObject(&engines.Items[j]), false, map[string]any{"spec": map[string]any{"nodeID": target}}); err != nil {
-				return fmt.Errorf("move the engine of Longhorn volume %s to %s: %w", key.Name, target, err)
-			}
+		if err := MoveLonghornEngine(ctx, c, key.Namespace, key.Name, target); err != nil {
+			return err
 		}
 		if err := patchLonghorn(ctx, c, "Volume", key, false, map[string]any{"spec": map[string]any{"nodeID": target}}); err != nil {
 			return fmt.Errorf("move Longhorn volume %s to %s: %w", key.Name, target, err)
@@ -181,10 +173,10 @@ func userThere(ctx context.Context, c client.Client, u volumeUser) (bool, error)
 	return obj.GetDeletionTimestamp().IsZero(), nil
 }
 
-// LonghornVolumeState is what a test reads of a Longhorn volume: its state and node, and
-// its engine's node and state.
+// LonghornVolumeState is what a test reads of a Longhorn volume: its state and node,
+// since when no pod uses it, and its engine's node and state.
 type LonghornVolumeState struct {
-	State, Node, EngineNode, EngineState string
+	State, Node, LastPodRefAt, EngineNode, EngineState string
 }
 
 // ReadLonghornVolume reads a Longhorn volume and its (first) engine.
@@ -193,7 +185,7 @@ func ReadLonghornVolume(ctx context.Context, c client.Client, namespace, name st
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, v); err != nil {
 		return nil, err
 	}
-	st := &LonghornVolumeState{State: string(v.Status.State), Node: v.Status.CurrentNodeID}
+	st := &LonghornVolumeState{State: string(v.Status.State), Node: v.Status.CurrentNodeID, LastPodRefAt: v.Status.KubernetesStatus.LastPodRefAt}
 	engines := &longhornv1.EngineList{}
 	if err := c.List(ctx, engines, client.InNamespace(namespace), client.MatchingLabels{"longhornvolume": name}); err != nil {
 		return nil, err
