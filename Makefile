@@ -36,6 +36,10 @@ TEST_BIN_DIR := $(BIN)/k8s
 KUBE_APISERVER := $(TEST_BIN_DIR)/kube-apiserver
 ETCD           := $(TEST_BIN_DIR)/etcd
 KUBECTL        := $(TEST_BIN_DIR)/kubectl
+# helm, built from its Go module (hack/tools/helm): the cluster upgrade Job runs the helm of
+# Rancher's installer image, which the tests' simulated image ships as this one.
+HELM           := $(TEST_BIN_DIR)/helm
+HELM_VERSION   := v3.22.0
 KUBE_LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR)
 export KUBEBUILDER_ASSETS := $(TEST_BIN_DIR)
 
@@ -148,7 +152,7 @@ test-crds: $(CONTROLLER_GEN) ## Generate the SUC Plan, Longhorn (with its live u
 
 ##@ Test
 .PHONY: test-binaries
-test-binaries: $(KUBE_APISERVER) $(ETCD) $(KUBECTL) $(CAPI_BINARIES) ## Build the test control plane (kube-apiserver, etcd, kubectl) into bin/k8s and CAPI's controllers into bin/capi, once.
+test-binaries: $(KUBE_APISERVER) $(ETCD) $(KUBECTL) $(HELM) $(CAPI_BINARIES) ## Build the test control plane (kube-apiserver, etcd, kubectl), helm into bin/k8s and CAPI's controllers into bin/capi, once.
 
 .PHONY: capi-binaries
 capi-binaries: $(CAPI_BINARIES) ## Build Cluster API's controllers (core, KCP, CABPK, CAPD) once into bin/capi.
@@ -184,6 +188,12 @@ $(KUBECTL): hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
 	@echo "Building kubectl $(KUBE_VERSION) from k8s.io/kubernetes (once; about 2 minutes)..."
 	@mkdir -p $(TEST_BIN_DIR)
 	cd hack/tools/kubernetes && $(GO) build -o $@.tmp -ldflags "$(KUBE_LDFLAGS)" k8s.io/kubernetes/cmd/kubectl
+	mv $@.tmp $@
+
+$(HELM): hack/tools/helm/go.mod hack/tools/helm/go.sum
+	@echo "Building helm $(HELM_VERSION) from helm.sh/helm/v3 (once; about 2 minutes)..."
+	@mkdir -p $(TEST_BIN_DIR)
+	cd hack/tools/helm && $(GO) build -o $@.tmp -ldflags "-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" helm.sh/helm/v3/cmd/helm
 	mv $@.tmp $@
 
 $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum

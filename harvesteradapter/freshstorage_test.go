@@ -146,7 +146,7 @@ var _ = Describe("Longhorn's roll settled right before a node is taken down", fu
 		const roll = 6 * time.Second
 		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
 			LonghornRolloutDelay: roll, Interval: 20 * time.Millisecond}).Start(rctx)
-		(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
+		(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
 
 		c := newHarvesterClusterOn(wl, 2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
 		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {

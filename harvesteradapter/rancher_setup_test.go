@@ -39,7 +39,7 @@ func startRancherWorkload() *testenv.Environment {
 	DeferCleanup(cancel)
 	(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
 		Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
-	(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
+	(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
 	return wl
 }
 

@@ -44,7 +44,7 @@ func startRancher(wl *testenv.Environment) {
 	rctx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
 	(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond, Interval: 20 * time.Millisecond}).Start(rctx)
-	(&sim.ClusterUpgradeJobs{Client: wl.Client}).Start(rctx)
+	(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
 }
 
 var _ = AfterSuite(func() {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -109,16 +110,35 @@ func TestClusterUpgradeJobArgumentsParse(t *testing.T) {
 	if got.Plan != "up-1" || got.RancherImage != in.RancherImage || got.PreviousVersion != in.PreviousVersion || got.KubeVirtVersion != in.KubeVirtVersion || got.ClusterRepoImage != "rancher/harvester-cluster-repo:v1.6.0" || got.Timeout <= 0 {
 		t.Errorf("parsed input %+v", got)
 	}
-	// The release's files: copied by the init container from the release's upgrade
-	// image into the volume the program reads them from.
+	// The release's files: copied by the first init container from the release's upgrade
+	// image into the volume the program reads them from; Rancher's helm and chart by the
+	// next two, the node program copied into a volume and run in Rancher's installer
+	// image, which has no shell.
 	pod := job.Spec.Template.Spec
-	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Image != "rancher/harvester-upgrade:v1.6.0" || len(pod.InitContainers[0].VolumeMounts) != 1 ||
+	if len(pod.InitContainers) != 3 || pod.InitContainers[0].Image != "rancher/harvester-upgrade:v1.6.0" || len(pod.InitContainers[0].VolumeMounts) != 1 ||
 		pod.InitContainers[0].VolumeMounts[0].MountPath != clusterupgrade.ReleaseFilesDir {
-		t.Errorf("init containers %+v, want one of the release's upgrade image writing %s", pod.InitContainers, clusterupgrade.ReleaseFilesDir)
+		t.Fatalf("init containers %+v, want first one of the release's upgrade image writing %s", pod.InitContainers, clusterupgrade.ReleaseFilesDir)
 	}
-	if mounts := pod.Containers[0].VolumeMounts; got.ReleaseFiles != clusterupgrade.ReleaseFilesDir || len(mounts) != 1 || mounts[0].MountPath != got.ReleaseFiles ||
-		!mounts[0].ReadOnly || mounts[0].Name != pod.InitContainers[0].VolumeMounts[0].Name {
-		t.Errorf("--release-files %q with mounts %+v, want %s mounted read-only from the init container's volume", got.ReleaseFiles, mounts, clusterupgrade.ReleaseFilesDir)
+	program, installer := pod.InitContainers[1], pod.InitContainers[2]
+	if program.Image != "capi-inplace:dev" || strings.Join(program.Args, " ") != "node copy-files --to=/rancher-installer --file=/capi-inplace" {
+		t.Errorf("init container %s runs %s %q, want the node image copying its program", program.Name, program.Image, program.Args)
+	}
+	if installer.Image != "rancher/system-agent-installer-rancher:v2.12.0" || installer.Command[0] != "/rancher-installer/capi-inplace" ||
+		strings.Join(installer.Args, " ") != "node copy-files --to=/rancher-installer --file=/helm --file=/rancher-*.tgz" {
+		t.Errorf("init container %s runs %s %q %q, want Rancher's installer image of the release's Rancher running the copied program", installer.Name, installer.Image, installer.Command, installer.Args)
+	}
+	mounted := map[string]corev1.VolumeMount{}
+	for _, m := range pod.Containers[0].VolumeMounts {
+		mounted[m.MountPath] = m
+	}
+	if m, ok := mounted[clusterupgrade.ReleaseFilesDir]; got.ReleaseFiles != clusterupgrade.ReleaseFilesDir || !ok || !m.ReadOnly || m.Name != pod.InitContainers[0].VolumeMounts[0].Name {
+		t.Errorf("--release-files %q with mounts %+v, want %s mounted read-only from the init container's volume", got.ReleaseFiles, mounted, clusterupgrade.ReleaseFilesDir)
+	}
+	if m, ok := mounted[clusterupgrade.RancherInstallerDir]; got.RancherInstaller != clusterupgrade.RancherInstallerDir || !ok || !m.ReadOnly || m.Name != installer.VolumeMounts[0].Name {
+		t.Errorf("--rancher-installer %q with mounts %+v, want %s mounted read-only from the installer's volume", got.RancherInstaller, mounted, clusterupgrade.RancherInstallerDir)
+	}
+	if _, ok := mounted["/tmp"]; !ok {
+		t.Errorf("mounts %+v: helm needs a writable /tmp under the read-only root", mounted)
 	}
 	if p.ConfigMap != clusterupgrade.ProgressKey("harvester-system", "up-1") {
 		t.Errorf("progress ConfigMap %s, want %s", p.ConfigMap, clusterupgrade.ProgressKey("harvester-system", "up-1"))

@@ -100,6 +100,7 @@ func commands() []command {
 		{name: "rke2-manifest-skip", summary: "place (or with --remove take away) rke2-multus.yaml.skip in RKE2's server manifests, so that RKE2 restarting at a new version does not re-deploy multus", run: runManifestSkip},
 		{name: "rke2-settings", summary: "write the release's RKE2 and kubelet settings of one stage of the node's upgrade (--stage pre-drain or post-drain)", run: runRKE2Settings},
 		{name: "os-upgrade", summary: "install the release's operating system from the repository and schedule the reboot", run: runOSUpgrade},
+		{name: "copy-files", summary: "copy files of this container's image into a directory (the cluster upgrade Job takes Rancher's chart and helm out of an image without a shell with it)", run: runCopyFiles},
 		{name: "cluster-upgrade", summary: "upgrade Rancher, the chart repository and Harvester's charts (run in a Job, not on a node)", run: runClusterUpgrade},
 	}
 }

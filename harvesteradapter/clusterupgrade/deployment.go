@@ -53,19 +53,15 @@ func rolledOut(dep *appsv1.Deployment) (bool, string, error) {
 	return true, "rolled out", nil
 }
 
-// setImage sets the image of dep's container (named name, else the first), and the
-// environment variables env (each replaced or added), and records why in an annotation,
-// as a strategic merge patch of that one container.
-func (r *runner) setImage(ctx context.Context, dep *appsv1.Deployment, name, image string, env ...corev1.EnvVar) error {
+// setImage sets the image of dep's container (named name, else the first) and records
+// why in an annotation, as a strategic merge patch of that one container.
+func (r *runner) setImage(ctx context.Context, dep *appsv1.Deployment, name, image string) error {
 	before := dep.DeepCopy()
 	ctr, err := container(dep, name)
 	if err != nil {
 		return err
 	}
 	ctr.Image = image
-	for _, e := range env {
-		setEnv(ctr, e)
-	}
 	if dep.Annotations == nil {
 		dep.Annotations = map[string]string{}
 	}
@@ -76,27 +72,6 @@ func (r *runner) setImage(ctx context.Context, dep *appsv1.Deployment, name, ima
 	}
 	r.logf("Deployment %s/%s container %s: image %s", dep.Namespace, dep.Name, ctr.Name, image)
 	return nil
-}
-
-// setEnv replaces the variable e.Name of ctr's environment, or adds it.
-func setEnv(ctr *corev1.Container, e corev1.EnvVar) {
-	for i := range ctr.Env {
-		if ctr.Env[i].Name == e.Name {
-			ctr.Env[i] = e
-			return
-		}
-	}
-	ctr.Env = append(ctr.Env, e)
-}
-
-// envValue is the literal value of ctr's variable name, and whether ctr sets it.
-func envValue(ctr *corev1.Container, name string) (string, bool) {
-	for _, e := range ctr.Env {
-		if e.Name == name {
-			return e.Value, e.ValueFrom == nil
-		}
-	}
-	return "", false
 }
 
 // waitRollout waits until the Deployment key has rolled out with image.

@@ -82,6 +82,16 @@ type Input struct {
 	// container copies them there (ReleaseFilesDir); empty skips ApplyExtraManifests and
 	// UpgradeAddons, saying so.
 	ReleaseFiles string
+	// RancherInstaller is a directory holding the files of Rancher's installer image
+	// (rancher/system-agent-installer-rancher:<RancherVersion>): helm and the Rancher
+	// chart rancher-<version>.tgz, with which UpgradeRancher runs `helm upgrade rancher`
+	// as the release does (fact 16.1). The Job's init containers copy them there
+	// (RancherInstallerDir); without it Rancher cannot be upgraded and that sub-step
+	// fails, saying so.
+	RancherInstaller string
+	// Kubeconfig is the kubeconfig file helm uses; empty uses the pod's service account,
+	// as in the Job. Only a run outside a pod (a test) sets it.
+	Kubeconfig string
 
 	// PollInterval is how often a wait looks again. Default 5s, as wait_managed_chart
 	// (fact 42).
@@ -198,6 +208,9 @@ func (in Input) Validate() error {
 	if in.ClusterRepoImage != "" && !imageRef.MatchString(in.ClusterRepoImage) {
 		errs = append(errs, fmt.Errorf("--cluster-repo-image %q must be an image with a tag or digest, such as rancher/harvester-cluster-repo:v1.6.0", in.ClusterRepoImage))
 	}
+	if in.RancherInstaller != "" && !strings.HasPrefix(in.RancherInstaller, "/") {
+		errs = append(errs, fmt.Errorf("--rancher-installer %q must be an absolute directory, such as %s", in.RancherInstaller, RancherInstallerDir))
+	}
 	if in.ReleaseFiles != "" && !strings.HasPrefix(in.ReleaseFiles, "/") {
 		errs = append(errs, fmt.Errorf("--release-files %q must be an absolute directory, such as %s", in.ReleaseFiles, ReleaseFilesDir))
 	}
@@ -274,6 +287,8 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.StringVar(&in.RancherImage, "rancher-image", in.RancherImage, "Rancher image repository; empty keeps the rancher Deployment's")
 	fs.StringVar(&in.ClusterRepoImage, "cluster-repo-image", in.ClusterRepoImage, "harvester-cluster-repo image; default rancher/harvester-cluster-repo:<harvester-version>")
 	fs.StringVar(&in.ReleaseFiles, "release-files", in.ReleaseFiles, "directory with the release upgrade image's addons/ and extra_manifests/; empty skips the add-ons and extra manifests")
+	fs.StringVar(&in.RancherInstaller, "rancher-installer", in.RancherInstaller, "directory with helm and the Rancher chart of Rancher's system-agent-installer-rancher image; empty leaves Rancher un-upgradable")
+	fs.StringVar(&in.Kubeconfig, "kubeconfig", in.Kubeconfig, "kubeconfig file helm uses; empty uses the pod's service account")
 	fs.DurationVar(&in.PollInterval, "poll-interval", in.PollInterval, "how often waits look again (default 5s)")
 	fs.DurationVar(&in.ChartFailAfter, "chart-fail-after", in.ChartFailAfter, "how long a ManagedChart may report a failed apply before the upgrade fails (default 5m)")
 	fs.DurationVar(&in.FleetBundlesWait, "fleet-bundles-wait", in.FleetBundlesWait, "how long to wait at the end for Fleet's bundles to be ready, never failing (default 90s)")
@@ -312,6 +327,8 @@ func Args(in Input, p Progress) []string {
 	add("rancher-image", in.RancherImage)
 	add("cluster-repo-image", in.ClusterRepoImage)
 	add("release-files", in.ReleaseFiles)
+	add("rancher-installer", in.RancherInstaller)
+	add("kubeconfig", in.Kubeconfig)
 	dur("poll-interval", in.PollInterval)
 	dur("chart-fail-after", in.ChartFailAfter)
 	dur("fleet-bundles-wait", in.FleetBundlesWait)

@@ -54,6 +54,12 @@ type JobInput struct {
 	// which the upgrade reads (Input.ReleaseFiles); nothing else of it runs. Empty leaves
 	// the add-ons and extra manifests out.
 	UpgradeImage string
+	// RancherInstallerImage is Rancher's installer image with its tag
+	// (rancher/system-agent-installer-rancher:<Rancher version>): init containers copy
+	// its helm and Rancher chart into RancherInstallerDir (Input.RancherInstaller) for
+	// UpgradeRancher. Default DefaultRancherInstallerImage tagged with
+	// Input.RancherVersion.
+	RancherInstallerImage string
 	// Namespace of the Job. Default DefaultNamespace.
 	Namespace string
 	// ServiceAccount the Job runs as. Default DefaultServiceAccount.
@@ -123,14 +129,27 @@ func Job(in JobInput) *batchv1.Job {
 			upgrade.Timeout = deadline
 		}
 	}
+	// helm writes its cache and the values file under /tmp: the root is read-only.
+	volumes := []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mounts := []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}}
 	var initContainers []corev1.Container
-	var volumes []corev1.Volume
-	var mounts []corev1.VolumeMount
 	if in.UpgradeImage != "" {
 		if upgrade.ReleaseFiles == "" {
 			upgrade.ReleaseFiles = ReleaseFilesDir
 		}
-		initContainers, volumes, mounts = releaseFilesCopy(in.UpgradeImage, upgrade.ReleaseFiles)
+		c, v, m := releaseFilesCopy(in.UpgradeImage, upgrade.ReleaseFiles)
+		initContainers, volumes, mounts = append(initContainers, c...), append(volumes, v...), append(mounts, m...)
+	}
+	installer := in.RancherInstallerImage
+	if installer == "" && upgrade.RancherVersion != "" {
+		installer = DefaultRancherInstallerImage + ":" + upgrade.RancherVersion
+	}
+	if installer != "" {
+		if upgrade.RancherInstaller == "" {
+			upgrade.RancherInstaller = RancherInstallerDir
+		}
+		c, v, m := rancherInstallerCopy(in.Image, installer, upgrade.RancherInstaller)
+		initContainers, volumes, mounts = append(initContainers, c...), append(volumes, v...), append(mounts, m...)
 	}
 	labels := map[string]string{}
 	maps.Copy(labels, in.Labels)
@@ -209,6 +228,54 @@ func releaseFilesCopy(image, dir string) ([]corev1.Container, []corev1.Volume, [
 	volume := corev1.Volume{Name: ReleaseFilesContainer, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
 	mount := corev1.VolumeMount{Name: ReleaseFilesContainer, MountPath: dir, ReadOnly: true}
 	return []corev1.Container{init}, []corev1.Volume{volume}, []corev1.VolumeMount{mount}
+}
+
+// DefaultRancherInstallerImage is Rancher's installer image, untagged: the release takes
+// Rancher's chart and helm from it (fact 16.1).
+const DefaultRancherInstallerImage = "rancher/system-agent-installer-rancher"
+
+// Names of the init containers that take helm and the Rancher chart out of Rancher's
+// installer image.
+const (
+	// ProgramCopyContainer copies this image's static binary into the shared emptyDir.
+	ProgramCopyContainer = "program"
+	// RancherInstallerContainer runs that copy in Rancher's installer image, which has no
+	// shell (FROM scratch: /helm, /rancher-<version>.tgz and /run.sh; rancher
+	// package/Dockerfile.installer), to copy its helm and chart next to it.
+	RancherInstallerContainer = "rancher-installer"
+)
+
+// rancherInstallerCopy are the two init containers that put the helm and the Rancher
+// chart of Rancher's installer image into an emptyDir at dir, with the volume and the
+// program's read-only mount of it. Both run as the pod's non-root user with a read-only
+// root filesystem; the files they read are world-readable in both images.
+func rancherInstallerCopy(image, installer, dir string) ([]corev1.Container, []corev1.Volume, []corev1.VolumeMount) {
+	restricted := &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	copyProgram := corev1.Container{
+		Name:                     ProgramCopyContainer,
+		Image:                    image,
+		Command:                  []string{"/capi-inplace"},
+		Args:                     []string{"node", "copy-files", "--to=" + dir, "--file=/capi-inplace"},
+		VolumeMounts:             []corev1.VolumeMount{{Name: RancherInstallerContainer, MountPath: dir}},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext:          restricted,
+	}
+	copyInstaller := corev1.Container{
+		Name:                     RancherInstallerContainer,
+		Image:                    installer,
+		Command:                  []string{dir + "/capi-inplace"},
+		Args:                     []string{"node", "copy-files", "--to=" + dir, "--file=/helm", "--file=/rancher-*.tgz"},
+		VolumeMounts:             []corev1.VolumeMount{{Name: RancherInstallerContainer, MountPath: dir}},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext:          restricted.DeepCopy(),
+	}
+	volume := corev1.Volume{Name: RancherInstallerContainer, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	mount := corev1.VolumeMount{Name: RancherInstallerContainer, MountPath: dir, ReadOnly: true}
+	return []corev1.Container{copyProgram, copyInstaller}, []corev1.Volume{volume}, []corev1.VolumeMount{mount}
 }
 
 // JobState reads a cluster upgrade Job: done when it completed, failed (with the Job

@@ -48,6 +48,8 @@ func input(plan string) clusterupgrade.Input {
 		RancherFeatures:        mustFeatures(newRelease.Version),
 		RancherDependencies:    sim.DefaultRancherDependencies(newRelease.Rancher),
 		ReleaseFiles:           releaseFiles,
+		RancherInstaller:       rancherInstaller,
+		Kubeconfig:             kubeconfig,
 		PollInterval:           10 * time.Millisecond,
 		ChartFailAfter:         300 * time.Millisecond,
 		Timeout:                30 * time.Second,
@@ -488,7 +490,7 @@ var _ = Describe("Run", Ordered, func() {
 		// One pass each at the start; the next one without an event an hour later.
 		seed(oldRelease, func(r *sim.Rancher) { r.Cache, r.Interval = informers, time.Hour })
 		settle()
-		jobs := &sim.ClusterUpgradeJobs{Client: env.Client, Cache: informers, Interval: time.Hour}
+		jobs := &sim.ClusterUpgradeJobs{Kubeconfig: env.Kubeconfig, Client: env.Client, Cache: informers, Interval: time.Hour}
 		Expect(runJob(jobs, "up-job-events")).To(Equal(want(clusterupgrade.StateDone, nil)))
 		Expect(serverVersion()).To(Equal("v2.12.0"), "Rancher rolled out and wrote its version")
 		Expect(jobs.Runs()).To(Equal(1))
@@ -497,7 +499,7 @@ var _ = Describe("Run", Ordered, func() {
 	It("runs as the Job the builder makes, through the simulator's Job runner", func() {
 		seed(oldRelease)
 		settle()
-		jobs := &sim.ClusterUpgradeJobs{Client: env.Client}
+		jobs := &sim.ClusterUpgradeJobs{Kubeconfig: env.Kubeconfig, Client: env.Client}
 		Expect(runJob(jobs, "up-job")).To(Equal(want(clusterupgrade.StateDone, nil)))
 		Expect(chart(rancher.HarvesterChart).Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-job"))
 
@@ -520,12 +522,13 @@ var _ = Describe("Run", Ordered, func() {
 		settle()
 		jobCtx, cancel := context.WithCancel(ctx)
 		DeferCleanup(cancel)
-		(&sim.ClusterUpgradeJobs{Client: env.Client}).Start(jobCtx)
+		(&sim.ClusterUpgradeJobs{Kubeconfig: env.Kubeconfig, Client: env.Client}).Start(jobCtx)
 		in := input("")
 		in.Timeout, in.ReleaseFiles = 0, ""
 		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-pull", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0",
 			UpgradeImage: "registry.example.com/unknown:v1.6.0", ActiveDeadline: 2 * time.Second, Input: in})
-		Expect(job.Spec.Template.Spec.InitContainers).To(HaveLen(1))
+		Expect(job.Spec.Template.Spec.InitContainers).To(HaveLen(3), "the release's files, then the program and Rancher's installer image")
+		Expect(job.Spec.Template.Spec.InitContainers[0].Image).To(Equal("registry.example.com/unknown:v1.6.0"))
 		Expect(env.Client.Create(ctx, job)).To(Succeed())
 		Eventually(func() string {
 			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())

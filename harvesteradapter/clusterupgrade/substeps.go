@@ -37,89 +37,6 @@ var (
 	harvesterChart    = client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.HarvesterChart}
 )
 
-// upgradeRancher brings Rancher to the release's version and features (facts 16, 42),
-// skipped when the server-version Setting already says that version, as the script
-// returns early when Rancher's image tag is the release's.
-//
-// Simplification: the script runs `helm upgrade rancher` with the chart and helm it
-// extracts from the release's system-agent-installer-rancher image, after deleting
-// Rancher's chart repositories (16.4). This program has no helm: it waits, as the script
-// does, for the local cluster to be provisioned and settled, then sets, in one change of
-// the rancher Deployment's rancher container, the image's tag to the target version
-// (keeping its repository unless RancherImage says otherwise) and CATTLE_FEATURES to the
-// release's features (RancherFeatures; Rancher's chart renders its `features` value into
-// that variable, and Helm replaces the whole value, fact 42), waits for the rollout and
-// for server-version to say the target. The other chart-level changes of a Rancher
-// release (new values, new objects of the chart) are not applied, and the helm release
-// keeps its old values. WaitRancherDependencies then waits for what Rancher deploys.
-func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) {
-	target := r.in.RancherVersion
-	setting := &managementv3.Setting{}
-	if err := r.c.Get(ctx, serverVersionKey, setting); err != nil {
-		return "", "", fmt.Errorf("read Rancher's Setting %s: %w", rancher.ServerVersionSetting, err)
-	}
-	if setting.Effective() == target {
-		dep := &appsv1.Deployment{}
-		if err := r.c.Get(ctx, rancherKey, dep); err != nil {
-			return "", "", fmt.Errorf("read Rancher's Deployment %s: %w", rancherKey, err)
-		}
-		return r.already(StepUpgradeRancher, fmt.Sprintf("Rancher's server-version is already %s", target), r.ours(dep))
-	}
-	dep := &appsv1.Deployment{}
-	if err := r.c.Get(ctx, rancherKey, dep); err != nil {
-		return "", "", fmt.Errorf("read Rancher's Deployment %s: %w", rancherKey, err)
-	}
-	ctr, err := container(dep, "rancher")
-	if err != nil {
-		return "", "", err
-	}
-	repo := r.in.RancherImage
-	if repo == "" {
-		repo = imageRepository(ctr.Image)
-	}
-	image := withTag(repo, target)
-	var env []corev1.EnvVar
-	features := "as they were"
-	if f := r.in.RancherFeatures; f != "" {
-		env = append(env, corev1.EnvVar{Name: rancherFeaturesEnv, Value: f})
-		features = f
-	}
-	current, literal := envValue(ctr, rancherFeaturesEnv)
-	repos := ""
-	if ctr.Image != image || len(env) > 0 && (!literal || current != r.in.RancherFeatures) {
-		if err := r.waitLocalClusterSettled(ctx); err != nil {
-			return "", "", err
-		}
-		if err := r.deleteRancherChartRepos(ctx); err != nil {
-			return "", "", err
-		}
-		repos = fmt.Sprintf("; ClusterRepos %s, %s, %s and Setting %s deleted before, for the new Rancher to create from its own charts",
-			rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo, rancher.ChartDefaultBranchSetting)
-		if err := r.saveFleetAPIServer(ctx); err != nil {
-			return "", "", err
-		}
-		if err := r.setImage(ctx, dep, "rancher", image, env...); err != nil {
-			return "", "", err
-		}
-	}
-	if err := r.waitRollout(ctx, rancherKey, "rancher", image); err != nil {
-		return "", "", err
-	}
-	err = r.poll(ctx, fmt.Sprintf("Rancher's Setting %s to say %s", rancher.ServerVersionSetting, target),
-		"Rancher sets it when it starts at the new version: look at Rancher's logs (kubectl -n cattle-system logs deploy/rancher)",
-		func(ctx context.Context) (bool, string, error) {
-			s := &managementv3.Setting{}
-			if err := r.c.Get(ctx, serverVersionKey, s); err != nil {
-				return false, "", fmt.Errorf("read Rancher's Setting %s: %w", rancher.ServerVersionSetting, err)
-			}
-			return s.Effective() == target, "server-version " + s.Effective(), nil
-		})
-	if err != nil {
-		return "", "", err
-	}
-	return StateDone, fmt.Sprintf("Rancher runs %s (image %s, features %s)%s", target, image, features, repos), nil
-}
-
 // deleteRancherChartRepos deletes Rancher's own ClusterRepos and its chart-default-branch
 // Setting right before Rancher is changed, as the release does (fact 16.4, the workaround
 // for rancher/rancher#36914 and harvester#2011): a ClusterRepo that outlives the old
@@ -140,9 +57,6 @@ func (r *runner) deleteRancherChartRepos(ctx context.Context) error {
 	}
 	return nil
 }
-
-// rancherFeaturesEnv is the variable Rancher's chart renders its `features` value into.
-const rancherFeaturesEnv = "CATTLE_FEATURES"
 
 // waitLocalClusterSettled waits until fleet-local/local is ready, Provisioned (when it
 // has that condition) and reconciled at its generation, as the script does before it

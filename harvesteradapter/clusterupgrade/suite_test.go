@@ -9,6 +9,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -19,6 +21,10 @@ var (
 	// releaseFiles holds the simulated release upgrade image's files, as the Job's init
 	// container copies them (input's ReleaseFiles).
 	releaseFiles string
+	// kubeconfig reaches env for the helm the upgrade runs (input's Kubeconfig), and
+	// rancherInstaller holds the simulated installer image of newRelease's Rancher
+	// (input's RancherInstaller), as the Job's init containers copy it.
+	kubeconfig, rancherInstaller string
 )
 
 func TestClusterUpgrade(t *testing.T) {
@@ -34,6 +40,11 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	releaseFiles = filepath.Join(dir, "share")
 	Expect(sim.WriteHarvesterUpgradeFiles(releaseFiles)).To(Succeed())
+	kubeconfig = filepath.Join(dir, "kubeconfig")
+	Expect(env.WriteKubeconfig(kubeconfig)).To(Succeed())
+	var ok bool
+	rancherInstaller, ok = sim.DefaultRancherInstallers(clusterupgrade.DefaultRancherInstallerImage + ":" + newRelease.Rancher)
+	Expect(ok).To(BeTrue(), "the simulated installer image of Rancher %s (helm from KUBEBUILDER_ASSETS)", newRelease.Rancher)
 })
 
 var _ = AfterSuite(func() {

@@ -41,6 +41,8 @@ type HelmRelease struct {
 	Info      struct {
 		Status       string `json:"status"`
 		LastDeployed string `json:"last_deployed,omitempty"`
+		// Description is the revision's description (helm upgrade --description).
+		Description string `json:"description,omitempty"`
 	} `json:"info"`
 	Chart struct {
 		Metadata struct {
@@ -49,6 +51,8 @@ type HelmRelease struct {
 			AppVersion string `json:"appVersion,omitempty"`
 		} `json:"metadata"`
 	} `json:"chart"`
+	// Config is the values the user set (what `helm get values` shows).
+	Config map[string]any `json:"config,omitempty"`
 }
 
 // ChartRef is the chart column of `helm history`: <chart name>-<chart version>.

@@ -33,12 +33,13 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 	// which the plan refused before; empty leaves Rancher's features as they are.
 	features, _ := releases.RancherFeatures(rel.Harvester)
 	return clusterupgrade.Job(clusterupgrade.JobInput{
-		Plan:           pr.Plan.Name,
-		Image:          pr.Config.Spec.Images.Node,
-		UpgradeImage:   upgradeImage(pr.Config.Spec.Images.Upgrade, rel.Harvester),
-		Namespace:      repository.Namespace,
-		ServiceAccount: pr.Config.Spec.ClusterUpgrade.ServiceAccountName,
-		Labels:         labels,
+		Plan:                  pr.Plan.Name,
+		Image:                 pr.Config.Spec.Images.Node,
+		UpgradeImage:          upgradeImage(pr.Config.Spec.Images.Upgrade, rel.Harvester),
+		RancherInstallerImage: rancherInstallerImage(pr.Config.Spec.Images.RancherInstaller, rel.Rancher),
+		Namespace:             repository.Namespace,
+		ServiceAccount:        pr.Config.Spec.ClusterUpgrade.ServiceAccountName,
+		Labels:                labels,
 		Input: clusterupgrade.Input{
 			Plan:                    pr.Plan.Name,
 			HarvesterVersion:        rel.Harvester,
@@ -64,6 +65,16 @@ func upgradeImage(image, release string) string {
 		return ""
 	}
 	return suc.ImageWithTag(image, release)
+}
+
+// rancherInstallerImage is Rancher's installer image at the release's Rancher (fact 16.1):
+// image with the Rancher version as its tag unless it has one; the default image when none
+// is configured (a HarvesterUpgrader written before the field existed).
+func rancherInstallerImage(image, rancherVersion string) string {
+	if image == "" {
+		image = clusterupgrade.DefaultRancherInstallerImage
+	}
+	return suc.ImageWithTag(image, rancherVersion)
 }
 
 // upgradeCluster runs the cluster upgrade Job and copies its sub-steps' progress into the

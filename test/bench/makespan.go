@@ -284,7 +284,7 @@ func runMakespan(ctx context.Context, b *bench, n int, perNodePreload bool, d sc
 	longhorn := &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, Interval: poll}
 	repository.Start(runCtx)
 	(&sim.Rancher{Client: wc, Cache: informers}).Start(runCtx)
-	(&sim.ClusterUpgradeJobs{Client: wc, Cache: informers, MinDuration: d.clusterUpgrade}).Start(runCtx)
+	(&sim.ClusterUpgradeJobs{Client: wc, Kubeconfig: wl.Kubeconfig, Cache: informers, MinDuration: d.clusterUpgrade}).Start(runCtx)
 	var sims sync.WaitGroup
 	sims.Add(2)
 	go func() { defer sims.Done(); _ = suc.Run(runCtx) }()

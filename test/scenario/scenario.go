@@ -495,7 +495,7 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		s.simsDone.Add(1)
 		go func() { defer s.simsDone.Done(); _ = s.Planner.Run(ctx) }()
 	}
-	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Interval: 50 * time.Millisecond}
+	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Kubeconfig: s.Workload.Kubeconfig, Interval: 50 * time.Millisecond}
 	s.ClusterUpgradeJobs.Start(ctx)
 	s.simsDone.Add(3)
 	go func() { defer s.simsDone.Done(); _ = s.SUC.Run(ctx) }()

@@ -60,6 +60,14 @@ type ClusterUpgradeJobs struct {
 	// files (clusterupgrade.ReleaseFilesContainer) pulls: the files of an image, or false
 	// when the image cannot be pulled. Default DefaultReleaseImages.
 	ReleaseImages func(image string) (fs.FS, bool)
+	// RancherInstallers is what the init containers that take helm and the Rancher chart
+	// out of Rancher's installer image (clusterupgrade.RancherInstallerContainer) pull:
+	// the directory of an image's files, or false when the image cannot be pulled.
+	// Default DefaultRancherInstallers.
+	RancherInstallers func(image string) (string, bool)
+	// Kubeconfig is the kubeconfig of Client's API server, given to the program as
+	// --kubeconfig for the helm it runs: in a pod, helm uses the pod's service account.
+	Kubeconfig func() ([]byte, error)
 
 	loop    passLoop
 	mu      sync.Mutex
@@ -130,6 +138,11 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 	defer cancel()
 	args, cleanup, err := j.releaseFiles(runCtx, job, args)
 	defer cleanup()
+	if err == nil {
+		var cleanupInstaller func()
+		args, cleanupInstaller, err = j.rancherInstaller(runCtx, job, args)
+		defer cleanupInstaller()
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			j.finish(ctx, job, err)
@@ -226,6 +239,67 @@ func (j *ClusterUpgradeJobs) releaseFiles(ctx context.Context, job *batchv1.Job,
 				}
 			}
 		}
+	}
+	return out, cleanup, nil
+}
+
+// rancherInstaller plays the Job's init containers that take helm and the Rancher chart
+// out of Rancher's installer image (clusterupgrade.Job): the first copies the node
+// program, which the second runs in the installer image to copy /helm and
+// /rancher-*.tgz; here the image's files (RancherInstallers) are linked into a directory
+// standing for their emptyDir, and --rancher-installer points there. It also gives the
+// program Kubeconfig as --kubeconfig, for helm. An image that cannot be pulled keeps the
+// pod waiting until the Job's deadline, as releaseFiles.
+func (j *ClusterUpgradeJobs) rancherInstaller(ctx context.Context, job *batchv1.Job, args []string) ([]string, func(), error) {
+	nothing := func() {}
+	var init *corev1.Container
+	for i, c := range job.Spec.Template.Spec.InitContainers {
+		if c.Name == clusterupgrade.RancherInstallerContainer {
+			init = &job.Spec.Template.Spec.InitContainers[i]
+		}
+	}
+	if init == nil {
+		return args, nothing, nil
+	}
+	images := j.RancherInstallers
+	if images == nil {
+		images = DefaultRancherInstallers
+	}
+	files, ok := images(init.Image)
+	if !ok {
+		<-ctx.Done()
+		return nil, nothing, fmt.Errorf("pod of Job %s/%s: init container %s: ErrImagePull: image %s cannot be pulled (%w)", job.Namespace, job.Name, init.Name, init.Image, context.DeadlineExceeded)
+	}
+	dir, err := os.MkdirTemp("", "rancher-installer-")
+	if err != nil {
+		return nil, nothing, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	entries, err := os.ReadDir(files)
+	if err != nil {
+		return nil, cleanup, err
+	}
+	for _, e := range entries {
+		if err := os.Symlink(filepath.Join(files, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			return nil, cleanup, err
+		}
+	}
+	out := slices.Clone(args)
+	for i, a := range out {
+		if strings.HasPrefix(a, "--rancher-installer=") {
+			out[i] = "--rancher-installer=" + dir
+		}
+	}
+	if j.Kubeconfig != nil {
+		kc, err := j.Kubeconfig()
+		if err != nil {
+			return nil, cleanup, err
+		}
+		path := filepath.Join(dir, "kubeconfig")
+		if err := os.WriteFile(path, kc, 0o600); err != nil {
+			return nil, cleanup, err
+		}
+		out = append(out, "--kubeconfig="+path)
 	}
 	return out, cleanup, nil
 }

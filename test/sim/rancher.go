@@ -491,8 +491,13 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	rancherDep := seedDeployment(rancher.RancherDeployment, "rancher", "rancher/rancher:"+rel.Rancher, 3)
 	// Rancher's chart renders its features value into CATTLE_FEATURES; each release sets
 	// its own list (harvester-release-steps.md fact 42).
-	if features, err := releases.RancherFeatures(rel.Version); err == nil {
+	features, err := releases.RancherFeatures(rel.Version)
+	if err == nil {
 		rancherDep.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "CATTLE_FEATURES", Value: features}}
+	}
+	// Installed through Helm, as rancherd installs it; the release upgrades it with helm.
+	if err := seedRancherRelease(ctx, c, rel.Rancher, features, rancherDep); err != nil {
+		return err
 	}
 	deps := []*appsv1.Deployment{
 		rancherDep,

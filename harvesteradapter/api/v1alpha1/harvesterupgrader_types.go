@@ -105,6 +105,19 @@ type Images struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.upgrade must be an image reference without spaces"
 	Upgrade string `json:"upgrade,omitempty"`
 
+	// rancherInstaller is Rancher's installer image, built FROM scratch with helm and the
+	// Rancher chart, from which the release upgrades Rancher (upgrade_rancher). The cluster
+	// upgrade Job copies its /helm and /rancher-<version>.tgz out with a copy of the node
+	// program and runs `helm upgrade rancher` with them. Untagged, it gets the release's
+	// Rancher version as its tag (rancher/system-agent-installer-rancher:v2.13.3). The
+	// release ships it in its image archives (the repository's agent images), so a node
+	// preloaded with the release has it. Set it to use a mirror.
+	// +optional
+	// +kubebuilder:default="rancher/system-agent-installer-rancher"
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[^ ]+$')",message="images.rancherInstaller must be an image reference without spaces"
+	RancherInstaller string `json:"rancherInstaller,omitempty"`
+
 	// nginx serves the mounted ISO in the repository's pods.
 	// +optional
 	// +kubebuilder:default="rancher/mirrored-library-nginx:1.27-alpine"
