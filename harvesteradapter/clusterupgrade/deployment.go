@@ -3,7 +3,6 @@ package clusterupgrade
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -107,18 +106,4 @@ func (r *runner) waitRolledOut(ctx context.Context, key client.ObjectKey) error 
 			}
 			return rolledOut(dep)
 		})
-}
-
-// withTag is image with its tag (or digest) replaced by tag.
-func withTag(image, tag string) string {
-	return imageRepository(image) + ":" + tag
-}
-
-// imageRepository is image without its tag or digest.
-func imageRepository(image string) string {
-	image, _, _ = strings.Cut(image, "@")
-	if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
-		return image[:i]
-	}
-	return image
 }

@@ -106,7 +106,8 @@ var (
 // image's directory is returned. Any other image cannot be pulled.
 func DefaultRancherInstallers(image string) (string, bool) {
 	repo, tag, ok := strings.Cut(image, ":")
-	if !ok || !(repo == "system-agent-installer-rancher" || strings.HasSuffix(repo, "/system-agent-installer-rancher")) || !installerTag.MatchString(tag) {
+	isInstaller := repo == "system-agent-installer-rancher" || strings.HasSuffix(repo, "/system-agent-installer-rancher")
+	if !ok || !isInstaller || !installerTag.MatchString(tag) {
 		return "", false
 	}
 	installerMu.Lock()
