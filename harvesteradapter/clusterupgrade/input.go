@@ -103,6 +103,11 @@ type Input struct {
 	// the upgrade (fact 31: wait_for_fleet_bundles 9, nine looks ten seconds apart).
 	// Default 90s.
 	FleetBundlesWait time.Duration
+	// HelmPendingRollbackAfter is how long a revision of one of Rancher's system charts
+	// may stay pending, at another chart than the release's, before WaitRancherDependencies
+	// rolls the release back once to its last deployed revision, so that Rancher can
+	// upgrade it (wait_helm_release, fact 16.11). Default 5m, as the script.
+	HelmPendingRollbackAfter time.Duration
 	// Timeout bounds the whole run; 0 leaves it to the caller's context.
 	Timeout time.Duration
 
@@ -128,6 +133,7 @@ const (
 	defaultPollInterval     = 5 * time.Second
 	defaultChartFailAfter   = 5 * time.Minute
 	defaultFleetBundlesWait = 90 * time.Second
+	defaultPendingRollback  = 5 * time.Minute
 )
 
 func (in Input) withDefaults() Input {
@@ -142,6 +148,9 @@ func (in Input) withDefaults() Input {
 	}
 	if in.FleetBundlesWait <= 0 {
 		in.FleetBundlesWait = defaultFleetBundlesWait
+	}
+	if in.HelmPendingRollbackAfter <= 0 {
+		in.HelmPendingRollbackAfter = defaultPendingRollback
 	}
 	if in.Clock == nil {
 		in.Clock = clock.RealClock{}
@@ -292,6 +301,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.DurationVar(&in.PollInterval, "poll-interval", in.PollInterval, "how often waits look again (default 5s)")
 	fs.DurationVar(&in.ChartFailAfter, "chart-fail-after", in.ChartFailAfter, "how long a ManagedChart may report a failed apply before the upgrade fails (default 5m)")
 	fs.DurationVar(&in.FleetBundlesWait, "fleet-bundles-wait", in.FleetBundlesWait, "how long to wait at the end for Fleet's bundles to be ready, never failing (default 90s)")
+	fs.DurationVar(&in.HelmPendingRollbackAfter, "helm-pending-rollback-after", in.HelmPendingRollbackAfter, "how long a revision of Rancher's fleet, fleet-crd or rancher-webhook chart may stay pending at another chart before it is rolled back once (default 5m)")
 	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
 	fs.StringVar(&p.ConfigMap.Namespace, "progress-namespace", p.ConfigMap.Namespace, "namespace of the progress ConfigMap")
 	fs.StringVar(&p.ConfigMap.Name, "progress-name", p.ConfigMap.Name, "name of the progress ConfigMap")
@@ -332,6 +342,7 @@ func Args(in Input, p Progress) []string {
 	dur("poll-interval", in.PollInterval)
 	dur("chart-fail-after", in.ChartFailAfter)
 	dur("fleet-bundles-wait", in.FleetBundlesWait)
+	dur("helm-pending-rollback-after", in.HelmPendingRollbackAfter)
 	dur("timeout", in.Timeout)
 	add("progress-namespace", p.ConfigMap.Namespace)
 	add("progress-name", p.ConfigMap.Name)

@@ -108,6 +108,42 @@ var _ = Describe("Run and Rancher", func() {
 		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).State).To(Equal(clusterupgrade.StateSkipped))
 	})
 
+	It("rolls a system chart stuck pending at another chart back once, with helm, so that Rancher installs the release's (fact 16.11)", func() {
+		seed(oldRelease)
+		settle()
+		stuck := releases.ChartApp{Chart: "111.9.9+up0.11.9", App: "0.11.9"}
+		Expect(sim.StoreStuckSystemChart(ctx, env.Client, rancher.FleetChart, stuck, time.Now().Add(-10*time.Minute))).To(Succeed())
+		in := input("up-stuck")
+		steps := runStates(in, newProgress())
+		Expect(stepNamed(steps, clusterupgrade.StepWaitRancherDependencies).State).To(Equal(clusterupgrade.StateDone))
+		rel, err := rancher.NewestHelmRelease(ctx, env.Client, rancher.FleetNamespace, rancher.FleetChart)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rel.ChartRef()).To(Equal(rancher.FleetChart + "-" + in.RancherDependencies.Fleet.Chart))
+		Expect(rel.Info.Status).To(Equal("deployed"))
+		Expect(rel.Version).To(Equal(4), "1 deployed, 2 stuck, 3 the rollback to 1, 4 Rancher's upgrade")
+		secrets := &corev1.SecretList{}
+		Expect(env.Client.List(ctx, secrets, client.InNamespace(rancher.FleetNamespace), client.MatchingLabels{"owner": "helm", "name": rancher.FleetChart, "version": "3"})).To(Succeed())
+		Expect(secrets.Items).To(HaveLen(1))
+		rollback, err := rancher.DecodeHelmRelease(secrets.Items[0].Data["release"])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rollback.Info.Description).To(Equal("Rollback to 1"), "helm's own rollback")
+	})
+
+	It("leaves a revision pending for less than the bound alone, and its wait names it", func() {
+		seed(oldRelease)
+		settle()
+		stuck := releases.ChartApp{Chart: "111.9.9+up0.11.9", App: "0.11.9"}
+		Expect(sim.StoreStuckSystemChart(ctx, env.Client, rancher.FleetChart, stuck, time.Now())).To(Succeed())
+		in := input("up-stuck-young")
+		in.Timeout = 15 * time.Second
+		Expect(clusterupgrade.Run(ctx, env.Client, in, newProgress())).To(MatchError(And(
+			ContainSubstring("fleet-111.9.9+up0.11.9 (app 0.11.9) pending-upgrade since"),
+			ContainSubstring("rolled back once"))))
+		rel, err := rancher.NewestHelmRelease(ctx, env.Client, rancher.FleetNamespace, rancher.FleetChart)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rel.Version).To(Equal(2), "nothing rolled back, nothing upgraded over it")
+	})
+
 	repoOf := func() *catalogv1.ClusterRepo {
 		GinkgoHelper()
 		repo := &catalogv1.ClusterRepo{}

@@ -255,9 +255,9 @@ func (r *runner) rancherHelm() (*rancherHelm, error) {
 
 func (h *rancherHelm) close() { _ = os.RemoveAll(h.home) }
 
-// run runs helm with args in Rancher's namespace and returns its standard output.
-func (h *rancherHelm) run(ctx context.Context, args ...string) ([]byte, error) {
-	args = append(args, "--namespace", rancher.CattleSystem)
+// run runs helm with args in namespace and returns its standard output.
+func (h *rancherHelm) run(ctx context.Context, namespace string, args ...string) ([]byte, error) {
+	args = append(args, "--namespace", namespace)
 	if h.kubeconfig != "" {
 		args = append(args, "--kubeconfig", h.kubeconfig)
 	}
@@ -277,7 +277,7 @@ func (h *rancherHelm) run(ctx context.Context, args ...string) ([]byte, error) {
 // values is `helm get values rancher`: the values the user (here: rancherd and earlier
 // upgrades) set, not the chart's defaults.
 func (h *rancherHelm) values(ctx context.Context) (map[string]any, error) {
-	out, err := h.run(ctx, "get", "values", rancherRelease, "--output", "json")
+	out, err := h.run(ctx, rancher.CattleSystem, "get", "values", rancherRelease, "--output", "json")
 	if err != nil {
 		return nil, fmt.Errorf("read Rancher's Helm values: %w", err)
 	}
@@ -301,7 +301,7 @@ func (h *rancherHelm) upgrade(ctx context.Context, values map[string]any, descri
 	if err := os.WriteFile(file, raw, 0o600); err != nil {
 		return fmt.Errorf("write Rancher's values for helm: %w", err)
 	}
-	if _, err := h.run(ctx, "upgrade", rancherRelease, h.chart, "--values", file, "--description", description); err != nil {
+	if _, err := h.run(ctx, rancher.CattleSystem, "upgrade", rancherRelease, h.chart, "--values", file, "--description", description); err != nil {
 		return fmt.Errorf("upgrade Rancher: %w", err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package clusterupgrade
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,9 +51,10 @@ func (in Input) systemCharts() []systemChart {
 // ClusterRepo's index (force_refresh_clusterrepo, fact 16.10 and fact 40; absent in
 // v1.8.0), and so does this for those targets.
 //
-// Not done: the script rolls a release back once (helm rollback) when its newest
-// revision has been pending for more than 5 minutes; without Helm this program says so
-// and keeps waiting. The local fleet-agent's redeploy and the waits for the local Fleet
+// A release whose newest revision has stayed pending at another chart for more than
+// HelmPendingRollbackAfter is rolled back once, with the helm of Rancher's installer
+// image, to its last deployed revision, as the script does: helm upgrades nothing over a
+// pending revision, so Rancher could never install the release's chart. The local fleet-agent's redeploy and the waits for the local Fleet
 // cluster that follow (16.14 to 16.16) are the next sub-step, SettleFleetAgent.
 func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string, error) {
 	if r.prior[StepWaitRancherDependencies].State == StateDone {
@@ -104,7 +106,8 @@ func (r *runner) waitRancherDependencies(ctx context.Context) (StepState, string
 func (r *runner) waitHelmRelease(ctx context.Context, sc systemChart) error {
 	chartRef := sc.name + "-" + sc.want.Chart
 	what := fmt.Sprintf("Helm release %s/%s to be %s (app %s), deployed", sc.namespace, sc.name, chartRef, sc.want.App)
-	remedy := fmt.Sprintf("Rancher installs it once it runs at %s; look at `helm -n %s history %s` and Rancher's logs. A revision pending for more than 5 minutes is stuck: the release's script rolls it back once to the last deployed revision (`helm -n %s rollback %s <revision>`), which this program, having no Helm, leaves to you", r.in.RancherVersion, sc.namespace, sc.name, sc.namespace, sc.name)
+	remedy := fmt.Sprintf("Rancher installs it once it runs at %s; look at `helm -n %s history %s` and Rancher's logs. A revision pending at another chart for more than %s is rolled back once to the last deployed revision, as the release's script does; a revision pending at the release's chart is Rancher's own upgrade under way", r.in.RancherVersion, sc.namespace, sc.name, r.in.HelmPendingRollbackAfter)
+	rolledBack := false
 	return r.poll(ctx, what, remedy, func(ctx context.Context) (bool, string, error) {
 		rel, err := rancher.NewestHelmRelease(ctx, r.c, sc.namespace, sc.name)
 		if err != nil {
@@ -114,11 +117,47 @@ func (r *runner) waitHelmRelease(ctx context.Context, sc systemChart) error {
 			return false, "no revision stored", nil
 		}
 		status := fmt.Sprintf("revision %d: %s (app %s) %s", rel.Version, rel.ChartRef(), rel.Chart.Metadata.AppVersion, rel.Info.Status)
+		wanted := rel.ChartRef() == chartRef && rel.Chart.Metadata.AppVersion == sc.want.App
 		if strings.HasPrefix(rel.Info.Status, "pending-") && rel.Info.LastDeployed != "" {
 			status += " since " + rel.Info.LastDeployed
+			since, err := time.Parse(time.RFC3339Nano, rel.Info.LastDeployed)
+			if !wanted && !rolledBack && err == nil && r.in.Clock.Since(since) > r.in.HelmPendingRollbackAfter {
+				rolledBack = true
+				status += "; " + r.rollBackHelmRelease(ctx, sc.namespace, sc.name, rel.Version)
+			}
 		}
-		return rel.ChartRef() == chartRef && rel.Chart.Metadata.AppVersion == sc.want.App && rel.Info.Status == "deployed", status, nil
+		return wanted && rel.Info.Status == "deployed", status, nil
 	})
+}
+
+// rollBackHelmRelease rolls the Helm release namespace/name back to its last deployed
+// revision with helm rollback --wait, as wait_helm_release does once for a stuck
+// revision (fact 16.11), and says what it did. As in the script, a release without a
+// deployed revision, or a rollback that fails, is only reported, and the wait goes on.
+func (r *runner) rollBackHelmRelease(ctx context.Context, namespace, name string, stuck int) string {
+	list := &corev1.SecretList{}
+	if err := r.c.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels{"owner": "helm", "name": name, "status": "deployed"}); err != nil {
+		return fmt.Sprintf("could not look for a deployed revision to roll back to: %v", err)
+	}
+	last := 0
+	for _, s := range list.Items {
+		if v, err := strconv.Atoi(s.Labels["version"]); err == nil && v > last {
+			last = v
+		}
+	}
+	if last == 0 {
+		return "no deployed revision to roll back to"
+	}
+	h, err := r.rancherHelm()
+	if err != nil {
+		return fmt.Sprintf("not rolled back to revision %d: %v", last, err)
+	}
+	defer h.close()
+	if _, err := h.run(ctx, namespace, "rollback", name, strconv.Itoa(last), "--wait"); err != nil {
+		return fmt.Sprintf("the rollback from revision %d to %d failed: %v", stuck, last, err)
+	}
+	r.logf("Helm release %s/%s rolled back from its stuck revision %d to revision %d", namespace, name, stuck, last)
+	return fmt.Sprintf("rolled back from revision %d to revision %d", stuck, last)
 }
 
 // ensureSTVAggregation creates the empty Secret cattle-system/stv-aggregation when it is

@@ -94,7 +94,11 @@ type helmReleaseInfo struct {
 }
 
 func helmReleaseSecret(sc systemChart, revision int, want releases.ChartApp, status string) (*corev1.Secret, error) {
-	rel := helmRelease{Name: sc.name, Namespace: sc.namespace, Version: revision, Info: helmReleaseInfo{Status: status, LastDeployed: time.Now().UTC().Format(time.RFC3339Nano)}}
+	return helmReleaseSecretAt(sc, revision, want, status, time.Now())
+}
+
+func helmReleaseSecretAt(sc systemChart, revision int, want releases.ChartApp, status string, at time.Time) (*corev1.Secret, error) {
+	rel := helmRelease{Name: sc.name, Namespace: sc.namespace, Version: revision, Info: helmReleaseInfo{Status: status, LastDeployed: at.UTC().Format(time.RFC3339Nano)}}
 	rel.Chart.Metadata.Name, rel.Chart.Metadata.Version, rel.Chart.Metadata.AppVersion = sc.name, want.Chart, want.App
 	raw, err := json.Marshal(rel)
 	if err != nil {
@@ -116,6 +120,30 @@ func helmReleaseSecret(sc systemChart, revision int, want releases.ChartApp, sta
 		Type: corev1.SecretType(rancher.HelmReleaseType),
 		Data: map[string][]byte{"release": []byte(base64.StdEncoding.EncodeToString(buf.Bytes()))},
 	}, nil
+}
+
+// StoreStuckSystemChart stores, over the newest revision of Rancher's system chart
+// release (fleet, fleet-crd or rancher-webhook), a revision of chart at want left
+// pending-upgrade since since: what an upgrade that died mid-way (Rancher restarted while
+// its helm ran) leaves, and what the release's wait_helm_release rolls back once after 5
+// minutes (fact 16.11). While it is there, the simulated Rancher upgrades nothing over
+// it, as helm refuses to.
+func StoreStuckSystemChart(ctx context.Context, c client.Client, release string, want releases.ChartApp, since time.Time) error {
+	for _, sc := range systemCharts {
+		if sc.name != release {
+			continue
+		}
+		_, newest, err := systemChartRevisions(ctx, c, sc)
+		if err != nil {
+			return err
+		}
+		s, err := helmReleaseSecretAt(sc, newest+1, want, "pending-upgrade", since)
+		if err != nil {
+			return err
+		}
+		return c.Create(ctx, s)
+	}
+	return fmt.Errorf("%s is not one of Rancher's system charts", release)
 }
 
 // systemChartRevisions are the stored revisions of sc's release, by revision.
@@ -219,6 +247,13 @@ func (r *Rancher) upgradeSystemCharts(ctx context.Context, rancherVersion string
 			continue
 		}
 		pending = true
+		if cur != nil && !r.revisionIs(cur, want) && strings.HasPrefix(cur.Labels["status"], "pending-") {
+			// Another revision is pending (an upgrade that died): helm refuses to upgrade
+			// over it ("another operation (install/upgrade/rollback) is in progress",
+			// helm pkg/action/upgrade.go prepareUpgrade, errPending) until it is rolled
+			// back, which the release's wait_helm_release does after 5 minutes (fact 16.11).
+			continue
+		}
 		if cur == nil || !r.revisionIs(cur, want) {
 			s, err := helmReleaseSecret(sc, newest+1, want, "pending-upgrade")
 			if err == nil {
