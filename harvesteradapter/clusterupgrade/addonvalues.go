@@ -127,7 +127,9 @@ func (r *runner) upgradeLoggingAddon(ctx context.Context) (string, string, error
 
 // editAddon sets the add-on at key to version with its values edited by edit, in one
 // merge patch; an add-on already there is named as kept, a missing one left. An empty
-// version (the release names none) leaves the add-on.
+// version (the release names none) leaves the add-on. After changing an add-on that was
+// enabled and deployed it waits for it to be deployed again, as the script does
+// (addonwait.go), and says how that ended, or why it did not wait.
 func (r *runner) editAddon(ctx context.Context, key client.ObjectKey, version, field string, edit func(addonValues) (bool, error)) (string, string, error) {
 	if version == "" {
 		return "", fmt.Sprintf("%s left (the release metadata names no %s)", key.Name, field), nil
@@ -155,11 +157,20 @@ func (r *runner) editAddon(ctx context.Context, key client.ObjectKey, version, f
 	if a.Spec.Version == version && content == a.Spec.ValuesContent {
 		return "", fmt.Sprintf("%s at %s", key.Name, version), nil
 	}
+	wait, note := addonWaitAfterChange(a)
 	did, kept, err := r.patchAddon(ctx, a, version, content)
-	if changed && err == nil {
+	if err != nil {
+		return "", "", err
+	}
+	if changed {
 		did += " with its values edited as the release does"
 	}
-	return did, kept, err
+	if wait {
+		if note, err = r.waitAddonRedeployed(ctx, key); err != nil {
+			return "", "", err
+		}
+	}
+	return did + " (" + note + ")", kept, nil
 }
 
 // upgradeNvidiaAddon is upgrade_addon of nvidia-driver-toolkit with the release's file,

@@ -108,6 +108,11 @@ type Input struct {
 	// rolls the release back once to its last deployed revision, so that Rancher can
 	// upgrade it (wait_helm_release, fact 16.11). Default 5m, as the script.
 	HelmPendingRollbackAfter time.Duration
+	// AddonUpgradeWait bounds, for each add-on UpgradeAddons changed that was enabled and
+	// deployed before (rancher-monitoring, rancher-logging), the wait for Harvester to
+	// report it AddonDeploySuccessful again, which never fails the upgrade (fact 29:
+	// wait_for_addon_upgrade_deployment, sixty looks five seconds apart). Default 300s.
+	AddonUpgradeWait time.Duration
 	// Timeout bounds the whole run; 0 leaves it to the caller's context.
 	Timeout time.Duration
 
@@ -134,6 +139,7 @@ const (
 	defaultChartFailAfter   = 5 * time.Minute
 	defaultFleetBundlesWait = 90 * time.Second
 	defaultPendingRollback  = 5 * time.Minute
+	defaultAddonUpgradeWait = 300 * time.Second
 )
 
 func (in Input) withDefaults() Input {
@@ -151,6 +157,9 @@ func (in Input) withDefaults() Input {
 	}
 	if in.HelmPendingRollbackAfter <= 0 {
 		in.HelmPendingRollbackAfter = defaultPendingRollback
+	}
+	if in.AddonUpgradeWait <= 0 {
+		in.AddonUpgradeWait = defaultAddonUpgradeWait
 	}
 	if in.Clock == nil {
 		in.Clock = clock.RealClock{}
@@ -223,8 +232,8 @@ func (in Input) Validate() error {
 	if in.ReleaseFiles != "" && !strings.HasPrefix(in.ReleaseFiles, "/") {
 		errs = append(errs, fmt.Errorf("--release-files %q must be an absolute directory, such as %s", in.ReleaseFiles, ReleaseFilesDir))
 	}
-	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.FleetBundlesWait < 0 || in.Timeout < 0 {
-		errs = append(errs, errors.New("--poll-interval, --chart-fail-after, --fleet-bundles-wait and --timeout must not be negative"))
+	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.FleetBundlesWait < 0 || in.AddonUpgradeWait < 0 || in.HelmPendingRollbackAfter < 0 || in.Timeout < 0 {
+		errs = append(errs, errors.New("--poll-interval, --chart-fail-after, --fleet-bundles-wait, --addon-upgrade-wait, --helm-pending-rollback-after and --timeout must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -302,6 +311,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.DurationVar(&in.ChartFailAfter, "chart-fail-after", in.ChartFailAfter, "how long a ManagedChart may report a failed apply before the upgrade fails (default 5m)")
 	fs.DurationVar(&in.FleetBundlesWait, "fleet-bundles-wait", in.FleetBundlesWait, "how long to wait at the end for Fleet's bundles to be ready, never failing (default 90s)")
 	fs.DurationVar(&in.HelmPendingRollbackAfter, "helm-pending-rollback-after", in.HelmPendingRollbackAfter, "how long a revision of Rancher's fleet, fleet-crd or rancher-webhook chart may stay pending at another chart before it is rolled back once (default 5m)")
+	fs.DurationVar(&in.AddonUpgradeWait, "addon-upgrade-wait", in.AddonUpgradeWait, "how long to wait for each changed add-on that was deployed to be deployed again, never failing (default 5m0s)")
 	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
 	fs.StringVar(&p.ConfigMap.Namespace, "progress-namespace", p.ConfigMap.Namespace, "namespace of the progress ConfigMap")
 	fs.StringVar(&p.ConfigMap.Name, "progress-name", p.ConfigMap.Name, "name of the progress ConfigMap")
@@ -343,6 +353,7 @@ func Args(in Input, p Progress) []string {
 	dur("chart-fail-after", in.ChartFailAfter)
 	dur("fleet-bundles-wait", in.FleetBundlesWait)
 	dur("helm-pending-rollback-after", in.HelmPendingRollbackAfter)
+	dur("addon-upgrade-wait", in.AddonUpgradeWait)
 	dur("timeout", in.Timeout)
 	add("progress-namespace", p.ConfigMap.Namespace)
 	add("progress-name", p.ConfigMap.Name)

@@ -89,15 +89,15 @@ func steps() []step {
 // 23.5, when the release names its KubeVirt), sync_containerd_registry_to_rancher (fact
 // 24, registry.go), wait_longhorn_upgrade (fact 25, longhorn.go), the
 // rancher-monitoring-crd and rancher-logging-crd charts (fact 27, when the metadata names
-// their versions) and upgrade_addons for the add-ons upgrade_addon brings along (fact
-// 29, releasefiles.go), and wait_for_fleet_bundles (fact 31, bounded and never failing,
+// their versions) and upgrade_addons (fact 29: releasefiles.go, addonvalues.go, with the
+// bounded, never failing wait for rancher-monitoring and rancher-logging to be deployed
+// again, addonwait.go), and wait_for_fleet_bundles (fact 31, bounded and never failing,
 // bundles.go). The hop-keyed sub-steps key on Input.PreviousVersion with the
 // script's own regexes (facts 1, 2; migrations.go). Restore gives back what was
 // recorded; the UpgradePlan runs it when the plan ends, whatever the outcome. Still left
 // out: the v1.9 hop's migrations (facts 14, 15), the guard against RKE2 restarts (fact
 // 12; the UpgradePlan places it before the Job), Rancher's helm upgrade itself and the
-// fleet-agent redeploy after it (16.14 to 16.16), the add-ons whose values the script
-// patches per release (monitoring, logging, nvidia-driver-toolkit, kube-ovn; 29).
+// fleet-agent redeploy after it (16.14 to 16.16).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

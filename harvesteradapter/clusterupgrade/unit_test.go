@@ -30,7 +30,7 @@ func TestArgsRoundTrip(t *testing.T) {
 			FleetCRD:       releases.ChartApp{Chart: "107.0.0+up0.13.0", App: "0.13.0"},
 			RancherWebhook: releases.ChartApp{Chart: "107.0.0+up0.8.0", App: "0.8.0"},
 		},
-		PollInterval: time.Second, ChartFailAfter: time.Minute, Timeout: time.Hour}
+		PollInterval: time.Second, ChartFailAfter: time.Minute, AddonUpgradeWait: 2 * time.Minute, Timeout: time.Hour}
 	p := Progress{}
 	p.ConfigMap.Namespace, p.ConfigMap.Name = "harvester-system", "up-1-progress"
 	got, gotP, err := ParseArgs(Args(in, p))

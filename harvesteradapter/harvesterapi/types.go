@@ -3,7 +3,8 @@
 // provides (github.com/harvester/harvester is not served by it): VirtualMachineBackup and
 // ScheduleVMBackup, whose state the cluster preflight check VMBackupsIdle reads
 // (shared/facts/harvester-node-upgrade.md, facts 4a and 47), and Addon, whose descheduler
-// the UpgradePlan turns off for the node phase (addon.go). They hold only the fields the
+// the UpgradePlan turns off for the node phase and which the cluster upgrade brings to the
+// release (addon.go, with its status subresource). They hold only the fields the
 // updater reads or a test needs to create a valid object, with the JSON names, kinds,
 // short names, scope and printer columns of Harvester's own types in
 // harvester/harvester pkg/apis/harvesterhci.io/v1beta1/backup.go (commit 2f0faa1) and
@@ -185,7 +186,8 @@ type ScheduleVMBackupList struct {
 	Items           []ScheduleVMBackup `json:"items"`
 }
 
-// SettingCondition is one condition of a Setting (Harvester's Condition).
+// SettingCondition is one condition of a Setting or an Addon (Harvester's Condition,
+// pkg/apis/harvesterhci.io/v1beta1 image.go).
 type SettingCondition struct {
 	// type of the condition, such as configured.
 	Type string `json:"type"`
