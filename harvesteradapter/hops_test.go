@@ -1,6 +1,7 @@
 package harvesteradapter_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,9 +21,13 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // release171 is the release metadata of Harvester v1.7.1 (fact 5; its upgrade matrix's
@@ -86,9 +91,10 @@ func workloadChanges(c *harvesterCluster, plan, release string) func() []string 
 
 var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func() {
 	DescribeTable("fails with UnsupportedHop before creating anything on the workload cluster, even forced",
-		func(running, kubelet, release, metadata string, want []string) {
+		func(running, kubelet, release, metadata string, upgradeOS bool, want []string) {
 			c := newClusterWith(workload, false, 2, "Harvester "+running, func(h *harvesterv1.HarvesterUpgrader) {
 				h.Spec.Release = harvesterv1.Release{Version: release, ISOURL: "https://releases.example/harvester-" + release + "-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 7)}
+				h.Spec.UpgradeOS = &upgradeOS
 			})
 			c.repository.Release = metadata
 			for _, n := range c.nodes {
@@ -104,7 +110,7 @@ var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func(
 				g.Expect(c.plan.Status.Phase).To(Equal(harvesterv1.UpgradePlanFailed), "message: %s", c.plan.Status.Message)
 			}, 15*time.Second).Should(Succeed())
 			Expect(c.plan.Status.Message).To(HavePrefix("UnsupportedHop: "))
-			for _, w := range append(want, fmt.Sprintf("Harvester %s -> %s", running, release), "capi-inplace supports v1.7.x -> v1.8.x") {
+			for _, w := range append(want, fmt.Sprintf("Harvester %s -> %s", running, release)) {
 				Expect(c.plan.Status.Message).To(ContainSubstring(w))
 			}
 			var phases []harvesterv1.UpgradePlanPhase
@@ -137,9 +143,52 @@ var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func(
 			}
 			Expect(c.repository.MetadataRequests()).To(BeZero(), "not even the release metadata was read")
 		},
-		Entry("v1.6.1 -> v1.8.1 skips the minor v1.7 (facts 3, 4)", "v1.6.1", "v1.33.5+rke2r1", "v1.8.1", release181,
-			[]string{"skips a minor"}),
-		Entry("v1.6.1 -> v1.7.1 needs node migrations capi-inplace does not perform yet (fact 53, issue #33)", "v1.6.1", "v1.33.5+rke2r1", "v1.7.1", release171,
-			[]string{"GenerateNetworkManagerConfig", "GenerateHostnameOverride", "without a NetworkManager configuration", "issue #33"}),
+		Entry("v1.6.1 -> v1.8.1 skips the minor v1.7 (facts 3, 4)", "v1.6.1", "v1.33.5+rke2r1", "v1.8.1", release181, true,
+			[]string{"skips a minor", "capi-inplace supports v1.6.x -> v1.7.x, v1.7.x -> v1.8.x"}),
+		Entry("v1.6.1 -> v1.7.1 without the OS upgrade, which its node migrations run with (fact 53)", "v1.6.1", "v1.33.5+rke2r1", "v1.7.1", release171, false,
+			[]string{"GenerateNetworkManagerConfig, GenerateHostnameOverride, BindNewerLibrariesForElemental", "upgradeOS: false: set upgradeOS to true"}),
 	)
+})
+
+var _ = Describe("An UpgradePlan for the v1.6 -> v1.7 hop", func() {
+	It("upgrades the cluster and gives each node's OS upgrade the previous version its migrations are keyed on (fact 53)", func() {
+		wl, err := testenv.Start()
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(wl.Stop)
+		// A Harvester v1.6.1 cluster: Rancher v2.12, charts 1.6.1, installed by Helm.
+		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.6.1", Rancher: "v2.12.3", Kubernetes: "v1.33.5+rke2r1"})).To(Succeed())
+		rctx, cancel := context.WithCancel(ctx)
+		DeferCleanup(cancel)
+		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond, Interval: 20 * time.Millisecond}).Start(rctx)
+		(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
+
+		c := newClusterWith(wl, false, 1, "Harvester v1.6.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.Release.Version = "v1.7.1" })
+		c.repository.Release = release171
+		node := c.nodes[0]
+		Expect(c.kubelet.SetVersion(ctx, node, "v1.33.5+rke2r1", "")).To(Succeed())
+		nu := &inplacev1.NodeUpdate{
+			ObjectMeta: metav1.ObjectMeta{Name: "nu-" + node, Namespace: c.ns},
+			Spec: inplacev1.NodeUpdateSpec{
+				ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.34.3+rke2r3",
+				UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
+			},
+		}
+		Expect(env.Client.Create(ctx, nu)).To(Succeed())
+		Expect(drive(c.updater, nu, 2*time.Minute)).To(Succeed())
+
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.7.1")}, plan)).To(Succeed())
+		Expect(plan.Status.PreviousVersion).To(Equal("v1.6.1"))
+		Expect(plan.Status.Phase).NotTo(Equal(harvesterv1.UpgradePlanFailed), plan.Status.Message)
+		var osRuns []string
+		for _, r := range nodeRunsOn(c.rec, node) {
+			if strings.HasPrefix(r.Plan, "capi-inplace-"+string(suc.PlanOS)+"-") {
+				osRuns = append(osRuns, r.Commands...)
+			}
+		}
+		Expect(osRuns).To(ContainElement("os-upgrade --previous-version=v1.6.1"), "the node program runs the hop's node migrations before the OS")
+		rel, err := rancher.NewestHelmRelease(ctx, wl.Client, rancher.CattleSystem, "rancher")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rel.ChartRef()).To(Equal("rancher-2.13.1"), "Rancher upgraded by helm with the v1.7.1 release's chart")
+	})
 })

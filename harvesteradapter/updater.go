@@ -216,6 +216,9 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 	want := suc.NodePlan(r.cfg, r.nu, kind, r.repo)
 	if kind == suc.PlanOS {
 		want.Annotations[suc.AnnotationBootID] = node.Status.NodeInfo.BootID
+		if r.plan != nil {
+			suc.WithPreviousVersion(want, r.plan.Status.PreviousVersion)
+		}
 	}
 	current, message, err := suc.Sync(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
 	if current == nil || err != nil {

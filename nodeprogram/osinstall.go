@@ -126,35 +126,65 @@ func fixStatePartition(ctx context.Context, env *Env, incomplete, passive bool) 
 // copied from the mounted new OS image to the work directory on the host, as Harvester
 // runs the release's (copied from its upgrade image to the host's /tmp) since v1.5.2
 // (fact 54.3); or the one --elemental names. A release's elemental that cannot run on
-// the host's glibc (GLIBC ... not found: an SL Micro 6 build on a SLE Micro 5.5 host, the
-// v1.6 to v1.7 hop, for which Harvester binds a newer /lib64 over the host's, fact 54.4)
-// is refused with what to do: capi-inplace does not support that hop. cleanup removes
-// the copy.
-func releaseElemental(ctx context.Context, env *Env, o osUpgradeOptions) (string, func(), error) {
+// the host's C library (GLIBC ... not found: an SL Micro 6.1 build on a SLE Micro 5.5
+// host, the v1.6 to v1.7 hop) runs, as Harvester v1.7 runs it (fact 54.4, commit
+// e62990d), with a newer /lib64 and /lib bound over the host's: Harvester binds its
+// upgrade container's, this the new OS image's, the libraries that elemental is built
+// with. unbind takes them away (right after elemental, before any other host tool runs);
+// cleanup unbinds if that was not done and removes the copy.
+func releaseElemental(ctx context.Context, env *Env, o osUpgradeOptions) (elemental string, unbind, cleanup func(), err error) {
 	nothing := func() {}
 	if o.elemental != "" {
-		return o.elemental, nothing, nil
+		return o.elemental, nothing, nothing, nil
 	}
 	h := env.host()
 	src := filepath.Join(rootfsMountPoint, releaseElementalInImage)
 	data, err := os.ReadFile(h.Path(src))
 	if err != nil {
-		return "", nothing, fmt.Errorf("read the release's elemental in the new OS image (%s on the host): %w; --elemental=elemental runs the host's instead", src, err)
+		return "", nothing, nothing, fmt.Errorf("read the release's elemental in the new OS image (%s on the host): %w; --elemental=elemental runs the host's instead", src, err)
 	}
 	dst := filepath.Join(o.workDir, "elemental")
 	if err := os.WriteFile(h.Path(dst), data, 0o755); err != nil {
-		return "", nothing, fmt.Errorf("copy the release's elemental to %s on the host: %w", dst, err)
+		return "", nothing, nothing, fmt.Errorf("copy the release's elemental to %s on the host: %w", dst, err)
 	}
-	cleanup := func() { _ = os.Remove(h.Path(dst)) }
-	if out, err := h.Run(ctx, Command{Name: dst, Args: []string{"version"}}); err != nil {
-		cleanup()
-		if glibc := glibcMissing(string(out) + err.Error()); glibc != "" {
-			return "", nothing, fmt.Errorf("the release's elemental cannot run on this host: %s. The host's C library is older than the release's OS (a SLE Micro 5.5 host, Harvester v1.6): that hop is not supported", glibc)
+	var bound []string
+	unbind = func() {
+		// In the reverse order, as the release: /lib64 first, then /lib.
+		for len(bound) > 0 {
+			dir := bound[0]
+			if _, err := h.Run(ctx, Command{Name: "umount", Args: []string{dir}}); err != nil {
+				env.complain("unbind the new OS image's %s from the host's: %v\n", dir, err)
+			}
+			bound = bound[1:]
 		}
-		return "", nothing, fmt.Errorf("run the release's elemental (%s version): %w", dst, err)
+	}
+	cleanup = func() { unbind(); _ = os.Remove(h.Path(dst)) }
+	out, err := h.Run(ctx, Command{Name: dst, Args: []string{"version"}})
+	if err != nil {
+		glibc := glibcMissing(string(out) + err.Error())
+		if glibc == "" {
+			cleanup()
+			return "", nothing, nothing, fmt.Errorf("run the release's elemental (%s version): %w", dst, err)
+		}
+		env.say("the host's C library is too old for the release's elemental (%s): binding the new OS image's /lib64 and /lib over the host's while it runs\n", glibc)
+		for _, dir := range []string{"/lib64", "/lib"} {
+			if _, err := h.Run(ctx, Command{Name: "mount", Args: []string{"-o", "bind", filepath.Join(rootfsMountPoint, dir), dir}}); err != nil {
+				cleanup()
+				return "", nothing, nothing, fmt.Errorf("bind the new OS image's %s over the host's: %w", dir, err)
+			}
+			bound = append(bound, dir)
+		}
+		if out, err := h.Run(ctx, Command{Name: dst, Args: []string{"version"}}); err != nil {
+			cleanup()
+			why := glibcMissing(string(out) + err.Error())
+			if why == "" {
+				why = err.Error()
+			}
+			return "", nothing, nothing, fmt.Errorf("the release's elemental cannot run on this host even with the new OS image's /lib64 and /lib bound over the host's: %s", why)
+		}
 	}
 	env.say("installing with the release's elemental, from the new OS image\n")
-	return dst, cleanup, nil
+	return dst, unbind, cleanup, nil
 }
 
 var glibcNotFound = regexp.MustCompile(`GLIBC[^ ]* not found[^\n]*`)

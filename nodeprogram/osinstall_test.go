@@ -122,17 +122,72 @@ func TestOSInstallFixesTheSFTPServerPath(t *testing.T) {
 	}
 }
 
-func TestOSInstallRefusesAReleaseElementalTheHostCannotRun(t *testing.T) {
-	host := osNode(t, "Harvester v1.5.0")
+// glibcHost is a SLE Micro 5.5 host (Harvester v1.6) on which the release's elemental,
+// built for SL Micro 6.1, finds its C library only while the new OS image's /lib64 is
+// bound over the host's.
+func glibcHost(t *testing.T) (*fakeHost, *[]string) {
+	t.Helper()
+	host := osNode(t, "Harvester v1.6.1")
+	var bound []string
+	host.tools["mount"] = func(c Command, _ []byte) ([]byte, error) {
+		if len(c.Args) == 4 && c.Args[0] == "-o" && c.Args[1] == "bind" {
+			bound = append(bound, c.Args[3])
+		}
+		return nil, nil
+	}
+	host.tools["umount"] = func(c Command, _ []byte) ([]byte, error) {
+		if i := slices.Index(bound, c.Args[len(c.Args)-1]); i >= 0 {
+			bound = slices.Delete(bound, i, i+1)
+		}
+		return nil, nil
+	}
 	host.tools[releaseElementalPath] = func(c Command, _ []byte) ([]byte, error) {
-		return nil, commandError(c, errors.New("exit status 1"), []byte("/usr/local/upgrade_tmp/elemental: /lib64/libc.so.6: version `GLIBC_2.38' not found (required by /usr/local/upgrade_tmp/elemental)"))
+		if !slices.Contains(bound, "/lib64") {
+			return nil, commandError(c, errors.New("exit status 1"), []byte("/usr/local/upgrade_tmp/elemental: /lib64/libc.so.6: version `GLIBC_2.38' not found (required by /usr/local/upgrade_tmp/elemental)"))
+		}
+		return nil, nil
+	}
+	return host, &bound
+}
+
+func TestOSInstallBindsTheNewOSLibrariesForAReleaseElementalTheHostCannotRun(t *testing.T) {
+	host, bound := glibcHost(t)
+	installOn(t, host).expect(t, ExitOK)
+	lines := host.commandLines()
+	at := func(line string) int {
+		i := slices.Index(lines, line)
+		if i < 0 {
+			t.Fatalf("%q not run: %q", line, lines)
+		}
+		return i
+	}
+	lib64 := at("mount -o bind /tmp/capi-inplace-rootfs/lib64 /lib64")
+	lib := at("mount -o bind /tmp/capi-inplace-rootfs/lib /lib")
+	upgrade := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, releaseElementalPath+" upgrade") })
+	unLib64, unLib := at("umount /lib64"), at("umount /lib")
+	grub := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "grub2-editenv") })
+	if lib64 >= lib || lib >= upgrade || unLib64 <= upgrade || unLib <= unLib64 || (grub >= 0 && grub < unLib) {
+		t.Errorf("the new OS's libraries were not bound for elemental alone (bind, elemental upgrade, unbind, then the host's grub tools): %q", lines)
+	}
+	if len(*bound) != 0 {
+		t.Errorf("left bound: %q", *bound)
+	}
+}
+
+func TestOSInstallFailsWhenTheReleaseElementalCannotRunEvenWithTheNewLibraries(t *testing.T) {
+	host, bound := glibcHost(t)
+	host.tools[releaseElementalPath] = func(c Command, _ []byte) ([]byte, error) {
+		return nil, commandError(c, errors.New("exit status 1"), []byte("/usr/local/upgrade_tmp/elemental: /lib64/libc.so.6: version `GLIBC_2.99' not found"))
 	}
 	r := installOn(t, host)
-	r.expect(t, ExitFailed, "the release's elemental cannot run on this host: GLIBC_2.38' not found", "that hop is not supported")
+	r.expect(t, ExitFailed, "the release's elemental cannot run on this host even with the new OS image's /lib64 and /lib", "GLIBC_2.99' not found")
 	for _, l := range host.commandLines() {
 		if strings.Contains(l, " upgrade ") || strings.HasPrefix(l, "systemd-run") {
 			t.Errorf("ran %q after the release's elemental was found unusable", l)
 		}
+	}
+	if len(*bound) != 0 {
+		t.Errorf("left bound: %q", *bound)
 	}
 	if _, there := readHost(t, host, releaseElementalPath); there {
 		t.Error("the copy of the release's elemental was left on the host")

@@ -36,6 +36,9 @@ type osUpgradeOptions struct {
 	rebootDelay   time.Duration
 	reboot        bool
 	rke2Settings  bool
+	// previous is the Harvester release the nodes ran when the upgrade started: the
+	// release's node migrations are keyed on it (hopMigrations).
+	previous string
 }
 
 // runOSUpgrade does what Harvester's upgrade_os and reboot_if_job_succeed do (facts,
@@ -52,6 +55,7 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&o.elemental, "elemental", "", "the elemental to run: empty runs the release's own, from the new OS image (as Harvester does since v1.5.2); else a name looked up in the host's PATH or an absolute host path")
 	fs.DurationVar(&o.rebootDelay, "reboot-delay", time.Minute, "how long after the install the host reboots; time for this container to exit and for its Job to be recorded as succeeded")
 	fs.BoolVar(&o.reboot, "reboot", true, "schedule the reboot (false leaves it to someone else; the new OS runs only after one)")
+	fs.StringVar(&o.previous, "previous-version", "", "the Harvester release the nodes ran when the upgrade started (the plan's previousVersion, e.g. v1.6.1): the release's node migrations of the hop from it run before the OS install; empty runs none")
 	fs.BoolVar(&o.rke2Settings, "rke2-settings", true, "first write the release's post-drain RKE2 and kubelet settings (rke2-settings --stage=post-drain), which the reboot applies, as Harvester's post-drain does before its OS upgrade")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -164,20 +168,28 @@ func installOS(ctx context.Context, env *Env, o osUpgradeOptions, repo *reposito
 	}
 	defer env.host().Unmount(mountPoint) //nolint:errcheck // best effort; the reboot clears it too
 
+	// The hop's node migrations, right before upgrade_os as the release's post-drain runs
+	// them; they take the release's own harvester-installer from the new OS image.
+	if err := hopMigrations(ctx, env, o.previous); err != nil {
+		return err
+	}
+
 	// The state partition first (upgrade_os: cleanup_incomplete_state_file,
 	// sparsify_passive_img, check_and_mount_state).
 	if err := prepareStatePartition(ctx, env); err != nil {
 		return err
 	}
-	elemental, cleanup, err := releaseElemental(ctx, env, o)
+	elemental, unbind, cleanup, err := releaseElemental(ctx, env, o)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
 	logFile := filepath.Join(o.workDir, "elemental-upgrade.log")
-	if _, err := env.host().Run(ctx, Command{Name: elemental, Args: []string{
+	_, err = env.host().Run(ctx, Command{Name: elemental, Args: []string{
 		"upgrade", "--logfile", logFile, "--directory", rootfsMountPoint, "--config-dir", configDir, "--debug",
-	}}); err != nil {
+	}})
+	unbind()
+	if err != nil {
 		return fmt.Errorf("install the OS (elemental's log is %s on the node): %w", logFile, err)
 	}
 	// Then what the new OS needs to boot as the release boots it.

@@ -59,12 +59,13 @@ var Hops = []Hop{
 				IfSkipped: "Longhorn 1.10 drops v1beta1 while old objects are still stored as v1beta1"},
 		},
 		Node: []Migration{
-			{Name: "GenerateNetworkManagerConfig", Source: "fact 53, generate_networkmanager_config",
+			{Name: "GenerateNetworkManagerConfig", Source: "fact 53, generate_networkmanager_config (nodeprogram hopmigrations.go)", Performed: true,
 				IfSkipped: "the node reboots into SL Micro 6.1 without a NetworkManager configuration of its network and never rejoins"},
-			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance", //nolint:misspell // the release script's own function name
+			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance (nodeprogram hopmigrations.go)", Performed: true, //nolint:misspell // the release script's own function name
 				IfSkipped: "a node installed with an FQDN re-registers under a new name and never rejoins"},
+			{Name: "BindNewerLibrariesForElemental", Source: "fact 54.4, upgrade_os GLIBC workaround (nodeprogram osinstall.go releaseElemental)", Performed: true,
+				IfSkipped: "the release's elemental, built for SL Micro 6.1, cannot run on the SLE Micro 5.5 host and the OS is never installed"},
 		},
-		Tracked: "issue #33",
 	},
 	{
 		From: "v1.7", To: "v1.8", PreviousGuard: `^v1\.7\.[0-9]$`,
@@ -234,6 +235,27 @@ func (h Hop) notPerformedNames() []string {
 		}
 	}
 	return out
+}
+
+// NodeMigrations are the names of the node migrations the hop from previous to target
+// runs (none for a hop outside the table or versions that do not parse). They run inside
+// the node's OS upgrade (nodeprogram os-upgrade), before the OS is installed, as the
+// release's post-drain runs them before upgrade_os.
+func NodeMigrations(previous, target string) []string {
+	p, perr := version.ParseSemantic(previous)
+	t, terr := version.ParseSemantic(target)
+	if perr != nil || terr != nil {
+		return nil
+	}
+	hop := findHop(minorOf(p), minorOf(t))
+	if hop == nil || hop.PreviousGuard != "" && !regexp.MustCompile(hop.PreviousGuard).MatchString(previous) {
+		return nil
+	}
+	var names []string
+	for _, m := range hop.Node {
+		names = append(names, m.Name)
+	}
+	return names
 }
 
 func findHop(from, to string) *Hop {

@@ -20,8 +20,8 @@ func TestCheckHop(t *testing.T) {
 		{name: "patch inside v1.7", previous: "v1.7.0", target: "v1.7.1"},
 		{name: "already at the target: nothing moves", previous: "v1.8.1", target: "v1.8.1"},
 
-		{name: "v1.6 to v1.7: node migrations not performed yet", previous: "v1.6.1", target: "v1.7.1", reason: RefusedNotPerformed,
-			want: []string{"Harvester v1.6.1 -> v1.7.1", "issue #33", "GenerateNetworkManagerConfig (fact 53", "GenerateHostnameOverride (fact 53", "without a NetworkManager configuration"}},
+		{name: "v1.6 to v1.7, its node migrations performed (fact 53)", previous: "v1.6.1", target: "v1.7.1"},
+		{name: "v1.6.0 to v1.7.0", previous: "v1.6.0", target: "v1.7.0"},
 		{name: "skips v1.7", previous: "v1.6.1", target: "v1.8.1", reason: RefusedSkipsMinor,
 			want: []string{"Harvester v1.6.1 -> v1.8.1", "skips a minor", "facts 3, 4"}},
 		{name: "skips several minors", previous: "v1.4.3", target: "v1.8.1", reason: RefusedSkipsMinor},
@@ -62,7 +62,7 @@ func TestCheckHop(t *testing.T) {
 				t.Errorf("reason = %s, want %s (%v)", he.Reason, tt.reason, err)
 			}
 			// Every refusal names the supported hops.
-			want := append([]string{"capi-inplace supports v1.7.x -> v1.8.x, v1.7.a -> v1.7.b (a < b), v1.8.a -> v1.8.b (a < b); v1.6.x -> v1.7.x waits for GenerateNetworkManagerConfig, GenerateHostnameOverride (issue #33)"}, tt.want...)
+			want := append([]string{"capi-inplace supports v1.6.x -> v1.7.x, v1.7.x -> v1.8.x, v1.7.a -> v1.7.b (a < b), v1.8.a -> v1.8.b (a < b) (docs/harvester.md"}, tt.want...)
 			for _, w := range want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not contain %q", err, w)
@@ -87,7 +87,7 @@ func TestCheckTarget(t *testing.T) {
 }
 
 // TestHopTable: the table holds what fact 57 says of the two newest GA minors, each
-// migration with its source, and only the v1.6 -> v1.7 node migrations wait (issue #33).
+// migration with its source, every one performed.
 func TestHopTable(t *testing.T) {
 	names := func(ms []Migration) []string {
 		var out []string
@@ -100,7 +100,7 @@ func TestHopTable(t *testing.T) {
 		return out
 	}
 	want := map[string][2]string{
-		"v1.6.x -> v1.7.x":         {"MigrateLonghornV1beta1CRDs", "GenerateNetworkManagerConfig GenerateHostnameOverride"},
+		"v1.6.x -> v1.7.x":         {"MigrateLonghornV1beta1CRDs", "GenerateNetworkManagerConfig GenerateHostnameOverride BindNewerLibrariesForElemental"},
 		"v1.7.x -> v1.8.x":         {"PreserveOvercommitConfig CleanCAPILegacyWebhooks", ""},
 		"v1.7.a -> v1.7.b (a < b)": {"", ""},
 		"v1.8.a -> v1.8.b (a < b)": {"", ""},
@@ -119,6 +119,9 @@ func TestHopTable(t *testing.T) {
 		if got := strings.Join(names(h.Node), " "); got != w[1] {
 			t.Errorf("%s: node migrations %q, want %q", h, got, w[1])
 		}
+		if !h.accepted() {
+			t.Errorf("%s waits for %v: every hop of the table is carried out", h, h.notPerformedNames())
+		}
 		if h.PreviousGuard != "" {
 			if _, err := regexp.Compile(h.PreviousGuard); err != nil {
 				t.Errorf("%s: guard %q: %v", h, h.PreviousGuard, err)
@@ -126,6 +129,23 @@ func TestHopTable(t *testing.T) {
 		}
 		if (len(h.Cluster)+len(h.Node) > 0) != (h.PreviousGuard != "") {
 			t.Errorf("%s: a hop has a previous-version guard exactly when it has prev-guarded migrations", h)
+		}
+	}
+}
+
+func TestNodeMigrations(t *testing.T) {
+	for _, tc := range []struct {
+		previous, target, want string
+	}{
+		{"v1.6.1", "v1.7.1", "GenerateNetworkManagerConfig GenerateHostnameOverride BindNewerLibrariesForElemental"},
+		{"v1.6.0", "v1.7.3", "GenerateNetworkManagerConfig GenerateHostnameOverride BindNewerLibrariesForElemental"},
+		{"v1.7.1", "v1.8.1", ""},
+		{"v1.7.0", "v1.7.1", ""},
+		{"v1.6.10", "v1.7.1", ""}, // the release's guard does not match: CheckHop refuses it
+		{"latest", "v1.7.1", ""},
+	} {
+		if got := strings.Join(NodeMigrations(tc.previous, tc.target), " "); got != tc.want {
+			t.Errorf("NodeMigrations(%s, %s) = %q, want %q", tc.previous, tc.target, got, tc.want)
 		}
 	}
 }

@@ -198,6 +198,18 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 	return plan
 }
 
+// WithPreviousVersion gives the os Plan's os-upgrade the Harvester release the nodes ran
+// when the upgrade started (the UpgradePlan's status.previousVersion), on which the
+// release keys its node migrations (harvester-release-steps.md fact 53: the v1.6 to v1.7
+// hop's NetworkManager and hostname migrations). Other Plans, and an empty version, are
+// left as they are.
+func WithPreviousVersion(plan *sucv1.Plan, previous string) {
+	if previous == "" || plan.Labels[LabelPlanKind] != string(PlanOS) || plan.Spec.Upgrade == nil {
+		return
+	}
+	plan.Spec.Upgrade.Args = append(plan.Spec.Upgrade.Args, "--previous-version="+previous)
+}
+
 // planTimeout is the timeout of the step a Plan kind belongs to.
 func PlanTimeout(kind PlanKind, t harvesterv1.Timeouts) time.Duration {
 	switch kind {

@@ -68,6 +68,13 @@ func (r *PlanReconciler) initialize(ctx context.Context, pr *PlanRun) (bool, str
 	if err := releases.CheckHop(previous, pr.Plan.Spec.Version); err != nil {
 		return false, "", nodeupdater.Permanentf("UnsupportedHop", "%v", err)
 	}
+	// A hop whose node migrations run with the OS install (the v1.6 to v1.7 hop's move
+	// to NetworkManager) needs the OS upgraded: a node left on its OS would get the new
+	// OS at a later hop, whose release no longer runs them (fact 53).
+	if m := releases.NodeMigrations(previous, pr.Plan.Spec.Version); len(m) > 0 && !releases.UpgradesOS(pr.Config) {
+		return false, "", nodeupdater.Permanentf("UnsupportedHop", "Harvester %s -> %s runs node migrations with the OS upgrade (%s), and the HarvesterUpgrader %s has upgradeOS: false: set upgradeOS to true (a node left on its OS would get the new OS at a later hop without them)",
+			previous, pr.Plan.Spec.Version, strings.Join(m, ", "), pr.Config.Name)
+	}
 	pr.Plan.Status.SingleNode = nonWitness == 1
 	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateWaiting, pr)
 	pr.Plan.Status.Preflight = nil
