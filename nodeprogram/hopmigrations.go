@@ -17,7 +17,8 @@ import (
 // The node migrations of the v1.6 to v1.7 hop, which Harvester's post-drain runs right
 // before upgrade_os when the upgrade's previous version matches ^v1\.6\.[0-9]$
 // (package/upgrade/upgrade_node.sh at v1.7.0 to v1.7.3: generate_networkmanager_config and
-// generate_hostname_persistance; harvester-release-steps.md fact 53). Harvester v1.7 moves
+// the hostname function after it, named in hopMigrations; harvester-release-steps.md fact
+// 53). Harvester v1.7 moves
 // the OS from wicked to NetworkManager: without them the node boots the new OS with no
 // network configuration, or with a DHCP lease for another client id, or under another
 // name, and never rejoins.

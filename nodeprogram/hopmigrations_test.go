@@ -10,8 +10,8 @@ import (
 )
 
 // The v1.6 to v1.7 hop's node migrations, as upgrade_node.sh at v1.7.0 to v1.7.3 does
-// them before upgrade_os (generate_networkmanager_config, generate_hostname_persistance;
-// harvester-release-steps.md fact 53), each written from the release's script.
+// them before upgrade_os (generate_networkmanager_config and the hostname function after
+// it; harvester-release-steps.md fact 53), each written from the release's script.
 
 const (
 	installerPath = "/tmp/capi-inplace-rootfs/usr/bin/harvester-installer"
