@@ -166,14 +166,7 @@ var _ = Describe("An UpgradePlan for the v1.6 -> v1.7 hop", func() {
 		c.repository.Release = release171
 		node := c.nodes[0]
 		Expect(c.kubelet.SetVersion(ctx, node, "v1.33.5+rke2r1", "")).To(Succeed())
-		nu := &inplacev1.NodeUpdate{
-			ObjectMeta: metav1.ObjectMeta{Name: "nu-" + node, Namespace: c.ns},
-			Spec: inplacev1.NodeUpdateSpec{
-				ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.34.3+rke2r3",
-				UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
-			},
-		}
-		Expect(env.Client.Create(ctx, nu)).To(Succeed())
+		nu := c.nodeUpdateTo(node, "v1.34.3+rke2r3")
 		Expect(drive(c.updater, nu, 2*time.Minute)).To(Succeed())
 
 		plan := &harvesterv1.UpgradePlan{}

@@ -182,10 +182,16 @@ const (
 
 func (c *harvesterCluster) nodeUpdate(node string) *inplacev1.NodeUpdate {
 	GinkgoHelper()
+	return c.nodeUpdateTo(node, "v1.35.6+rke2r1")
+}
+
+// nodeUpdateTo creates the NodeUpdate of node to the RKE2 version.
+func (c *harvesterCluster) nodeUpdateTo(node, version string) *inplacev1.NodeUpdate {
+	GinkgoHelper()
 	nu := &inplacev1.NodeUpdate{
 		ObjectMeta: metav1.ObjectMeta{Name: "nu-" + node, Namespace: c.ns},
 		Spec: inplacev1.NodeUpdateSpec{
-			ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.35.6+rke2r1",
+			ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: version,
 			UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
 		},
 	}
