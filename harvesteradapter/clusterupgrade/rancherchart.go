@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 
@@ -104,8 +105,10 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 		did = fmt.Sprintf("helm upgrade with %s; ClusterRepos %s, %s, %s and Setting %s deleted before, for the new Rancher to create from its own charts",
 			chart, rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo, rancher.ChartDefaultBranchSetting)
 	}
-	repo, _ := rancherRepository(values)
-	image := repo + ":" + target
+	image, err := r.renderedRancherImage(ctx, values)
+	if err != nil {
+		return "", "", err
+	}
 	if err := r.waitRollout(ctx, rancherKey, "rancher", image); err != nil {
 		return "", "", err
 	}
@@ -208,6 +211,26 @@ func rancherRepository(values map[string]any) (string, bool) {
 		}
 	}
 	return "rancher/rancher", false
+}
+
+// renderedRancherImage is the image the chart rendered into the rancher Deployment: the
+// values' repository (the chart may put systemDefaultRegistry in front of it) at the
+// target tag. A Deployment that runs another tag, or another repository, was not
+// rendered from these values: someone else changed it.
+func (r *runner) renderedRancherImage(ctx context.Context, values map[string]any) (string, error) {
+	dep := &appsv1.Deployment{}
+	if err := r.c.Get(ctx, rancherKey, dep); err != nil {
+		return "", fmt.Errorf("read Rancher's Deployment %s: %w", rancherKey, err)
+	}
+	ctr, err := container(dep, "rancher")
+	if err != nil {
+		return "", err
+	}
+	repo, _ := rancherRepository(values)
+	if !strings.HasSuffix(ctr.Image, "/"+repo+":"+r.in.RancherVersion) && ctr.Image != repo+":"+r.in.RancherVersion {
+		return "", fmt.Errorf("the Deployment %s runs image %s, not %s:%s that Rancher's Helm values name: someone else changed it; find out who and run the upgrade again", rancherKey, ctr.Image, repo, r.in.RancherVersion)
+	}
+	return ctr.Image, nil
 }
 
 // witnessNodes counts the witness nodes and all nodes, as the script does.
