@@ -408,8 +408,7 @@ func (r *Reconciler) reconcileUnavailable(ctx context.Context, s *scope) (ctrl.R
 		}
 		if !s.now.Before(deadline) {
 			r.startTimeout(s, deadline)
-			r.finishAbort(s, "")
-			return ctrl.Result{}, nil
+			return r.reconcileAbort(ctx, s)
 		}
 		after = capAt(after, deadline.Sub(s.now))
 	}
@@ -493,6 +492,25 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result,
 		return ctrl.Result{}, nil
 	case !started:
 		r.finishAbort(s, "aborted before the updater started on the node")
+		return ctrl.Result{}, nil
+	case s.reg != nil && !s.external:
+		// The configuration went away after the node started. The updater may still stop
+		// what it set going from what it recorded when the node started (the Harvester
+		// updater's configuration snapshot: an armed reboot, a running Job), so it is
+		// asked; the NodeUpdate is final only once it reports done. One that cannot
+		// clean up without its configuration says so, and the NodeUpdate ends with that.
+		done, err := s.reg.Updater.Abort(ctx, nu)
+		if err != nil {
+			log.Info("Abort without the updater's configuration failed", "error", err.Error())
+			r.event(nu, eventWarning, EventAbortFailed, "Abort",
+				fmt.Sprintf("abort on node %s without the updater's configuration failed: %v", nu.Spec.NodeName, err))
+			r.finishAbort(s, fmt.Sprintf("the updater's configuration is gone and its abort failed (%v); nothing on the node was cleaned up", err))
+			return ctrl.Result{}, nil
+		}
+		if !done {
+			return ctrl.Result{RequeueAfter: r.PollInterval}, nil
+		}
+		r.finishAbort(s, "")
 		return ctrl.Result{}, nil
 	case s.external && s.available:
 		if waited := s.now.Sub(nu.Status.AbortStartTime.Time); waited < r.ExternalAbortTimeout {
