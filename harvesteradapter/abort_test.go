@@ -99,6 +99,9 @@ var _ = Describe("Aborting a node that failed", func() {
 // still to come or under way: once the NodeUpdate is final, its node is counted up, is
 // uncordoned and its VMs may come back.
 var _ = Describe("Aborting a node during its OS step", func() {
+	rebootArmed := func(c *harvesterCluster, _ *inplacev1.NodeUpdate, node string) bool {
+		return c.suc.RebootArmed(node) && len(c.rec.Reboots(node)) == 0
+	}
 	const window = 2 * time.Second
 	osWork := func(plan *sucv1.Plan) time.Duration {
 		if sim.DefaultOSImage(plan) != "" {
@@ -107,7 +110,7 @@ var _ = Describe("Aborting a node during its OS step", func() {
 		return 100 * time.Millisecond
 	}
 	DescribeTable("ends only after the reboot the OS Job armed is over",
-		func(point func(c *harvesterCluster, nu *inplacev1.NodeUpdate, node string) bool) {
+		func(point func(c *harvesterCluster, nu *inplacev1.NodeUpdate, node string) bool, deleteConfig bool) {
 			c := newHarvesterCluster(1, "Harvester v1.7.1", nil, func(s *sim.SUC) {
 				s.Work, s.RebootDelay, s.RebootDuration = osWork, window, window
 			})
@@ -117,6 +120,10 @@ var _ = Describe("Aborting a node during its OS step", func() {
 				return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning
 			})).To(Succeed())
 			Eventually(func() bool { return point(c, nu, node) }, 30*time.Second, 10*time.Millisecond).Should(BeTrue())
+			if deleteConfig {
+				// The abort works from the configuration the node recorded when it started.
+				Expect(env.Client.Delete(ctx, c.config)).To(Succeed())
+			}
 
 			abortUntilDone(c, nu)
 			Expect(c.suc.RebootArmed(node)).To(BeFalse(), "the abort ended while a reboot was still armed on the node's host")
@@ -134,13 +141,12 @@ var _ = Describe("Aborting a node during its OS step", func() {
 				}
 			}
 			return false
-		}),
-		Entry("after the OS Job completed, before the reboot", func(c *harvesterCluster, _ *inplacev1.NodeUpdate, node string) bool {
-			return c.suc.RebootArmed(node) && len(c.rec.Reboots(node)) == 0
-		}),
+		}, false),
+		Entry("after the OS Job completed, before the reboot", rebootArmed, false),
+		Entry("after the OS Job completed, before the reboot, with the HarvesterUpgrader deleted meanwhile", rebootArmed, true),
 		Entry("while the node is down in its reboot", func(c *harvesterCluster, _ *inplacev1.NodeUpdate, node string) bool {
 			reboots := c.rec.Reboots(node)
 			return len(reboots) == 1 && reboots[0].End.IsZero()
-		}),
+		}, false),
 	)
 })
