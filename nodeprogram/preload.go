@@ -63,7 +63,12 @@ func runPreload(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	imported, skipped := 0, 0
-	for _, entry := range append(append([]imageArchive{}, meta.Images.Common...), meta.Images.RKE2...) {
+	// The agent archive too, unlike the release: it holds Rancher's installer image
+	// (system-agent-installer-rancher), from which the cluster upgrade Job takes Rancher's
+	// chart and helm by running it, so the kubelet must find it without a registry (the
+	// release's script extracts it from the archive with wharfie, fact 16.1).
+	archives := append(append(append([]imageArchive{}, meta.Images.Common...), meta.Images.RKE2...), meta.Images.Agent...)
+	for _, entry := range archives {
 		if entry.List == "" || entry.Archive == "" {
 			return fmt.Errorf("%s has an entry without list or archive (%+v)", repo.url("bundle/metadata.yaml"), entry)
 		}

@@ -91,8 +91,15 @@ func TestPreloadImportsWhatContainerdLacks(t *testing.T) {
 			imports = append(imports, c)
 		}
 	}
-	if len(imports) != 1 {
-		t.Fatalf("%d imports, want only the rke2 archive's: %v", len(imports), host.commandLines())
+	// The rke2 archive, and the agent archive: Rancher's installer image, from which the
+	// cluster upgrade Job takes Rancher's chart and helm, must be in containerd for the
+	// kubelet to run it without a registry (the release extracts it from the archive with
+	// wharfie instead, harvester-release-steps.md fact 16.1).
+	if len(imports) != 2 {
+		t.Fatalf("%d imports, want the rke2 and the agent archives': %v", len(imports), host.commandLines())
+	}
+	if string(imports[1].stdin) != "docker save of the agent images" {
+		t.Errorf("ctr read %q second, want the decompressed agent archive", imports[1].stdin)
 	}
 	imp := imports[0]
 	if got := imp.String(); got != "/var/lib/rancher/rke2/bin/ctr -n k8s.io images import --no-unpack -" {
@@ -104,7 +111,7 @@ func TestPreloadImportsWhatContainerdLacks(t *testing.T) {
 	if !slices.Contains(imp.Env, "CONTAINERD_ADDRESS=/run/k3s/containerd/containerd.sock") {
 		t.Errorf("ctr environment %v has no RKE2 containerd address", imp.Env)
 	}
-	if !strings.Contains(r.stdout, "1 archives imported, 1 already present") {
+	if !strings.Contains(r.stdout, "2 archives imported, 1 already present") {
 		t.Errorf("stdout %q", r.stdout)
 	}
 	// RKE2's and the system agent's archives are where they load them from on restart;
