@@ -647,11 +647,10 @@ var _ = Describe("NodeUpdate reconciler cleaning up after a failure", func() {
 			"Warning AbortFailed: abort on node " + nu.Spec.NodeName + " failed, trying again: delete SUC plan: connection reset"))
 	})
 
-	It("asks the updater to clean up when its configuration was deleted after the node started, and ends only once Abort reports done", func() {
-		// The updater works from what it recorded when the node started (the Harvester
-		// updater's configuration snapshot): its Abort can still stop what runs on the
-		// node, such as an armed reboot, which must not happen once the NodeUpdate ended.
-		u.holdAbort()
+	// abortWithConfigGone starts a NodeUpdate, deletes its updater's configuration once
+	// its first step runs, waits until UpdaterAvailable says so, and asks for the abort.
+	abortWithConfigGone := func() *inplacev1.NodeUpdate {
+		GinkgoHelper()
 		startManager(ns, r)
 		nu := newNodeUpdate(ns, configRef)
 		Expect(k8s.Create(ctx, nu)).To(Succeed())
@@ -665,6 +664,15 @@ var _ = Describe("NodeUpdate reconciler cleaning up after a failure", func() {
 		got := get(nu)
 		got.Spec.Phase = inplacev1.TaskActionAbort
 		Expect(k8s.Update(ctx, got)).To(Succeed())
+		return nu
+	}
+
+	It("asks the updater to clean up when its configuration was deleted after the node started, and ends only once Abort reports done", func() {
+		// The updater works from what it recorded when the node started (the Harvester
+		// updater's configuration snapshot): its Abort can still stop what runs on the
+		// node, such as an armed reboot, which must not happen once the NodeUpdate ended.
+		u.holdAbort()
+		nu := abortWithConfigGone()
 
 		Eventually(func() int { return u.count("abort", "") }, wait).Should(BeNumerically(">", 0), "the updater's Abort is called")
 		Consistently(phaseOf(nu), 300*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseInProgress),
@@ -675,19 +683,7 @@ var _ = Describe("NodeUpdate reconciler cleaning up after a failure", func() {
 
 	It("ends a NodeUpdate whose updater configuration is gone when its Abort fails, saying nothing was cleaned up", func() {
 		u.queueAbortErrors(errors.New("no configuration recorded"))
-		startManager(ns, r)
-		nu := newNodeUpdate(ns, configRef)
-		Expect(k8s.Create(ctx, nu)).To(Succeed())
-		Eventually(stepStates(nu), wait).Should(ContainElement("Prepare=Running"))
-		Expect(k8s.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: configRef.Name, Namespace: ns}})).To(Succeed())
-		Eventually(func(g Gomega) {
-			c := meta.FindStatusCondition(get(nu).Status.Conditions, inplacev1.UpdaterAvailableCondition)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-		}, wait).Should(Succeed())
-		got := get(nu)
-		got.Spec.Phase = inplacev1.TaskActionAbort
-		Expect(k8s.Update(ctx, got)).To(Succeed())
+		nu := abortWithConfigGone()
 		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
 		Expect(u.count("abort", "")).To(Equal(1))
 		Eventually(eventsOf(nu), wait).Should(ContainElement(ContainSubstring("no configuration recorded")))

@@ -201,16 +201,16 @@ func rancherTag(values map[string]any) (string, bool) {
 
 // rancherRepository is the image repository the values give Rancher, as Rancher's chart
 // renders it (rancherImage, or image.repository; the chart's default rancher/rancher).
-func rancherRepository(values map[string]any) (string, bool) {
+func rancherRepository(values map[string]any) string {
 	if repo, ok := values["rancherImage"].(string); ok && repo != "" {
-		return repo, true
+		return repo
 	}
 	if img, ok := values["image"].(map[string]any); ok {
 		if repo, ok := img["repository"].(string); ok && repo != "" {
-			return repo, true
+			return repo
 		}
 	}
-	return "rancher/rancher", false
+	return "rancher/rancher"
 }
 
 // renderedRancherImage is the image the chart rendered into the rancher Deployment: the
@@ -226,7 +226,7 @@ func (r *runner) renderedRancherImage(ctx context.Context, values map[string]any
 	if err != nil {
 		return "", err
 	}
-	repo, _ := rancherRepository(values)
+	repo := rancherRepository(values)
 	if !strings.HasSuffix(ctr.Image, "/"+repo+":"+r.in.RancherVersion) && ctr.Image != repo+":"+r.in.RancherVersion {
 		return "", fmt.Errorf("the Deployment %s runs image %s, not %s:%s that Rancher's Helm values name: someone else changed it; find out who and run the upgrade again", rancherKey, ctr.Image, repo, r.in.RancherVersion)
 	}
