@@ -259,7 +259,11 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			vol := "pvc-" + c.name
 			clusterUpgraded(c)
 			nu := c.nodeUpdate(c.nodes[0])
-			Expect(drive(c.updater, nu, 3*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
+			// Until the node reaches the hold (its earlier steps take longer on a slow
+			// machine), then a while longer: it stays held.
+			held := "holding: Longhorn's live upgrade is idle, but attached v2 volumes have their engine on node " + c.nodes[0]
+			Expect(driveUntil(c.updater, nu, 30*time.Second, heldWith(held))).To(Succeed())
+			Expect(drive(c.updater, nu, 2*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
 			step := nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine)
 			Expect(step.State).To(Equal(inplacev1.StepStateRunning))
 			Expect(step.Message).To(ContainSubstring("holding: Longhorn's live upgrade is idle, but attached v2 volumes have their engine on node " + c.nodes[0] + ": " + vol + ";"))

@@ -351,7 +351,8 @@ var _ = Describe("The Harvester updater", func() {
 		c.repository.Release = strings.Replace(release181, "minUpgradableVersion: v1.7.0", "minUpgradableVersion: v1.7.1", 1)
 		c.createPlan(nil)
 		nu := c.nodeUpdate(c.nodes[0])
-		err := drive(c.updater, nu, 5*time.Second)
+		Expect(driveUntil(c.updater, nu, 30*time.Second, heldWith("installs only over v1.7.1 or newer"))).To(Succeed())
+		err := drive(c.updater, nu, 2*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
 		step := nodeupdater.Step(nu, harvesteradapter.StepClusterUpgrade)
 		Expect(step.State).To(Equal(inplacev1.StepStateRunning))
@@ -390,7 +391,8 @@ var _ = Describe("The Harvester updater", func() {
 		c.repository.FailMessage = "capi-inplace node repository download: not done yet: the leader (repo-0) has not written /repository/harvester.iso.ready after 30m0s"
 		c.repository.FailExitCode = 3
 		nu := c.nodeUpdate(c.nodes[0])
-		err := drive(c.updater, nu, 3*time.Second)
+		Expect(driveUntil(c.updater, nu, 30*time.Second, heldWith("RepoCreating"))).To(Succeed())
+		err := drive(c.updater, nu, 2*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepClusterUpgrade)).To(Equal(inplacev1.StepStateRunning), "the UpgradePlan waits for its repository")
 		Expect(nodeupdater.Step(nu, harvesteradapter.StepClusterUpgrade).Message).To(ContainSubstring("RepoCreating"))
