@@ -124,3 +124,20 @@ func AsPermanent(err error) (*PermanentError, bool) {
 	}
 	return nil, false
 }
+
+// DisruptionPreviewer is implemented by an Updater that can tell, without acting, what
+// upgrading a node would disrupt: the VMs its evacuation would live-migrate or stop, the
+// pods whose PodDisruptionBudget would block its drain now, the volumes that would lose
+// their last healthy replica. UpgradePreview asks it, with target.Disrupted naming the
+// nodes that would be down at the same time. It must decide with the same code its run
+// uses, and change nothing.
+type DisruptionPreviewer interface {
+	PreviewDisruption(ctx context.Context, target PreflightTarget) (inplacev1.NodeDisruption, error)
+}
+
+// NodeDurationEstimator is implemented by an Updater that knows how long a node's upgrade
+// typically takes when the cluster has no past NodeUpdates to tell: UpgradePreview shows
+// it as the updater's default.
+type NodeDurationEstimator interface {
+	TypicalNodeDuration() time.Duration
+}
