@@ -315,7 +315,7 @@ func run(opts options) error {
 		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
 	}, &extension.InPlaceHooks{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
-		RetryAfterSeconds: hookRetryAfter(opts.pollInterval),
+		RetryAfterSeconds: hookRetryAfter(opts.pollInterval), Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
 	})
 	if err != nil {
 		return err
