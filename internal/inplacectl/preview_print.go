@@ -107,7 +107,7 @@ func printPreviewTable(w *errWriter, machines []inplacev1.PreviewMachine) {
 		d := disruptionOf(m)
 		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\t%s\n",
 			order(m.Order), m.Name, orDash(m.NodeName), orDash(m.Target), m.Outcome,
-			orDash(strings.Join(failingChecks(m.Preflight), ",")),
+			holds(m),
 			len(d.MigratingVMs), len(d.StoppedVMs), len(d.BlockingPods), len(d.DegradedVolumes),
 			duration(m.EstimatedDuration), orDash(oneLine(m.Reason)))
 	}
@@ -126,6 +126,9 @@ func printPreviewDetails(w *errWriter, machines []inplacev1.PreviewMachine) {
 			continue
 		}
 		w.printf("\n%s (machine %s, %s)\n", orDash(m.NodeName), m.Name, placeOf(m))
+		if len(d.MigratingVMs)+len(d.StoppedVMs)+len(d.BlockingPods)+len(d.DegradedVolumes)+len(failing) == 0 && d.Capacity == "" {
+			w.printf("  no VM to move or stop, no pod or volume in the way, no check holds it\n")
+		}
 		for _, vm := range d.MigratingVMs {
 			w.printf("  VM %s/%s live-migrates%s\n", vm.Namespace, vm.Name, suffix(": ", vm.Reason))
 		}
@@ -170,6 +173,16 @@ func failingPreflight(checks []inplacev1.PreflightCheckStatus) []inplacev1.Prefl
 		}
 	}
 	return out
+}
+
+// holds names the checks that would hold the machine today; "yes" when the preview says
+// it would be held without naming a failing check.
+func holds(m inplacev1.PreviewMachine) string {
+	names := failingChecks(m.Preflight)
+	if len(names) == 0 && m.WouldHold {
+		return "yes"
+	}
+	return orDash(strings.Join(names, ","))
 }
 
 func failingChecks(checks []inplacev1.PreflightCheckStatus) []string {
