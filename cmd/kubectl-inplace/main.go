@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -53,7 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	_, _ = fmt.Fprintf(stderr, "error: %v\n", err)
 	var usage usageError
-	if errors.As(err, &usage) {
+	// cobra's own "unknown command" is a command line that cannot be run too.
+	if errors.As(err, &usage) || strings.HasPrefix(err.Error(), "unknown command") {
 		return exitUsage
 	}
 	return exitFailed
@@ -117,6 +119,8 @@ func newRootCommand(stdout io.Writer) *cobra.Command {
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl inplace"},
 	}
 	conn.bind(root)
+	// kubectl completes plugins through kubectl_complete-<name>, not a completion subcommand.
+	root.CompletionOptions.DisableDefaultCmd = true
 	root.AddCommand(newPreviewCommand(conn, stdout), newStatusCommand(conn, stdout))
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	return root

@@ -109,7 +109,7 @@ func (o *previewOptions) run(cmd *cobra.Command, conn *connection, cluster, vers
 	preview, err := inplacectl.WaitForPreview(ctx, c, key, token, o.wait, o.pollInterval)
 	if err != nil {
 		if errors.Is(err, inplacectl.ErrPreviewNotComputed) {
-			return err
+			return fmt.Errorf("%w; a longer --wait gives it more time", err)
 		}
 		return fmt.Errorf("wait for UpgradePreview %s: %w", key, err)
 	}

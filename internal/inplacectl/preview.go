@@ -157,7 +157,7 @@ func WaitForPreview(ctx context.Context, c client.Client, key types.NamespacedNa
 		if !time.Now().Before(deadline) {
 			return preview, fmt.Errorf("%w: UpgradePreview %s was not computed within %s (phase %q, computed for refresh %q, asked %q): "+
 				"is the capi-inplace manager running, and is it a version with the UpgradePreview controller? "+
-				"`kubectl get upgradepreview -n %s %s -o yaml` shows it; --wait gives it longer",
+				"`kubectl get upgradepreview -n %s %s -o yaml` shows it",
 				ErrPreviewNotComputed, key, timeout, preview.Status.Phase, preview.Status.ObservedRefresh, token, key.Namespace, key.Name)
 		}
 		select {

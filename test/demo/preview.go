@@ -31,7 +31,7 @@ func showPreview(ctx context.Context, c client.Client, v *view, namespace, clust
 	preview, err := inplacectl.WaitForPreview(ctx, c, key, token, wait, 250*time.Millisecond)
 	if err != nil {
 		if errors.Is(err, inplacectl.ErrPreviewNotComputed) {
-			err = fmt.Errorf("%w (--preview-wait=%s)", err, wait)
+			err = fmt.Errorf("%w; a longer --preview-wait (now %s) gives it more time", err, wait)
 		}
 		v.problem(fmt.Sprintf("no preview: %v; the upgrade runs without one", err))
 		return

@@ -49,7 +49,7 @@ func TestShowPreview(t *testing.T) {
 		if took := time.Since(began); took > 5*time.Second {
 			t.Errorf("the wait took %s, want about 300ms", took)
 		}
-		for _, want := range []string{"was not computed within 300ms", "is the capi-inplace manager running", "--preview-wait=300ms", "the upgrade runs without one"} {
+		for _, want := range []string{"was not computed within 300ms", "is the capi-inplace manager running", "--preview-wait (now 300ms)", "the upgrade runs without one"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the output does not say %q:\n%s", want, out.String())
 			}
