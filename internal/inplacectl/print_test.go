@@ -151,7 +151,7 @@ func TestPrintStatus(t *testing.T) {
 		{"Degraded condition with message", []string{"Degraded (NodeFailed): node demo-workers-2 failed"}},
 		{"upgraded machine with its time", []string{"harvester-cp-1", "Upgraded", "Succeeded", "took 19m0s"}},
 		{"running machine: step n/m, how long, what it does", []string{"harvester-workers-1", "InProgress", "OSUpgrade (4/5)", "7m0s", "waiting for SUC Plan"}},
-		{"held machine and why", []string{"harvester-workers-3", "Waiting", "held: Availability: 1 of 3 nodes down"}},
+		{"held machine and why", []string{"harvester-workers-3", "Waiting", " held by Availability: 1 node(s) of the target already unavailable"}},
 		{"failed machine in the table", []string{"harvester-workers-2", "Failed", "Failed at OSUpgrade", "took 6m0s"}},
 		{"failure with the node's own error", []string{"machine harvester-workers-2 (node demo-workers-2) of MachineDeployment/harvester-workers: StepFailed: elemental upgrade failed with return code: 33", "step OSUpgrade", "12m0s ago"}},
 	} {

@@ -100,7 +100,7 @@ func sampleStatus() *UpgradeStatus {
 				{Name: "harvester-workers-2", NodeName: "demo-workers-2", State: inplacev1.MachineStateFailed, Order: 2, NodeUpdate: "nu-workers-2",
 					Message: "OSUpgrade failed"},
 				{Name: "harvester-workers-3", NodeName: "demo-workers-3", State: inplacev1.MachineStateWaiting, Order: 3,
-					Message: "Availability: 1 of 3 nodes down, maxUnavailable is 1"},
+					Message: "held by Availability: 1 node(s) of the target already unavailable (demo-workers-1); maxUnavailable is 1"},
 			},
 			Conditions: []metav1.Condition{
 				{Type: inplacev1.DegradedCondition, Status: metav1.ConditionTrue, Reason: inplacev1.NodeFailedReason, Message: "node demo-workers-2 failed: elemental upgrade failed"},

@@ -133,7 +133,9 @@ func machineMessage(st *UpgradeStatus, m inplacev1.MachineUpgradeStatus) string 
 	if m.State == inplacev1.MachineStateFailed {
 		return "failed: see below"
 	}
-	if m.Message != "" && m.State == inplacev1.MachineStateWaiting {
+	// The UpgradeTask controller writes "held by <check>: ..."; a message in other words
+	// is marked as a hold all the same.
+	if m.Message != "" && m.State == inplacev1.MachineStateWaiting && !strings.HasPrefix(m.Message, "held") {
 		return "held: " + m.Message
 	}
 	return m.Message
