@@ -146,12 +146,12 @@ func TestPrintStatus(t *testing.T) {
 		{"cascade progress", []string{"in-place-upgrade-progress:", "1/4"}},
 		{"cascade message", []string{"in-place-upgrade-message:", "harvester-workers-2 failed"}},
 		{"control plane task, done", []string{"UpgradeTask harvester-cp-v1.35.6: KubeadmControlPlane/harvester-cp", "Completed, 1/1 upgraded, for 20m0s"}},
-		{"workers task with counts", []string{"MachineDeployment/harvester-workers", "Failed, 0/3 upgraded (1 in progress, 1 waiting, 1 failed)", "for 19m0s"}},
+		{"workers task with counts", []string{"MachineDeployment/harvester-workers", "InProgress, 0/3 upgraded (1 in progress, 1 waiting, 1 failed)", "for 19m0s"}},
 		{"current nodes", []string{"now upgrading: demo-workers-1"}},
 		{"Degraded condition with message", []string{"Degraded (NodeFailed): node demo-workers-2 failed"}},
 		{"upgraded machine with its time", []string{"harvester-cp-1", "Upgraded", "Succeeded", "took 19m0s"}},
 		{"running machine: step n/m, how long, what it does", []string{"harvester-workers-1", "InProgress", "OSUpgrade (4/5)", "7m0s", "waiting for SUC Plan"}},
-		{"held machine and why", []string{"harvester-workers-3", "Waiting", " held by Availability: 1 node(s) of the target already unavailable"}},
+		{"held machine and why", []string{"harvester-workers-3", "Waiting", " held: Availability: 1 node(s) of the target already unavailable"}},
 		{"failed machine in the table", []string{"harvester-workers-2", "Failed", "Failed at OSUpgrade", "took 6m0s"}},
 		{"failure with the node's own error", []string{"machine harvester-workers-2 (node demo-workers-2) of MachineDeployment/harvester-workers: StepFailed: elemental upgrade failed with return code: 33", "step OSUpgrade", "12m0s ago"}},
 	} {
@@ -162,6 +162,31 @@ func TestPrintStatus(t *testing.T) {
 	}
 	if strings.Index(out, "KubeadmControlPlane/") > strings.Index(out, "MachineDeployment/harvester-workers:") {
 		t.Errorf("the control plane's task is not first:\n%s", out)
+	}
+}
+
+// TestPrintStatusHolds checks the words of a waiting machine: the controller's own "held
+// by" is not repeated, and a machine of a task that ended is not held, just not started.
+func TestPrintStatusHolds(t *testing.T) {
+	for _, tc := range []struct {
+		phase         inplacev1.TaskPhase
+		message, want string
+	}{
+		{inplacev1.TaskPhaseInProgress, "held by NodeReady: node not Ready", "  held by NodeReady: node not Ready"},
+		{inplacev1.TaskPhaseInProgress, "NodeReady: node not Ready", "  held: NodeReady: node not Ready"},
+		{inplacev1.TaskPhaseFailed, "not started: the task stopped after machine workers-2 failed", "  not started: the task stopped"},
+	} {
+		st := sampleStatus()
+		st.Tasks[1].Status.Phase = tc.phase
+		st.Tasks[1].Status.Machines[2].Message = tc.message
+		var buf bytes.Buffer
+		if err := PrintStatus(&buf, st); err != nil {
+			t.Fatal(err)
+		}
+		line := lineWith(t, buf.String(), "harvester-workers-3", "Waiting")
+		if !strings.Contains(line, tc.want) || strings.Count(line, "held") > 1 {
+			t.Errorf("task %s, message %q: the machine's line is %q, want %q", tc.phase, tc.message, line, tc.want)
+		}
 	}
 }
 

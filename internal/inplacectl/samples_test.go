@@ -93,14 +93,14 @@ func sampleStatus() *UpgradeStatus {
 		Spec: inplacev1.UpgradeTaskSpec{ClusterName: "harvester", Version: "v1.35.6+rke2r1",
 			MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "harvester-workers"}},
 		Status: inplacev1.UpgradeTaskStatus{
-			Phase: inplacev1.TaskPhaseFailed, Total: 3, InProgress: 1, Waiting: 1, Failed: 1, Progress: "0/3",
+			Phase: inplacev1.TaskPhaseInProgress, Total: 3, InProgress: 1, Waiting: 1, Failed: 1, Progress: "0/3",
 			CurrentNodes: "demo-workers-1", StartTime: ago(19 * time.Minute),
 			Machines: []inplacev1.MachineUpgradeStatus{
 				{Name: "harvester-workers-1", NodeName: "demo-workers-1", State: inplacev1.MachineStateInProgress, Order: 1, NodeUpdate: "nu-workers-1"},
 				{Name: "harvester-workers-2", NodeName: "demo-workers-2", State: inplacev1.MachineStateFailed, Order: 2, NodeUpdate: "nu-workers-2",
 					Message: "OSUpgrade failed"},
 				{Name: "harvester-workers-3", NodeName: "demo-workers-3", State: inplacev1.MachineStateWaiting, Order: 3,
-					Message: "held by Availability: 1 node(s) of the target already unavailable (demo-workers-1); maxUnavailable is 1"},
+					Message: "Availability: 1 node(s) of the target already unavailable (demo-workers-1); maxUnavailable is 1"},
 			},
 			Conditions: []metav1.Condition{
 				{Type: inplacev1.DegradedCondition, Status: metav1.ConditionTrue, Reason: inplacev1.NodeFailedReason, Message: "node demo-workers-2 failed: elemental upgrade failed"},

@@ -58,17 +58,17 @@ func printTask(w *errWriter, st *UpgradeStatus, t *inplacev1.UpgradeTask) {
 		}
 	}
 	if len(s.Machines) > 0 {
-		printMachines(w, st, s.Machines)
+		printMachines(w, st, t)
 	}
 }
 
-func printMachines(w *errWriter, st *UpgradeStatus, machines []inplacev1.MachineUpgradeStatus) {
+func printMachines(w *errWriter, st *UpgradeStatus, t *inplacev1.UpgradeTask) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	_, _ = fmt.Fprintln(tw, "  ORDER\tMACHINE\tNODE\tSTATE\tSTEP\tFOR\tMESSAGE")
-	for _, m := range machines {
+	for _, m := range t.Status.Machines {
 		step, runningFor := nodeStep(st, m)
 		_, _ = fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", order(m.Order), m.Name, orDash(m.NodeName), m.State,
-			orDash(step), orDash(runningFor), orDash(oneLine(machineMessage(st, m))))
+			orDash(step), orDash(runningFor), orDash(oneLine(machineMessage(st, t, m))))
 	}
 	if err := tw.Flush(); err != nil && w.err == nil {
 		w.err = err
@@ -116,9 +116,9 @@ func nodeStep(st *UpgradeStatus, m inplacev1.MachineUpgradeStatus) (step, runnin
 	return step, runningFor
 }
 
-// machineMessage says what holds a waiting machine, what a running node is doing and is
+// machineMessage says what holds a waiting machine (of a task that still runs), what a running node is doing and is
 // retrying, or why it failed.
-func machineMessage(st *UpgradeStatus, m inplacev1.MachineUpgradeStatus) string {
+func machineMessage(st *UpgradeStatus, t *inplacev1.UpgradeTask, m inplacev1.MachineUpgradeStatus) string {
 	nu, ok := st.NodeUpdates[m.NodeUpdate]
 	if m.State == inplacev1.MachineStateInProgress && ok {
 		if nu.Status.LastError != "" {
@@ -135,7 +135,8 @@ func machineMessage(st *UpgradeStatus, m inplacev1.MachineUpgradeStatus) string 
 	}
 	// The UpgradeTask controller writes "held by <check>: ..."; a message in other words
 	// is marked as a hold all the same.
-	if m.Message != "" && m.State == inplacev1.MachineStateWaiting && !strings.HasPrefix(m.Message, "held") {
+	// A task that ended holds nothing: its waiting machines will not start.
+	if m.Message != "" && m.State == inplacev1.MachineStateWaiting && !t.Status.Phase.IsFinal() && !strings.HasPrefix(m.Message, "held") {
 		return "held: " + m.Message
 	}
 	return m.Message
