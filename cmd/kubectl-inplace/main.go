@@ -85,11 +85,11 @@ func (c *connection) client() (client.Client, string, error) {
 	config := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
 	namespace, _, err := config.Namespace()
 	if err != nil {
-		return nil, "", fmt.Errorf("read the namespace from the kubeconfig: %w", err)
+		return nil, "", fmt.Errorf("load the kubeconfig (give --kubeconfig, or set KUBECONFIG, to a readable kubeconfig): %w", err)
 	}
 	rest, err := config.ClientConfig()
 	if err != nil {
-		return nil, "", fmt.Errorf("load the kubeconfig (give --kubeconfig or set KUBECONFIG): %w", err)
+		return nil, "", fmt.Errorf("load the kubeconfig (give --kubeconfig, or set KUBECONFIG, to a readable kubeconfig): %w", err)
 	}
 	scheme := runtime.NewScheme()
 	if err := inplacev1.AddToScheme(scheme); err != nil {

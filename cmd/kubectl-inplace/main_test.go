@@ -127,7 +127,7 @@ func TestPlugin(t *testing.T) {
 	t.Run("bad command lines exit 2 and say what is wrong", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"preview", "harvester"}, {"preview", "harvester", "v1", "-o", "wide"}, {"preview", "harvester", "v1", "--max-unavailable", "0"},
-			{"status"}, {"preview", "harvester", "v1", "--no-such-flag"}, {"upgrade", "harvester"},
+			{"preview", "harvester", "v1", "--max-unavailable", "two"}, {"status"}, {"preview", "harvester", "v1", "--no-such-flag"}, {"upgrade", "harvester"},
 		} {
 			code, _, stderr := plugin(args...)
 			if code != 2 || !strings.HasPrefix(stderr, "error: ") {

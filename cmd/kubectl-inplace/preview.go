@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -59,8 +61,7 @@ func newPreviewCommand(conn *connection, stdout io.Writer) *cobra.Command {
 // validate refuses flags that cannot work before anything is read or written.
 func (o *previewOptions) validate() error {
 	if o.maxUnavailable != "" {
-		mu := intstr.Parse(o.maxUnavailable)
-		if mu.Type == intstr.Int && mu.IntVal < 1 {
+		if !validMaxUnavailable(o.maxUnavailable) {
 			return usageError{fmt.Errorf("--max-unavailable=%s: give a whole number of at least 1 or a percentage such as 25%%", o.maxUnavailable)}
 		}
 	}
@@ -71,6 +72,17 @@ func (o *previewOptions) validate() error {
 		return usageError{fmt.Errorf("--wait=%s: give a positive duration such as 60s", o.wait)}
 	}
 	return nil
+}
+
+// validMaxUnavailable accepts what an UpgradeTask's maxUnavailable accepts: a whole
+// number of at least 1, or a percentage.
+func validMaxUnavailable(v string) bool {
+	mu := intstr.Parse(v)
+	if mu.Type == intstr.Int {
+		return mu.IntVal >= 1
+	}
+	n, err := strconv.Atoi(strings.TrimSuffix(v, "%"))
+	return strings.HasSuffix(v, "%") && err == nil && n > 0 && n <= 100
 }
 
 func (o *previewOptions) request(namespace, cluster, version string) (inplacectl.PreviewRequest, error) {
