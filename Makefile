@@ -78,6 +78,13 @@ help: ## Show the targets.
 build: ## Build the manager binary (static) into bin/capi-inplace.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/capi-inplace .
 
+# The kubectl plugin: kubectl runs any kubectl-<name> on the PATH as `kubectl <name>`, so
+# bin/kubectl-inplace on the PATH is `kubectl inplace` (docs/kubectl-inplace.md). A target
+# of its own rather than part of build: the image (which runs make build) does not ship it.
+.PHONY: kubectl-inplace
+kubectl-inplace: ## Build the kubectl plugin into bin/kubectl-inplace (put bin/ on the PATH for `kubectl inplace`).
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/kubectl-inplace ./cmd/kubectl-inplace
+
 # The container engine: docker if found, else podman; CONTAINER_TOOL=... picks another.
 CONTAINER_TOOL ?= $(shell command -v docker >/dev/null 2>&1 && echo docker || { command -v podman >/dev/null 2>&1 && echo podman; })
 

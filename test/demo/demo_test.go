@@ -25,16 +25,23 @@ func TestDemoViaHook(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.via, cfg.workers, cfg.maxUnavailable = viaHook, 3, 2
 	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
+	// --preview costs this run at most previewWait: the manager computes the preview, or
+	// (before it has the UpgradePreview controller) the demo says it did not and goes on.
+	cfg.preview, cfg.previewWait = true, 3*time.Second
 
 	var out bytes.Buffer
 	res, err := run(context.Background(), cfg, &out, false)
 	if err != nil || res.exitCode() != 0 {
 		t.Fatalf("the demo ended with exit code %d, error %v; its output:\n%s", res.exitCode(), err, out.String())
 	}
-	for _, want := range []string{"6/6 nodes upgraded", "NODE  ", "All 6 nodes reached Kubernetes " + scenario.ToVersion} {
+	for _, want := range []string{"6/6 nodes upgraded", "NODE  ", "All 6 nodes reached Kubernetes " + scenario.ToVersion,
+		"kubectl inplace preview -n demo harvester " + scenario.ToVersion} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output does not say %q:\n%s", want, out.String())
 		}
+	}
+	if !strings.Contains(out.String(), "UpgradePreview demo/harvester-") && !strings.Contains(out.String(), "was not computed within 3s") {
+		t.Errorf("the output neither shows the preview nor says it was not computed:\n%s", out.String())
 	}
 
 	// Each node's line of what ran on its host: the release's pre-drain settings, then the

@@ -10,7 +10,7 @@
 // spec.topology.version bump Cluster API rolls out through capi-inplace's hooks. Without
 // them it plays Cluster API's hook calls in-process (capi.go) and says it is a fallback.
 //
-//	go run ./test/demo [--via=annotation|hook|capi] [--nodes N] [--fail NODE] [--step-delay D] [--keep]
+//	go run ./test/demo [--via=annotation|hook|capi] [--nodes N] [--fail NODE] [--step-delay D] [--keep] [--preview]
 package main
 
 import (
@@ -55,13 +55,17 @@ type config struct {
 	longhornV2     bool
 	timeout        time.Duration
 	managerBinary  string
+	// preview shows an UpgradePreview of the upgrade before asking for it, waiting at
+	// most previewWait for the manager to compute it.
+	preview     bool
+	previewWait time.Duration
 }
 
 func defaultConfig() config {
 	return config{
 		via: viaAnnotation, workers: 3, controlPlane: 3, maxUnavailable: 1,
 		stepDelay: 2 * time.Second, pollInterval: 250 * time.Millisecond,
-		longhornV2: true, timeout: 5 * time.Minute,
+		longhornV2: true, timeout: 5 * time.Minute, previewWait: time.Minute,
 	}
 }
 
@@ -76,6 +80,8 @@ func (c *config) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.pollInterval, "poll-interval", c.pollInterval, "the manager's --poll-interval: how often it looks at running steps and tasks again")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "give up when the upgrade has not ended after this long")
 	fs.StringVar(&c.managerBinary, "manager", c.managerBinary, "a manager binary to run instead of building one from this checkout")
+	fs.BoolVar(&c.preview, "preview", c.preview, "before the upgrade, ask for an UpgradePreview of the Cluster at the target version, wait for the manager to compute it and print it as `kubectl inplace preview` does; the upgrade runs either way")
+	fs.DurationVar(&c.previewWait, "preview-wait", c.previewWait, "how long --preview waits for the manager to compute the preview (a manager without the UpgradePreview controller never does: the demo then says so and goes on)")
 }
 
 func (c *config) validate() error {
@@ -90,8 +96,8 @@ func (c *config) validate() error {
 	if c.maxUnavailable < 1 {
 		return fmt.Errorf("--max-unavailable=%d: must be at least 1", c.maxUnavailable)
 	}
-	if c.stepDelay <= 0 || c.pollInterval <= 0 || c.timeout <= 0 {
-		return errors.New("--step-delay, --poll-interval and --timeout must be positive")
+	if c.stepDelay <= 0 || c.pollInterval <= 0 || c.timeout <= 0 || c.previewWait <= 0 {
+		return errors.New("--step-delay, --poll-interval, --timeout and --preview-wait must be positive")
 	}
 	if c.fail != "" && !c.knows(c.fail) {
 		return fmt.Errorf("--fail=%s: no such node or machine; the nodes are %s", c.fail, strings.Join(c.nodeNames(), ", "))
@@ -258,6 +264,9 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		}
 	}
 	view.ready(s, cfg, time.Since(began))
+	if cfg.preview {
+		showPreview(ctx, s.Management.Client, view, s.Cluster.Namespace, s.Cluster.Name, scenario.ToVersion, cfg.previewWait)
+	}
 
 	res := follow(ctx, s, cfg, view)
 	keepWorkDir = !res.ok() && !res.interrupted

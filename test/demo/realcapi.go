@@ -131,6 +131,9 @@ func runRealCAPI(ctx context.Context, cfg config, root string, view *view) (*out
 		return &outcome{}, fmt.Errorf("start the demo on Cluster API's controllers: %w (logs in %s)", err, d.workDir)
 	}
 	d.ready(time.Since(began))
+	if cfg.preview {
+		showPreview(ctx, d.env.Client, view, demoNamespace, capiClusterName, capiToVersion, cfg.previewWait)
+	}
 
 	res := d.follow(ctx)
 	keepWorkDir = !res.ok() && !res.interrupted
