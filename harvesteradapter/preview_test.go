@@ -163,11 +163,19 @@ func requesting(cpu, memory string, more ...func(*kubevirtv1.VirtualMachine)) fu
 // pdbPod runs a ReplicaSet's pod on node, Running and Ready, under a PodDisruptionBudget
 // of minAvailable 1 whose status is written as Kubernetes' disruption controller would
 // (envtest runs none): one pod healthy, one desired, no disruption allowed.
-func (c *vmCluster) pdbPod(name, node, memory string) {
+// With a component, the pod is labelled as a Longhorn component (an instance manager's
+// pod: longhorn.io/component instance-manager) and owned by its Longhorn object, as
+// Longhorn runs it, with the budget Longhorn gives it (fact 31).
+func (c *vmCluster) pdbPod(name, node, memory string, component ...string) {
 	GinkgoHelper()
+	owner := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name + "-rs", UID: types.UID(name + "-rs-uid"), Controller: ptr.To(true)}
+	podLabels := map[string]string{"app": name}
+	if len(component) > 0 {
+		owner = metav1.OwnerReference{APIVersion: "longhorn.io/v1beta2", Kind: "InstanceManager", Name: name, UID: types.UID(name + "-uid"), Controller: ptr.To(true)}
+		podLabels["longhorn.io/component"] = component[0]
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns, Labels: map[string]string{"app": name},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name + "-rs", UID: types.UID(name + "-rs-uid"), Controller: ptr.To(true)}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns, Labels: podLabels, OwnerReferences: []metav1.OwnerReference{owner}},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "app:1",
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memory)}}}}},
 	}
@@ -222,6 +230,7 @@ var _ = Describe("A node's disruption previewed without acting", func() {
 		c.pdbPod("web", n2, "1Gi")
 		single, shared := "pvc-prev1-"+c.name, "pvc-prev2-"+c.name
 		createLonghornVolume(single, "v1", n3)
+		c.pdbPod("instance-manager-"+c.name, n3, "100Mi", "instance-manager")
 		createLonghornVolume(shared, "v1", n1, n2)
 		DeferCleanup(func() { deleteLonghornVolume(single, n3); deleteLonghornVolume(shared, n1, n2) })
 
@@ -229,6 +238,10 @@ var _ = Describe("A node's disruption previewed without acting", func() {
 		p1, p2, p3 := c.preview(u, n1), c.preview(u, n2), c.preview(u, n3)
 		withN2Down := c.preview(u, n1, n2)
 		Expect(rec.Writes()).To(BeEmpty(), "the preview writes nothing to either cluster")
+		wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: c.ns, Name: c.name})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(wc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: c.ns}}, client.DryRunAll)).To(Succeed())
+		Expect(rec.Writes()).To(ConsistOf(ContainSubstring("create *v1.ConfigMap")), "the recorder sees a write: the assertion above can fail")
 
 		By("what the previews say")
 		Expect(vmNames(p1.MigratingVMs)).To(Equal([]string{mig}))
@@ -249,7 +262,8 @@ var _ = Describe("A node's disruption previewed without acting", func() {
 			HaveField("Reason", ContainSubstring("disruptionsAllowed 0")))))
 		Expect(p2.DegradedVolumes).To(BeEmpty())
 
-		Expect(p3.BlockingPods).To(BeEmpty())
+		Expect(p3.BlockingPods).To(ConsistOf(And(HaveField("Name", "instance-manager-"+c.name),
+			HaveField("Reason", And(ContainSubstring("disruptionsAllowed 0"), ContainSubstring("Longhorn keeps this instance manager's budget"), ContainSubstring(single))))))
 		Expect(p3.DegradedVolumes).To(ConsistOf(HaveField("Name", single)))
 		Expect(p3.DegradedVolumes[0].Reason).To(ContainSubstring("0 healthy replicas would be left"))
 
