@@ -37,19 +37,35 @@ func requestsOf(list corev1.ResourceList) requests {
 
 // kubevirtCPUAllocationRatio is KubeVirt's default cpuAllocationRatio: a VMI that
 // requests no CPU gets, on its virt-launcher pod, vCPUs × 1000m / ratio (kubevirt.io/api
-// core/v1 DeveloperConfiguration.CPUAllocationRatio, "Defaults to 10"; KubeVirt's
-// pkg/virt-controller/services renderresources.go).
+// v1.6.0 core/v1 types.go DeveloperConfiguration.CPUAllocationRatio, "Defaults to 10";
+// KubeVirt's pkg/virt-controller/services renderresources.go).
 const kubevirtCPUAllocationRatio = 10
+
+// cpuAllocationRatio is the ratio the cluster's KubeVirt install CR configures
+// (spec.configuration.developerConfiguration.cpuAllocationRatio; Harvester's is
+// harvester-system/kubevirt), else KubeVirt's default.
+func cpuAllocationRatio(ctx context.Context, wc client.Client) int64 {
+	list := &kubevirtv1.KubeVirtList{}
+	if err := wc.List(ctx, list); err != nil {
+		return kubevirtCPUAllocationRatio // not served, or not readable: the default
+	}
+	for i := range list.Items {
+		if d := list.Items[i].Spec.Configuration.DeveloperConfiguration; d != nil && d.CPUAllocationRatio > 0 {
+			return int64(d.CPUAllocationRatio)
+		}
+	}
+	return kubevirtCPUAllocationRatio
+}
 
 // vmiRequests is what a VMI asks of a node, as KubeVirt requests it: the requests of its
 // virt-launcher pod (labelled kubevirt.io/created-by with the VMI's UID,
 // kubevirtv1.CreatedByLabel) when it is listed; the target pod of a live migration is
 // rendered from the same VMI and asks the same. Without the pod, the VMI's own
 // spec.domain.resources.requests: memory, else spec.domain.memory.guest; CPU, else its
-// vCPUs over kubevirtCPUAllocationRatio. That fallback leaves out the memory overhead
+// vCPUs × 1000m over the cluster's cpuAllocationRatio. That fallback leaves out the memory overhead
 // KubeVirt adds to the launcher (GetMemoryOverhead, some hundreds of MiB), which this
 // does not replicate: exact is false, and the capacity says so.
-func vmiRequests(vmi *kubevirtv1.VirtualMachineInstance, launchers map[types.UID]*corev1.Pod) (r requests, exact bool) {
+func vmiRequests(vmi *kubevirtv1.VirtualMachineInstance, launchers map[types.UID]*corev1.Pod, ratio int64) (r requests, exact bool) {
 	if pod := launchers[vmi.UID]; pod != nil {
 		return requestsOf(podresource.PodRequests(pod, podresource.PodResourcesOptions{})), true
 	}
@@ -59,7 +75,7 @@ func vmiRequests(vmi *kubevirtv1.VirtualMachineInstance, launchers map[types.UID
 		r.mem = spec.Memory.Guest.Value()
 	}
 	if _, ok := spec.Resources.Requests[corev1.ResourceCPU]; !ok {
-		r.cpu = vcpus(spec.CPU) * 1000 / kubevirtCPUAllocationRatio
+		r.cpu = vcpus(spec.CPU) * 1000 / ratio
 	}
 	return r, false
 }
@@ -86,10 +102,11 @@ type roomLedger struct {
 	order    []string
 	inexact  bool
 	launcher map[types.UID]*corev1.Pod
+	ratio    int64
 }
 
 func newRoomLedger(ctx context.Context, wc client.Client, targets []*corev1.Node) (*roomLedger, error) {
-	l := &roomLedger{free: map[string]requests{}, launcher: map[types.UID]*corev1.Pod{}}
+	l := &roomLedger{free: map[string]requests{}, launcher: map[types.UID]*corev1.Pod{}, ratio: cpuAllocationRatio(ctx, wc)}
 	pods := &corev1.PodList{}
 	if err := wc.List(ctx, pods, client.HasLabels{kubevirtv1.CreatedByLabel}); err != nil {
 		return nil, fmt.Errorf("list the virt-launcher pods: %w", err)
@@ -114,7 +131,7 @@ func newRoomLedger(ctx context.Context, wc client.Client, targets []*corev1.Node
 		}
 		for i := range vmis.Items {
 			if v := &vmis.Items[i]; v.Status.NodeName == n.Name && !kubevirt.VMIFinished(v) && l.launcher[v.UID] == nil {
-				r, _ := vmiRequests(v, nil)
+				r, _ := vmiRequests(v, nil, l.ratio)
 				free = free.minus(r)
 			}
 		}
@@ -177,7 +194,7 @@ func previewCapacity(ctx context.Context, wc client.Client, targets []*corev1.No
 	}
 	needs := map[*kubevirtv1.VirtualMachineInstance]requests{}
 	for _, vmi := range migrating {
-		r, exact := vmiRequests(vmi, l.launcher)
+		r, exact := vmiRequests(vmi, l.launcher, l.ratio)
 		needs[vmi], l.inexact = r, l.inexact || !exact
 	}
 	sorted := append([]*kubevirtv1.VirtualMachineInstance(nil), migrating...)

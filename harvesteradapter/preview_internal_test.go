@@ -73,18 +73,21 @@ func TestVMIRequests(t *testing.T) {
 	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{UID: "u1"}}
 	vmi.Spec.Domain.CPU = &kubevirtv1.CPU{Cores: 2, Sockets: 2}
 	vmi.Spec.Domain.Memory = &kubevirtv1.Memory{Guest: ptr.To(resource.MustParse("4Gi"))}
-	if r, exact := vmiRequests(vmi, nil); exact || r.cpu != 400 || r.mem != 4<<30 {
+	if r, exact := vmiRequests(vmi, nil, kubevirtCPUAllocationRatio); exact || r.cpu != 400 || r.mem != 4<<30 {
 		t.Errorf("from the spec: %+v exact %v, want 400m (4 vCPUs / 10) and 4Gi, inexact", r, exact)
 	}
+	if r, _ := vmiRequests(vmi, nil, 4); r.cpu != 1000 {
+		t.Errorf("with cpuAllocationRatio 4: %dm, want 1000m", r.cpu)
+	}
 	vmi.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("2Gi")}
-	if r, _ := vmiRequests(vmi, nil); r.cpu != 3000 || r.mem != 2<<30 {
+	if r, _ := vmiRequests(vmi, nil, kubevirtCPUAllocationRatio); r.cpu != 3000 || r.mem != 2<<30 {
 		t.Errorf("from the spec's requests: %+v, want 3 CPUs and 2Gi", r)
 	}
 	launcher := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{
 		{Name: "compute", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("2300Mi")}}},
 		{Name: "hotplug", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("10Mi")}}},
 	}}}
-	if r, exact := vmiRequests(vmi, map[types.UID]*corev1.Pod{"u1": launcher}); !exact || r.cpu != 3010 || r.mem != 2310<<20 {
+	if r, exact := vmiRequests(vmi, map[types.UID]*corev1.Pod{"u1": launcher}, kubevirtCPUAllocationRatio); !exact || r.cpu != 3010 || r.mem != 2310<<20 {
 		t.Errorf("from the launcher pod: %+v exact %v, want 3010m and 2310Mi, exact", r, exact)
 	}
 }
