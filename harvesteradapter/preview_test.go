@@ -323,5 +323,18 @@ var _ = Describe("A node's disruption previewed without acting", func() {
 		Expect(none.Capacity).To(HavePrefix("short: no node stays up"))
 		Expect(rec.Writes()).To(BeEmpty())
 		Expect(c.kubevirt.NodeOf(manual)).To(Equal(n1))
+
+		// The KubeVirt simulator does not play the scheduler's resource fit (its target
+		// nodes take any VMI), so the capacity verdict is not checked against a run here;
+		// the Manual VM's hold is.
+		By("the run holds the node on the Manual VM, as predicted, and leaves it running")
+		nu := c.nodeUpdate(n1)
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			st := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs)
+			return st != nil && strings.Contains(st.Message, "runStrategy Manual")
+		})).To(Succeed())
+		Expect(nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message).To(And(HavePrefix("holding:"), ContainSubstring(manual)))
+		Expect(runStrategy(c.getVM("vm-manual"))).To(Equal(kubevirtv1.RunStrategyManual))
+		Expect(c.kubevirt.NodeOf(manual)).To(Equal(n1))
 	})
 })
