@@ -59,12 +59,12 @@ const (
 // The step is done when no VMI runs on the node.
 func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, error) {
 	node := r.nu.Spec.NodeName
-	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := r.wc.List(ctx, vmis, client.MatchingLabels{kubevirtv1.NodeNameLabel: node}); err != nil {
-		if kubevirt.Absent(err) {
-			return true, fmt.Sprintf("the cluster does not serve KubeVirt's API: no virtual machine runs on node %s", node), nil
-		}
-		return false, "", fmt.Errorf("list the virtual machine instances on node %s: %w", node, err)
+	vmis, served, err := vmisOnNode(ctx, r.wc, node)
+	if err != nil {
+		return false, "", err
+	}
+	if !served {
+		return true, fmt.Sprintf("the cluster does not serve KubeVirt's API: no virtual machine runs on node %s", node), nil
 	}
 	nodes := &corev1.NodeList{}
 	if err := r.wc.List(ctx, nodes); err != nil {
@@ -77,42 +77,30 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 	}
 
 	var waiting, holds []string
-	sort.Slice(vmis.Items, func(i, j int) bool { return kubevirt.VMKey(&vmis.Items[i]) < kubevirt.VMKey(&vmis.Items[j]) })
-	for i := range vmis.Items {
-		vmi := &vmis.Items[i]
-		key := kubevirt.VMKey(vmi)
-		if kubevirt.VMIFinished(vmi) || (vmi.Status.NodeName != "" && vmi.Status.NodeName != node) {
+	for i := range vmis {
+		vmi := &vmis[i]
+		action, why := judgeVMI(vmi, node, targets, nonWitness)
+		var hold string
+		switch action {
+		case vmiLeave:
 			continue
-		}
-		if !vmi.DeletionTimestamp.IsZero() {
-			waiting = append(waiting, key+" is shutting down")
+		case vmiWait:
+			waiting = append(waiting, why)
 			continue
-		}
-		if vmi.Status.Phase != kubevirtv1.Running {
-			waiting = append(waiting, fmt.Sprintf("%s is %s", key, phaseOr(vmi.Status.Phase)))
-			continue
-		}
-		why := kubevirt.WhyNotMigratable(vmi, targets, nonWitness)
-		if why != "" {
-			hold, err := u.stopOnNode(ctx, r, vmi, why)
-			if err != nil {
-				return false, "", err
+		case vmiStop:
+			if hold, err = u.stopOnNode(ctx, r, vmi, why); err == nil && hold == "" {
+				waiting = append(waiting, kubevirt.VMKey(vmi)+" is stopping")
 			}
-			if hold != "" {
-				holds = append(holds, hold)
-			} else {
-				waiting = append(waiting, key+" is stopping")
+		case vmiMigrate:
+			if hold, err = u.migrateOff(ctx, r, vmi, ours[kubevirt.MigrationName(r.nu, vmi)]); err == nil && hold == "" {
+				waiting = append(waiting, kubevirt.VMKey(vmi)+" is migrating")
 			}
-			continue
 		}
-		hold, err := u.migrateOff(ctx, r, vmi, ours[kubevirt.MigrationName(r.nu, vmi)])
 		if err != nil {
 			return false, "", err
 		}
 		if hold != "" {
 			holds = append(holds, hold)
-		} else {
-			waiting = append(waiting, key+" is migrating")
 		}
 	}
 
@@ -125,12 +113,67 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 	return true, u.evacuationSummary(ctx, r, ours), nil
 }
 
+// vmisOnNode lists the VMIs KubeVirt labels as running on node (kubevirt.io/nodeName),
+// sorted; served is false on a cluster that does not serve KubeVirt's API.
+func vmisOnNode(ctx context.Context, c client.Reader, node string) (vmis []kubevirtv1.VirtualMachineInstance, served bool, err error) {
+	list := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := c.List(ctx, list, client.MatchingLabels{kubevirtv1.NodeNameLabel: node}); err != nil {
+		if kubevirt.Absent(err) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("list the virtual machine instances on node %s: %w", node, err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return kubevirt.VMKey(&list.Items[i]) < kubevirt.VMKey(&list.Items[j]) })
+	return list.Items, true, nil
+}
+
+// vmiAction is what the evacuation does with one VMI listed on its node.
+type vmiAction int
+
+const (
+	// vmiLeave: the VMI ended or runs on another node; it holds nothing.
+	vmiLeave vmiAction = iota
+	// vmiWait: the VMI is shutting down, or is not Running yet; the step waits for it.
+	vmiWait
+	// vmiStop: the VMI cannot be live-migrated; its VirtualMachine is stopped.
+	vmiStop
+	// vmiMigrate: the VMI is live-migrated off the node.
+	vmiMigrate
+)
+
+// judgeVMI decides what the evacuation of node does with a VMI listed there; why is what
+// is waited for (vmiWait) or why it cannot be live-migrated (vmiStop). targets and
+// nonWitness are kubevirt.EvacuationTargets'. The run (runEvacuate) and the disruption
+// preview (PreviewDisruption) both decide with it, so that the preview cannot drift from
+// the run.
+func judgeVMI(vmi *kubevirtv1.VirtualMachineInstance, node string, targets []*corev1.Node, nonWitness int) (vmiAction, string) {
+	key := kubevirt.VMKey(vmi)
+	switch {
+	case kubevirt.VMIFinished(vmi) || (vmi.Status.NodeName != "" && vmi.Status.NodeName != node):
+		return vmiLeave, ""
+	case !vmi.DeletionTimestamp.IsZero():
+		return vmiWait, key + " is shutting down"
+	case vmi.Status.Phase != kubevirtv1.Running:
+		return vmiWait, fmt.Sprintf("%s is %s", key, phaseOr(vmi.Status.Phase))
+	}
+	if why := kubevirt.WhyNotMigratable(vmi, targets, nonWitness); why != "" {
+		return vmiStop, why
+	}
+	return vmiMigrate, ""
+}
+
+// unownedHold is what holds the node for a VMI that cannot be live-migrated and that no
+// VirtualMachine owns: the updater could stop it but never start it again.
+func unownedHold(vmi *kubevirtv1.VirtualMachineInstance, why string) string {
+	return fmt.Sprintf("VMI %s cannot be live-migrated (%s) and no VirtualMachine owns it, so the updater cannot stop it and start it again: stop or move it yourself", kubevirt.VMKey(vmi), why)
+}
+
 // stopOnNode stops the VM of a VMI that cannot be live-migrated, once. It returns what
 // holds the node when the VM cannot be stopped and started again by the updater.
 func (u *Updater) stopOnNode(ctx context.Context, r *nodeRun, vmi *kubevirtv1.VirtualMachineInstance, why string) (string, error) {
 	owner := kubevirt.VMIOwnerVM(vmi)
 	if owner == "" {
-		return u.holdOnce(r, EventVMHoldsNode, fmt.Sprintf("VMI %s cannot be live-migrated (%s) and no VirtualMachine owns it, so the updater cannot stop it and start it again: stop or move it yourself", kubevirt.VMKey(vmi), why)), nil
+		return u.holdOnce(r, EventVMHoldsNode, unownedHold(vmi, why)), nil
 	}
 	paused := kubevirt.VMIPaused(vmi)
 	stopped, held, err := kubevirt.StopVM(ctx, r.wc, r.nu.UID, r.nu.Spec.NodeName, vmi.Namespace, owner, !paused)

@@ -187,15 +187,9 @@ func StopVM(ctx context.Context, wc client.Client, by types.UID, node, namespace
 		}
 		return false, "", fmt.Errorf("get VirtualMachine %s/%s: %w", namespace, name, err)
 	}
-	strategy, err := vm.RunStrategy()
-	if err != nil {
-		return false, fmt.Sprintf("VirtualMachine %s/%s: %v", namespace, name, err), nil
-	}
-	if strategy == kubevirtv1.RunStrategyHalted {
-		return false, "", nil // stopping already, by someone else or by us
-	}
-	if strategy != kubevirtv1.RunStrategyAlways && strategy != kubevirtv1.RunStrategyRerunOnFailure {
-		return false, fmt.Sprintf("VirtualMachine %s/%s runs with runStrategy %s, which the updater could stop but not start again: stop it yourself (it then stays stopped) or make it live-migratable", namespace, name, strategy), nil
+	strategy, halted, held := StopRefusal(vm)
+	if halted || held != "" {
+		return false, held, nil
 	}
 	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if vm.Spec.Running != nil {
@@ -221,6 +215,25 @@ func StopVM(ctx context.Context, wc client.Client, by types.UID, node, namespace
 		return false, "", fmt.Errorf("stop VirtualMachine %s/%s: %w", namespace, name, err)
 	}
 	return true, "", nil
+}
+
+// StopRefusal is StopVM's judgement of a VirtualMachine before it writes: halted when it
+// is stopping already (by someone else or by us), held when the updater must not stop it
+// (its run strategy cannot be read, or is Manual or Once, which KubeVirt starts only on
+// a request to the start subresource, so restoring the strategy would not bring it
+// back); otherwise the strategy it runs with, which it gets back. The disruption preview
+// asks the same, so that it names the VMs the run would refuse to stop.
+func StopRefusal(vm *kubevirtv1.VirtualMachine) (strategy kubevirtv1.VirtualMachineRunStrategy, halted bool, held string) {
+	strategy, err := vm.RunStrategy()
+	switch {
+	case err != nil:
+		return "", false, fmt.Sprintf("VirtualMachine %s: %v", VMKey(vm), err)
+	case strategy == kubevirtv1.RunStrategyHalted:
+		return strategy, true, ""
+	case strategy != kubevirtv1.RunStrategyAlways && strategy != kubevirtv1.RunStrategyRerunOnFailure:
+		return strategy, false, fmt.Sprintf("VirtualMachine %s runs with runStrategy %s, which the updater could stop but not start again: stop it yourself (it then stays stopped) or make it live-migratable", VMKey(vm), strategy)
+	}
+	return strategy, false, ""
 }
 
 // StoppedVMs lists the VirtualMachines that by (StopVM) stopped and has not started

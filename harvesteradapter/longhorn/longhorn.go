@@ -222,19 +222,37 @@ func (s *State) healthyReplicaNodes(engine longhornv1.DataEngineType) map[string
 	return out
 }
 
-// volumesLeftWithoutReplica lists the volumes of a data engine, attached or not, that
-// hold data in a healthy replica today and would have none on a node outside down: with
-// all of down's nodes down at once, nothing could serve them. A volume with no healthy
-// replica anywhere is not listed: taking nodes down costs it nothing (an attached one is
-// LonghornVolumesHealthy's business).
-func (s *State) volumesLeftWithoutReplica(down DownSet, engine longhornv1.DataEngineType) []string {
-	var out []string
+// LostVolume is a volume that would have no healthy replica outside the nodes down
+// together: Nodes are the nodes of its healthy replicas today, all of them down.
+type LostVolume struct {
+	Name       string
+	DataEngine longhornv1.DataEngineType
+	Nodes      []string
+}
+
+// LostVolumes lists the volumes of a data engine, attached or not, that hold data in a
+// healthy replica today and would have none on a node outside down: with all of down's
+// nodes down at once, nothing could serve them. A volume with no healthy replica
+// anywhere is not listed: taking nodes down costs it nothing (an attached one is
+// LonghornVolumesHealthy's business). The preflight (Checks) and the disruption preview
+// both judge with it.
+func (s *State) LostVolumes(down DownSet, engine longhornv1.DataEngineType) []LostVolume {
+	var out []LostVolume
 	for vol, nodes := range s.healthyReplicaNodes(engine) {
 		if !slices.ContainsFunc(nodes, func(n string) bool { return !down.contains(n) }) {
-			out = append(out, fmt.Sprintf("%s (healthy replicas on %s)", vol, strings.Join(nodes, ", ")))
+			out = append(out, LostVolume{Name: vol, DataEngine: engine, Nodes: nodes})
 		}
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// volumesLeftWithoutReplica is LostVolumes in words, for the preflight's messages.
+func (s *State) volumesLeftWithoutReplica(down DownSet, engine longhornv1.DataEngineType) []string {
+	var out []string
+	for _, v := range s.LostVolumes(down, engine) {
+		out = append(out, fmt.Sprintf("%s (healthy replicas on %s)", v.Name, strings.Join(v.Nodes, ", ")))
+	}
 	return out
 }
 
