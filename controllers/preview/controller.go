@@ -127,6 +127,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, nil
 }
 
+// Compute computes a preview's status from the cluster as it is now, without writing
+// anything: the benchmark times it.
+func (r *Reconciler) Compute(ctx context.Context, p *inplacev1.UpgradePreview) (inplacev1.UpgradePreviewStatus, error) {
+	r.defaults()
+	return r.compute(ctx, p)
+}
+
 // upToDate reports whether the preview was computed for its spec and refresh value.
 func upToDate(p *inplacev1.UpgradePreview) bool {
 	final := p.Status.Phase == inplacev1.PreviewPhaseReady || p.Status.Phase == inplacev1.PreviewPhaseFailed

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -185,12 +186,31 @@ func (r *Reconciler) readRef(ctx context.Context, s *previewScope, ref clusterv1
 	if !ref.IsDefined() {
 		return runtime.RawExtension{}
 	}
-	mapping, err := r.Client.RESTMapper().RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
+	mapping, err := r.mapping(s, schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
 	if err != nil {
 		s.note("cannot read %s %s: kind %s.%s is not served (%v); judged without it", ref.Kind, ref.Name, ref.Kind, ref.APIGroup, err)
 		return runtime.RawExtension{}
 	}
 	return r.readObject(ctx, s, mapping.GroupVersionKind, ref.Name)
+}
+
+// mapping maps a kind once per computation: a kind the API server does not serve makes
+// the REST mapper ask discovery again on every call, for every machine that names it.
+func (r *Reconciler) mapping(s *previewScope, gk schema.GroupKind) (*meta.RESTMapping, error) {
+	if m, ok := s.mappings[gk]; ok {
+		return m.mapping, m.err
+	}
+	mapping, err := r.Client.RESTMapper().RESTMapping(gk)
+	if s.mappings == nil {
+		s.mappings = map[schema.GroupKind]mappingResult{}
+	}
+	s.mappings[gk] = mappingResult{mapping, err}
+	return mapping, err
+}
+
+type mappingResult struct {
+	mapping *meta.RESTMapping
+	err     error
 }
 
 // readTemplate reads a template spec.templateChanges names.

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -39,6 +40,8 @@ type previewScope struct {
 	// total and estimateSource are the estimate of the whole upgrade.
 	total          *metav1.Duration
 	estimateSource string
+	// mappings are the kinds mapped in this computation (Reconciler.mapping).
+	mappings map[schema.GroupKind]mappingResult
 	// notes say what the preview could not read, and judged without.
 	notes []string
 	// problem, when set, is why the run would refuse the upgrade: the preview Failed.
