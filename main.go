@@ -303,7 +303,7 @@ func run(opts options) error {
 	// Cluster API's in-place hooks, served below; UpgradePreview asks the same instance.
 	inPlaceHooks := &extension.InPlaceHooks{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
-		RetryAfterSeconds: hookRetryAfter(opts.pollInterval),
+		RetryAfterSeconds: hookRetryAfter(opts.pollInterval), Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
 	}
 	if err := (&preview.Reconciler{
 		Workload: nodeCaches, Registry: registry, Checks: checks, Hooks: inPlaceHooks, DefaultUpdater: opts.defaultUpdater,

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -70,6 +71,9 @@ type InPlaceHooks struct {
 	// with (10 s while a machine waits, 15 s while its node is upgraded): the manager sets
 	// it from a short --poll-interval, for simulated clusters whose nodes take seconds.
 	RetryAfterSeconds int32
+	// Recorder shows a fail-closed Cluster's refusals as events on the Cluster; nil
+	// records none.
+	Recorder events.EventRecorder
 }
 
 // retryAfter returns the retry interval to answer: def, or RetryAfterSeconds when set.
@@ -204,19 +208,49 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 		return out, "", withReason(HookReasonInvalidRequest, fmt.Errorf("encode desired %s: %w", in.object, err))
 	}
 
-	fields, ref, message, err := h.updaterFields(ctx, in.namespace, in.clusterName, in.settings)
-	if err != nil || fields == nil {
-		if message != "" {
-			log.V(4).Info("not in place", "reason", message)
+	cluster := &clusterv1.Cluster{}
+	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: in.namespace, Name: in.clusterName}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return out, "", withReason(upgraderequest.ReasonClusterNotFound, failuref("Cluster %s/%s not found", in.namespace, in.clusterName))
 		}
+		return out, "", withReason(HookReasonAPIError, fmt.Errorf("read Cluster %s/%s: %w", in.namespace, in.clusterName, err))
+	}
+	// answer answers with patches and msg, unless something is left that Cluster API
+	// would replace machines for: then a Failure naming it on a fail-closed Cluster, else
+	// a Success whose message names it (when msg does not already say it is replaced).
+	answer := func(msg string, patches canUpdatePatches, saysReplaced bool) (canUpdatePatches, string, error) {
+		left, err := remainingAfter(in, curDoc, wantDoc, docs, bootstrap, infra, patches)
+		if err != nil {
+			return out, "", withReason(HookReasonInvalidRequest, err)
+		}
+		if len(left) == 0 {
+			return patches, msg, nil
+		}
+		if FailClosed(cluster) {
+			err := failClosedError(cluster, in, msg, left)
+			h.recordRefusal(cluster, in.hook, err.Error())
+			return out, "", withReason(HookReasonFailClosed, err)
+		}
+		if saysReplaced {
+			return patches, msg, nil
+		}
+		return patches, fmt.Sprintf("%s; not covered, so Cluster API replaces the machines: %s", msg, strings.Join(left, ", ")), nil
+	}
+
+	fields, ref, message, err := h.updaterFields(ctx, cluster, in.settings)
+	if err != nil {
 		return out, message, err
+	}
+	if fields == nil {
+		log.V(4).Info("not in place", "reason", message)
+		return answer(message, out, true)
 	}
 
 	verdict := judgeVersion(in.currentVersion, in.desiredVersion, in.controlPlane)
 	if verdict.changed && !verdict.covered {
 		msg := fmt.Sprintf("capi-inplace cannot do this change in place: %s; Cluster API rolls it out by replacing machines", verdict.reason)
 		log.V(4).Info("not in place", "reason", msg)
-		return out, msg, nil
+		return answer(msg, out, true)
 	}
 	machinePaths := fieldPaths(fields, nodeupdater.MachineObject, in.object, verdict.changed)
 	if verdict.changed {
@@ -252,7 +286,7 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 		msg = fmt.Sprintf("capi-inplace covers %s in place with updater %s", strings.Join(covered, ", "), ref)
 	}
 	log.V(4).Info("answered", "covered", covered)
-	return out, msg, nil
+	return answer(msg, out, false)
 }
 
 func prefixed(object string, paths []string) []string {
@@ -265,16 +299,10 @@ func prefixed(object string, paths []string) []string {
 
 // updaterFields resolves the cluster's updater for the CanUpdate hooks. It returns the
 // fields the updater changes in place; nil fields with a message when the cluster has no
-// updater (no in-place update, said plainly); an error when the cluster cannot be read or
-// its configured updater is unusable.
-func (h *InPlaceHooks) updaterFields(ctx context.Context, namespace, clusterName string, settings map[string]string) ([]nodeupdater.InPlaceField, inplacev1.UpdaterReference, string, error) {
-	cluster := &clusterv1.Cluster{}
-	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: clusterName}, cluster); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, inplacev1.UpdaterReference{}, "", withReason(upgraderequest.ReasonClusterNotFound, failuref("Cluster %s/%s not found", namespace, clusterName))
-		}
-		return nil, inplacev1.UpdaterReference{}, "", withReason(HookReasonAPIError, fmt.Errorf("read Cluster %s/%s: %w", namespace, clusterName, err))
-	}
+// updater (no in-place update, said plainly); an error when its configured updater is
+// unusable.
+func (h *InPlaceHooks) updaterFields(ctx context.Context, cluster *clusterv1.Cluster, settings map[string]string) ([]nodeupdater.InPlaceField, inplacev1.UpdaterReference, string, error) {
+	namespace := cluster.Namespace
 	ref, source, err := h.resolveUpdater(cluster, settings)
 	if err != nil {
 		var none *nodeupdater.NoUpdaterError

@@ -5,10 +5,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -140,23 +142,41 @@ var _ = Describe("UpgradePreview", func() {
 
 	It("shows the machines of a MachineDeployment whose template change no updater covers as Replaced, naming the fields", func() {
 		w := newWorld(false)
-		w.createPreview(targetVersion, func(p *inplacev1.UpgradePreview) {
-			p.Spec.TemplateChanges = []inplacev1.PreviewTemplateChange{{
-				MachineDeployment:      "workers",
-				InfrastructureTemplate: &inplacev1.PreviewTemplateRef{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "TestMachineTemplate", Name: "bigger"},
-			}}
-		})
+		w.bootstrapTemplates()
+		w.createPreview(targetVersion, func(p *inplacev1.UpgradePreview) { p.Spec.TemplateChanges = w.bootstrapChange() })
 		p := w.computed(inplacev1.PreviewPhaseReady)
 		for _, name := range []string{"workers-1", "workers-2", "workers-3"} {
 			m := machineOf(p, name)
 			Expect(m.Outcome).To(Equal(inplacev1.MachineOutcomeReplaced), name)
-			Expect(m.Reason).To(ContainSubstring("spec.template.spec.infrastructureRef.name"), name)
+			Expect(m.Reason).To(HavePrefix("Cluster API would replace the machine: no updater covers KubeadmConfigTemplate spec.template.spec.preKubeadmCommands"), name)
 			Expect(m.Order).To(BeZero())
 		}
 		Expect(machineOf(p, "cp-1").Outcome).To(Equal(inplacev1.MachineOutcomeInPlace), "the control plane has no template change")
 		Expect(p.Status.Replaced).To(Equal(int32(3)))
-		Expect(p.Status.Message).To(ContainSubstring("TestMachineTemplate"), "what it could not read is said")
+		Expect(p.Status.FailClosed).To(BeFalse())
 		Expect(p.Status.EstimatedDuration.Duration).To(Equal(3*DefaultNodeDuration), "replaced machines are not in the estimate")
+	})
+
+	It("shows them Refused on a fail-closed Cluster, with the hook's words, and records no event", func() {
+		w := newWorld(false)
+		w.bootstrapTemplates()
+		cluster := &clusterv1.Cluster{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "harvester"}, cluster)).To(Succeed())
+		Expect(fixtures.Annotate(ctx, k8s, cluster, inplacev1.FailClosedAnnotation, "true")).To(Succeed())
+		w.createPreview(targetVersion, func(p *inplacev1.UpgradePreview) { p.Spec.TemplateChanges = w.bootstrapChange() })
+		p := w.computed(inplacev1.PreviewPhaseReady)
+		Expect(p.Status.FailClosed).To(BeTrue())
+		Expect(p.Status.Refused).To(Equal(int32(3)))
+		refused := machineOf(p, "workers-2")
+		Expect(refused.Outcome).To(Equal(inplacev1.MachineOutcomeRefused))
+		Expect(refused.Reason).To(ContainSubstring("is fail-closed"))
+		Expect(refused.Reason).To(ContainSubstring("KubeadmConfigTemplate spec.template.spec.preKubeadmCommands"))
+		Expect(machineOf(p, "cp-1").Outcome).To(Equal(inplacev1.MachineOutcomeInPlace), "the version alone is covered")
+		Consistently(func(g Gomega) {
+			events := &eventsv1.EventList{}
+			g.Expect(k8s.List(ctx, events, client.InNamespace(w.ns))).To(Succeed())
+			g.Expect(events.Items).To(BeEmpty(), "a preview records no event")
+		}, 2*time.Second, 200*time.Millisecond).Should(Succeed())
 	})
 
 	DescribeTable("fails, with the run's words, on a version the run would refuse, and changes nothing",
@@ -233,6 +253,29 @@ var _ = Describe("UpgradePreview with an updater that tells its typical node dur
 		Expect(p.Status.EstimatedDuration.Duration).To(Equal(6 * 7 * time.Minute))
 	})
 })
+
+// bootstrapTemplates creates the KubeadmConfigTemplates "old" (which the workers'
+// MachineSet names) and "new", which differ in preKubeadmCommands.
+func (w *world) bootstrapTemplates() {
+	GinkgoHelper()
+	for name, cmd := range map[string]string{"old": "echo old", "new": "echo new"} {
+		t := &bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name}}
+		t.Spec.Template.Spec.PreKubeadmCommands = []string{cmd}
+		Expect(k8s.Create(ctx, t)).To(Succeed())
+	}
+	ms := &clusterv1.MachineSet{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "workers-ms"}, ms)).To(Succeed())
+	ms.Spec.Template.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfigTemplate", Name: "old"}
+	Expect(k8s.Update(ctx, ms)).To(Succeed())
+}
+
+// bootstrapChange points the workers at the KubeadmConfigTemplate "new".
+func (w *world) bootstrapChange() []inplacev1.PreviewTemplateChange {
+	return []inplacev1.PreviewTemplateChange{{
+		MachineDeployment: "workers",
+		BootstrapTemplate: &inplacev1.PreviewTemplateRef{APIVersion: bootstrapv1.GroupVersion.String(), Kind: "KubeadmConfigTemplate", Name: "new"},
+	}}
+}
 
 // pastNodeUpdate creates a Succeeded NodeUpdate of the cluster that took d.
 func (w *world) pastNodeUpdate(i int, d time.Duration) {

@@ -57,6 +57,15 @@ func hookSettings(p *inplacev1.UpgradePreview) map[string]string {
 	return map[string]string{extension.DefaultUpdaterSetting: p.Spec.UpdaterRef.String()}
 }
 
+// silentHooks is the manager's InPlaceHooks without its event recorder: a preview asks
+// as Cluster API would, and must not record the refusal events of a fail-closed Cluster
+// that only a real rollout should show.
+func (r *Reconciler) silentHooks() *extension.InPlaceHooks {
+	h := *r.Hooks
+	h.Recorder = nil
+	return &h
+}
+
 // judgeMachineSets asks CanUpdateMachineSet once per MachineSet of a MachineDeployment,
 // with the request Cluster API's MachineDeployment controller would send for the version
 // and the template change, and returns the verdict by MachineSet name.
@@ -92,8 +101,8 @@ func (r *Reconciler) judgeMachineSets(ctx context.Context, s *previewScope, t *t
 		req.Desired.MachineSet = desired
 
 		resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
-		r.Hooks.CanUpdateMachineSet(ctx, req, resp)
-		remaining, err := remainingMachineSet(req, resp)
+		r.silentHooks().CanUpdateMachineSet(ctx, req, resp)
+		remaining, err := extension.RemainingMachineSet(req, resp)
 		out[ms.Name] = judge(resp.Status, resp.Message, remaining, err)
 	}
 	return out, nil
@@ -116,8 +125,8 @@ func (r *Reconciler) judgeControlPlaneMachine(ctx context.Context, s *previewSco
 		req.Desired.InfrastructureMachine = r.withTemplateSpec(ctx, s, req.Current.InfrastructureMachine, *change.InfrastructureTemplate)
 	}
 	resp := &runtimehooksv1.CanUpdateMachineResponse{}
-	r.Hooks.CanUpdateMachine(ctx, req, resp)
-	remaining, err := remainingMachine(req, resp)
+	r.silentHooks().CanUpdateMachine(ctx, req, resp)
+	remaining, err := extension.RemainingMachine(req, resp)
 	return judge(resp.Status, resp.Message, remaining, err)
 }
 

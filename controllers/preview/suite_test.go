@@ -119,7 +119,8 @@ func startManager(registry *nodeupdater.Registry) (stop func()) {
 	workload := upgradetask.SameCluster{Management: k8s}
 	Expect((&upgradetask.Reconciler{Workload: workload, Registry: registry, Checks: checks, PollInterval: 100 * time.Millisecond}).
 		SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
-	hooks := &extension.InPlaceHooks{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Registry: registry}
+	// With an event recorder, as main.go builds them: a preview must still record none.
+	hooks := &extension.InPlaceHooks{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Registry: registry, Recorder: mgr.GetEventRecorder("capi-inplace-hooks")}
 	Expect((&Reconciler{Workload: workload, Registry: registry, Checks: checks, Hooks: hooks}).
 		SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	stopManager := testenv.RunManager(ctx, mgr)

@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -35,6 +36,12 @@ type workloadCluster struct {
 // settings name, and the Cluster; Cluster API provisions it while the spec goes on.
 func newWorkloadCluster(prefix string, shape capienv.ClusterShape) *workloadCluster {
 	GinkgoHelper()
+	return newWorkloadClusterWith(prefix, shape, nil)
+}
+
+// newWorkloadClusterWith is newWorkloadCluster with annotations on the Cluster.
+func newWorkloadClusterWith(prefix string, shape capienv.ClusterShape, annotations map[string]string) *workloadCluster {
+	GinkgoHelper()
 	ns, err := fixtures.Namespace(ctx, env.Client, prefix)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(capienv.CreateClasses(ctx, env.Client, ns)).To(Succeed())
@@ -51,7 +58,7 @@ func newWorkloadCluster(prefix string, shape capienv.ClusterShape) *workloadClus
 		c.nus.Stop()
 		c.machines.Stop()
 	})
-	_, err = capienv.CreateCluster(ctx, env.Client, ns, c.name, shape, nil)
+	_, err = capienv.CreateCluster(ctx, env.Client, ns, c.name, shape, annotations)
 	Expect(err).NotTo(HaveOccurred())
 	return c
 }
@@ -140,4 +147,27 @@ func (c *workloadCluster) countRunning() {
 	cp, workers, _, _ := names(c.before)
 	c.nus.CountRunning("control-plane", cp...)
 	c.nus.CountRunning("workers", workers...)
+}
+
+// changeWorkerTemplate points the workers' class at a copy of their DevMachineTemplate
+// with another provisioning time: a change of the infrastructure machine template that
+// no updater declares, which Cluster API asks CanUpdateMachineSet about.
+func (c *workloadCluster) changeWorkerTemplate() {
+	GinkgoHelper()
+	tmpl := &unstructured.Unstructured{}
+	tmpl.SetAPIVersion("infrastructure.cluster.x-k8s.io/v1beta2")
+	tmpl.SetKind("DevMachineTemplate")
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: capienv.SmallControlPlaneClass + "-machine"}, tmpl)).To(Succeed())
+	changed := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": tmpl.GetAPIVersion(), "kind": tmpl.GetKind(),
+		"metadata": map[string]any{"namespace": c.ns, "name": capienv.SmallControlPlaneClass + "-machine-v2"},
+		"spec":     tmpl.Object["spec"],
+	}}
+	Expect(unstructured.SetNestedField(changed.Object, "3s", "spec", "template", "spec", "backend", "inMemory", "vm", "provisioning", "startupDuration")).To(Succeed())
+	Expect(env.Client.Create(ctx, changed)).To(Succeed())
+	class := &clusterv1.ClusterClass{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: capienv.SmallControlPlaneClass}, class)).To(Succeed())
+	patch := client.MergeFrom(class.DeepCopy())
+	class.Spec.Workers.MachineDeployments[0].Infrastructure.TemplateRef.Name = changed.GetName()
+	Expect(env.Client.Patch(ctx, class, patch)).To(Succeed())
 }

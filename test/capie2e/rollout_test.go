@@ -11,24 +11,26 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/capisim"
 )
 
 var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluster API's own controllers", Ordered, func() {
-	var inPlace, replaced, restarted, failing, single, five *workloadCluster
+	var inPlace, replaced, closed, restarted, failing, single, five *workloadCluster
 
 	BeforeAll(func() {
 		// Every cluster is created first, so that Cluster API provisions them together.
 		inPlace = newWorkloadCluster("inplace", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 3})
 		replaced = newWorkloadCluster("replaced", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 1, Workers: 2})
+		closed = newWorkloadClusterWith("closed", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 1, Workers: 2},
+			map[string]string{inplacev1.FailClosedAnnotation: "true"})
 		restarted = newWorkloadCluster("restarted", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 2})
 		failing = newWorkloadCluster("failing", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 2})
 		single = newWorkloadCluster("single", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 1, Workers: 1})
@@ -64,22 +66,7 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 		_, oldWorkers, _, _ := names(replaced.before)
 
 		By("the workers' class now names a DevMachineTemplate with another spec, which no updater declares")
-		tmpl := &unstructured.Unstructured{}
-		tmpl.SetAPIVersion("infrastructure.cluster.x-k8s.io/v1beta2")
-		tmpl.SetKind("DevMachineTemplate")
-		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: replaced.ns, Name: capienv.SmallControlPlaneClass + "-machine"}, tmpl)).To(Succeed())
-		changed := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": tmpl.GetAPIVersion(), "kind": tmpl.GetKind(),
-			"metadata": map[string]any{"namespace": replaced.ns, "name": capienv.SmallControlPlaneClass + "-machine-v2"},
-			"spec":     tmpl.Object["spec"],
-		}}
-		Expect(unstructured.SetNestedField(changed.Object, "3s", "spec", "template", "spec", "backend", "inMemory", "vm", "provisioning", "startupDuration")).To(Succeed())
-		Expect(env.Client.Create(ctx, changed)).To(Succeed())
-		class := &clusterv1.ClusterClass{}
-		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: replaced.ns, Name: capienv.SmallControlPlaneClass}, class)).To(Succeed())
-		patch := client.MergeFrom(class.DeepCopy())
-		class.Spec.Workers.MachineDeployments[0].Infrastructure.TemplateRef.Name = changed.GetName()
-		Expect(env.Client.Patch(ctx, class, patch)).To(Succeed())
+		replaced.changeWorkerTemplate()
 
 		By("Cluster API asks, is answered without a patch, and replaces both workers")
 		Eventually(func(g Gomega) {
@@ -105,6 +92,56 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 		list := &inplacev1.NodeUpdateList{}
 		Expect(env.Client.List(ctx, list, client.InNamespace(replaced.ns))).To(Succeed())
 		Expect(list.Items).To(BeEmpty(), "no node was upgraded in place")
+	})
+
+	It("refuses, on a fail-closed Cluster, a change it cannot do in place: Cluster API replaces no machine and the Cluster shows why", func() {
+		closed.waitProvisioned()
+		_, oldWorkers, _, _ := names(closed.before)
+		field := "DevMachineTemplate spec.template.spec.backend.inMemory.vm.provisioning.startupDuration"
+
+		By("the same template change as above, on a Cluster annotated " + inplacev1.FailClosedAnnotation + "=true")
+		closed.changeWorkerTemplate()
+
+		By("Cluster API asks CanUpdateMachineSet and is answered Failure, naming the field")
+		Eventually(func(g Gomega) {
+			var refused []string
+			for _, e := range exchangesOf(closed.ns, "canupdatemachineset") {
+				resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
+				g.Expect(json.Unmarshal(e.Response, resp)).To(Succeed())
+				g.Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure), "every answer on a fail-closed Cluster refuses this change: %s", resp.Message)
+				refused = append(refused, resp.Message)
+			}
+			g.Expect(refused).NotTo(BeEmpty())
+			g.Expect(refused[0]).To(ContainSubstring("Not covered: " + field))
+		}, 3*time.Minute, time.Second).Should(Succeed())
+
+		By("the Cluster shows the reason: a Warning event (kubectl describe cluster)")
+		Eventually(func(g Gomega) {
+			events := &eventsv1.EventList{}
+			g.Expect(env.Client.List(ctx, events, client.InNamespace(closed.ns))).To(Succeed())
+			var notes []string
+			for _, e := range events.Items {
+				if e.Regarding.Kind == "Cluster" && e.Regarding.Name == closed.name && e.Reason == extension.EventReasonInPlaceRefused {
+					g.Expect(e.Type).To(Equal(corev1.EventTypeWarning))
+					notes = append(notes, e.Note)
+				}
+			}
+			g.Expect(notes).To(ContainElement(ContainSubstring(field)))
+		}, time.Minute, time.Second).Should(Succeed())
+
+		By("Cluster API stops the rollout and asks again with back-off: no machine is created or deleted")
+		Consistently(func(g Gomega) {
+			machines, err := capienv.Machines(ctx, env.Client, closed.ns, closed.name)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(machines).To(HaveLen(closed.size()), "no new machine")
+			_, workers, _, _ := names(provisioned(machines))
+			g.Expect(workers).To(Equal(oldWorkers), "the workers are kept")
+			g.Expect(closed.machines.Deleted()).To(BeEmpty(), "no machine deleted")
+		}, 30*time.Second, time.Second).Should(Succeed())
+		Expect(len(exchangesOf(closed.ns, "canupdatemachineset"))).To(BeNumerically(">=", 2), "Cluster API asked again")
+		list := &inplacev1.NodeUpdateList{}
+		Expect(env.Client.List(ctx, list, client.InNamespace(closed.ns))).To(Succeed())
+		Expect(list.Items).To(BeEmpty(), "no node was touched")
 	})
 
 	It("completes the rollout when the manager is killed in the middle of it, with one NodeUpdate per machine", func() {
