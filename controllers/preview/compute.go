@@ -22,7 +22,7 @@ func (r *Reconciler) compute(ctx context.Context, p *inplacev1.UpgradePreview) (
 		return inplacev1.UpgradePreviewStatus{}, err
 	}
 	if s.problem != "" {
-		return inplacev1.UpgradePreviewStatus{Phase: inplacev1.PreviewPhaseFailed, Message: s.problem,
+		return inplacev1.UpgradePreviewStatus{Phase: inplacev1.PreviewPhaseFailed, Message: truncate(s.problem, 4096),
 			Summary: "cannot preview: the run would refuse this upgrade; see status.message"}, nil
 	}
 	for _, step := range []func(context.Context, *previewScope) error{
@@ -220,7 +220,7 @@ func statusOf(s *previewScope) inplacev1.UpgradePreviewStatus {
 	st := inplacev1.UpgradePreviewStatus{
 		Phase:      inplacev1.PreviewPhaseReady,
 		FailClosed: s.cluster.Annotations[inplacev1.FailClosedAnnotation] == "true",
-		Message:    strings.Join(s.notes, "; "),
+		Message:    truncate(strings.Join(s.notes, "; "), 4096),
 	}
 	for _, t := range s.targets {
 		for _, e := range t.entries {
@@ -237,6 +237,9 @@ func statusOf(s *previewScope) inplacev1.UpgradePreviewStatus {
 			if e.status.WouldHold {
 				st.Held++
 			}
+			// Within the API's bounds: a status the API server refuses shows nothing.
+			e.status.Reason = truncate(e.status.Reason, 4096)
+			e.status.OrderReason = truncate(e.status.OrderReason, 1024)
 			st.Machines = append(st.Machines, e.status)
 		}
 	}
@@ -259,5 +262,6 @@ func statusOf(s *previewScope) inplacev1.UpgradePreviewStatus {
 	if s.total != nil {
 		st.Summary += fmt.Sprintf("; about %s (%s)", human(s.total.Duration), s.estimateSource)
 	}
+	st.Summary = truncate(st.Summary, 1024)
 	return st
 }
