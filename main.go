@@ -41,6 +41,8 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/cascade"
+	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+	"github.com/capi-inplace/capi-inplace/controllers/preview"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/extension"
@@ -287,13 +289,26 @@ func run(opts options) error {
 		nodeUpdates.Wake(cluster, node)
 		plans.Wake(cluster, node)
 	}
-	if err := (&upgradetask.Reconciler{Registry: registry, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	// One list of preflight checks: the UpgradeTask controller holds nodes with it, and
+	// UpgradePreview shows what it would hold.
+	checks := preflight.Default(registry)
+	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.
 	requester := &upgraderequest.Requester{
 		Client: mgr.GetClient(), TaskReader: mgr.GetAPIReader(), Registry: registry,
 		DefaultUpdater: opts.defaultUpdater, Recorder: faults.CountWarnings(mgr.GetEventRecorder("capi-inplace-requests")),
+	}
+	// Cluster API's in-place hooks, served below; UpgradePreview asks the same instance.
+	inPlaceHooks := &extension.InPlaceHooks{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
+		RetryAfterSeconds: hookRetryAfter(opts.pollInterval), Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
+	}
+	if err := (&preview.Reconciler{
+		Workload: nodeCaches, Registry: registry, Checks: checks, Hooks: inPlaceHooks, DefaultUpdater: opts.defaultUpdater,
+	}).SetupWithManager(mgr, controllerOpts); err != nil {
+		return fmt.Errorf("set up the UpgradePreview controller: %w", err)
 	}
 	// The in-place-upgrade-to annotations on Clusters, control planes, MachineDeployments and Machines.
 	if err := (&cascade.UpgradeCascade{Requester: requester, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
@@ -313,10 +328,7 @@ func run(opts options) error {
 	}
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
 		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
-	}, &extension.InPlaceHooks{
-		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
-		RetryAfterSeconds: hookRetryAfter(opts.pollInterval), Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
-	})
+	}, inPlaceHooks)
 	if err != nil {
 		return err
 	}

@@ -144,6 +144,24 @@ func (s *clusterScope) runTasks() string {
 	return strings.Join(names, ",")
 }
 
+// MachineDeploymentsInOrder lists the Cluster's MachineDeployments that are not being
+// deleted, in the order the cascade asks them (by name). UpgradePreview shows its order
+// from it.
+func MachineDeploymentsInOrder(ctx context.Context, c client.Reader, cluster *clusterv1.Cluster) ([]clusterv1.MachineDeployment, error) {
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := c.List(ctx, mds, client.InNamespace(cluster.Namespace)); err != nil {
+		return nil, fmt.Errorf("list MachineDeployments of Cluster %s: %w", klog.KObj(cluster), err)
+	}
+	slices.SortFunc(mds.Items, func(a, b clusterv1.MachineDeployment) int { return strings.Compare(a.Name, b.Name) })
+	out := mds.Items[:0]
+	for _, md := range mds.Items {
+		if md.Spec.ClusterName == cluster.Name && md.DeletionTimestamp.IsZero() {
+			out = append(out, md)
+		}
+	}
+	return out, nil
+}
+
 func (r *clusterUpgradeReconciler) readScope(ctx context.Context, cluster *clusterv1.Cluster, cur upgradeAnnotations) (*clusterScope, error) {
 	s := &clusterScope{cluster: cluster, cur: cur, version: cur.version()}
 	switch v := cluster.Annotations[inplacev1.MachineDeploymentConcurrencyAnnotation]; v {
@@ -165,16 +183,12 @@ func (r *clusterUpgradeReconciler) readScope(ctx context.Context, cluster *clust
 			s.controlPlane.cur = readUpgradeAnnotations(obj)
 		}
 	}
-	mds := &clusterv1.MachineDeploymentList{}
-	if err := r.Client.List(ctx, mds, client.InNamespace(cluster.Namespace)); err != nil {
-		return nil, fmt.Errorf("list MachineDeployments of Cluster %s: %w", klog.KObj(cluster), err)
+	mds, err := MachineDeploymentsInOrder(ctx, r.Client, cluster)
+	if err != nil {
+		return nil, err
 	}
-	slices.SortFunc(mds.Items, func(a, b clusterv1.MachineDeployment) int { return strings.Compare(a.Name, b.Name) })
-	for i := range mds.Items {
-		md := &mds.Items[i]
-		if md.Spec.ClusterName != cluster.Name || !md.DeletionTimestamp.IsZero() {
-			continue
-		}
+	for i := range mds {
+		md := &mds[i]
 		s.machineDeployments = append(s.machineDeployments, &cascadeChild{upgradeSubject: *machineDeploymentSubject(md), cur: readUpgradeAnnotations(md)})
 	}
 

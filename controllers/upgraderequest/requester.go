@@ -312,10 +312,9 @@ func (r *Requester) checkOptions(ctx context.Context, cluster *clusterv1.Cluster
 // decide checks that the upgrade can be done: the version, the machines, the updater.
 // It returns nil when the request is acceptable.
 func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req Request) (*Decision, error) {
-	target, err := version.ParseSemantic(req.Version)
-	if err != nil {
-		d := decline(ReasonInvalidVersion, "version %q is not a valid semantic version: give MAJOR.MINOR.PATCH with an optional v prefix, pre-release and build metadata, for example v1.33.3 or v1.33.3+rke2r1", req.Version)
-		return &d, nil
+	target, d := ParseTargetVersion(req.Version)
+	if d != nil {
+		return d, nil
 	}
 
 	machines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
@@ -345,27 +344,8 @@ func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req 
 		}
 	}
 
-	for i := range scope {
-		m := &scope[i]
-		cur, err := version.ParseSemantic(CurrentVersion(m))
-		if err != nil {
-			continue
-		}
-		order, err := kubeversion.Compare(target, cur)
-		if err != nil {
-			d := decline(ReasonAmbiguousVersion, "version %s and %s, which machine %s runs, cannot be ordered: %v. Ask for a version with a higher MAJOR.MINOR.PATCH, or for the machine's build form with a higher N%s",
-				req.Version, CurrentVersion(m), m.Name, err, example(CurrentVersion(m)))
-			return &d, nil
-		}
-		if order < 0 {
-			d := decline(ReasonDowngrade, "version %s is older than %s, which machine %s already runs: in-place downgrades are not supported", req.Version, CurrentVersion(m), m.Name)
-			return &d, nil
-		}
-		if req.Target.IsControlPlane() && (target.Major() != cur.Major() || target.Minor() > cur.Minor()+1) {
-			d := decline(ReasonMinorVersionSkip, "control plane machine %s runs %s; %s would skip a minor version, which Kubernetes does not support for a control plane: upgrade to v%d.%d first",
-				m.Name, CurrentVersion(m), req.Version, cur.Major(), cur.Minor()+1)
-			return &d, nil
-		}
+	if d := CheckMachineVersions(req.Version, target, scope, req.Target.IsControlPlane()); d != nil {
+		return d, nil
 	}
 
 	ref, source, err := nodeupdater.ResolveUpdater(cluster, req.UpdaterRef, r.DefaultUpdater)
@@ -390,6 +370,47 @@ func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req 
 		return r.checkSkew(ctx, cluster, req, target)
 	}
 	return nil, nil
+}
+
+// ParseTargetVersion parses the version an upgrade asks for; a version that does not
+// parse is declined with what to give instead. UpgradePreview shows the same words.
+func ParseTargetVersion(v string) (*version.Version, *Decision) {
+	target, err := version.ParseSemantic(v)
+	if err != nil {
+		d := decline(ReasonInvalidVersion, "version %q is not a valid semantic version: give MAJOR.MINOR.PATCH with an optional v prefix, pre-release and build metadata, for example v1.33.3 or v1.33.3+rke2r1", v)
+		return nil, &d
+	}
+	return target, nil
+}
+
+// CheckMachineVersions declines version v (parsed: target) for machines when it is not an
+// upgrade of every one of them: older than a machine runs (a downgrade), not ordered
+// against it, or, for a control plane, a skipped minor version. Nil when it is.
+// UpgradePreview shows the same words.
+func CheckMachineVersions(v string, target *version.Version, machines []clusterv1.Machine, controlPlane bool) *Decision {
+	for i := range machines {
+		m := &machines[i]
+		cur, err := version.ParseSemantic(CurrentVersion(m))
+		if err != nil {
+			continue
+		}
+		order, err := kubeversion.Compare(target, cur)
+		if err != nil {
+			d := decline(ReasonAmbiguousVersion, "version %s and %s, which machine %s runs, cannot be ordered: %v. Ask for a version with a higher MAJOR.MINOR.PATCH, or for the machine's build form with a higher N%s",
+				v, CurrentVersion(m), m.Name, err, example(CurrentVersion(m)))
+			return &d
+		}
+		if order < 0 {
+			d := decline(ReasonDowngrade, "version %s is older than %s, which machine %s already runs: in-place downgrades are not supported", v, CurrentVersion(m), m.Name)
+			return &d
+		}
+		if controlPlane && (target.Major() != cur.Major() || target.Minor() > cur.Minor()+1) {
+			d := decline(ReasonMinorVersionSkip, "control plane machine %s runs %s; %s would skip a minor version, which Kubernetes does not support for a control plane: upgrade to v%d.%d first",
+				m.Name, CurrentVersion(m), v, cur.Major(), cur.Minor()+1)
+			return &d
+		}
+	}
+	return nil
 }
 
 // example suggests, in a decline, the version one build newer than cur, when cur carries

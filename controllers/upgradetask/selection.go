@@ -4,13 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
+	"github.com/capi-inplace/capi-inplace/controllers/nodeorder"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
@@ -190,69 +191,65 @@ func stateFromNodeUpdate(nu *inplacev1.NodeUpdate) (inplacev1.MachineState, stri
 	return inplacev1.MachineStateInProgress, ""
 }
 
-// labelWitnessNode marks a Harvester witness node: an etcd member that runs nothing else.
-// Harvester upgrades it after the management nodes and before the workers; within a
-// control plane the witness goes last.
-const labelWitnessNode = "node-role.harvesterhci.io/witness"
-
-func isWitnessMember(m *member) bool {
-	if m.node == nil {
-		return false
-	}
-	v, ok := m.node.Labels[labelWitnessNode]
-	return ok && v != "false"
-}
-
-// orderMembers sorts the members in the planned order: nodes named in nodeOrder first,
-// in that order; then witness nodes after the others; then, for a control plane, the
-// oldest machine first, else by name.
+// orderMembers sorts the members in the planned order (nodeorder.Sort: nodeOrder first,
+// witness last, a control plane oldest first, else by name), the order UpgradePreview shows.
 func orderMembers(members []*member, nodeOrder []string, controlPlane bool) {
-	rank := func(m *member) int {
-		for i, n := range nodeOrder {
-			if n == m.nodeName || n == m.name {
-				return i
-			}
-		}
-		return len(nodeOrder)
-	}
-	sort.SliceStable(members, func(i, j int) bool {
-		a, b := members[i], members[j]
-		if ra, rb := rank(a), rank(b); ra != rb {
-			return ra < rb
-		}
-		if wa, wb := isWitnessMember(a), isWitnessMember(b); wa != wb {
-			return wb
-		}
-		if controlPlane && a.machine != nil && b.machine != nil {
-			ta, tb := a.machine.CreationTimestamp.Time, b.machine.CreationTimestamp.Time
-			if !ta.Equal(tb) {
-				return ta.Before(tb)
-			}
-		}
-		return a.name < b.name
-	})
+	nodeorder.Sort(members, (*member).orderCandidate, nodeOrder, controlPlane)
 }
 
-// unavailableNodes names the target's nodes that are disrupted now (disruption.Budget):
-// upgraded by any task, NotReady, missing, cordoned, in maintenance mode or being deleted.
-func unavailableNodes(s *taskScope) []string {
-	var out []string
-	seen := map[string]bool{}
-	for i := range s.targetMachines {
-		m := &s.targetMachines[i]
-		seen[m.Name] = true
-		if _, down := s.budget.Disrupted(m.Name); down {
-			out = append(out, displayMachine(m.Name, m.Status.NodeRef.Name))
+// orderCandidate is what the order looks at of the member.
+func (m *member) orderCandidate() nodeorder.Candidate {
+	c := nodeorder.Candidate{Machine: m.name, Node: m.nodeName, Witness: nodeorder.IsWitness(m.node)}
+	if m.machine != nil {
+		c.Created = m.machine.CreationTimestamp.Time
+	}
+	return c
+}
+
+// Round is what the preflight checks of one round of a target are computed from.
+// UpgradePreview fills it from what it read, so that its checks see what the task's see.
+type Round struct {
+	// Cluster is the CAPI Cluster.
+	Cluster *clusterv1.Cluster
+	// Version is the target version.
+	Version string
+	// UpdaterRef names the updater configuration.
+	UpdaterRef inplacev1.UpdaterReference
+	// ControlPlane is true when the target is a control plane.
+	ControlPlane bool
+	// MaxUnavailable is maxUnavailable resolved against the target's size.
+	MaxUnavailable int
+	// TargetMachines are every machine of the target.
+	TargetMachines []clusterv1.Machine
+	// Nodes are the workload cluster's Nodes by name.
+	Nodes map[string]*corev1.Node
+	// Budget is what is disrupted in the whole Cluster now.
+	Budget *disruption.Budget
+}
+
+// PreflightInput is the preflight.Input of a round: the target's nodes that are
+// disrupted now (disruption.Budget: upgraded by any task, NotReady, missing, cordoned, in
+// maintenance mode or being deleted) count as unavailable.
+func PreflightInput(r Round) *preflight.Input {
+	in := &preflight.Input{
+		Cluster:        r.Cluster,
+		Version:        r.Version,
+		UpdaterRef:     r.UpdaterRef,
+		ControlPlane:   r.ControlPlane,
+		MaxUnavailable: r.MaxUnavailable,
+		Budget:         r.Budget,
+	}
+	for i := range r.TargetMachines {
+		m := &r.TargetMachines[i]
+		if _, down := r.Budget.Disrupted(m.Name); down {
+			in.Unavailable = append(in.Unavailable, displayMachine(m.Name, m.Status.NodeRef.Name))
+		}
+		if r.ControlPlane {
+			in.ControlPlaneMachines = append(in.ControlPlaneMachines, preflight.MachineNode{Machine: m, Node: r.Nodes[m.Status.NodeRef.Name]})
 		}
 	}
-	// A machine of this task that is gone still holds its node until its NodeUpdate ends.
-	for _, mem := range s.members {
-		if !seen[mem.name] && mem.state == inplacev1.MachineStateInProgress {
-			out = append(out, displayName(mem))
-		}
-	}
-	slices.Sort(out)
-	return out
+	slices.Sort(in.Unavailable)
+	return in
 }
 
 func displayMachine(machine, node string) string {
@@ -265,21 +262,22 @@ func displayMachine(machine, node string) string {
 func displayName(m *member) string { return displayMachine(m.name, m.nodeName) }
 
 func (r *Reconciler) preflightInput(s *taskScope) *preflight.Input {
-	in := &preflight.Input{
-		Cluster:        s.cluster,
-		Version:        s.task.Spec.Version,
-		UpdaterRef:     s.task.Spec.UpdaterRef,
-		ControlPlane:   s.task.Spec.ControlPlaneRef != nil,
-		MaxUnavailable: s.maxUnavailable,
-		Unavailable:    unavailableNodes(s),
-		Budget:         s.budget,
+	in := PreflightInput(Round{
+		Cluster: s.cluster, Version: s.task.Spec.Version, UpdaterRef: s.task.Spec.UpdaterRef,
+		ControlPlane: s.task.Spec.ControlPlaneRef != nil, MaxUnavailable: s.maxUnavailable,
+		TargetMachines: s.targetMachines, Nodes: s.nodes, Budget: s.budget,
+	})
+	// A machine of this task that is gone still holds its node until its NodeUpdate ends.
+	seen := map[string]bool{}
+	for i := range s.targetMachines {
+		seen[s.targetMachines[i].Name] = true
 	}
-	if in.ControlPlane {
-		for i := range s.targetMachines {
-			m := &s.targetMachines[i]
-			in.ControlPlaneMachines = append(in.ControlPlaneMachines, preflight.MachineNode{Machine: m, Node: s.nodes[m.Status.NodeRef.Name]})
+	for _, mem := range s.members {
+		if !seen[mem.name] && mem.state == inplacev1.MachineStateInProgress {
+			in.Unavailable = append(in.Unavailable, displayName(mem))
 		}
 	}
+	slices.Sort(in.Unavailable)
 	return in
 }
 

@@ -11,6 +11,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/nodeorder"
 )
 
 func testMember(name, node string, created time.Time) *member {
@@ -52,7 +53,7 @@ var _ = Describe("selection order", func() {
 			testMember("m1", "node-m1", t0.Add(time.Hour)),
 			testMember("m2", "node-m2", t0.Add(2*time.Hour)),
 		}
-		members[0].node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-w", Labels: map[string]string{labelWitnessNode: "true"}}}
+		members[0].node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-w", Labels: map[string]string{nodeorder.LabelWitnessNode: "true"}}}
 		orderMembers(members, nil, true)
 		Expect(names(members)).To(Equal([]string{"m1", "m2", "w"}), "the oldest machine is the witness, yet it goes last")
 		orderMembers(members, []string{"node-w"}, true)

@@ -27,6 +27,7 @@ func TestSmoke(t *testing.T) {
 	cfg.memClusters, cfg.machinesPerCluster, cfg.memSettle = []int{1, 2}, 3, 0
 	cfg.memQuiet, cfg.memSampleEvery = 500*time.Millisecond, 50*time.Millisecond
 	cfg.makespanSizes, cfg.makespanScale = []int{2}, 1000
+	cfg.previewIterations = 5
 	cfg.out = filepath.Join(t.TempDir(), "benchmarks.md")
 
 	var out bytes.Buffer
@@ -110,11 +111,15 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 
+	if rep.preview == nil || rep.preview.lat.n != cfg.previewIterations || rep.preview.lat.p50 <= 0 || !strings.HasPrefix(rep.preview.summary, "6 machines: 6 in place") {
+		t.Errorf("preview: %+v", rep.preview)
+	}
+
 	doc, err := os.ReadFile(cfg.out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade"} {
+	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade", "## 7. UpgradePreview of a 3+3 cluster"} {
 		if !strings.Contains(string(doc), want) {
 			t.Errorf("the report lacks %q:\n%s", want, doc)
 		}

@@ -19,7 +19,7 @@
 //  6. Makespan: a whole Harvester upgrade of 3, 5 and 10 simulated nodes with the step
 //     durations of a real one scaled down, against its critical path.
 //
-//     go run ./test/bench [--out docs/benchmarks.md] [--sections hooks,orchestration,memory,makespan] ...
+//     go run ./test/bench [--out docs/benchmarks.md] [--sections hooks,orchestration,memory,makespan,preview] ...
 package main
 
 import (
@@ -76,13 +76,16 @@ type config struct {
 	makespanPoll  time.Duration
 	makespanTrace bool
 
+	// previewIterations is how many times the preview section computes its preview.
+	previewIterations int
+
 	cpuProfile       string
 	apiserverProfile string
 }
 
 func defaultConfig() config {
 	return config{
-		sections:           []string{sectionHooks, sectionOrchestration, sectionMemory, sectionMakespan},
+		sections:           []string{sectionHooks, sectionOrchestration, sectionMemory, sectionMakespan, sectionPreview},
 		hookClients:        []int{1, 8, 64},
 		hookDuration:       2 * time.Second,
 		hookWarmup:         300 * time.Millisecond,
@@ -98,6 +101,7 @@ func defaultConfig() config {
 		makespanSizes:      []int{3, 5, 10},
 		makespanScale:      100,
 		makespanPoll:       20 * time.Millisecond,
+		previewIterations:  300,
 	}
 }
 
@@ -107,14 +111,15 @@ const (
 	sectionOrchestration = "orchestration"
 	sectionMemory        = "memory"
 	sectionMakespan      = "makespan"
+	sectionPreview       = "preview"
 )
 
 func (c *config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.out, "out", c.out, "write the figures as Markdown to this file (make bench: docs/benchmarks.md); empty writes none")
-	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, memory, makespan (default all)", func(s string) error {
+	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, memory, makespan, preview (default all)", func(s string) error {
 		c.sections = strings.Split(s, ",")
 		for _, sec := range c.sections {
-			if sec != sectionHooks && sec != sectionOrchestration && sec != sectionMemory && sec != sectionMakespan {
+			if sec != sectionHooks && sec != sectionOrchestration && sec != sectionMemory && sec != sectionMakespan && sec != sectionPreview {
 				return fmt.Errorf("unknown section %q", sec)
 			}
 		}
@@ -136,6 +141,7 @@ func (c *config) bind(fs *flag.FlagSet) {
 	fs.Float64Var(&c.makespanScale, "makespan-scale", c.makespanScale, "how many times faster than Harvester's real run the makespan section's simulated upgrade goes")
 	fs.DurationVar(&c.makespanPoll, "makespan-poll-interval", c.makespanPoll, "the makespan section's --poll-interval of the manager, and the simulators' interval")
 	fs.BoolVar(&c.makespanTrace, "makespan-trace", c.makespanTrace, "print each makespan run's timeline: the plan's phases, each node's steps and each SUC Job, as the bench saw them")
+	fs.IntVar(&c.previewIterations, "preview-iterations", c.previewIterations, "how many times the preview section computes the UpgradePreview of its 3+3 cluster")
 	fs.StringVar(&c.apiserverProfile, "apiserver-cpuprofile", c.apiserverProfile, "write a 30 s CPU profile of the test API server from the start of each upgrade to this file, suffixed -<machines>-<maxUnavailable>")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", c.cpuProfile, "write a CPU profile of the bench process (clients, hook servers and in-process managers) to this file, for go tool pprof")
 }
@@ -300,6 +306,21 @@ func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, 
 			rep.makespan, rep.makespanTime = res, time.Since(s)
 			if err != nil {
 				return fmt.Errorf("makespan: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	if cfg.has(sectionPreview) {
+		err := withEnvironment(ctx, cfg, out, tmp, func(b *bench) error {
+			_, _ = fmt.Fprintln(out, "== 7. UpgradePreview of a 3+3 cluster")
+			s := time.Now()
+			res, err := runPreviewBench(ctx, b)
+			rep.preview, rep.previewTime = res, time.Since(s)
+			if err != nil {
+				return fmt.Errorf("preview: %w", err)
 			}
 			return nil
 		})

@@ -131,6 +131,8 @@ type report struct {
 	memoryTime        time.Duration
 	makespan          []makespanResult
 	makespanTime      time.Duration
+	preview           *previewResult
+	previewTime       time.Duration
 }
 
 func newReport(cfg config, args string) *report {
@@ -163,7 +165,7 @@ func (r *report) render(w io.Writer, full bool) error {
 		p("| Go | %s, GOMAXPROCS %d |\n", r.machine.goVersion, r.machine.gomaxprocs)
 		p("| Commit | %s |\n", r.commit)
 		p("| Test control plane | kube-apiserver v1.36.3 and etcd v3.6.14 built into `bin/k8s`, run by envtest on the same machine |\n")
-		p("| Run time | %s (hooks %s, orchestration %s, memory %s, makespan %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.memoryTime.Round(time.Second), r.makespanTime.Round(time.Second))
+		p("| Run time | %s (hooks %s, orchestration %s, memory %s, makespan %s, preview %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.memoryTime.Round(time.Second), r.makespanTime.Round(time.Second), r.previewTime.Round(time.Second))
 	}
 	r.renderTargets(w)
 	r.renderHooks(w, full)
@@ -172,6 +174,7 @@ func (r *report) render(w io.Writer, full bool) error {
 	r.renderMemory(w, full)
 	r.renderGrowth(w, full)
 	r.renderMakespan(w, full)
+	r.renderPreview(w, full)
 	if full {
 		r.renderLimits(w)
 	}
@@ -293,6 +296,9 @@ func (r *report) renderTargets(w io.Writer) {
 			ok = ok && m.finished && m.ratio() <= targetMakespanRatio
 		}
 		p("| simulated Harvester upgrade within %.2f× its critical path at every size | %s | %s |\n", targetMakespanRatio, strings.Join(figs, "; "), yesNo(ok))
+	}
+	if r.preview != nil {
+		p("| UpgradePreview of a 3+3 cluster computed in under %s (p99) | %s ms | %s |\n", targetPreview, ms(r.preview.lat.p99), yesNo(r.preview.lat.p99 < targetPreview))
 	}
 	for _, m := range r.memory {
 		if m.machines == targetMemoryMachines {
