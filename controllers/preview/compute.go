@@ -54,9 +54,14 @@ func (r *Reconciler) judgeOutcomes(ctx context.Context, s *previewScope) error {
 			m := &t.machines[i]
 			e := &entry{machine: m, node: s.nodes[m.Status.NodeRef.Name], paused: pausedNode(s.preview, m)}
 			e.status = inplacev1.PreviewMachine{Name: m.Name, NodeName: m.Status.NodeRef.Name, Target: t.display()}
-			at, err := r.atTarget(ctx, s, t, m)
-			if err != nil {
-				return err
+			// A machine at the version is still judged by the hooks when its templates
+			// are about to change: that change alone can make Cluster API replace it.
+			at := false
+			if templateChangeOf(s, t) == nil {
+				var err error
+				if at, err = r.atTarget(ctx, s, t, m); err != nil {
+					return err
+				}
 			}
 			var v verdict
 			switch {

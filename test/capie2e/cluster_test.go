@@ -154,6 +154,12 @@ func (c *workloadCluster) countRunning() {
 // no updater declares, which Cluster API asks CanUpdateMachineSet about.
 func (c *workloadCluster) changeWorkerTemplate() {
 	GinkgoHelper()
+	c.pointWorkersAt(c.createWorkerTemplateV2())
+}
+
+// createWorkerTemplateV2 creates that copy and returns a reference to it.
+func (c *workloadCluster) createWorkerTemplateV2() inplacev1.PreviewTemplateRef {
+	GinkgoHelper()
 	tmpl := &unstructured.Unstructured{}
 	tmpl.SetAPIVersion("infrastructure.cluster.x-k8s.io/v1beta2")
 	tmpl.SetKind("DevMachineTemplate")
@@ -165,9 +171,16 @@ func (c *workloadCluster) changeWorkerTemplate() {
 	}}
 	Expect(unstructured.SetNestedField(changed.Object, "3s", "spec", "template", "spec", "backend", "inMemory", "vm", "provisioning", "startupDuration")).To(Succeed())
 	Expect(env.Client.Create(ctx, changed)).To(Succeed())
+	return inplacev1.PreviewTemplateRef{APIVersion: changed.GetAPIVersion(), Kind: changed.GetKind(), Name: changed.GetName()}
+}
+
+// pointWorkersAt makes the workers' class name the template, as a user changing the
+// ClusterClass does.
+func (c *workloadCluster) pointWorkersAt(ref inplacev1.PreviewTemplateRef) {
+	GinkgoHelper()
 	class := &clusterv1.ClusterClass{}
 	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: capienv.SmallControlPlaneClass}, class)).To(Succeed())
 	patch := client.MergeFrom(class.DeepCopy())
-	class.Spec.Workers.MachineDeployments[0].Infrastructure.TemplateRef.Name = changed.GetName()
+	class.Spec.Workers.MachineDeployments[0].Infrastructure.TemplateRef.Name = ref.Name
 	Expect(env.Client.Patch(ctx, class, patch)).To(Succeed())
 }

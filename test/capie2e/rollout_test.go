@@ -3,6 +3,7 @@ package capie2e
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -99,8 +100,36 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 		_, oldWorkers, _, _ := names(closed.before)
 		field := "DevMachineTemplate spec.template.spec.backend.inMemory.vm.provisioning.startupDuration"
 
-		By("the same template change as above, on a Cluster annotated " + inplacev1.FailClosedAnnotation + "=true")
-		closed.changeWorkerTemplate()
+		By("before the change: an UpgradePreview of it shows the workers refused, naming the field, and the control plane untouched")
+		v2 := closed.createWorkerTemplateV2()
+		mds := &clusterv1.MachineDeploymentList{}
+		Expect(env.Client.List(ctx, mds, client.InNamespace(closed.ns))).To(Succeed())
+		Expect(mds.Items).To(HaveLen(1))
+		preview := &inplacev1.UpgradePreview{
+			ObjectMeta: metav1.ObjectMeta{Namespace: closed.ns, Name: "template-v2"},
+			Spec: inplacev1.UpgradePreviewSpec{ClusterName: closed.name, Version: closed.shape.Version,
+				TemplateChanges: []inplacev1.PreviewTemplateChange{{MachineDeployment: mds.Items[0].Name, InfrastructureTemplate: &v2}}},
+		}
+		Expect(env.Client.Create(ctx, preview)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(preview), preview)).To(Succeed())
+			g.Expect(preview.Status.Phase).To(Equal(inplacev1.PreviewPhaseReady), preview.Status.Message)
+		}, time.Minute, time.Second).Should(Succeed())
+		Expect(preview.Status.FailClosed).To(BeTrue())
+		outcomes := map[string]inplacev1.MachineOutcome{}
+		for _, m := range preview.Status.Machines {
+			outcomes[m.Name] = m.Outcome
+			if slices.Contains(oldWorkers, m.Name) {
+				Expect(m.Reason).To(ContainSubstring(field), "machine %s", m.Name)
+			}
+		}
+		cp, _, _, _ := names(closed.before)
+		Expect(outcomes).To(Equal(map[string]inplacev1.MachineOutcome{
+			cp[0]: inplacev1.MachineOutcomeAtTarget, oldWorkers[0]: inplacev1.MachineOutcomeRefused, oldWorkers[1]: inplacev1.MachineOutcomeRefused,
+		}))
+
+		By("the change made, on a Cluster annotated " + inplacev1.FailClosedAnnotation + "=true")
+		closed.pointWorkersAt(v2)
 
 		By("Cluster API asks CanUpdateMachineSet and is answered Failure, naming the field")
 		Eventually(func(g Gomega) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -190,6 +191,9 @@ func expectAllUpgraded(s *scenario.Scenario, nu *nodeUpdateWatch) {
 type nodeUpdateWatch struct {
 	mu   sync.Mutex
 	uids map[string]map[types.UID]bool
+	// first names the machines in the order their first NodeUpdate was seen: creation
+	// order, as a watch delivers in the order of the store's revisions.
+	first []string
 }
 
 func (w *nodeUpdateWatch) record(n *inplacev1.NodeUpdate) {
@@ -197,6 +201,7 @@ func (w *nodeUpdateWatch) record(n *inplacev1.NodeUpdate) {
 	defer w.mu.Unlock()
 	if w.uids[n.Spec.MachineName] == nil {
 		w.uids[n.Spec.MachineName] = map[types.UID]bool{}
+		w.first = append(w.first, n.Spec.MachineName)
 	}
 	w.uids[n.Spec.MachineName][n.UID] = true
 }
@@ -276,6 +281,13 @@ func watchNodeUpdates(s *scenario.Scenario) *nodeUpdateWatch {
 		}
 	}()
 	return w
+}
+
+// firstOrder names the machines in the order their first NodeUpdate was created.
+func (w *nodeUpdateWatch) firstOrder() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.first)
 }
 
 // created counts the NodeUpdates ever created per machine.
