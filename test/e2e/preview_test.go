@@ -3,6 +3,7 @@ package e2e
 import (
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -57,7 +58,7 @@ var _ = Describe("An UpgradePreview checked against the run it previews", func()
 
 		predictedOrder, migrate, stop, held := predictions(preview)
 		Expect(predictedOrder).To(HaveLen(len(s.Nodes)))
-		Expect(held).To(Equal([]string{guarded}), "only the guarded node is predicted to hold on a budget")
+		Expect(held).To(Equal([]string{guarded}), "only the guarded node is predicted to hold, on its budget; the VMs have room")
 		vm := func(name string) string { return scenario.VMNamespace + "/" + name }
 		Expect(migrate).To(Equal(map[string]string{vm("web-1"): workers[0], vm("web-2"): workers[1]}))
 		Expect(stop).To(Equal(map[string]string{vm("gpu-1"): workers[2]}))
@@ -125,7 +126,7 @@ func guardedPod(s *scenario.Scenario, node string) *policyv1.PodDisruptionBudget
 
 // predictions reads a preview: the nodes in the order they would go; the VMs that would
 // live-migrate and those that would be stopped, each with its node; the nodes a pod's
-// budget would hold.
+// budget, or a lack of room for their VMs on the nodes that stay up, would hold.
 func predictions(p *inplacev1.UpgradePreview) (order []string, migrate, stop map[string]string, held []string) {
 	machines := slices.Clone(p.Status.Machines)
 	sort.SliceStable(machines, func(i, j int) bool { return machines[i].Order < machines[j].Order })
@@ -144,7 +145,7 @@ func predictions(p *inplacev1.UpgradePreview) (order []string, migrate, stop map
 		for _, vm := range m.Disruption.StoppedVMs {
 			stop[vm.Namespace+"/"+vm.Name] = m.NodeName
 		}
-		if len(m.Disruption.BlockingPods) > 0 {
+		if len(m.Disruption.BlockingPods) > 0 || strings.HasPrefix(m.Disruption.Capacity, "short:") {
 			held = append(held, m.NodeName)
 		}
 	}

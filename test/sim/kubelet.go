@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/util/retry"
@@ -35,8 +36,23 @@ type Kubelet struct {
 	// (/containerLogs, behind the API server's pods/log): the log, and whether the
 	// container is known. SUC.PodLog fits.
 	Logs func(namespace, pod, container string) (string, bool)
+	// Allocatable is what every node reports as its capacity and allocatable, as a real
+	// kubelet always does (kubelet nodestatus setters MachineInfo: the machine's CPU,
+	// memory and pod count, less the reservations). Default DefaultNodeResources.
+	Allocatable corev1.ResourceList
 
 	servers kubeletServers
+}
+
+// DefaultNodeResources are a simulated node's capacity and allocatable unless the
+// Kubelet says otherwise: a small Harvester node (Harvester's minimum for production is
+// 16 cores and 64 GiB) with the kubelet's default of 110 pods.
+func DefaultNodeResources() corev1.ResourceList {
+	return corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("16"),
+		corev1.ResourceMemory: resource.MustParse("64Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
 }
 
 // CreateNode registers a Ready node at the given kubelet version (e.g. v1.34.3+rke2r3).
@@ -56,9 +72,15 @@ func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels m
 	if osImage == "" {
 		osImage = "Harvester v1.7.1"
 	}
+	resources := k.Allocatable
+	if resources == nil {
+		resources = DefaultNodeResources()
+	}
 	node.Status = corev1.NodeStatus{
-		NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage, BootID: string(uuid.NewUUID())},
-		Conditions: []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
+		NodeInfo:    corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage, BootID: string(uuid.NewUUID())},
+		Conditions:  []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
+		Capacity:    resources.DeepCopy(),
+		Allocatable: resources.DeepCopy(),
 	}
 	if k.ServeAddress != "" {
 		host, port, err := k.serve(name)
