@@ -21,6 +21,9 @@ const DefaultNodeDuration = 30 * time.Minute
 // after another, each in batches of maxUnavailable nodes at once.
 func (r *Reconciler) estimate(_ context.Context, s *previewScope) error {
 	perNode, source := r.nodeDuration(s)
+	// A mean of NodeUpdates' second-precision times is rounded back to the second, so
+	// that the status does not show 1m18.999999996s.
+	perNode = perNode.Round(time.Second)
 	var total time.Duration
 	for _, t := range s.targets {
 		starting := startingEntries(t)

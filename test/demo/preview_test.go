@@ -17,7 +17,7 @@ import (
 
 // TestShowPreview checks --preview's step on a fake client, without the demo's API servers
 // (a whole run takes minutes): the preview is printed with the plugin's printer when it is
-// computed (the test plays the UpgradePreview controller, which lives on another branch),
+// computed (the test plays the UpgradePreview controller),
 // and a preview nobody computes ends the wait with a message instead of a hang.
 func TestShowPreview(t *testing.T) {
 	scheme := runtime.NewScheme()
