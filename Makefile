@@ -66,7 +66,7 @@ HELM_CONTROLLER_MODULE := github.com/k3s-io/helm-controller@v0.17.9
 
 # A guard against a hung package, not the time make test takes: the harvesteradapter
 # package alone runs 18 to 23 minutes on a 2-core machine.
-TEST_TIMEOUT ?= 40m
+TEST_TIMEOUT ?= 60m
 
 ##@ General
 .PHONY: help

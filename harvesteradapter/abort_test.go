@@ -53,7 +53,7 @@ var _ = Describe("Aborting a node that failed", func() {
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
-		err := drive(c.updater, nu, 30*time.Second)
+		err := drive(c.updater, nu, 90*time.Second)
 		perm, ok := nodeupdater.AsPermanent(err)
 		Expect(ok).To(BeTrue(), "%v", err)
 		Expect(perm.Reason).To(Equal("PlanJobFailed"))

@@ -129,7 +129,7 @@ var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func(
 				},
 			}
 			Expect(env.Client.Create(ctx, nu)).To(Succeed())
-			err := drive(c.updater, nu, 30*time.Second)
+			err := drive(c.updater, nu, 90*time.Second)
 			perm, ok := nodeupdater.AsPermanent(err)
 			Expect(ok).To(BeTrue(), "%v", err)
 			Expect(perm.Reason).To(Equal("UpgradePlanFailed"))

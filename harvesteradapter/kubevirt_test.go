@@ -158,7 +158,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		Expect(nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message).To(And(
 			ContainSubstring("live-migrated "+a), ContainSubstring(b), ContainSubstring("stopped "+g+", "+p)))
 
-		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty(), "no VMI runs on a node when its drain starts")
 		Expect(c.rec.Drains(node)).To(HaveLen(1))
 		for _, key := range []string{a, b} {
@@ -213,7 +213,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		Expect(migrations.Items).To(HaveLen(1), "one migration per VM, however many reconciles")
 		failed := migrations.Items[0]
 		Expect(workload.Client.Delete(ctx, &failed)).To(Succeed())
-		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 		Expect(workload.Client.List(ctx, migrations, client.InNamespace(c.ns))).To(Succeed())
 		Expect(migrations.Items).To(HaveLen(1))
 		Expect(migrations.Items[0].Name).To(Equal(failed.Name))
@@ -231,7 +231,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 			vm.Spec.RunStrategy = &halted
 		})
 		nu := c.nodeUpdate(node)
-		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepRestoreVMs)).To(Equal(inplacev1.StepStateSkipped))
 		vm := c.getVM("vm-pinned")
 		Expect(runStrategy(vm)).To(Equal(kubevirtv1.RunStrategyHalted))
@@ -257,7 +257,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 			RepositoryURL: c.updater.RepositoryURL, PollInterval: c.updater.PollInterval}
 		again := &inplacev1.NodeUpdate{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), again)).To(Succeed())
-		Expect(drive(restarted, again, 30*time.Second)).To(Succeed())
+		Expect(drive(restarted, again, 90*time.Second)).To(Succeed())
 		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyAlways))
 		Eventually(c.kubevirt.NodeOf).WithArguments(p).WithTimeout(5 * time.Second).Should(Equal(node))
 		Expect(c.kubevirt.Starts(p)).To(Equal(2))
@@ -296,7 +296,7 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		node := c.nodes[0]
 		keys := []string{c.vm("vm-a", node, nil), c.vm("vm-b", node, nil)}
 		nu := c.nodeUpdate(node)
-		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty())
 		for _, key := range keys {
 			Expect(c.kubevirt.Migrations(key)).To(BeZero(), key)

@@ -114,7 +114,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(preflightFailures(c, c.nodes[1])).To(BeEmpty(), "a v2 replica alone does not hold a node")
 
 			held := c.nodeUpdate(c.nodes[0])
-			Expect(driveUntil(c.updater, held, 30*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			Expect(driveUntil(c.updater, held, 90*time.Second, func(nu *inplacev1.NodeUpdate) bool {
 				return nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine) == inplacev1.StepStateRunning
 			})).To(Succeed())
 			Expect(drive(c.updater, held, 2*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
@@ -131,7 +131,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(unschedulableOn(lh, c.nodes[0])).To(BeTrue(), "the node was cordoned before the evacuation")
 
 			free := c.nodeUpdate(c.nodes[1])
-			Expect(drive(c.updater, free, 30*time.Second)).To(Succeed())
+			Expect(drive(c.updater, free, 90*time.Second)).To(Succeed())
 			Expect(nodeupdater.Step(free, harvesteradapter.StepLonghornDataEngine).State).To(Equal(inplacev1.StepStateSkipped))
 		})
 	})
@@ -167,7 +167,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 			nu := c.nodeUpdate(c.nodes[2])
 			var messages []string
-			Expect(driveUntil(c.updater, nu, 30*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			Expect(driveUntil(c.updater, nu, 90*time.Second, func(nu *inplacev1.NodeUpdate) bool {
 				stepMessages(&messages)(nu)
 				if step := longhornStep(nu); step.State == inplacev1.StepStateRunning && !strings.HasPrefix(step.Message, "turned") {
 					Expect(setting().Value).To(Equal("false"), "Longhorn's roll is paused while the node waits")
@@ -205,17 +205,17 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			c := rolling(3)
 			c.longhorn.SetTargetImage("") // no roll: only the pause is looked at
 			a, b := c.nodeUpdate(c.nodes[1]), c.nodeUpdate(c.nodes[2])
-			Expect(driveUntil(c.updater, a, 30*time.Second, untilStepDone)).To(Succeed())
-			Expect(driveUntil(c.updater, b, 30*time.Second, untilStepDone)).To(Succeed())
+			Expect(driveUntil(c.updater, a, 90*time.Second, untilStepDone)).To(Succeed())
+			Expect(driveUntil(c.updater, b, 90*time.Second, untilStepDone)).To(Succeed())
 			Expect(setting().Value).To(Equal("false"))
 			Expect(strings.Split(pausers(), ",")).To(ConsistOf(string(a.UID), string(b.UID)))
 			Expect(setting().Annotations).To(HaveKeyWithValue(longhorn.AnnotationV2UpgradePausedValue, "true"))
 
-			Expect(drive(c.updater, a, 30*time.Second)).To(Succeed())
+			Expect(drive(c.updater, a, 90*time.Second)).To(Succeed())
 			Expect(setting().Value).To(Equal("false"), "b still pauses it")
 			Expect(pausers()).To(Equal(string(b.UID)))
 
-			Expect(drive(c.updater, b, 30*time.Second)).To(Succeed())
+			Expect(drive(c.updater, b, 90*time.Second)).To(Succeed())
 			Expect(setting().Value).To(Equal("true"))
 			Expect(setting().Annotations).NotTo(HaveKey(longhorn.AnnotationV2UpgradePausedBy))
 		})
@@ -224,7 +224,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			c := rolling(3)
 			c.longhorn.SetTargetImage("")
 			aborted := c.nodeUpdate(c.nodes[1])
-			Expect(driveUntil(c.updater, aborted, 30*time.Second, untilStepDone)).To(Succeed())
+			Expect(driveUntil(c.updater, aborted, 90*time.Second, untilStepDone)).To(Succeed())
 			Expect(pausers()).To(Equal(string(aborted.UID)))
 			Eventually(func() bool {
 				done, err := c.updater.Abort(ctx, aborted)
@@ -262,7 +262,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			// Until the node reaches the hold (its earlier steps take longer on a slow
 			// machine), then a while longer: it stays held.
 			held := "holding: Longhorn's live upgrade is idle, but attached v2 volumes have their engine on node " + c.nodes[0]
-			Expect(driveUntil(c.updater, nu, 30*time.Second, heldWith(held))).To(Succeed())
+			Expect(driveUntil(c.updater, nu, 90*time.Second, heldWith(held))).To(Succeed())
 			Expect(drive(c.updater, nu, 2*time.Second)).To(MatchError(ContainSubstring("not done within")), "the node is held, not failed")
 			step := nodeupdater.Step(nu, harvesteradapter.StepLonghornDataEngine)
 			Expect(step.State).To(Equal(inplacev1.StepStateRunning))
@@ -274,7 +274,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 
 			// A VM's live migration moves its volume's engine to the VM's new node.
 			Expect(sim.MoveLonghornEngine(ctx, lh.Client, longhorn.Namespace, vol, c.nodes[1])).To(Succeed())
-			Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+			Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 			Expect(nodeupdater.StepState(nu, harvesteradapter.StepLonghornDataEngine)).To(Equal(inplacev1.StepStateSucceeded))
 			Expect(setting().Value).To(Equal("true"))
 		})

@@ -141,7 +141,7 @@ var _ = Describe("A node's drain", func() {
 		}, func(s *sim.SUC) { s.DrainDuration = 5 * time.Minute })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		err := drive(c.updater, nu, 30*time.Second)
+		err := drive(c.updater, nu, 90*time.Second)
 		for _, r := range runsOn(c.rec, node) {
 			Expect(r.Message).NotTo(ContainSubstring("global timeout reached"), "run of %s", r.Plan)
 		}
@@ -153,7 +153,7 @@ var _ = Describe("A node's drain", func() {
 		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		err := drive(c.updater, nu, 30*time.Second)
+		err := drive(c.updater, nu, 90*time.Second)
 		Expect(c.rec.UncordonsBySUC(node)).To(BeEmpty(), "SUC uncordons after a Plan that cordons or drains (fact 46)")
 		Expect(c.rec.Drains(node)).To(HaveLen(1), "one drain, so every virtual machine migrates once")
 		Expect(err).NotTo(HaveOccurred())

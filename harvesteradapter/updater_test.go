@@ -258,7 +258,7 @@ var _ = Describe("The Harvester updater", func() {
 		var results []*inplacev1.NodeUpdate
 		for _, node := range c.nodes {
 			nu := c.nodeUpdate(node)
-			Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+			Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 			results = append(results, nu)
 		}
 		for i, nu := range results {
@@ -305,7 +305,7 @@ var _ = Describe("The Harvester updater", func() {
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		c.suc.FailNode(harvesteradapter.PlanName("rke2", nu), node, "rke2 failed to start: etcd member not healthy")
-		err := drive(c.updater, nu, 30*time.Second)
+		err := drive(c.updater, nu, 90*time.Second)
 		Expect(err).To(HaveOccurred())
 		perm, ok := nodeupdater.AsPermanent(err)
 		Expect(ok).To(BeTrue())
@@ -333,7 +333,7 @@ var _ = Describe("The Harvester updater", func() {
 		node := c.nodes[0]
 		Expect(c.kubelet.StartServing(ctx, node)).To(Succeed())
 		nu := c.nodeUpdate(node)
-		err = drive(c.updater, nu, 30*time.Second)
+		err = drive(c.updater, nu, 90*time.Second)
 		perm, ok := nodeupdater.AsPermanent(err)
 		Expect(ok).To(BeTrue(), "%v", err)
 		Expect(perm.Reason).To(Equal("PlanJobFailed"))
@@ -351,7 +351,7 @@ var _ = Describe("The Harvester updater", func() {
 		c.repository.Release = strings.Replace(release181, "minUpgradableVersion: v1.7.0", "minUpgradableVersion: v1.7.1", 1)
 		c.createPlan(nil)
 		nu := c.nodeUpdate(c.nodes[0])
-		Expect(driveUntil(c.updater, nu, 30*time.Second, heldWith("installs only over v1.7.1 or newer"))).To(Succeed())
+		Expect(driveUntil(c.updater, nu, 90*time.Second, heldWith("installs only over v1.7.1 or newer"))).To(Succeed())
 		err := drive(c.updater, nu, 2*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
 		step := nodeupdater.Step(nu, harvesteradapter.StepClusterUpgrade)
@@ -365,7 +365,7 @@ var _ = Describe("The Harvester updater", func() {
 		// spec.force skips the eligibility check, as the toolkit's force skips its version guard.
 		c.plan.Spec.Force = true
 		Expect(env.Client.Update(ctx, c.plan)).To(Succeed())
-		Expect(drive(c.updater, nu, 30*time.Second)).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
 	})
 
 	It("deploys one repository for many nodes", func() {
@@ -375,7 +375,7 @@ var _ = Describe("The Harvester updater", func() {
 			h.Spec.UpgradeOS = ptr.To(false)
 		})
 		for _, node := range c.nodes {
-			Expect(drive(c.updater, c.nodeUpdate(node), 30*time.Second)).To(Succeed())
+			Expect(drive(c.updater, c.nodeUpdate(node), 90*time.Second)).To(Succeed())
 		}
 		deps := &corev1.ServiceList{}
 		Expect(workload.Client.List(ctx, deps, client.InNamespace(repository.Namespace), client.HasLabels{repository.LabelRepository})).To(Succeed())
@@ -391,7 +391,7 @@ var _ = Describe("The Harvester updater", func() {
 		c.repository.FailMessage = "capi-inplace node repository download: not done yet: the leader (repo-0) has not written /repository/harvester.iso.ready after 30m0s"
 		c.repository.FailExitCode = 3
 		nu := c.nodeUpdate(c.nodes[0])
-		Expect(driveUntil(c.updater, nu, 30*time.Second, heldWith("RepoCreating"))).To(Succeed())
+		Expect(driveUntil(c.updater, nu, 90*time.Second, heldWith("RepoCreating"))).To(Succeed())
 		err := drive(c.updater, nu, 2*time.Second)
 		Expect(err).To(MatchError(ContainSubstring("not done within")), "held, not failed")
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepClusterUpgrade)).To(Equal(inplacev1.StepStateRunning), "the UpgradePlan waits for its repository")
