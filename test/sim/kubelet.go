@@ -36,17 +36,13 @@ type Kubelet struct {
 	// (/containerLogs, behind the API server's pods/log): the log, and whether the
 	// container is known. SUC.PodLog fits.
 	Logs func(namespace, pod, container string) (string, bool)
-	// Allocatable is what every node reports as its capacity and allocatable, as a real
-	// kubelet always does (kubelet nodestatus setters MachineInfo: the machine's CPU,
-	// memory and pod count, less the reservations). Default DefaultNodeResources.
-	Allocatable corev1.ResourceList
 
 	servers kubeletServers
 }
 
-// DefaultNodeResources are a simulated node's capacity and allocatable unless the
-// Kubelet says otherwise: a small Harvester node (Harvester's minimum for production is
-// 16 cores and 64 GiB) with the kubelet's default of 110 pods.
+// DefaultNodeResources are a simulated node's capacity and allocatable: a small
+// Harvester node (Harvester's documented minimum for production, its hardware
+// requirements page, is 16 cores and 64 GiB) with the kubelet's default of 110 pods.
 func DefaultNodeResources() corev1.ResourceList {
 	return corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("16"),
@@ -72,10 +68,10 @@ func (k *Kubelet) CreateNode(ctx context.Context, name, version string, labels m
 	if osImage == "" {
 		osImage = "Harvester v1.7.1"
 	}
-	resources := k.Allocatable
-	if resources == nil {
-		resources = DefaultNodeResources()
-	}
+	// Every node reports a capacity and allocatable, as a real kubelet always does
+	// (kubelet nodestatus setters MachineInfo: the machine's CPU, memory and pod count,
+	// less the reservations).
+	resources := DefaultNodeResources()
 	node.Status = corev1.NodeStatus{
 		NodeInfo:    corev1.NodeSystemInfo{KubeletVersion: version, OSImage: osImage, BootID: string(uuid.NewUUID())},
 		Conditions:  []corev1.NodeCondition{readyCondition(true, "KubeletReady", "kubelet is posting ready status")},
