@@ -27,6 +27,9 @@ import (
 // further ahead would lift failures that have not happened yet, so it is refused.
 const resetSkew = time.Minute
 
+// maxEventNote is the longest note the events API accepts.
+const maxEventNote = 1024
+
 // maxFailuresListed bounds the failed nodes a message names.
 const maxFailuresListed = 10
 
@@ -49,6 +52,10 @@ type failureBudget struct {
 	liftedAt time.Time
 	// problems say which annotation is not usable and what is used instead.
 	problems []string
+	// before is the task's FailureBudgetExhausted condition as the status had it before
+	// this reconcile (computeStatus shares the conditions of the previous status, so they
+	// cannot be read back afterwards); nil when it had none.
+	before *metav1.Condition
 }
 
 // readFailureBudget counts the failures of the Cluster's NodeUpdates against its budget. A
@@ -75,11 +82,11 @@ func readFailureBudget(cluster *clusterv1.Cluster, nus []inplacev1.NodeUpdate, n
 		t, err := time.Parse(time.RFC3339, strings.TrimSpace(v))
 		switch {
 		case err != nil:
-			b.problems = append(b.problems, fmt.Sprintf("annotation %s is %q, not an RFC3339 time such as %s; no failure is lifted until it is fixed",
-				inplacev1.FailureBudgetResetAnnotation, v, now.UTC().Format(time.RFC3339)))
+			b.problems = append(b.problems, fmt.Sprintf("annotation %s is %q, not an RFC3339 time such as 2026-01-02T15:04:05Z; no failure is lifted until it is fixed",
+				inplacev1.FailureBudgetResetAnnotation, v))
 		case t.After(now.Add(resetSkew)):
-			b.problems = append(b.problems, fmt.Sprintf("annotation %s is %q, in the future (now is %s): it would lift failures that have not happened yet; no failure is lifted until it is fixed",
-				inplacev1.FailureBudgetResetAnnotation, v, now.UTC().Format(time.RFC3339)))
+			b.problems = append(b.problems, fmt.Sprintf("annotation %s is %q, in the future: it would lift failures that have not happened yet; no failure is lifted until it is fixed",
+				inplacev1.FailureBudgetResetAnnotation, v))
 		default:
 			b.liftedAt = t
 		}
@@ -200,10 +207,13 @@ func stoppedBy(s *taskScope) *member {
 }
 
 // setFailureBudgetCondition sets the task's FailureBudgetExhausted condition; a task that
-// ended keeps the condition it had.
-func setFailureBudgetCondition(st *inplacev1.UpgradeTaskStatus, s *taskScope, phase inplacev1.TaskPhase) {
-	if s.failures == nil || (phase.IsFinal() && phase != inplacev1.TaskPhasePlanned) {
+// ended keeps the one of its last reconcile, which says whether the budget stopped it.
+func setFailureBudgetCondition(st *inplacev1.UpgradeTaskStatus, s *taskScope) {
+	if s.failures == nil {
 		return
+	}
+	if c := meta.FindStatusCondition(st.Conditions, inplacev1.FailureBudgetExhaustedCondition); c != nil {
+		s.failures.before = c.DeepCopy()
 	}
 	ok, reason, msg := s.failures.condition()
 	status := metav1.ConditionFalse
@@ -217,11 +227,11 @@ func setFailureBudgetCondition(st *inplacev1.UpgradeTaskStatus, s *taskScope, ph
 // recordFailureBudget records what changed of the failure budget since the last status: a
 // Warning on the task when an annotation of the budget became unusable, and, from the task
 // whose failure exhausted the budget, one Warning on the Cluster.
-func (r *Reconciler) recordFailureBudget(ctx context.Context, s *taskScope, prev *inplacev1.UpgradeTaskStatus) {
+func (r *Reconciler) recordFailureBudget(ctx context.Context, s *taskScope) {
 	if s.failures == nil {
 		return
 	}
-	before := meta.FindStatusCondition(prev.Conditions, inplacev1.FailureBudgetExhaustedCondition)
+	before := s.failures.before
 	now := meta.FindStatusCondition(s.task.Status.Conditions, inplacev1.FailureBudgetExhaustedCondition)
 	if now == nil || (before != nil && before.Reason == now.Reason && before.Message == now.Message) {
 		return
@@ -229,7 +239,7 @@ func (r *Reconciler) recordFailureBudget(ctx context.Context, s *taskScope, prev
 	log := ctrl.LoggerFrom(ctx)
 	if problems := strings.Join(s.failures.problems, "; "); problems != "" && (before == nil || !strings.Contains(before.Message, problems)) {
 		log.Info("an annotation of the Cluster's failure budget is not usable", "problems", s.failures.problems)
-		r.Recorder.Eventf(s.task, nil, corev1.EventTypeWarning, inplacev1.InvalidFailureBudgetReason, "FailureBudget", "%s", problems)
+		r.Recorder.Eventf(s.task, nil, corev1.EventTypeWarning, inplacev1.InvalidFailureBudgetReason, "FailureBudget", "%s", truncate(problems, maxEventNote))
 	}
 	if now.Status != metav1.ConditionTrue || (before != nil && before.Status == metav1.ConditionTrue) {
 		return
@@ -237,7 +247,7 @@ func (r *Reconciler) recordFailureBudget(ctx context.Context, s *taskScope, prev
 	last := s.failures.failed[len(s.failures.failed)-1]
 	log.Info("the Cluster's failure budget is exhausted; no task of the Cluster starts a new node", "failed", len(s.failures.failed), "budget", s.failures.limit)
 	if last.task == s.task.Name && s.cluster != nil && s.cluster.UID != "" {
-		r.Recorder.Eventf(s.cluster, s.task, corev1.EventTypeWarning, inplacev1.FailureBudgetExhaustedReason, "FailureBudget", "%s", truncate(now.Message, 1024))
+		r.Recorder.Eventf(s.cluster, s.task, corev1.EventTypeWarning, inplacev1.FailureBudgetExhaustedReason, "FailureBudget", "%s", truncate(now.Message, maxEventNote))
 	}
 }
 
