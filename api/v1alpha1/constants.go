@@ -251,3 +251,29 @@ const (
 	// of the manager's cache index of the same field.
 	NodeUpdateMachineNameField = "spec.machineName"
 )
+
+// The failure budget of a Cluster (docs/upgradetask.md, "Failure budget"): how many nodes
+// of the Cluster's UpgradeTasks may fail before every task of the Cluster starts no new
+// node, and how a person lifts it.
+const (
+	// FailureBudgetAnnotation, on a CAPI Cluster, is how many failed nodes (NodeUpdates of
+	// the Cluster's UpgradeTasks that ended Failed) the Cluster tolerates before every
+	// task of the Cluster stops starting nodes: a whole number of at least 1; 1 when
+	// absent, and 1 (with a Warning) when it is not such a number.
+	FailureBudgetAnnotation = AnnotationPrefix + "failure-budget"
+	// FailureBudgetResetAnnotation, on a CAPI Cluster, lifts the failure budget: an
+	// RFC3339 time; failures that ended at or before it no longer count.
+	FailureBudgetResetAnnotation = AnnotationPrefix + "failure-budget-reset"
+
+	// FailureBudgetExhaustedCondition is True on an UpgradeTask while its Cluster's failure
+	// budget is exhausted; its message names the failed nodes and how to lift it. False
+	// otherwise, with the count so far, or with reason InvalidFailureBudget when an
+	// annotation of the budget is not usable.
+	FailureBudgetExhaustedCondition = "FailureBudgetExhausted"
+	// FailureBudgetExhaustedReason: the Cluster's failed nodes reached its failure budget;
+	// no task of the Cluster starts a new node until a person lifts it.
+	FailureBudgetExhaustedReason = "FailureBudgetExhausted"
+	// InvalidFailureBudgetReason: an annotation of the Cluster's failure budget is not
+	// usable; the message names the value and what is used instead.
+	InvalidFailureBudgetReason = "InvalidFailureBudget"
+)

@@ -37,6 +37,9 @@ type GateInput struct {
 	// ControlPlaneBehind describes, for a MachineDeployment's task, the control plane
 	// machines that do not run the target yet.
 	ControlPlaneBehind []string
+	// FailureBudgetExhausted, when set, says that the Cluster's failure budget is
+	// exhausted: which nodes failed and how to lift it.
+	FailureBudgetExhausted string
 }
 
 // Gate names.
@@ -48,10 +51,11 @@ const (
 	SoakGateName        = "PostNodeDelay"
 )
 
-// Gates evaluates, in order, spec.paused, the maintenance window and the soak delay, and
-// returns the first that is closed, or an open result when all let nodes start.
+// Gates evaluates, in order, the Cluster's failure budget, an older task of the same
+// target, the control plane's version, spec.paused, the maintenance window and the soak
+// delay, and returns the first that is closed, or an open result when all let nodes start.
 func Gates(in GateInput) GateResult {
-	for _, g := range []func(GateInput) GateResult{duplicateGate, versionSkewGate, pausedGate, windowGate, soakGate} {
+	for _, g := range []func(GateInput) GateResult{failureBudgetGate, duplicateGate, versionSkewGate, pausedGate, windowGate, soakGate} {
 		if r := g(in); !r.Open {
 			return r
 		}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -162,6 +163,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		For(&inplacev1.UpgradeTask{}).
 		Owns(&inplacev1.NodeUpdate{}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask)).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToTasks), builder.WithPredicates(failureBudgetChanged())).
+		Watches(&inplacev1.NodeUpdate{}, handler.EnqueueRequestsFromMapFunc(r.failedNodeUpdateToTasks), builder.WithPredicates(nodeUpdateFailed())).
 		WatchesRawSource(source.Channel(retry, &handler.TypedEnqueueRequestForObject[*inplacev1.UpgradeTask]{})).
 		WithOptions(ctrlqueue.Options(options)).
 		Named("upgradetask").
@@ -330,6 +333,11 @@ type taskScope struct {
 	maxUnavailable int
 	// problem, when set, says why the task cannot be carried out as written.
 	problem string
+	// failures is the Cluster's failure budget and the failures that count against it.
+	failures *failureBudget
+	// goesOnAfterFailure is true when no member stops the task (stoppedBy): a failed node
+	// within the failure budget leaves the task running while other nodes wait.
+	goesOnAfterFailure bool
 }
 
 func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {
@@ -377,6 +385,7 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 	if err != nil {
 		return nil, err
 	}
+	s.failures = readFailureBudget(s.cluster, nus, s.now)
 	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
 	s.upgradedBy = map[string]string{}
 	for i := range nus {

@@ -23,9 +23,10 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		return ctrl.Result{}, err
 	}
 	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s),
-		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind})
-	stoppedBy := firstFailed(s.members)
-	r.selectNextMachines(ctx, s, gate, stoppedBy)
+		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind, FailureBudgetExhausted: s.failures.gateMessage()})
+	stopper := stoppedBy(s)
+	s.goesOnAfterFailure = stopper == nil
+	r.selectNextMachines(ctx, s, gate, stopper)
 	phase := computePhase(s, false)
 
 	// Hand-off comes first: a machine that may start is started before any other machine
@@ -137,7 +138,7 @@ func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
 		return inplacev1.TaskPhaseAborting
 	case aborting:
 		return inplacev1.TaskPhaseAborted
-	case failed > 0 && inProgress > 0:
+	case failed > 0 && (inProgress > 0 || (waiting > 0 && s.goesOnAfterFailure)):
 		return inplacev1.TaskPhaseInProgress
 	case failed > 0:
 		return inplacev1.TaskPhaseFailed
@@ -149,17 +150,6 @@ func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
 		return inplacev1.TaskPhaseInProgress
 	}
 	return inplacev1.TaskPhasePending
-}
-
-// firstFailed returns the first member whose node failed (or was aborted outside the
-// task): the task starts no node after it.
-func firstFailed(members []*member) *member {
-	for _, mem := range members {
-		if mem.failedForTask() {
-			return mem
-		}
-	}
-	return nil
 }
 
 // lastNodeCompletion is when the last node of the task ended well, for the soak delay.

@@ -25,6 +25,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *taskScope, phase inplac
 	task.Status = computeStatus(s, phase, gate, prev)
 	r.status.submit(task)
 	r.recordTransitions(ctx, s, prev)
+	r.recordFailureBudget(ctx, s)
 	r.Metrics.observeTask(task)
 	if phase.IsFinal() && phase != inplacev1.TaskPhasePlanned {
 		// A task that ended is not looked at again: its last status is written before
@@ -142,6 +143,7 @@ func setStatusConditions(st *inplacev1.UpgradeTaskStatus, s *taskScope, phase in
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: status, Reason: reason, Message: truncate(msg, 32768), ObservedGeneration: s.task.Generation})
 	}
 
+	setFailureBudgetCondition(st, s)
 	switch phase {
 	case inplacev1.TaskPhaseCompleted:
 		set(inplacev1.ReadyCondition, true, inplacev1.CompletedReason, fmt.Sprintf("every machine (%d) reached %s", st.Total, s.task.Spec.Version))
@@ -266,7 +268,7 @@ func (r *Reconciler) recordTransitions(ctx context.Context, s *taskScope, prev *
 	newPaused := meta.FindStatusCondition(task.Status.Conditions, inplacev1.PausedCondition)
 	if newPaused != nil && newPaused.Status == metav1.ConditionTrue && (oldPaused == nil || oldPaused.Status != newPaused.Status || oldPaused.Reason != newPaused.Reason) {
 		log.Info("task starts no new node", "reason", newPaused.Reason, "message", newPaused.Message)
-		r.Recorder.Eventf(task, nil, corev1.EventTypeNormal, newPaused.Reason, "Pause", "%s", newPaused.Message)
+		r.Recorder.Eventf(task, nil, corev1.EventTypeNormal, newPaused.Reason, "Pause", "%s", truncate(newPaused.Message, maxEventNote))
 	}
 }
 
