@@ -46,7 +46,7 @@ func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTar
 	}
 	results := []nodeupdater.CheckResult{{Name: CheckHarvesterUpgraderFound, Passed: true}}
 
-	wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
+	wc, err := u.workloadClient(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
 	if err != nil {
 		return append(results, nodeupdater.CheckResult{Name: CheckSUCInstalled, Message: fmt.Sprintf("cannot reach the workload cluster %s: %v", target.ClusterName, err)})
 	}

@@ -44,7 +44,7 @@ func (u *Updater) PreviewDisruption(ctx context.Context, target nodeupdater.Pref
 	if err != nil {
 		return d, err
 	}
-	wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
+	wc, err := u.workloadClient(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
 	if err != nil {
 		return d, fmt.Errorf("reach the workload cluster %s: %w", target.ClusterName, err)
 	}

@@ -132,7 +132,14 @@ func (c *vmCluster) previewer() (*harvesteradapter.Updater, *writeRecorder) {
 
 func (c *vmCluster) preview(u *harvesteradapter.Updater, node string, disrupted ...string) inplacev1.NodeDisruption {
 	GinkgoHelper()
-	d, err := u.PreviewDisruption(ctx, nodeupdater.PreflightTarget{
+	return c.previewIn(ctx, u, node, disrupted...)
+}
+
+// previewIn previews under callCtx: with nodeupdater.WithReadSnapshot, as one
+// UpgradePreview computation asks.
+func (c *vmCluster) previewIn(callCtx context.Context, u *harvesteradapter.Updater, node string, disrupted ...string) inplacev1.NodeDisruption {
+	GinkgoHelper()
+	d, err := u.PreviewDisruption(callCtx, nodeupdater.PreflightTarget{
 		Namespace: c.ns, ClusterName: c.name, MachineName: "m-" + node, NodeName: node, Version: "v1.35.6+rke2r1",
 		UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: c.config.Name},
 		Disrupted:  disrupted,
@@ -237,6 +244,11 @@ var _ = Describe("A node's disruption previewed without acting", func() {
 		u, rec := c.previewer()
 		p1, p2, p3 := c.preview(u, n1), c.preview(u, n2), c.preview(u, n3)
 		withN2Down := c.preview(u, n1, n2)
+		// An UpgradePreview asks every node under one read snapshot of the workload cluster:
+		// each read is made once and shared, and the answers must be the same.
+		snapshot := nodeupdater.WithReadSnapshot(ctx)
+		Expect([]inplacev1.NodeDisruption{c.previewIn(snapshot, u, n1), c.previewIn(snapshot, u, n2), c.previewIn(snapshot, u, n3), c.previewIn(snapshot, u, n1, n2)}).
+			To(Equal([]inplacev1.NodeDisruption{p1, p2, p3, withN2Down}), "the previews under one read snapshot are the previews read afresh")
 		Expect(rec.Writes()).To(BeEmpty(), "the preview writes nothing to either cluster")
 		wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: c.ns, Name: c.name})
 		Expect(err).NotTo(HaveOccurred())

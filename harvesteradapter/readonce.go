@@ -8,8 +8,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 // readOnce is the workload cluster's client of one reconcile: a Get or List it already
@@ -179,4 +182,21 @@ func (s *readOnceSubResource) Patch(ctx context.Context, obj client.Object, patc
 func (s *readOnceSubResource) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
 	defer s.c.forgetAll()
 	return s.SubResourceClient.Apply(ctx, obj, opts...)
+}
+
+// workloadClient is the client of the workload cluster of cluster for a call of the
+// updater outside a NodeUpdate's reconcile (AtTarget, Preflight, PreviewDisruption). Under
+// an UpgradePreview's read snapshot (nodeupdater.WithReadSnapshot) it is the one readOnce
+// of the whole computation: a read one machine's judgement made is answered to the next
+// from what was read, as the steps of one reconcile share theirs. Elsewhere (the
+// UpgradeTask's preflight of a node about to start) every call reads afresh.
+func (u *Updater) workloadClient(ctx context.Context, cluster types.NamespacedName) (client.Client, error) {
+	wc, err := u.Workloads.Client(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	if snap := nodeupdater.ReadSnapshotFrom(ctx); snap != nil {
+		return snap.WorkloadClient(cluster, func() client.Client { return newReadOnce(wc) }), nil
+	}
+	return wc, nil
 }

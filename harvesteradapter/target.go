@@ -24,7 +24,7 @@ func (u *Updater) AtTarget(ctx context.Context, target nodeupdater.PreflightTarg
 	if err != nil {
 		return false, "", err
 	}
-	wc, err := u.Workloads.Client(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
+	wc, err := u.workloadClient(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
 	if err != nil {
 		return false, "", fmt.Errorf("reach the workload cluster %s: %w", target.ClusterName, err)
 	}

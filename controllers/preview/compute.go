@@ -17,6 +17,9 @@ import (
 // compute computes the preview's status. The steps run in order, each on what the ones
 // before it decided; none writes anything.
 func (r *Reconciler) compute(ctx context.Context, p *inplacev1.UpgradePreview) (inplacev1.UpgradePreviewStatus, error) {
+	// One read of the workload cluster for the whole computation: the updater judges
+	// every machine on the same state of it, and reads it once, not once per machine.
+	ctx = nodeupdater.WithReadSnapshot(ctx)
 	s, err := r.readScope(ctx, p)
 	if err != nil {
 		return inplacev1.UpgradePreviewStatus{}, err

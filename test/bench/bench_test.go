@@ -111,8 +111,16 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 
-	if rep.preview == nil || rep.preview.lat.n != cfg.previewIterations || rep.preview.lat.p50 <= 0 || !strings.HasPrefix(rep.preview.summary, "6 machines: 6 in place") {
-		t.Errorf("preview: %+v", rep.preview)
+	if rep.preview == nil || len(rep.preview.rows) != 2 {
+		t.Fatalf("preview: %+v", rep.preview)
+	}
+	for _, row := range rep.preview.rows {
+		if row.lat.n != cfg.previewIterations || row.lat.p50 <= 0 || !strings.HasPrefix(row.summary, "6 machines: 6 in place") {
+			t.Errorf("preview, %s: %+v", row.updater, row)
+		}
+	}
+	if h := rep.preview.rows[1]; totalReads(h.workloadReads) == 0 {
+		t.Errorf("preview, %s: no read of the workload cluster counted: %+v", h.updater, h)
 	}
 
 	doc, err := os.ReadFile(cfg.out)
