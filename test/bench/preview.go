@@ -138,7 +138,7 @@ func warmPreview(ctx context.Context, r *preview.Reconciler, p *inplacev1.Upgrad
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the preview of the 3+3 cluster is not what the bench built: %v (%s; %s)", notYet, st.Summary, st.Message)
+			return fmt.Errorf("the preview of the 3+3 cluster is not what the bench built: %w (%s; %s)", notYet, st.Summary, st.Message)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
