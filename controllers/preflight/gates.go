@@ -37,6 +37,8 @@ type GateInput struct {
 	// ControlPlaneBehind describes, for a MachineDeployment's task, the control plane
 	// machines that do not run the target yet.
 	ControlPlaneBehind []string
+	// Health are the health gates' last results (spec.gates and the Cluster's).
+	Health []HealthGate
 }
 
 // Gate names.
@@ -46,12 +48,13 @@ const (
 	PausedGateName      = "Paused"
 	WindowGateName      = "Window"
 	SoakGateName        = "PostNodeDelay"
+	HealthGateName      = "HealthGates"
 )
 
 // Gates evaluates, in order, spec.paused, the maintenance window and the soak delay, and
 // returns the first that is closed, or an open result when all let nodes start.
 func Gates(in GateInput) GateResult {
-	for _, g := range []func(GateInput) GateResult{duplicateGate, versionSkewGate, pausedGate, windowGate, soakGate} {
+	for _, g := range []func(GateInput) GateResult{duplicateGate, versionSkewGate, pausedGate, windowGate, healthGate, soakGate} {
 		if r := g(in); !r.Open {
 			return r
 		}

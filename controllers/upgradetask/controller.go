@@ -66,6 +66,9 @@ type Reconciler struct {
 	PollInterval time.Duration
 	// Metrics records Prometheus metrics; nil means NewMetrics on controller-runtime's registry.
 	Metrics *Metrics
+	// GateInterval is how often a task's health gates are evaluated again; zero means
+	// DefaultGateInterval. A node ending evaluates them at once.
+	GateInterval time.Duration
 
 	// status writes the tasks' statuses in the background; set by SetupWithManager.
 	status *statusWriter
@@ -78,6 +81,8 @@ type Reconciler struct {
 	writtenMachines writtenMachines
 	// clusters serializes the reconciles of the tasks of one Cluster (clusterLocks).
 	clusters clusterLocks
+	// gateResults holds the last results of each task's health gates.
+	gateResults gateResults
 }
 
 // clusterLocks holds one lock per Cluster. The tasks of a Cluster share one disruption
@@ -330,6 +335,8 @@ type taskScope struct {
 	maxUnavailable int
 	// problem, when set, says why the task cannot be carried out as written.
 	problem string
+	// gates are the results of the health gates, for status.gates.
+	gates []inplacev1.HealthGateStatus
 }
 
 func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {

@@ -23,7 +23,7 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		return ctrl.Result{}, err
 	}
 	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s),
-		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind})
+		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind, Health: r.healthGates(ctx, s)})
 	stoppedBy := firstFailed(s.members)
 	r.selectNextMachines(ctx, s, gate, stoppedBy)
 	phase := computePhase(s, false)
