@@ -71,11 +71,20 @@ func (r *Reconciler) healthGates(ctx context.Context, s *taskScope) []preflight.
 		s.gates = nil
 		return nil
 	}
-	ended := 0
+	ended, waiting := 0, false
 	for _, mem := range s.members {
-		if mem.state == inplacev1.MachineStateUpgraded || mem.state == inplacev1.MachineStateFailed {
+		switch mem.state {
+		case inplacev1.MachineStateUpgraded, inplacev1.MachineStateFailed:
 			ended++
+		case inplacev1.MachineStateWaiting:
+			waiting = true
 		}
+	}
+	if !waiting {
+		// No node is left to start: the gates decide nothing, and are not run again
+		// (a Job gate would run once more after the last node). Their last results stay.
+		s.gates = task.Status.Gates
+		return nil
 	}
 	annotation := ""
 	if s.cluster != nil {
