@@ -102,7 +102,7 @@ func (r *Reconciler) healthGates(ctx context.Context, s *taskScope) []preflight.
 		if s.cluster != nil {
 			in.Workload, in.WorkloadErr = r.Workload.Client(ctx, types.NamespacedName{Namespace: s.cluster.Namespace, Name: s.cluster.Name})
 		} else {
-			in.WorkloadErr = fmt.Errorf("Cluster %s/%s not found", task.Namespace, task.Spec.ClusterName)
+			in.WorkloadErr = fmt.Errorf("the Cluster %s/%s was not found", task.Namespace, task.Spec.ClusterName)
 		}
 		reader := r.APIReader
 		if reader == nil {
