@@ -34,6 +34,11 @@ const (
 	// MachineDeploymentConcurrencyAnnotation on a Cluster says how the cascade upgrades its
 	// MachineDeployments: one-at-a-time (the default) or all-at-once.
 	MachineDeploymentConcurrencyAnnotation = AnnotationPrefix + "machine-deployment-concurrency"
+
+	// GatesAnnotation on a Cluster is a JSON list of health gates (the type of
+	// UpgradeTask spec.gates) added to every UpgradeTask of the Cluster, whichever path
+	// created it; a task's own gate of the same name wins.
+	GatesAnnotation = AnnotationPrefix + "gates"
 )
 
 // Values of UpgradeStatusAnnotation.
@@ -156,6 +161,11 @@ const (
 	OutsideWindowReason = "OutsideWindow"
 	// SoakingReason: the postNodeDelay after the previous node has not passed yet.
 	SoakingReason = "Soaking"
+	// GateRedReason: a health gate (spec.gates or the Cluster's gates) is red, or has not
+	// been green for spec.gateSoak since the last node ended.
+	GateRedReason = "GateRed"
+	// GateGreenReason: a health gate turned green (event).
+	GateGreenReason = "GateGreen"
 	// DryRunReason: a dry run, nothing is started.
 	DryRunReason = "DryRun"
 	// UpdaterNotFoundReason: no updater runs for spec.updaterRef's kind, or its object is missing.

@@ -176,6 +176,22 @@ type UpgradeTaskSpec struct {
 	// +optional
 	PostNodeDelay *metav1.Duration `json:"postNodeDelay,omitempty"`
 
+	// gates are health gates: each is evaluated before a node starts, and every gate must
+	// be green for gateSoak after a node ended before the next starts. A red gate pauses
+	// the task (it never fails it; a node in progress goes on) until every gate is green.
+	// Gates of the Cluster's inplace.cluster.x-k8s.io/gates annotation are added; a gate
+	// here wins over one of the same name there.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	Gates []HealthGate `json:"gates,omitempty"`
+
+	// gateSoak is how long every health gate must stay green after a node ended before
+	// the next node starts, for example 2m. Zero (the default) means green once.
+	// +optional
+	GateSoak *metav1.Duration `json:"gateSoak,omitempty"`
+
 	// dryRun computes and shows the plan (order and each machine's preflight result) in
 	// status without starting any node.
 	// +optional
@@ -349,6 +365,14 @@ type UpgradeTaskStatus struct {
 	// +optional
 	LastNodeCompletionTime *metav1.Time `json:"lastNodeCompletionTime,omitempty"`
 
+	// gates are the results of the health gates (spec.gates and the Cluster's), from their
+	// last evaluation.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Gates []HealthGateStatus `json:"gates,omitempty"`
+
 	// conditions are Ready, Progressing, Degraded and Paused.
 	// +optional
 	// +listType=map
@@ -368,6 +392,8 @@ type UpgradeTaskStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Upgraded",type=string,JSONPath=`.status.progress`,description="upgraded/total machines"
 // +kubebuilder:printcolumn:name="Current",type=string,JSONPath=`.status.currentNodes`,description="nodes being upgraded now"
+// +kubebuilder:printcolumn:name="Paused",type=string,JSONPath=`.status.conditions[?(@.type=="Paused")].reason`,description="why no new node starts (GateRed: a health gate is red)"
+// +kubebuilder:printcolumn:name="Red Gates",type=string,JSONPath=`.status.gates[?(@.state=="Red")].name`,description="health gates that are red"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.spec.machineDeploymentRef.name`,priority=1,description="MachineDeployment name (empty for a control plane)"
 // +kubebuilder:printcolumn:name="Updater",type=string,JSONPath=`.spec.updaterRef.name`,priority=1

@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -112,6 +113,22 @@ var _ = Describe("UpgradeTask validation", func() {
 			t.Spec.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
 			t.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(2))
 		}, "a control plane is upgraded one node at a time (etcd and API server quorum): maxUnavailable must be 1 when controlPlaneRef is set"),
+		Entry("a health gate of no kind", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Gates = []inplacev1.HealthGate{{Name: "empty"}}
+		}, "set exactly one of prometheus, cel and job"),
+		Entry("a health gate of two kinds", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Gates = []inplacev1.HealthGate{{Name: "two",
+				CEL: &inplacev1.CELGate{Resource: inplacev1.GateResource{APIVersion: "v1", Kind: "Pod"}, Expression: "true"},
+				Job: &inplacev1.JobGate{Namespace: "default"}}}
+		}, "set exactly one of prometheus, cel and job"),
+		Entry("a Prometheus gate with alerts and a query", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Gates = []inplacev1.HealthGate{{Name: "prom", Prometheus: &inplacev1.PrometheusGate{
+				SecretRef: corev1.LocalObjectReference{Name: "prom"}, Alerts: []string{"A"}, Query: "up == 0"}}}
+		}, "set exactly one of alerts and query"),
+		Entry("two health gates of one name", func(t *inplacev1.UpgradeTask) {
+			g := inplacev1.HealthGate{Name: "same", CEL: &inplacev1.CELGate{Resource: inplacev1.GateResource{APIVersion: "v1", Kind: "Pod"}, Expression: "true"}}
+			t.Spec.Gates = []inplacev1.HealthGate{g, g}
+		}, "Duplicate value"),
 	)
 
 	It("accepts a control plane task at maxUnavailable 1 or a percentage, a worker task above 1, and refuses raising a control plane's to 2", func() {

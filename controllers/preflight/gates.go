@@ -40,6 +40,8 @@ type GateInput struct {
 	// FailureBudgetExhausted, when set, says that the Cluster's failure budget is
 	// exhausted: which nodes failed and how to lift it.
 	FailureBudgetExhausted string
+	// Health are the health gates' last results (spec.gates and the Cluster's).
+	Health []HealthGate
 }
 
 // Gate names.
@@ -49,13 +51,15 @@ const (
 	PausedGateName      = "Paused"
 	WindowGateName      = "Window"
 	SoakGateName        = "PostNodeDelay"
+	HealthGateName      = "HealthGates"
 )
 
 // Gates evaluates, in order, the Cluster's failure budget, an older task of the same
-// target, the control plane's version, spec.paused, the maintenance window and the soak
-// delay, and returns the first that is closed, or an open result when all let nodes start.
+// target, the control plane's version, spec.paused, the maintenance window, the health
+// gates and the soak delay, and returns the first that is closed, or an open result when
+// all let nodes start.
 func Gates(in GateInput) GateResult {
-	for _, g := range []func(GateInput) GateResult{failureBudgetGate, duplicateGate, versionSkewGate, pausedGate, windowGate, soakGate} {
+	for _, g := range []func(GateInput) GateResult{failureBudgetGate, duplicateGate, versionSkewGate, pausedGate, windowGate, healthGate, soakGate} {
 		if r := g(in); !r.Open {
 			return r
 		}

@@ -67,6 +67,9 @@ type Reconciler struct {
 	PollInterval time.Duration
 	// Metrics records Prometheus metrics; nil means NewMetrics on controller-runtime's registry.
 	Metrics *Metrics
+	// GateInterval is how often a task's health gates are evaluated again; zero means
+	// DefaultGateInterval. A node ending evaluates them at once.
+	GateInterval time.Duration
 
 	// status writes the tasks' statuses in the background; set by SetupWithManager.
 	status *statusWriter
@@ -79,6 +82,8 @@ type Reconciler struct {
 	writtenMachines writtenMachines
 	// clusters serializes the reconciles of the tasks of one Cluster (clusterLocks).
 	clusters clusterLocks
+	// gateResults holds the last results of each task's health gates.
+	gateResults gateResults
 }
 
 // clusterLocks holds one lock per Cluster. The tasks of a Cluster share one disruption
@@ -338,6 +343,8 @@ type taskScope struct {
 	// goesOnAfterFailure is true when no member stops the task (stoppedBy): a failed node
 	// within the failure budget leaves the task running while other nodes wait.
 	goesOnAfterFailure bool
+	// gates are the results of the health gates, for status.gates.
+	gates []inplacev1.HealthGateStatus
 }
 
 func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {

@@ -23,7 +23,8 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		return ctrl.Result{}, err
 	}
 	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s),
-		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind, FailureBudgetExhausted: s.failures.gateMessage()})
+		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind, FailureBudgetExhausted: s.failures.gateMessage(),
+		Health: r.healthGates(ctx, s)})
 	stopper := stoppedBy(s)
 	s.goesOnAfterFailure = stopper == nil
 	r.selectNextMachines(ctx, s, gate, stopper)

@@ -49,6 +49,7 @@ func computeStatus(s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateR
 		StartTime:              prev.StartTime,
 		CompletionTime:         prev.CompletionTime,
 		LastNodeCompletionTime: prev.LastNodeCompletionTime,
+		Gates:                  s.gates,
 	}
 	aborting := phase == inplacev1.TaskPhaseAborting || phase == inplacev1.TaskPhaseAborted
 	var current, held []string

@@ -1,0 +1,302 @@
+package upgradetask
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/healthgate"
+)
+
+// startGateManager runs the controller with the real clock and health gates evaluated
+// again every 200 ms.
+func startGateManager() (stop func()) {
+	GinkgoHelper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	r := &Reconciler{Workload: SameCluster{Management: k8s}, PollInterval: 100 * time.Millisecond, GateInterval: 200 * time.Millisecond}
+	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
+	return runManager(mgr)
+}
+
+// healthConfigMap creates ConfigMap "health" (label gate=health) with data.healthy.
+func healthConfigMap(ns, healthy string) {
+	GinkgoHelper()
+	Expect(k8s.Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "health", Labels: map[string]string{"gate": "health"}},
+		Data:       map[string]string{"healthy": healthy},
+	})).To(Succeed())
+}
+
+func setHealthy(ns, healthy string) {
+	GinkgoHelper()
+	cm := &corev1.ConfigMap{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "health"}, cm)).To(Succeed())
+	cm.Data["healthy"] = healthy
+	Expect(k8s.Update(ctx, cm)).To(Succeed())
+}
+
+func celGate(ns, name, expression string) inplacev1.HealthGate {
+	return inplacev1.HealthGate{Name: name, CEL: &inplacev1.CELGate{
+		Resource:   inplacev1.GateResource{APIVersion: "v1", Kind: "ConfigMap", Namespace: ns, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"gate": "health"}}},
+		Expression: expression,
+	}}
+}
+
+func (w *world) gateStatus(task, gate string) inplacev1.HealthGateStatus {
+	for _, g := range w.task(task).Status.Gates {
+		if g.Name == gate {
+			return g
+		}
+	}
+	return inplacev1.HealthGateStatus{}
+}
+
+// printedColumns returns the task's row as the API server prints it for kubectl get:
+// column name to cell.
+func (w *world) printedColumns(task string) map[string]string {
+	GinkgoHelper()
+	hc, err := rest.HTTPClientFor(env.Config)
+	Expect(err).NotTo(HaveOccurred())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		strings.TrimRight(env.Config.Host, "/")+fmt.Sprintf("/apis/inplace.cluster.x-k8s.io/v1alpha1/namespaces/%s/upgradetasks/%s", w.ns, task), nil)
+	Expect(err).NotTo(HaveOccurred())
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = resp.Body.Close() }()
+	var table metav1.Table
+	Expect(json.NewDecoder(resp.Body).Decode(&table)).To(Succeed())
+	Expect(table.Rows).To(HaveLen(1))
+	out := map[string]string{}
+	for i, c := range table.ColumnDefinitions {
+		out[c.Name] = fmt.Sprint(table.Rows[0].Cells[i])
+	}
+	return out
+}
+
+var _ = Describe("Health gates", func() {
+	var stop func()
+	BeforeEach(func() { stop = startGateManager() })
+	AfterEach(func() { stop() })
+
+	It("pauses the task when a CEL gate turns red mid-roll, starts no further node, and resumes when it is green", func() {
+		w := newMDWorld(2)
+		healthConfigMap(w.ns, "true")
+		rec := watchNodeUpdates(w.ns)
+		simulate(w.ns, 2*time.Second)
+		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Gates = []inplacev1.HealthGate{celGate(w.ns, "config-healthy", `objects.all(o, o.data.healthy == "true")`)}
+		}))).To(Succeed())
+		Eventually(func() int { return len(w.nodeUpdates()) }, timeout, poll).Should(Equal(1))
+		Eventually(func() inplacev1.GateState { return w.gateStatus("md", "config-healthy").State }, timeout, poll).Should(Equal(inplacev1.GateGreen))
+
+		// Red while the first node is in progress: that node goes on, the next does not start.
+		setHealthy(w.ns, "false")
+		Eventually(func() int32 { return w.task("md").Status.Upgraded }, timeout, poll).Should(Equal(int32(1)))
+		Eventually(func() metav1.Condition { return condition(w.task("md").Status.Conditions, inplacev1.PausedCondition) }, timeout, poll).
+			Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", inplacev1.GateRedReason),
+				HaveField("Message", ContainSubstring(`gate config-healthy is red: objects.all(o, o.data.healthy == "true") is false over 1 ConfigMap object(s)`))))
+		Expect(w.gateStatus("md", "config-healthy").State).To(Equal(inplacev1.GateRed))
+		Eventually(func() []string { return w.events(inplacev1.GateRedReason) }, timeout, poll).
+			Should(ContainElement(ContainSubstring("health gate config-healthy is red")))
+		Eventually(func() map[string]string { return w.printedColumns("md") }, timeout, poll).
+			Should(And(HaveKeyWithValue("Paused", inplacev1.GateRedReason), HaveKeyWithValue("Red Gates", "config-healthy")))
+		Consistently(func() int { return len(w.nodeUpdates()) }, 2*time.Second, poll).Should(Equal(1))
+		Expect(w.task("md").Status.Phase).To(Equal(inplacev1.TaskPhaseInProgress))
+
+		setHealthy(w.ns, "true")
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+		Eventually(func() []string { return w.events(inplacev1.GateGreenReason) }, timeout, poll).
+			Should(ContainElement(ContainSubstring("health gate config-healthy is green")))
+		expectUpgraded(w, "md", rec, targetVersion)
+	})
+
+	It("holds a task whose Job gate failed, with the container's last log lines, and starts nodes once a Job gate succeeded", func() {
+		w := newMDWorld(1)
+		simulate(w.ns, 100*time.Millisecond)
+		job := inplacev1.HealthGate{Name: "smoke", Job: &inplacev1.JobGate{Namespace: w.ns, Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "check", Image: "busybox", Command: []string{"sh", "-c", "exit 1"}}}}}}}
+		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.Gates = []inplacev1.HealthGate{job} }))).To(Succeed())
+
+		name := healthgate.JobName("md", "smoke", 0)
+		j := &batchv1.Job{}
+		Eventually(func() error { return k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: name}, j) }, timeout, poll).Should(Succeed())
+		Expect(j.Spec.Template.Spec.Containers[0].TerminationMessagePolicy).To(Equal(corev1.TerminationMessageFallbackToLogsOnError))
+		Expect(j.Spec.Template.Spec.RestartPolicy).To(Equal(corev1.RestartPolicyNever))
+		Eventually(func() string { return w.gateStatus("md", "smoke").Message }, timeout, poll).Should(ContainSubstring("waiting for it to succeed"))
+
+		// envtest runs no Job controller and no kubelet: the test writes what they would,
+		// the Job's pod whose container failed with its log tail as termination message
+		// (FallbackToLogsOnError), and the Job's failed count.
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name + "-x1", Labels: map[string]string{batchv1.JobNameLabel: name}},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "check", Image: "busybox"}}}}
+		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		pod.Status.Phase = corev1.PodFailed
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "check", Image: "busybox", State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "volume pvc-1 degraded\ncheck failed"}}}}
+		Expect(k8s.Status().Update(ctx, pod)).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(j), j)).To(Succeed())
+		j.Status.Failed = 1
+		j.Status.StartTime = ptr.To(metav1.Now())
+		Expect(k8s.Status().Update(ctx, j)).To(Succeed())
+
+		Eventually(func() string { return w.gateStatus("md", "smoke").Message }, timeout, poll).
+			Should(ContainSubstring("container check exited 1, last log lines:\nvolume pvc-1 degraded\ncheck failed"))
+		Expect(condition(w.task("md").Status.Conditions, inplacev1.PausedCondition).Reason).To(Equal(inplacev1.GateRedReason))
+		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(BeZero())
+
+		// An operator who fixed what the Job checks deletes it to run it now (the gate
+		// also deletes a failed Job by itself after healthgate.JobRetryAfter): the gate
+		// creates it again, and its success, as the Job controller writes it, is green.
+		Expect(k8s.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground))).To(Succeed())
+		Eventually(func() error {
+			fresh := &batchv1.Job{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(j), fresh); err != nil {
+				return err
+			}
+			if fresh.UID == j.UID {
+				return fmt.Errorf("Job %s not created again yet", name)
+			}
+			fresh.Status.StartTime = ptr.To(metav1.Now())
+			fresh.Status.Succeeded = 1
+			return k8s.Status().Update(ctx, fresh)
+		}, timeout, poll).Should(Succeed())
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+		Expect(w.gateStatus("md", "smoke").State).To(Equal(inplacev1.GateGreen))
+	})
+
+	It("adds the Cluster's gates to every task, the task's own gate winning, and names bad input as red gates", func() {
+		w := newMDWorld(1)
+		healthConfigMap(w.ns, "true")
+		simulate(w.ns, 100*time.Millisecond)
+		fromCluster := []inplacev1.HealthGate{
+			celGate(w.ns, "shared", `objects.all(o, o.data.healthy == "false")`), // the task's own "shared" wins
+			celGate(w.ns, "bad-cel", `objects.all(o, o.data.healthy ==`),
+			{Name: "prom", Prometheus: &inplacev1.PrometheusGate{SecretRef: corev1.LocalObjectReference{Name: "no-such-secret"}, Alerts: []string{"NodeDown"}}},
+		}
+		raw, err := json.Marshal(fromCluster)
+		Expect(err).NotTo(HaveOccurred())
+		setClusterGates(w.ns, string(raw))
+		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Gates = []inplacev1.HealthGate{celGate(w.ns, "shared", `objects.all(o, o.data.healthy == "true")`)}
+		}))).To(Succeed())
+
+		Eventually(func() []inplacev1.HealthGateStatus { return w.task("md").Status.Gates }, timeout, poll).Should(HaveLen(3))
+		Expect(w.gateStatus("md", "shared").State).To(Equal(inplacev1.GateGreen))
+		Expect(w.gateStatus("md", "bad-cel")).To(And(HaveField("State", inplacev1.GateRed), HaveField("Message", ContainSubstring("the CEL expression does not compile: ERROR"))))
+		Expect(w.gateStatus("md", "prom")).To(And(HaveField("State", inplacev1.GateRed),
+			HaveField("Message", ContainSubstring(fmt.Sprintf("read Secret %s/no-such-secret of the Prometheus gate", w.ns)))))
+		Expect(condition(w.task("md").Status.Conditions, inplacev1.PausedCondition).Message).To(And(ContainSubstring("gate bad-cel is red"), ContainSubstring("gate prom is red")))
+		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(BeZero())
+
+		setClusterGates(w.ns, `[{"name": "x",`)
+		Eventually(func() inplacev1.HealthGateStatus { return w.gateStatus("md", healthgate.AnnotationGateName) }, timeout, poll).
+			Should(And(HaveField("State", inplacev1.GateRed), HaveField("Message", And(
+				ContainSubstring("annotation inplace.cluster.x-k8s.io/gates of Cluster "+w.ns+"/harvester is not a JSON list of gates"),
+				ContainSubstring("fix it (a JSON list of gates as in UpgradeTask spec.gates) or remove it")))))
+		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(BeZero())
+
+		setClusterGates(w.ns, "")
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+	})
+
+	It("reads alerts and instant queries from the Prometheus HTTP API", func() {
+		// A small server that answers as Prometheus's documented HTTP API does
+		// (https://prometheus.io/docs/prometheus/latest/querying/api/): recorded response
+		// shapes of GET /api/v1/alerts and GET /api/v1/query, not a real Prometheus.
+		var firing atomic.Bool
+		firing.Store(true)
+		var auth atomic.Value
+		auth.Store("")
+		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+			auth.Store(req.Header.Get("Authorization"))
+			rw.Header().Set("Content-Type", "application/json")
+			switch req.URL.Path {
+			case "/api/v1/alerts":
+				state := "firing"
+				if !firing.Load() {
+					state = "pending"
+				}
+				_, _ = io.WriteString(rw, `{"status":"success","data":{"alerts":[{"labels":{"alertname":"LonghornVolumeDegraded","severity":"warning"},"annotations":{"summary":"degraded"},"state":"`+state+`","activeAt":"2026-11-27T22:00:00Z","value":"1e+00"}]}}`)
+			case "/api/v1/query":
+				if req.URL.Query().Get("query") != `up{job="node"} == 0` {
+					rw.WriteHeader(http.StatusBadRequest)
+					_, _ = io.WriteString(rw, `{"status":"error","errorType":"bad_data","error":"unexpected query"}`)
+					return
+				}
+				result := `[]`
+				if firing.Load() {
+					result = `[{"metric":{"__name__":"up","instance":"n1:9100","job":"node"},"value":[1764280800.123,"0"]}]`
+				}
+				_, _ = io.WriteString(rw, `{"status":"success","data":{"resultType":"vector","result":`+result+`}}`)
+			default:
+				rw.WriteHeader(http.StatusNotFound)
+			}
+		}))
+		DeferCleanup(srv.Close)
+
+		w := newMDWorld(1)
+		simulate(w.ns, 100*time.Millisecond)
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "prom"},
+			StringData: map[string]string{"address": srv.URL, "token": "s3cret"}})).To(Succeed())
+		ref := corev1.LocalObjectReference{Name: "prom"}
+		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) {
+			t.Spec.Gates = []inplacev1.HealthGate{
+				{Name: "alerts", Prometheus: &inplacev1.PrometheusGate{SecretRef: ref, Alerts: []string{"LonghornVolumeDegraded"}}},
+				{Name: "nodes-up", Prometheus: &inplacev1.PrometheusGate{SecretRef: ref, Query: `up{job="node"} == 0`}},
+			}
+		}))).To(Succeed())
+		Eventually(func() string { return w.gateStatus("md", "alerts").Message }, timeout, poll).Should(Equal("alert(s) firing: LonghornVolumeDegraded"))
+		Eventually(func() string { return w.gateStatus("md", "nodes-up").Message }, timeout, poll).
+			Should(Equal(`query "up{job=\"node\"} == 0" returns 1 series, for example {__name__="up",instance="n1:9100",job="node"}`))
+		Expect(auth.Load()).To(Equal("Bearer s3cret"))
+		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(BeZero())
+
+		firing.Store(false)
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
+	})
+})
+
+// setClusterGates sets (or, with "", removes) the Cluster's gates annotation.
+func setClusterGates(ns, value string) {
+	GinkgoHelper()
+	c := &clusterv1.Cluster{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "harvester"}, c)).To(Succeed())
+	patch := client.MergeFrom(c.DeepCopy())
+	if value == "" {
+		delete(c.Annotations, inplacev1.GatesAnnotation)
+	} else {
+		if c.Annotations == nil {
+			c.Annotations = map[string]string{}
+		}
+		c.Annotations[inplacev1.GatesAnnotation] = value
+	}
+	Expect(k8s.Patch(ctx, c, patch)).To(Succeed())
+}
