@@ -35,6 +35,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
+	"github.com/capi-inplace/capi-inplace/internal/notify"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -66,6 +67,9 @@ type Reconciler struct {
 	PollInterval time.Duration
 	// Metrics records Prometheus metrics; nil means NewMetrics on controller-runtime's registry.
 	Metrics *Metrics
+	// Notifier queues the notifications of the tasks' webhooks (spec.notify, the
+	// Cluster's notify-secret annotation); nil means none is sent.
+	Notifier *notify.Dispatcher
 
 	// status writes the tasks' statuses in the background; set by SetupWithManager.
 	status *statusWriter

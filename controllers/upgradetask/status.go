@@ -25,6 +25,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *taskScope, phase inplac
 	task.Status = computeStatus(s, phase, gate, prev)
 	r.status.submit(task)
 	r.recordTransitions(ctx, s, prev)
+	r.notifyTransitions(s, prev)
 	r.Metrics.observeTask(task)
 	if phase.IsFinal() && phase != inplacev1.TaskPhasePlanned {
 		// A task that ended is not looked at again: its last status is written before
