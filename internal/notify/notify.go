@@ -209,13 +209,18 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 
 // deliver sends one notification, retrying with backoff, and records how it ended.
 func (d *Dispatcher) deliver(ctx context.Context, n Notification) {
+	d.deliverWith(ctx, n, func() (*webhook, error) { return d.readWebhook(ctx, n) })
+}
+
+// deliverWith is deliver with the webhook read by load, again after a failed read.
+func (d *Dispatcher) deliverWith(ctx context.Context, n Notification, load func() (*webhook, error)) {
 	log := ctrl.LoggerFrom(ctx).WithValues("notification", n.Event.Type, "namespace", n.Event.Namespace, "task", n.Event.Task, "secret", n.SecretName)
 	var hook *webhook
 	var lastErr error
 	for attempt := 1; attempt <= d.MaxAttempts; attempt++ {
 		if hook == nil {
 			var err error
-			if hook, err = d.readWebhook(ctx, n); err != nil {
+			if hook, err = load(); err != nil {
 				var cfg *ConfigError
 				if errors.As(err, &cfg) {
 					d.Metrics.notification(n.Event.Type, ResultNotConfigured)
@@ -310,6 +315,12 @@ func (d *Dispatcher) readWebhook(ctx context.Context, n Notification) (*webhook,
 		}
 		return nil, fmt.Errorf("read Secret %s: %w", key, err)
 	}
+	return parseWebhook(key, secret, n.Format)
+}
+
+// parseWebhook checks a notification Secret's keys; format, when set, wins over the
+// Secret's. What is missing or does not parse is a *ConfigError that says what to do.
+func parseWebhook(key client.ObjectKey, secret *corev1.Secret, format inplacev1.NotifyFormat) (*webhook, error) {
 	raw := strings.TrimSpace(string(secret.Data[inplacev1.NotifyURLKey]))
 	if raw == "" {
 		return nil, &ConfigError{fmt.Sprintf("Secret %s has no %q key; add the webhook's URL under it", key, inplacev1.NotifyURLKey)}
@@ -318,7 +329,7 @@ func (d *Dispatcher) readWebhook(ctx context.Context, n Notification) (*webhook,
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, &ConfigError{fmt.Sprintf("Secret %s: %q is not an http or https URL; set it to the webhook's URL", key, inplacev1.NotifyURLKey)}
 	}
-	hook := &webhook{url: raw, headers: http.Header{}, format: n.Format}
+	hook := &webhook{url: raw, headers: http.Header{}, format: format}
 	if hook.format == "" {
 		hook.format = inplacev1.NotifyFormat(strings.TrimSpace(string(secret.Data[inplacev1.NotifyFormatKey])))
 	}
