@@ -82,6 +82,8 @@ type Reconciler struct {
 	writtenMachines writtenMachines
 	// clusters serializes the reconciles of the tasks of one Cluster (clusterLocks).
 	clusters clusterLocks
+	// notified remembers what each task's webhook was told (notifiedTasks).
+	notified notifiedTasks
 }
 
 // clusterLocks holds one lock per Cluster. The tasks of a Cluster share one disruption
@@ -289,6 +291,7 @@ func (r *Reconciler) readTask(ctx context.Context, key types.NamespacedName) (*i
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forgetTask(key.Namespace, key.Name)
 			r.status.forget(ctx, key)
+			r.notified.forget(key)
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read UpgradeTask %s: %w", key, err)

@@ -1,8 +1,11 @@
 package upgradetask
 
 import (
+	"sync"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/internal/notify"
@@ -20,7 +23,7 @@ func (r *Reconciler) notifyTransitions(s *taskScope, prev *inplacev1.UpgradeTask
 	if secretName == "" {
 		return
 	}
-	for _, ev := range notifyEvents(s, prev) {
+	for _, ev := range r.notified.unsent(s.task, notifyEvents(s, prev)) {
 		r.Notifier.Enqueue(notify.Notification{
 			Event:           ev,
 			SecretNamespace: s.task.Namespace,
@@ -110,4 +113,82 @@ func conditionMessage(st *inplacev1.UpgradeTaskStatus, t string) string {
 		return c.Message
 	}
 	return ""
+}
+
+// notifiedTasks remembers what each task's webhook was told. A change is found by
+// comparing the status computed with the status before it, but the status before can be
+// older than the last one computed: a status write that conflicts with an edit of the
+// task (spec.paused, an abort) is dropped, and the next reconcile starts again from the
+// API server's. What was told already is not told again. The memory is the manager's: after
+// a restart the status read from the API server alone decides.
+type notifiedTasks struct {
+	mu    sync.Mutex
+	tasks map[types.NamespacedName]*notifiedTask
+}
+
+type notifiedTask struct {
+	uid     types.UID
+	started bool
+	ended   bool
+	failed  map[string]bool
+	// paused is the reason of the last TaskPaused told, "" after a TaskResumed; nil
+	// until either was told.
+	paused *string
+}
+
+// unsent keeps the events not told yet for the task, and remembers them as told.
+func (n *notifiedTasks) unsent(task *inplacev1.UpgradeTask, evs []notify.Event) []notify.Event {
+	if len(evs) == 0 {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.tasks == nil {
+		n.tasks = map[types.NamespacedName]*notifiedTask{}
+	}
+	key := types.NamespacedName{Namespace: task.Namespace, Name: task.Name}
+	t := n.tasks[key]
+	if t == nil || t.uid != task.UID {
+		t = &notifiedTask{uid: task.UID, failed: map[string]bool{}}
+		n.tasks[key] = t
+	}
+	var out []notify.Event
+	for _, ev := range evs {
+		switch ev.Type {
+		case notify.TaskStarted:
+			if t.started {
+				continue
+			}
+			t.started = true
+		case notify.NodeFailed:
+			if t.failed[ev.Machine] {
+				continue
+			}
+			t.failed[ev.Machine] = true
+		case notify.TaskPaused:
+			if t.paused != nil && *t.paused == ev.Reason {
+				continue
+			}
+			t.paused = &ev.Reason
+		case notify.TaskResumed:
+			if t.paused != nil && *t.paused == "" {
+				continue
+			}
+			t.paused = new(string)
+		default: // the task ended
+			if t.ended {
+				continue
+			}
+			t.ended = true
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// forget drops what is remembered of a task that is gone.
+func (n *notifiedTasks) forget(key types.NamespacedName) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.tasks, key)
 }

@@ -58,7 +58,9 @@ func hookFor(t *testing.T, url string, data map[string]string) func() (*webhook,
 	for k, v := range data {
 		secret.Data[k] = []byte(v)
 	}
-	return func() (*webhook, error) { return parseWebhook(client.ObjectKey{Namespace: "ns", Name: "hook"}, secret, "") }
+	return func() (*webhook, error) {
+		return parseWebhook(client.ObjectKey{Namespace: "ns", Name: "hook"}, secret, "")
+	}
 }
 
 var started = Notification{Event: Event{Type: TaskStarted, Namespace: "ns", Cluster: "c", Task: "md", Version: "v1.34.1", Phase: "InProgress", Progress: "0/3"}}
