@@ -56,6 +56,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
+	"github.com/capi-inplace/capi-inplace/internal/notify"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
@@ -292,7 +293,12 @@ func run(opts options) error {
 	// One list of preflight checks: the UpgradeTask controller holds nodes with it, and
 	// UpgradePreview shows what it would hold.
 	checks := preflight.Default(registry)
-	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	// Webhook notifications of the tasks, sent in the background (internal/notify).
+	notifier := notify.New(mgr.GetAPIReader(), faults.CountWarnings(mgr.GetEventRecorder("upgradetask-notify")), nil)
+	if err := mgr.Add(notifier); err != nil {
+		return fmt.Errorf("add the notification dispatcher to the manager: %w", err)
+	}
+	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval, Notifier: notifier}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.

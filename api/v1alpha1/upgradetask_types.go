@@ -196,6 +196,12 @@ type UpgradeTaskSpec struct {
 	// status without starting any node.
 	// +optional
 	DryRun bool `json:"dryRun,omitempty"`
+
+	// notify configures a webhook told when the task starts, a node fails, the task
+	// pauses or resumes, and the task ends. Unset means the Cluster's
+	// inplace.cluster.x-k8s.io/notify-secret annotation, if any.
+	// +optional
+	Notify *NotifySpec `json:"notify,omitempty"`
 }
 
 // TaskPhase is where an UpgradeTask stands.

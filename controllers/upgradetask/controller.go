@@ -36,6 +36,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
+	"github.com/capi-inplace/capi-inplace/internal/notify"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -70,6 +71,9 @@ type Reconciler struct {
 	// GateInterval is how often a task's health gates are evaluated again; zero means
 	// DefaultGateInterval. A node ending evaluates them at once.
 	GateInterval time.Duration
+	// Notifier queues the notifications of the tasks' webhooks (spec.notify, the
+	// Cluster's notify-secret annotation); nil means none is sent.
+	Notifier *notify.Dispatcher
 
 	// status writes the tasks' statuses in the background; set by SetupWithManager.
 	status *statusWriter
@@ -84,6 +88,8 @@ type Reconciler struct {
 	clusters clusterLocks
 	// gateResults holds the last results of each task's health gates.
 	gateResults gateResults
+	// notified remembers what each task's webhook was told (notifiedTasks).
+	notified notifiedTasks
 }
 
 // clusterLocks holds one lock per Cluster. The tasks of a Cluster share one disruption
@@ -293,6 +299,7 @@ func (r *Reconciler) readTask(ctx context.Context, key types.NamespacedName) (*i
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forgetTask(key.Namespace, key.Name)
 			r.status.forget(ctx, key)
+			r.notified.forget(key)
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read UpgradeTask %s: %w", key, err)

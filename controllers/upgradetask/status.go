@@ -26,6 +26,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *taskScope, phase inplac
 	r.status.submit(task)
 	r.recordTransitions(ctx, s, prev)
 	r.recordFailureBudget(ctx, s)
+	r.notifyTransitions(s, prev)
 	r.Metrics.observeTask(task)
 	if phase.IsFinal() && phase != inplacev1.TaskPhasePlanned {
 		// A task that ended is not looked at again: its last status is written before
@@ -43,9 +44,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *taskScope, phase inplac
 func computeStatus(s *taskScope, phase inplacev1.TaskPhase, gate preflight.GateResult, prev *inplacev1.UpgradeTaskStatus) inplacev1.UpgradeTaskStatus {
 	task := s.task
 	st := inplacev1.UpgradeTaskStatus{
-		Phase:                  phase,
-		ObservedGeneration:     task.Generation,
-		Conditions:             prev.Conditions,
+		Phase:              phase,
+		ObservedGeneration: task.Generation,
+		// A copy: the conditions are set in place, and prev is what they are compared with.
+		Conditions:             slices.Clone(prev.Conditions),
 		StartTime:              prev.StartTime,
 		CompletionTime:         prev.CompletionTime,
 		LastNodeCompletionTime: prev.LastNodeCompletionTime,

@@ -1,0 +1,76 @@
+package notify
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// How a notification ended, the result label of capi_inplace_notifications_total.
+const (
+	// ResultDelivered: the webhook answered 2xx.
+	ResultDelivered = "delivered"
+	// ResultFailed: every attempt failed, or the webhook refused it (4xx).
+	ResultFailed = "failed"
+	// ResultDropped: the queue was full; it was never sent.
+	ResultDropped = "dropped"
+	// ResultNotConfigured: its Secret is missing or incomplete; it was never sent.
+	ResultNotConfigured = "not_configured"
+)
+
+// How one HTTP call ended, the result label of capi_inplace_notification_attempts_total.
+const (
+	AttemptSucceeded = "succeeded"
+	AttemptFailed    = "failed"
+)
+
+// Metrics are the notification metrics.
+type Metrics struct {
+	// notifications counts notifications by event type and how they ended.
+	notifications *prometheus.CounterVec
+	// attempts counts HTTP calls to webhooks by event type and result.
+	attempts *prometheus.CounterVec
+}
+
+// NewMetrics creates the metrics and registers them with reg (controller-runtime's
+// registry when nil). Registering twice (several managers in one process, as in tests)
+// reuses the collectors already registered.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	m := &Metrics{
+		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capi_inplace_notifications_total",
+			Help: "Notifications by event type and how they ended: delivered, failed (every attempt failed or the webhook refused it), dropped (queue full), not_configured (Secret missing or incomplete).",
+		}, []string{"event", "result"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capi_inplace_notification_attempts_total",
+			Help: "HTTP calls to notification webhooks by event type and result (succeeded, failed); a notification retried counts each call.",
+		}, []string{"event", "result"}),
+	}
+	m.notifications = register(reg, m.notifications)
+	m.attempts = register(reg, m.attempts)
+	return m
+}
+
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) T {
+	if err := reg.Register(c); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			if existing, ok := already.ExistingCollector.(T); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
+
+func (m *Metrics) notification(event, result string) {
+	m.notifications.WithLabelValues(event, result).Inc()
+}
+
+func (m *Metrics) attempt(event, result string) {
+	m.attempts.WithLabelValues(event, result).Inc()
+}
