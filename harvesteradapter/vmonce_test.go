@@ -1,6 +1,7 @@
 package harvesteradapter_test
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -42,16 +43,17 @@ func newVMRollOn(c *vmCluster, workers, load int) *vmRoll {
 	Expect(err).NotTo(HaveOccurred())
 	_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.34.3+rke2r3", workers)
 	Expect(err).NotTo(HaveOccurred())
-	r := &vmRoll{vmCluster: c, spare: c.name + "-spare"}
+	// Named to sort after the workers: the UpgradePlan lets the nodes go in its order
+	// (management, witness, workers, each by name), and no task upgrades this one.
+	r := &vmRoll{vmCluster: c, spare: c.name + "-zz-spare"}
 	for _, m := range machines {
 		_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.34.3+rke2r3", nil)
 		Expect(err).NotTo(HaveOccurred())
 		r.workers = append(r.workers, m.Status.NodeRef.Name)
 	}
-	// A node of the cluster that this roll does not upgrade (a control plane host that
-	// runs VMs too), busier than any worker: KubeVirt's scheduler, by load alone, sends
-	// an evacuated VM to a worker.
-	_, err = c.kubelet.CreateNode(ctx, r.spare, "v1.34.3+rke2r3", map[string]string{"node-role.kubernetes.io/control-plane": "true"})
+	// A node of the cluster that this roll does not upgrade, busier than any worker:
+	// KubeVirt's scheduler, by load alone, sends an evacuated VM to a worker.
+	_, err = c.kubelet.CreateNode(ctx, r.spare, "v1.34.3+rke2r3", nil)
 	Expect(err).NotTo(HaveOccurred())
 	for i := 0; i < load; i++ {
 		c.vm("load-"+string(rune('a'+i)), r.spare, pinned(r.spare))
@@ -87,6 +89,18 @@ func (r *vmRoll) phase(t *inplacev1.UpgradeTask) func(Gomega) inplacev1.TaskPhas
 	}
 }
 
+// describe says where the task's machines are, for a spec that fails.
+func describe(t *inplacev1.UpgradeTask) string {
+	out := ""
+	for _, m := range t.Status.Machines {
+		out += fmt.Sprintf("%s %s: %s; ", m.Name, m.State, m.Message)
+	}
+	for _, c := range t.Status.Conditions {
+		out += fmt.Sprintf("%s=%s %s; ", c.Type, c.Status, c.Message)
+	}
+	return out
+}
+
 // pendingTainted lists the nodes of the workload cluster that carry the upgrade-pending
 // taint.
 func pendingTainted() []string {
@@ -115,7 +129,7 @@ var _ = Describe("VMs move once over a roll", func() {
 				tainted[n] = true
 			}
 			return r.phase(t)(g)
-		}, 180*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted))
+		}, 180*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted), func() string { return describe(t) })
 		for _, key := range r.vms {
 			Expect(r.kubevirt.Migrations(key)).To(Equal(1), "%s migrated once over the roll (history %v)", key, r.kubevirt.History())
 		}
@@ -147,7 +161,7 @@ var _ = Describe("VMs move once: the taint ends with the task", func() {
 				tainted[n] = true
 			}
 			return r.phase(t)(g)
-		}, 180*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseFailed))
+		}, 180*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseFailed), func() string { return describe(t) })
 		Expect(tainted).To(HaveKey(r.workers[2]), "the last node carried the taint while the task ran")
 		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task failed")
 	})
@@ -160,7 +174,7 @@ var _ = Describe("VMs move once: the taint ends with the task", func() {
 		orig := t.DeepCopy()
 		t.Spec.Phase = inplacev1.TaskActionAbort
 		Expect(env.Client.Patch(ctx, t, client.MergeFrom(orig))).To(Succeed())
-		Eventually(r.phase(t), 120*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseAborted))
+		Eventually(r.phase(t), 120*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseAborted), func() string { return describe(t) })
 		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task was aborted")
 
 		By("a task deleted while it runs leaves no taint either")
@@ -184,7 +198,9 @@ var _ = Describe("VMs move once: room on the nodes that stay up", func() {
 		big := c.vm("vm-big", node, askingMemory("40Gi"))
 		c.vm("vm-load", other, askingMemory("40Gi"))
 		nu := c.nodeUpdate(node)
-		driveVMsUntil(c.updater, nu, 30*time.Second, func() bool {
+		// Up to 90 s: the node's cluster step waits for the UpgradePlan's cluster upgrade
+		// first, slow on a loaded machine.
+		driveVMsUntil(c.updater, nu, 90*time.Second, func() bool {
 			st := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs)
 			return st != nil && strings.Contains(st.Message, "have no room")
 		})
