@@ -34,14 +34,17 @@ var _ = Describe("What an operator sees with kubectl", func() {
 		task.Status = inplacev1.UpgradeTaskStatus{
 			Phase: inplacev1.TaskPhaseInProgress, Total: 5, Upgraded: 2, InProgress: 1, Waiting: 2,
 			Progress: "2/5", CurrentNodes: "node-3",
+			Conditions: []metav1.Condition{{Type: inplacev1.PausedCondition, Status: metav1.ConditionTrue, Reason: inplacev1.GateRedReason,
+				Message: "gate longhorn-healthy is red", LastTransitionTime: metav1.Now()}},
+			Gates: []inplacev1.HealthGateStatus{{Name: "longhorn-healthy", State: inplacev1.GateRed}, {Name: "alerts", State: inplacev1.GateGreen}},
 		}
 		Expect(k8s.Status().Update(ctx, task)).To(Succeed())
 
 		out := kubectl("get", "ut", "-n", task.Namespace, task.Name)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		Expect(lines).To(HaveLen(2))
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "CLUSTER", "VERSION", "PHASE", "UPGRADED", "CURRENT", "AGE"}))
-		Expect(strings.Fields(lines[1])[:6]).To(Equal([]string{task.Name, "harvester", "v1.33.3+rke2r1", "InProgress", "2/5", "node-3"}))
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "CLUSTER", "VERSION", "PHASE", "UPGRADED", "CURRENT", "PAUSED", "RED", "GATES", "AGE"}))
+		Expect(strings.Fields(lines[1])[:8]).To(Equal([]string{task.Name, "harvester", "v1.33.3+rke2r1", "InProgress", "2/5", "node-3", "GateRed", "longhorn-healthy"}))
 
 		wide := kubectl("get", "upgradetasks", "-o", "wide", "-n", task.Namespace, task.Name)
 		Expect(strings.Fields(strings.Split(wide, "\n")[0])).To(ContainElements("TARGET", "UPDATER"))
