@@ -17,11 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -33,16 +29,7 @@ import (
 // again every 200 ms.
 func startGateManager() (stop func()) {
 	GinkgoHelper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	Expect(err).NotTo(HaveOccurred())
-	r := &Reconciler{Workload: SameCluster{Management: k8s}, PollInterval: 100 * time.Millisecond, GateInterval: 200 * time.Millisecond}
-	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
-	return runManager(mgr)
+	return startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: k8s}, PollInterval: 100 * time.Millisecond, GateInterval: 200 * time.Millisecond})
 }
 
 // healthConfigMap creates ConfigMap "health" (label gate=health) with data.healthy.

@@ -1,12 +1,11 @@
 package upgradetask
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/metricsreg"
 )
 
 // Metrics are the UpgradeTask controller's Prometheus metrics.
@@ -46,22 +45,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(30, 2, 10),
 		}, []string{"result"}),
 	}
-	m.taskPhase = register(reg, m.taskPhase)
-	m.machines = register(reg, m.machines)
-	m.nodeDuration = register(reg, m.nodeDuration)
+	m.taskPhase = metricsreg.Register(reg, m.taskPhase)
+	m.machines = metricsreg.Register(reg, m.machines)
+	m.nodeDuration = metricsreg.Register(reg, m.nodeDuration)
 	return m
-}
-
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) T {
-	if err := reg.Register(c); err != nil {
-		var already prometheus.AlreadyRegisteredError
-		if errors.As(err, &already) {
-			if existing, ok := already.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }
 
 func (m *Metrics) observeTask(task *inplacev1.UpgradeTask) {

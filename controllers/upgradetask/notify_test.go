@@ -13,12 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -91,13 +86,7 @@ func eventTypes(evs []notify.Event) []string {
 // that waits 10ms, doubled, between attempts.
 func startManagerNotifying() (stop func()) {
 	GinkgoHelper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	Expect(err).NotTo(HaveOccurred())
+	mgr := newManager()
 	notifier := notify.New(mgr.GetAPIReader(), mgr.GetEventRecorder("upgradetask-notify"), nil)
 	notifier.BaseDelay = 10 * time.Millisecond
 	Expect(mgr.Add(notifier)).To(Succeed())
@@ -106,8 +95,7 @@ func startManagerNotifying() (stop func()) {
 		PollInterval: 100 * time.Millisecond,
 		Notifier:     notifier,
 	}
-	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
-	return runManager(mgr)
+	return startReconciler(mgr, r)
 }
 
 func webhookSecret(ns, name string, data map[string]string) {

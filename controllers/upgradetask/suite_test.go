@@ -66,6 +66,18 @@ func startManager(clk clock.PassiveClock) (stop func()) {
 // checks and their word on whether a node is at the target).
 func startManagerWith(clk clock.PassiveClock, registry *nodeupdater.Registry) (stop func()) {
 	GinkgoHelper()
+	return startReconciler(newManager(), &Reconciler{
+		Workload:     SameCluster{Management: k8s},
+		Registry:     registry,
+		Clock:        clk,
+		PollInterval: 100 * time.Millisecond,
+	})
+}
+
+// newManager makes a manager of the suite's API server without metrics or probe
+// listeners, whose controllers may take names an earlier spec's manager took.
+func newManager() ctrl.Manager {
+	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -73,12 +85,12 @@ func startManagerWith(clk clock.PassiveClock, registry *nodeupdater.Registry) (s
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &Reconciler{
-		Workload:     SameCluster{Management: k8s},
-		Registry:     registry,
-		Clock:        clk,
-		PollInterval: 100 * time.Millisecond,
-	}
+	return mgr
+}
+
+// startReconciler sets r up on mgr with two workers and runs mgr (runManager).
+func startReconciler(mgr ctrl.Manager, r *Reconciler) (stop func()) {
+	GinkgoHelper()
 	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	return runManager(mgr)
 }

@@ -1,10 +1,10 @@
 package notify
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/capi-inplace/capi-inplace/internal/metricsreg"
 )
 
 // How a notification ended, the result label of capi_inplace_notifications_total.
@@ -50,21 +50,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "HTTP calls to notification webhooks by event type and result (succeeded, failed); a notification retried counts each call.",
 		}, []string{"event", "result"}),
 	}
-	m.notifications = register(reg, m.notifications)
-	m.attempts = register(reg, m.attempts)
+	m.notifications = metricsreg.Register(reg, m.notifications)
+	m.attempts = metricsreg.Register(reg, m.attempts)
 	return m
-}
-
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) T {
-	if err := reg.Register(c); err != nil {
-		var already prometheus.AlreadyRegisteredError
-		if errors.As(err, &already) {
-			if existing, ok := already.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }
 
 func (m *Metrics) notification(event, result string) {
