@@ -98,6 +98,7 @@ type options struct {
 	pollInterval            time.Duration
 	webhookClientCA         string
 	harvesterNodeImage      string
+	gateInterval            time.Duration
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
@@ -114,6 +115,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
 	fs.StringVar(&o.harvesterNodeImage, "harvester-node-image", defaultNodeImage(), "the image whose node program (capi-inplace node ...) the Harvester updater runs on nodes when a HarvesterUpgrader leaves images.node empty; a tag or digest is required. The default is this manager's own image at its version")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set). Short values are for simulated clusters (make demo, tests)")
+	fs.DurationVar(&o.gateInterval, "gate-interval", upgradetask.DefaultGateInterval, "how often a running UpgradeTask's health gates (spec.gates, the Cluster's gates annotation) are evaluated again while a node waits for them; a node's end evaluates them at once. Each evaluation queries Prometheus, lists the objects of a CEL gate or looks at a Job gate, so keep it at seconds, not milliseconds, on a real cluster")
 }
 
 func newScheme() (*runtime.Scheme, error) {
@@ -200,6 +202,9 @@ func run(opts options) error {
 	}
 	if opts.pollInterval < 0 {
 		return fmt.Errorf("--poll-interval must not be negative, got %s", opts.pollInterval)
+	}
+	if opts.gateInterval <= 0 {
+		return fmt.Errorf("--gate-interval must be positive, got %s", opts.gateInterval)
 	}
 	if err := config.CheckNodeImage(opts.harvesterNodeImage); err != nil {
 		return fmt.Errorf("--harvester-node-image: %w", err)
@@ -298,7 +303,7 @@ func run(opts options) error {
 	if err := mgr.Add(notifier); err != nil {
 		return fmt.Errorf("add the notification dispatcher to the manager: %w", err)
 	}
-	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval, Notifier: notifier}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval, GateInterval: opts.gateInterval, Notifier: notifier}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.

@@ -108,6 +108,15 @@ func TestConfigRefusesUnknownNodes(t *testing.T) {
 			t.Errorf("--fail=%s: validate() = %v, want accepted %v", name, err, ok)
 		}
 	}
+	cfg.fail, cfg.gateRedAt = "", "workers-9"
+	if err := cfg.validate(); err == nil || !strings.Contains(err.Error(), "--gate-red-at=workers-9") {
+		t.Errorf("--gate-red-at=workers-9 was not refused by name: %v", err)
+	}
+	cfg.gateRedAt, cfg.via = "workers-1", viaCAPI
+	if err := cfg.validate(); err == nil {
+		t.Error("--gate-red-at with --via=capi was not refused")
+	}
+	cfg.gateRedAt = ""
 	cfg.fail, cfg.via = "", "kubectl"
 	if err := cfg.validate(); err == nil {
 		t.Error("--via=kubectl was accepted")
@@ -204,5 +213,40 @@ func TestResolveFail(t *testing.T) {
 		if got != want || (err == nil) != (want != "") {
 			t.Errorf("resolveFail(%q) = %q, %v; want %q", name, got, err, want)
 		}
+	}
+}
+
+// TestDemoGateRedAt runs the demo with --gate-red-at: the health gate turns red while the
+// first worker is upgraded, the workers' task pauses after it and starts no other node
+// while the gate is red, and resumes by itself once it is green; every node is upgraded.
+func TestDemoGateRedAt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two API servers and the manager")
+	}
+	cfg := defaultConfig()
+	// One control plane node and two workers, one at a time: the pause holds the second.
+	cfg.via, cfg.controlPlane, cfg.workers, cfg.maxUnavailable = viaAnnotation, 1, 2, 1
+	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 6*time.Minute
+	cfg.gateRedAt = "workers-1"
+
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 0 {
+		t.Fatalf("the demo ended with exit code %d, error %v; its output:\n%s", res.exitCode(), err, out.String())
+	}
+	for _, want := range []string{"3/3 nodes upgraded", "health gate demo-health made red", "paused: ", "health gate demo-health made green again", "resumed"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
+	gateChecked := false
+	for _, c := range res.checks {
+		gateChecked = gateChecked || strings.HasPrefix(c.Name, "health gate "+demoGateName)
+		if !c.OK {
+			t.Errorf("invariant broken: %s: %s", c.Name, c.Detail)
+		}
+	}
+	if !gateChecked {
+		t.Errorf("the demo did not check its health gate: %v", res.checks)
 	}
 }

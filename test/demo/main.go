@@ -59,6 +59,8 @@ type config struct {
 	// most previewWait for the manager to compute it.
 	preview     bool
 	previewWait time.Duration
+	// gateRedAt names the node while whose upgrade a health gate turns red (redGate).
+	gateRedAt string
 }
 
 func defaultConfig() config {
@@ -82,6 +84,7 @@ func (c *config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.managerBinary, "manager", c.managerBinary, "a manager binary to run instead of building one from this checkout")
 	fs.BoolVar(&c.preview, "preview", c.preview, "before the upgrade, ask for an UpgradePreview of the Cluster at the target version, wait for the manager to compute it and print it as `kubectl inplace preview` does; the upgrade runs either way")
 	fs.DurationVar(&c.previewWait, "preview-wait", c.previewWait, "how long --preview waits for the manager to compute the preview (a manager without the UpgradePreview controller never does: the demo then says so and goes on)")
+	fs.StringVar(&c.gateRedAt, "gate-red-at", c.gateRedAt, "give every task of the Cluster a health gate (a CEL expression over a ConfigMap of the workload cluster, by the Cluster's gates annotation) that turns red while this node (or machine) is upgraded and green again a few seconds after the task shows the pause; not the last node of its control plane or MachineDeployment (after it no node is left to hold). Not with --via=capi")
 }
 
 func (c *config) validate() error {
@@ -101,6 +104,12 @@ func (c *config) validate() error {
 	}
 	if c.fail != "" && !c.knows(c.fail) {
 		return fmt.Errorf("--fail=%s: no such node or machine; the nodes are %s", c.fail, strings.Join(c.nodeNames(), ", "))
+	}
+	if c.gateRedAt != "" && !c.knows(c.gateRedAt) {
+		return fmt.Errorf("--gate-red-at=%s: no such node or machine; the nodes are %s", c.gateRedAt, strings.Join(c.nodeNames(), ", "))
+	}
+	if c.gateRedAt != "" && c.via == viaCAPI {
+		return errors.New("--gate-red-at works with --via=annotation or --via=hook; with --via=capi, Cluster API's controllers name the machines only once they run")
 	}
 	return nil
 }
@@ -243,7 +252,7 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		Namespace: demoNamespace, ClusterName: "harvester",
 		ControlPlaneMachines: cfg.controlPlane, Workers: cfg.workers, WorkerMaxUnavailable: cfg.maxUnavailable,
 		StepDelay: cfg.stepDelay, LonghornV2: cfg.longhornV2, WorkDir: workDir, ManagerBinary: cfg.managerBinary,
-		ManagerArgs: []string{"--poll-interval=" + cfg.pollInterval.String()},
+		ManagerArgs: managerArgs(cfg),
 		Progress:    view.stage,
 	})
 	if err != nil {
@@ -267,8 +276,25 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 	if cfg.preview {
 		showPreview(ctx, s.Management.Client, view, s.Cluster.Namespace, s.Cluster.Name, scenario.ToVersion, cfg.previewWait)
 	}
+	var gate *redGate
+	gateCtx, stopGate := context.WithCancel(ctx)
+	defer stopGate()
+	gateDone := make(chan struct{})
+	if cfg.gateRedAt != "" {
+		if gate, err = newRedGate(ctx, s, view, cfg.gateRedAt); err != nil {
+			return &outcome{}, err
+		}
+		go func() { defer close(gateDone); gate.run(gateCtx) }()
+	} else {
+		close(gateDone)
+	}
 
 	res := follow(ctx, s, cfg, view)
+	stopGate()
+	<-gateDone
+	if gate != nil {
+		res.checks = append(res.checks, gate.check())
+	}
 	keepWorkDir = !res.ok() && !res.interrupted
 	view.summary(s, cfg, res)
 	if cfg.keep && !res.interrupted {
@@ -277,6 +303,15 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		_, _ = fmt.Fprintln(out, "\nstopping the manager, the simulators and both API servers...")
 	}
 	return res, nil
+}
+
+// managerArgs are the manager's flags in the demo.
+func managerArgs(cfg config) []string {
+	args := []string{"--poll-interval=" + cfg.pollInterval.String()}
+	if cfg.gateRedAt != "" {
+		args = append(args, "--gate-interval="+demoGateInterval.String())
+	}
+	return args
 }
 
 // waitForPlans waits until every UpgradePlan of the demo's namespace has ended.
