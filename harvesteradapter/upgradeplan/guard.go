@@ -39,7 +39,14 @@ func ensureGuard(ctx context.Context, pr *PlanRun) error {
 	if _, err := controllerutil.CreateOrUpdate(ctx, pr.Workload, policy, func() error {
 		policy.Labels = mergeLabels(policy.Labels, labels)
 		policy.Spec.FailurePolicy = ptr.To(admissionv1.Fail)
+		// Written as the API server stores it, its defaults included (the selectors, the
+		// match policy, the rules' scope; kubernetes v1.36.3
+		// pkg/apis/admissionregistration/v1/defaults.go): without them every look would
+		// find the stored policy different and write it again.
 		policy.Spec.MatchConstraints = &admissionv1.MatchResources{
+			NamespaceSelector: &metav1.LabelSelector{},
+			ObjectSelector:    &metav1.LabelSelector{},
+			MatchPolicy:       ptr.To(admissionv1.Equivalent),
 			ResourceRules: []admissionv1.NamedRuleWithOperations{
 				createRule(harvesterapi.GroupVersion.Group, "upgrades"),
 				createRule(toolkit.GroupVersion.Group, "upgradeplans"),
@@ -65,7 +72,7 @@ func ensureGuard(ctx context.Context, pr *PlanRun) error {
 func createRule(group, resource string) admissionv1.NamedRuleWithOperations {
 	return admissionv1.NamedRuleWithOperations{RuleWithOperations: admissionv1.RuleWithOperations{
 		Operations: []admissionv1.OperationType{admissionv1.Create},
-		Rule:       admissionv1.Rule{APIGroups: []string{group}, APIVersions: []string{"*"}, Resources: []string{resource}},
+		Rule:       admissionv1.Rule{APIGroups: []string{group}, APIVersions: []string{"*"}, Resources: []string{resource}, Scope: ptr.To(admissionv1.AllScopes)},
 	}}
 }
 
