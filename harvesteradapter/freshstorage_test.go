@@ -1,7 +1,6 @@
 package harvesteradapter_test
 
 import (
-	"context"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -140,13 +139,8 @@ var _ = Describe("Longhorn's roll settled right before a node is taken down", fu
 		wl, err := testenv.Start()
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(wl.Stop)
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1"})).To(Succeed())
-		rctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
 		const roll = 6 * time.Second
-		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
-			LonghornRolloutDelay: roll, Interval: 20 * time.Millisecond}).Start(rctx)
-		(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
+		startRancherAt(wl, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1"}, func(r *sim.Rancher) { r.LonghornRolloutDelay = roll })
 
 		c := newHarvesterClusterOn(wl, 2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.UpgradeOS = ptr.To(false) })
 		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {

@@ -1,7 +1,6 @@
 package harvesteradapter_test
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -156,11 +155,7 @@ var _ = Describe("An UpgradePlan for the v1.6 -> v1.7 hop", func() {
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(wl.Stop)
 		// A Harvester v1.6.1 cluster: Rancher v2.12, charts 1.6.1, installed by Helm.
-		Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.6.1", Rancher: "v2.12.3", Kubernetes: "v1.33.5+rke2r1"})).To(Succeed())
-		rctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond, Interval: 20 * time.Millisecond}).Start(rctx)
-		(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
+		startRancherAt(wl, sim.HarvesterRelease{Version: "v1.6.1", Rancher: "v2.12.3", Kubernetes: "v1.33.5+rke2r1"}, nil)
 
 		c := newClusterWith(wl, false, 1, "Harvester v1.6.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.Release.Version = "v1.7.1" })
 		c.repository.Release = release171

@@ -34,12 +34,7 @@ func startRancherWorkload() *testenv.Environment {
 	wl, err := testenv.Start()
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(wl.Stop)
-	Expect(sim.Seed(ctx, wl.Client, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: rancherOldRKE2})).To(Succeed())
-	rctx, cancel := context.WithCancel(ctx)
-	DeferCleanup(cancel)
-	(&sim.Rancher{Client: wl.Client, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond,
-		Interval: 20 * time.Millisecond, PlannerOwnsLocalCluster: true}).Start(rctx)
-	(&sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig}).Start(rctx)
+	startRancherAt(wl, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1", Kubernetes: rancherOldRKE2}, func(r *sim.Rancher) { r.PlannerOwnsLocalCluster = true })
 	return wl
 }
 
@@ -83,8 +78,8 @@ func rancherMachines(c *harvesterCluster, cps, workers int) []string {
 // RKE2 restart.
 func startPlanner(wl *testenv.Environment, c *harvesterCluster, multus *sim.Multus) *sim.RancherPlanner {
 	GinkgoHelper()
-	planner := &sim.RancherPlanner{Client: wl.Client, Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
-		Interval: 20 * time.Millisecond, RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded, Multus: multus}
+	planner := &sim.RancherPlanner{Client: wl.Client, Cache: simCache(wl), Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
+		RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded, Multus: multus}
 	Expect(planner.SeedMachines(ctx)).To(Succeed())
 	pctx, pcancel := context.WithCancel(ctx)
 	pdone := make(chan struct{})

@@ -114,12 +114,13 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 
 	runCtx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
-	c.suc = &sim.SUC{Client: wl.Client, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+	wlCache := simCache(wl)
+	c.suc = &sim.SUC{Client: wl.Client, Cache: wlCache, Namespace: "cattle-system", Kubelet: c.kubelet, Record: c.rec, JobDuration: 100 * time.Millisecond}
 	for _, o := range simOptions {
 		o(c.suc) // before the simulator runs: it reads its settings without a lock
 	}
 	go func() { _ = c.suc.Run(runCtx) }()
-	c.repository = &sim.Repository{Client: wl.Client, Namespace: repository.Namespace, Release: release181}
+	c.repository = &sim.Repository{Client: wl.Client, Cache: wlCache, Namespace: repository.Namespace, Release: release181}
 	c.repository.Start(runCtx)
 	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
