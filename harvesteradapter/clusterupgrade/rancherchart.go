@@ -44,7 +44,7 @@ const (
 // waits for the rancher Deployment's rollout and server-version (16.9).
 //
 // The values changed, as the script changes them: `replicas: -2` on a three-node cluster
-// with a witness (16.2), `features` to the release's list (RancherFeatures, fact 42), the
+// with a witness (16.2: at most two Rancher pods, see rancherValues), `features` to the release's list (RancherFeatures, fact 42), the
 // image tag to the target; for a release from v1.8.0 on, legacy rancherImage /
 // rancherImageTag values become image.repository / image.tag / image.pullPolicy (16.7,
 // fact 41), while v1.7 releases set rancherImageTag. RancherImage, when set, replaces the
@@ -139,8 +139,20 @@ func (r *runner) rancherValues(ctx context.Context, values map[string]any, legac
 	if err != nil {
 		return err
 	}
+	// 16.2 (harvester commit f8a7092, upgrade_manifests.sh from v1.6.0 on): every node
+	// counted, any witness among them. Rancher's chart renders a negative replicas -N as
+	// the annotation management.cattle.io/scale-available "N" and no replicas of its own,
+	// and Rancher keeps the Deployment at N replicas or as many as there are nodes,
+	// whichever is fewer (rancher chart/templates/deployment.yaml,
+	// pkg/controllers/dashboard/scaleavailable/scale.go). rancherd installs Rancher with
+	// -3 and a required anti-affinity (rancher/rancherd pkg/rancher/run.go) and Harvester's
+	// witness promotion annotates the Deployment "2"; the chart's -3 would ask again for a
+	// third Rancher pod, which the witness (tainted etcd NoExecute) cannot run, and the
+	// rollout would never end. Like the other values, it stays in Rancher's Helm release
+	// whatever the upgrade's outcome: Rancher is not downgraded, so nothing is recorded
+	// for the plan's restore.
 	if witness > 0 && total == 3 {
-		values["replicas"] = -2 // 16.2, harvester commit f8a7092
+		values["replicas"] = -2
 	}
 	if r.in.RancherFeatures != "" {
 		values["features"] = r.in.RancherFeatures

@@ -66,7 +66,7 @@ var _ = Describe("Run upgrades Rancher through Helm", func() {
 		Expect(rancherRelease().Version).To(Equal(2))
 	})
 
-	It("from v1.8.0 on turns the legacy image values into image.*, and runs Rancher on all nodes but two of a three-node cluster with a witness (facts 16.2, 16.7)", func() {
+	It("from v1.8.0 on turns the legacy image values into image.*, and gives Rancher replicas -2 on a three-node cluster with a witness (facts 16.2, 16.7)", func() {
 		seed(oldRelease)
 		settle()
 		for i, name := range []string{"rh-1", "rh-2", "rh-witness"} {
@@ -90,6 +90,65 @@ var _ = Describe("Run upgrades Rancher through Helm", func() {
 		dep := &appsv1.Deployment{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.CattleSystem, Name: rancher.RancherDeployment}, dep)).To(Succeed())
 		Expect(dep.Annotations).To(HaveKeyWithValue("management.cattle.io/scale-available", "2"), "the chart rendered replicas -2")
+		Expect(rancherImage()).To(Equal("rancher/rancher:" + newRelease.Rancher))
+	})
+
+	// A witness cluster as Harvester leaves it: rancherd installed Rancher with replicas
+	// -3 and a required anti-affinity (rancher/rancherd pkg/rancher/run.go), Harvester's
+	// witness promotion annotated the rancher Deployment scale-available "2" (harvester
+	// chart templates/configmap.yaml, promote.sh) and tainted the witness
+	// node-role.kubernetes.io/etcd=true:NoExecute, so Rancher runs two pods, one on each
+	// management node. The chart's own -3 would render "3" again (harvester commit
+	// f8a7092: "it will be overwritten to 3 after chart upgrade"), and Rancher would then
+	// ask for a third pod no node can run: the rollout would never complete.
+	It("keeps Rancher at two pods on two management nodes and a witness: replicas -2, so the upgraded Rancher rolls out (fact 16.2)", func() {
+		kubelet := &sim.Kubelet{Client: env.Client, Record: sim.NewRecord(), Labels: sim.HarvesterNodeLabels(nil)}
+		for _, name := range []string{"rw-1", "rw-2", "rw-witness"} {
+			var labels map[string]string
+			if name == "rw-witness" {
+				labels = map[string]string{clusterupgrade.LabelWitnessNode: "true"}
+			}
+			n, err := kubelet.CreateNode(ctx, name, "v1.34.3+rke2r3", labels)
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func() { Expect(client.IgnoreNotFound(env.Client.Delete(ctx, n))).To(Succeed()) })
+			if name == "rw-witness" {
+				Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(n), n)).To(Succeed())
+				n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "node-role.kubernetes.io/etcd", Value: "true", Effect: corev1.TaintEffectNoExecute})
+				Expect(env.Client.Update(ctx, n)).To(Succeed())
+			}
+		}
+		rel := oldRelease
+		rel.RancherdDefaults = true
+		seed(rel)
+		settle()
+		key := client.ObjectKey{Namespace: rancher.CattleSystem, Name: rancher.RancherDeployment}
+		dep := &appsv1.Deployment{}
+		Expect(env.Client.Get(ctx, key, dep)).To(Succeed())
+		before := dep.DeepCopy()
+		dep.Annotations[sim.ScaleAvailableAnnotation] = "2" // the witness promotion
+		Expect(env.Client.Patch(ctx, dep, client.MergeFrom(before))).To(Succeed())
+		rancherDeployment := func() *appsv1.Deployment {
+			cur := &appsv1.Deployment{}
+			Expect(env.Client.Get(ctx, key, cur)).To(Succeed())
+			return cur
+		}
+		Eventually(func(g Gomega) {
+			cur := rancherDeployment()
+			g.Expect(cur.Spec.Replicas).To(HaveValue(BeNumerically("==", 2)))
+			g.Expect(cur.Status.ObservedGeneration).To(Equal(cur.Generation))
+			g.Expect(cur.Status.AvailableReplicas).To(BeNumerically("==", 2))
+		}).WithTimeout(10*time.Second).Should(Succeed(), "Rancher runs its two pods before the upgrade")
+
+		steps := runStates(input("up-helm-witness"), newProgress())
+
+		Expect(stepNamed(steps, clusterupgrade.StepUpgradeRancher).State).To(Equal(clusterupgrade.StateDone))
+		rel2 := rancherRelease()
+		Expect(rel2.Config).To(HaveKeyWithValue("replicas", BeNumerically("==", -2)))
+		Expect(rel2.Config).To(HaveKeyWithValue("antiAffinity", "required"), "rancherd's value stays")
+		dep = rancherDeployment()
+		Expect(dep.Annotations).To(HaveKeyWithValue(sim.ScaleAvailableAnnotation, "2"))
+		Expect(dep.Spec.Replicas).To(HaveValue(BeNumerically("==", 2)))
+		Expect(dep.Status.AvailableReplicas).To(BeNumerically("==", 2))
 		Expect(rancherImage()).To(Equal("rancher/rancher:" + newRelease.Rancher))
 	})
 

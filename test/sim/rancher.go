@@ -45,7 +45,8 @@ import (
 //     downloads its index after DownloadDelay: downloadTime now, Downloaded True (fact
 //     41.11; rancher@59bd052 pkg/apis/catalog.cattle.io/v1/types.go RepoSpec.ForceUpdate);
 //   - a Deployment in cattle-system is rolled out by the Deployment controller after
-//     RolloutDelay (see rollOut);
+//     RolloutDelay (see rollOut; pods a required anti-affinity cannot place stay
+//     pending), and one annotated scale-available is scaled by Rancher (scaleAvailable);
 //   - once the rancher Deployment has rolled out, Rancher runs at its image's tag and
 //     writes it into the server-version Setting (fact 41.8: the script waits for that);
 //   - the provisioning Cluster fleet-local/local stays ready and provisioned at its
@@ -318,8 +319,13 @@ func (r *Rancher) deployments(ctx context.Context) error {
 	}
 	list.Items = append(list.Items, agents.Items...)
 	var errs []error
+	runs := rancherRuns(list.Items)
 	for i := range list.Items {
 		dep := &list.Items[i]
+		if scaled, err := r.scaleAvailable(ctx, dep, runs); scaled || err != nil {
+			errs = append(errs, err)
+			continue // the next pass sees the new generation
+		}
 		if !rolledOut(dep) {
 			if !r.due(fmt.Sprintf("deployment/%s/%d", dep.UID, dep.Generation), orDefault(r.RolloutDelay, 50*time.Millisecond)) {
 				continue
@@ -399,7 +405,9 @@ func rolledOut(dep *appsv1.Deployment) bool {
 
 // rollOut writes the status the Deployment controller writes once a rollout is complete:
 // every replica of the current template updated, ready and available, at the observed
-// generation (what `kubectl rollout status` reads).
+// generation (what `kubectl rollout status` reads). Pods the scheduler cannot place
+// (schedulablePods) stay pending: updated, not ready nor available, and the rollout
+// does not complete.
 func rollOut(ctx context.Context, c client.Client, key client.ObjectKey) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur := &appsv1.Deployment{}
@@ -407,7 +415,15 @@ func rollOut(ctx context.Context, c client.Client, key client.ObjectKey) error {
 			return client.IgnoreNotFound(err)
 		}
 		replicas := ptr.Deref(cur.Spec.Replicas, 1)
-		cur.Status.Replicas, cur.Status.ReadyReplicas, cur.Status.AvailableReplicas, cur.Status.UpdatedReplicas = replicas, replicas, replicas, replicas
+		running := replicas
+		fit, err := schedulablePods(ctx, c, cur)
+		if err != nil {
+			return err
+		}
+		if fit >= 0 && fit < running {
+			running = fit
+		}
+		cur.Status.Replicas, cur.Status.ReadyReplicas, cur.Status.AvailableReplicas, cur.Status.UpdatedReplicas = replicas, running, running, replicas
 		cur.Status.ObservedGeneration = cur.Generation
 		return c.Status().Update(ctx, cur)
 	})
@@ -431,6 +447,15 @@ type HarvesterRelease struct {
 	// Dependencies are the versions of Rancher's system charts the cluster runs; default
 	// DefaultRancherDependencies(Rancher).
 	Dependencies *releases.RancherDependencies
+	// RancherdDefaults installs Rancher with the values rancherd adds of its own under
+	// Harvester's, replicas -3 and antiAffinity required (rancher/rancherd
+	// pkg/rancher/run.go at ca0b7df, defaultValues; Harvester's rancherd configuration,
+	// harvester-installer config.yaml.d/50-defaults.yaml, sets neither): the Deployment
+	// then has the scale-available annotation "3" and no replicas of its own (Rancher
+	// scales it, scaleAvailable), and a required anti-affinity, one Rancher pod per node.
+	// Without it, replicas 3 and Rancher's chart default, a preferred anti-affinity, as
+	// the specs written before modelled the installed Rancher.
+	RancherdDefaults bool
 }
 
 // Seed creates (or re-creates) the Rancher objects of a Harvester cluster at release rel,
@@ -489,6 +514,19 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		Spec:       catalogv1.RepoSpec{URL: "https://git.rancher.io/charts"},
 	}
 	rancherDep := seedDeployment(rancher.RancherDeployment, "rancher", "rancher/rancher:"+rel.Rancher, 3)
+	installValues := map[string]any{"replicas": 3}
+	if rel.RancherdDefaults {
+		installValues = map[string]any{"replicas": -3, "antiAffinity": "required"}
+		// What the chart renders of them (rancher-chart/templates/deployment.yaml).
+		rancherDep.Spec.Replicas = nil
+		rancherDep.Annotations = map[string]string{ScaleAvailableAnnotation: "3"}
+		rancherDep.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"rancher"}}}},
+				TopologyKey:   corev1.LabelHostname,
+			}},
+		}}
+	}
 	// Rancher's chart renders its features value into CATTLE_FEATURES; each release sets
 	// its own list (harvester-release-steps.md fact 42).
 	features, err := releases.RancherFeatures(rel.Version)
@@ -496,7 +534,7 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		rancherDep.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "CATTLE_FEATURES", Value: features}}
 	}
 	// Installed through Helm, as rancherd installs it; the release upgrades it with helm.
-	if err := seedRancherRelease(ctx, c, rel.Rancher, features, rancherDep); err != nil {
+	if err := seedRancherRelease(ctx, c, rel.Rancher, features, installValues, rancherDep); err != nil {
 		return err
 	}
 	deps := []*appsv1.Deployment{

@@ -141,13 +141,14 @@ var RancherChartConfig = client.ObjectKey{Namespace: rancher.CattleSystem, Name:
 // seedRancherRelease installs Rancher as Harvester's installer does, through Helm: it
 // stores revision 1 of the Helm release cattle-system/rancher, deployed, with values as
 // rancherd gives them (the legacy rancherImage / rancherImageTag, the features, and
-// values of its own that every upgrade must keep) and as its manifest the objects the
+// values of its own that every upgrade must keep, and install's: replicas, antiAffinity)
+// and as its manifest the objects the
 // simulated chart of that version renders from them, which it creates: dep (given its
 // labels here) and rancher-config. Helm's storage is its Secret driver's (helm
 // pkg/storage/driver/secrets.go: type helm.sh/release.v1, labels owner, name, status,
 // version; data release the release JSON, gzipped, base64-encoded), so the real helm
 // reads and upgrades it.
-func seedRancherRelease(ctx context.Context, c client.Client, version, features string, dep *appsv1.Deployment) error {
+func seedRancherRelease(ctx context.Context, c client.Client, version, features string, install map[string]any, dep *appsv1.Deployment) error {
 	old := &corev1.SecretList{}
 	if err := c.List(ctx, old, client.InNamespace(rancher.CattleSystem), client.MatchingLabels{"owner": "helm", "name": "rancher"}); err != nil {
 		return err
@@ -160,7 +161,10 @@ func seedRancherRelease(ctx context.Context, c client.Client, version, features 
 	dep.Labels = map[string]string{"app": "rancher"}
 	values := map[string]any{
 		"rancherImage": imageRepository(dep.Spec.Template.Spec.Containers[0].Image), "rancherImageTag": version,
-		"replicas": 3, "useBundledSystemChart": true, "noDefaultAdmin": false,
+		"useBundledSystemChart": true, "noDefaultAdmin": false,
+	}
+	for k, v := range install {
+		values[k] = v
 	}
 	if features != "" {
 		values["features"] = features
@@ -235,7 +239,12 @@ func seedRancherRelease(ctx context.Context, c client.Client, version, features 
 		l := o.GetLabels()
 		l["app.kubernetes.io/managed-by"] = "Helm"
 		o.SetLabels(l)
-		o.SetAnnotations(map[string]string{"meta.helm.sh/release-name": "rancher", "meta.helm.sh/release-namespace": rancher.CattleSystem})
+		a := o.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		a["meta.helm.sh/release-name"], a["meta.helm.sh/release-namespace"] = "rancher", rancher.CattleSystem
+		o.SetAnnotations(a)
 	}
 	return recreate(ctx, c, cm)
 }
