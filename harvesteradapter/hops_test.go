@@ -168,13 +168,24 @@ var _ = Describe("An UpgradePlan for the v1.6 -> v1.7 hop", func() {
 		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.7.1")}, plan)).To(Succeed())
 		Expect(plan.Status.PreviousVersion).To(Equal("v1.6.1"))
 		Expect(plan.Status.Phase).NotTo(Equal(harvesterv1.UpgradePlanFailed), plan.Status.Message)
-		var osRuns []string
+		// The os Plan in Harvester's shape for this hop (fact 54.4): the node image places
+		// the node program on the host, the release's upgrade image runs it, so that the
+		// libraries bound for the release's elemental are that image's.
+		var osImages, osCommands []string
 		for _, r := range nodeRunsOn(c.rec, node) {
 			if strings.HasPrefix(r.Plan, "capi-inplace-"+string(suc.PlanOS)+"-") {
-				osRuns = append(osRuns, r.Commands...)
+				osImages, osCommands = r.Images, r.Commands
 			}
 		}
-		Expect(osRuns).To(ContainElement("os-upgrade --previous-version=v1.6.1"), "the node program runs the hop's node migrations before the OS")
+		Expect(osImages).To(HaveLen(2))
+		Expect(osImages[1]).To(Equal("rancher/harvester-upgrade:v1.7.1"), "os-upgrade runs in the release's upgrade image")
+		Expect(osCommands).To(Equal([]string{
+			"remove-archives --place-program=" + suc.ProgramOnHost,
+			"os-upgrade --previous-version=v1.6.1 --glibc-libraries=container",
+		}), "the node program runs the hop's node migrations before the OS, with the upgrade image's libraries for the release's elemental")
+		n := &corev1.Node{}
+		Expect(wl.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		Expect(n.Status.NodeInfo.OSImage).To(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
 		rel, err := rancher.NewestHelmRelease(ctx, wl.Client, rancher.CattleSystem, "rancher")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(rel.ChartRef()).To(Equal("rancher-2.13.1"), "Rancher upgraded by helm with the v1.7.1 release's chart")

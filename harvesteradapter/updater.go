@@ -217,7 +217,7 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 	if kind == suc.PlanOS {
 		want.Annotations[suc.AnnotationBootID] = node.Status.NodeInfo.BootID
 		if r.plan != nil {
-			suc.WithPreviousVersion(want, r.plan.Status.PreviousVersion)
+			suc.WithPreviousVersion(want, r.plan.Status.PreviousVersion, r.cfg.Spec.Images.Upgrade)
 		}
 	}
 	current, message, err := suc.Sync(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)

@@ -85,6 +85,19 @@ func (h *fakeHost) LoopMount(image, target, fstype string) error {
 	return nil
 }
 
+// BindMount records a bind of this program's source over target; Unmount takes it away.
+func (h *fakeHost) BindMount(source, target string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, err := os.Stat(target); err != nil {
+		return fmt.Errorf("bind %s over %s: %w", source, target, err)
+	}
+	r := mountRecord{image: source, target: target, fstype: "bind"}
+	h.mounts[target] = r
+	h.mountHistory = append(h.mountHistory, r)
+	return nil
+}
+
 func (h *fakeHost) Unmount(target string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

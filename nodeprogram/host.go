@@ -24,6 +24,9 @@ type Host interface {
 	// LoopMount attaches image to a loop device read-only and mounts it read-only on
 	// target with the file system type fstype; both paths are as this program sees them.
 	LoopMount(image, target, fstype string) error
+	// BindMount binds source, a directory of this program's own root (its container's,
+	// not the host's), over target (as this program sees it): what `mount -o bind` does.
+	BindMount(source, target string) error
 	// Unmount detaches what is mounted on target (as this program sees it).
 	Unmount(target string) error
 	// Mounted tells whether something is mounted on target (as this program sees it).
@@ -141,6 +144,9 @@ func (h *ChrootHost) exists(p string) bool {
 func (h *ChrootHost) LoopMount(image, target, fstype string) error {
 	return loopMount(image, target, fstype)
 }
+
+// BindMount implements Host.
+func (h *ChrootHost) BindMount(source, target string) error { return bindMount(source, target) }
 
 // Unmount implements Host.
 func (h *ChrootHost) Unmount(target string) error { return unmount(target) }

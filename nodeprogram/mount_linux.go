@@ -60,6 +60,15 @@ func loopMount(image, target, fstype string) error {
 	return fmt.Errorf("no loop device stayed free long enough: %w", lastErr)
 }
 
+// bindMount does what `mount -o bind source target` does, in this process's mount
+// namespace (the container's: the host does not see it).
+func bindMount(source, target string) error {
+	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s over %s: %w", source, target, err)
+	}
+	return nil
+}
+
 func unmount(target string) error {
 	if err := unix.Unmount(target, 0); err != nil {
 		return fmt.Errorf("unmount %s: %w", target, err)

@@ -12,3 +12,4 @@ var errNotLinux = errors.New("the node program runs on Linux nodes only")
 func chrootAttr(string) *syscall.SysProcAttr { return nil }
 func loopMount(string, string, string) error { return errNotLinux }
 func unmount(string) error                   { return errNotLinux }
+func bindMount(string, string) error         { return errNotLinux }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -128,9 +129,12 @@ func fixStatePartition(ctx context.Context, env *Env, incomplete, passive bool) 
 // (fact 54.3); or the one --elemental names. A release's elemental that cannot run on
 // the host's C library (GLIBC ... not found: an SL Micro 6.1 build on a SLE Micro 5.5
 // host, the v1.6 to v1.7 hop) runs, as Harvester v1.7 runs it (fact 54.4, commit
-// e62990d), with a newer /lib64 and /lib bound over the host's: Harvester binds its
-// upgrade container's, this the new OS image's, the libraries that elemental is built
-// with. unbind takes them away (right after elemental, before any other host tool runs);
+// e62990d), with a newer /lib64 (and /lib) bound over the host's, in this container's
+// mount namespace only: with --glibc-libraries=container this container's, as Harvester
+// binds its upgrade container's (`mount -o bind /lib64 $HOST_DIR/lib64`; the Plan runs
+// this program in the release's upgrade image on that hop), the directories the target
+// release binds (releaseLibraryDirs); else the new OS image's /lib64 and /lib, the
+// libraries elemental is built with. unbind takes them away (right after elemental, before any other host tool runs);
 // cleanup unbinds if that was not done and removes the copy.
 func releaseElemental(ctx context.Context, env *Env, o osUpgradeOptions) (elemental string, unbind, cleanup func(), err error) {
 	nothing := func() {}
@@ -149,11 +153,17 @@ func releaseElemental(ctx context.Context, env *Env, o osUpgradeOptions) (elemen
 	}
 	var bound []string
 	unbind = func() {
-		// In the reverse order, as the release: /lib64 first, then /lib.
+		// In the order bound, as the release unbinds: /lib64 first, then /lib.
 		for len(bound) > 0 {
 			dir := bound[0]
-			if _, err := h.Run(ctx, Command{Name: "umount", Args: []string{dir}}); err != nil {
-				env.complain("unbind the new OS image's %s from the host's: %v\n", dir, err)
+			var err error
+			if o.libraries == librariesContainer {
+				err = h.Unmount(h.Path(dir))
+			} else {
+				_, err = h.Run(ctx, Command{Name: "umount", Args: []string{dir}})
+			}
+			if err != nil {
+				env.complain("unbind the %s from the host's %s: %v\n", librarySource(o.libraries), dir, err)
 			}
 			bound = bound[1:]
 		}
@@ -166,11 +176,21 @@ func releaseElemental(ctx context.Context, env *Env, o osUpgradeOptions) (elemen
 			cleanup()
 			return "", nothing, nothing, fmt.Errorf("run the release's elemental (%s version): %w", dst, err)
 		}
-		env.say("the host's C library is too old for the release's elemental (%s): binding the new OS image's /lib64 and /lib over the host's while it runs\n", glibc)
-		for _, dir := range []string{"/lib64", "/lib"} {
-			if _, err := h.Run(ctx, Command{Name: "mount", Args: []string{"-o", "bind", filepath.Join(rootfsMountPoint, dir), dir}}); err != nil {
+		dirs := []string{"/lib64", "/lib"}
+		if o.libraries == librariesContainer {
+			dirs = releaseLibraryDirs(o.target)
+		}
+		env.say("the host's C library is too old for the release's elemental (%s): binding the %s %s over the host's while it runs\n", glibc, librarySource(o.libraries), strings.Join(dirs, " and "))
+		for _, dir := range dirs {
+			var err error
+			if o.libraries == librariesContainer {
+				err = h.BindMount(dir, h.Path(dir))
+			} else {
+				_, err = h.Run(ctx, Command{Name: "mount", Args: []string{"-o", "bind", filepath.Join(rootfsMountPoint, dir), dir}})
+			}
+			if err != nil {
 				cleanup()
-				return "", nothing, nothing, fmt.Errorf("bind the new OS image's %s over the host's: %w", dir, err)
+				return "", nothing, nothing, fmt.Errorf("bind the %s %s over the host's: %w", librarySource(o.libraries), dir, err)
 			}
 			bound = append(bound, dir)
 		}
@@ -180,12 +200,36 @@ func releaseElemental(ctx context.Context, env *Env, o osUpgradeOptions) (elemen
 			if why == "" {
 				why = err.Error()
 			}
-			return "", nothing, nothing, fmt.Errorf("the release's elemental cannot run on this host even with the new OS image's /lib64 and /lib bound over the host's: %s", why)
+			return "", nothing, nothing, fmt.Errorf("the release's elemental cannot run on this host even with the %s %s bound over the host's: %s", librarySource(o.libraries), strings.Join(dirs, " and "), why)
 		}
 	}
 	env.say("installing with the release's elemental, from the new OS image\n")
 	return dst, unbind, cleanup, nil
 }
+
+// librarySource names where the bound libraries come from, for messages.
+func librarySource(libraries string) string {
+	if libraries == librariesContainer {
+		return "release's upgrade image's"
+	}
+	return "new OS image's"
+}
+
+// releaseLibraryDirs are the directories of its upgrade container that the release
+// binds over the host's for its elemental (upgrade_node.sh upgrade_os, GLIBC workaround,
+// harvester commit e62990d; harvester-release-steps.md fact 81): /lib64 alone at v1.7.0,
+// v1.7.1 and v1.8.x; /lib64 and /lib (for ARM) at v1.7.2 and v1.7.3, and v1.7 patches
+// after those are taken to keep it.
+func releaseLibraryDirs(target string) []string {
+	if m := v17Patch.FindStringSubmatch(target); m != nil {
+		if n, err := strconv.Atoi(m[1]); err == nil && n >= 2 {
+			return []string{"/lib64", "/lib"}
+		}
+	}
+	return []string{"/lib64"}
+}
+
+var v17Patch = regexp.MustCompile(`^v1\.7\.([0-9]+)$`)
 
 var glibcNotFound = regexp.MustCompile(`GLIBC[^ ]* not found[^\n]*`)
 

@@ -253,3 +253,112 @@ func TestOSInstallKeepsMultipathdOffLonghornDisks(t *testing.T) {
 		}
 	}
 }
+
+// containerGlibcHost is a SLE Micro 5.5 host on which the release's elemental finds its C
+// library only while this container's /lib64 is bound over the host's, as in Harvester's
+// upgrade container (upgrade_node.sh upgrade_os at v1.7.0 to v1.7.3: `chroot $HOST_DIR
+// /tmp/elemental version 2>&1 | grep 'GLIBC.*not found'`, then `mount -o bind /lib64
+// $HOST_DIR/lib64`, for v1.7.2 on also /lib; fact 81). The repository holds target.
+func containerGlibcHost(t *testing.T, target string) (*fakeHost, *fileServer) {
+	t.Helper()
+	host := osNode(t, "Harvester v1.6.1")
+	for _, dir := range []string{"/lib64", "/lib"} {
+		if err := os.MkdirAll(host.Path(dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host.tools[releaseElementalPath] = func(c Command, _ []byte) ([]byte, error) {
+		host.mu.Lock()
+		m, ok := host.mounts[host.Path("/lib64")]
+		host.mu.Unlock()
+		if !ok || m.fstype != "bind" || m.image != "/lib64" {
+			return nil, commandError(c, errors.New("exit status 1"), []byte("/tmp/elemental: /lib64/libc.so.6: version `GLIBC_2.38' not found (required by /tmp/elemental)"))
+		}
+		if len(c.Args) == 1 && c.Args[0] == "version" {
+			return []byte("v2.2.1\n"), nil
+		}
+		return host.tools["elemental"](c, nil)
+	}
+	release := strings.ReplaceAll(releaseYAML, "v1.6.0", target)
+	srv := newFileServer(t, map[string][]byte{
+		"/harvester-iso/harvester-release.yaml": []byte(release),
+		"/harvester-iso/rootfs.squashfs":        []byte("new root file system"),
+	})
+	return host, srv
+}
+
+func TestOSInstallBindsThisContainersLibrariesAsTheRelease(t *testing.T) {
+	for _, tc := range []struct {
+		target string
+		binds  []string
+	}{
+		{"v1.7.1", []string{"/lib64"}},         // v1.7.0, v1.7.1: /lib64 only
+		{"v1.7.3", []string{"/lib64", "/lib"}}, // v1.7.2, v1.7.3: /lib too (ARM)
+	} {
+		t.Run(tc.target, func(t *testing.T) {
+			host, srv := containerGlibcHost(t, tc.target)
+			r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--version="+tc.target,
+				"--rke2-settings=false", "--glibc-libraries=container")
+			r.expect(t, ExitOK)
+			if want := "binding the release's upgrade image's " + strings.Join(tc.binds, " and ") + " over the host's"; !strings.Contains(r.stdout, want) {
+				t.Errorf("stdout %q does not say %q", r.stdout, want)
+			}
+			var binds []string
+			for _, m := range host.mountHistory {
+				if m.fstype == "bind" {
+					if m.target != host.Path(m.image) {
+						t.Errorf("bound %s over %s, want this container's directory over the host's same one", m.image, m.target)
+					}
+					binds = append(binds, m.image)
+				}
+			}
+			if !slices.Equal(binds, tc.binds) {
+				t.Errorf("bound %q, want %q", binds, tc.binds)
+			}
+			for _, dir := range []string{"/lib64", "/lib"} {
+				if mounted, _ := host.Mounted(host.Path(dir)); mounted {
+					t.Errorf("%s left bound after elemental", dir)
+				}
+			}
+			// Nothing bound through the host's mount tool: the new OS image's libraries
+			// stay out.
+			for _, l := range host.commandLines() {
+				if strings.HasPrefix(l, "mount -o bind") {
+					t.Errorf("ran %q", l)
+				}
+			}
+			if !hostHas(t, host, releaseElementalPath+" upgrade --logfile /usr/local/upgrade_tmp/elemental-upgrade.log --directory /tmp/capi-inplace-rootfs --config-dir /usr/local/upgrade_tmp/elemental-config --debug") {
+				t.Errorf("elemental upgrade did not run: %q", host.commandLines())
+			}
+		})
+	}
+}
+
+func TestOSInstallBindsNothingWhenTheHostRunsTheReleaseElemental(t *testing.T) {
+	host := osNode(t, "Harvester v1.7.1")
+	installOn(t, host, "--glibc-libraries=container").expect(t, ExitOK)
+	for _, m := range host.mountHistory {
+		if m.fstype == "bind" {
+			t.Errorf("bound %s over %s for an elemental the host runs", m.image, m.target)
+		}
+	}
+}
+
+func TestOSUpgradeRefusesAnUnknownLibrarySource(t *testing.T) {
+	host := osNode(t, "Harvester v1.6.1")
+	installOn(t, host, "--glibc-libraries=host").expect(t, ExitUsage, `--glibc-libraries "host": give new-os or container`)
+	if len(host.commandLines()) != 0 {
+		t.Errorf("ran %q", host.commandLines())
+	}
+}
+
+func TestReleaseLibraryDirs(t *testing.T) {
+	for target, want := range map[string][]string{
+		"v1.7.0": {"/lib64"}, "v1.7.1": {"/lib64"}, "v1.7.2": {"/lib64", "/lib"}, "v1.7.3": {"/lib64", "/lib"},
+		"v1.7.10": {"/lib64", "/lib"}, "v1.8.0": {"/lib64"}, "v1.8.2": {"/lib64"}, "": {"/lib64"},
+	} {
+		if got := releaseLibraryDirs(target); !slices.Equal(got, want) {
+			t.Errorf("releaseLibraryDirs(%q) = %q, want %q", target, got, want)
+		}
+	}
+}

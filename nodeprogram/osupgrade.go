@@ -39,7 +39,25 @@ type osUpgradeOptions struct {
 	// previous is the Harvester release the nodes ran when the upgrade started: the
 	// release's node migrations are keyed on it (hopMigrations).
 	previous string
+	// libraries says whose C library a release's elemental the host cannot run gets:
+	// librariesNewOS or librariesContainer (releaseElemental).
+	libraries string
+	// target is the release the repository holds (harvester-release.yaml's harvester):
+	// which library directories the release binds depends on it (releaseLibraryDirs).
+	target string
 }
+
+// The sources of the C library a release's elemental runs with when the host's is too
+// old (--glibc-libraries).
+const (
+	// librariesNewOS: the new OS image's /lib64 and /lib, the libraries elemental is
+	// built with.
+	librariesNewOS = "new-os"
+	// librariesContainer: this container's own /lib64 (and /lib where the release binds
+	// it), as Harvester's upgrade_os binds its upgrade container's: the Plan runs this
+	// program in the release's upgrade image on the hop that needs it.
+	librariesContainer = "container"
+)
 
 // runOSUpgrade does what Harvester's upgrade_os and reboot_if_job_succeed do (facts,
 // facts 27 and 28): nothing when the node already runs the release's OS; otherwise
@@ -56,6 +74,7 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	fs.DurationVar(&o.rebootDelay, "reboot-delay", time.Minute, "how long after the install the host reboots; time for this container to exit and for its Job to be recorded as succeeded")
 	fs.BoolVar(&o.reboot, "reboot", true, "schedule the reboot (false leaves it to someone else; the new OS runs only after one)")
 	fs.StringVar(&o.previous, "previous-version", "", "the Harvester release the nodes ran when the upgrade started (the plan's previousVersion, e.g. v1.6.1): the release's node migrations of the hop from it run before the OS install; empty runs none")
+	fs.StringVar(&o.libraries, "glibc-libraries", librariesNewOS, "when the host's C library is too old for the release's elemental (GLIBC_... not found): bind \""+librariesNewOS+"\" (the new OS image's /lib64 and /lib) or \""+librariesContainer+"\" (this container's /lib64, and /lib where the target release binds it, as Harvester's upgrade_os binds its upgrade image's; the Plan runs this program in that image) over the host's while elemental runs")
 	fs.BoolVar(&o.rke2Settings, "rke2-settings", true, "first write the release's post-drain RKE2 and kubelet settings (rke2-settings --stage=post-drain), which the reboot applies, as Harvester's post-drain does before its OS upgrade")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -67,6 +86,9 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	if !filepath.IsAbs(o.workDir) {
 		return usagef("--work-dir %q must be an absolute path on the host", o.workDir)
 	}
+	if o.libraries != librariesNewOS && o.libraries != librariesContainer {
+		return usagef("--glibc-libraries %q: give %s or %s", o.libraries, librariesNewOS, librariesContainer)
+	}
 	if o.rebootDelay < 10*time.Second {
 		return usagef("--reboot-delay %s is too short for the Job to be recorded as succeeded first: give 10s or more", o.rebootDelay)
 	}
@@ -74,6 +96,7 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	o.target = rel.Harvester
 	running, err := prettyName(env.host().Path(osReleasePath))
 	if err != nil {
 		return err

@@ -210,3 +210,36 @@ func TestRemoveArchivesAfterTheRKE2Upgrade(t *testing.T) {
 		t.Errorf("stdout %q", r.stdout)
 	}
 }
+
+func TestRemoveArchivesPlacesThisProgramOnTheHost(t *testing.T) {
+	srv := releaseRepository(t)
+	host := newFakeHost(t)
+	base := "--repository-url=" + srv.URL + "/harvester-iso"
+	r := runNode(t, host, nil, "remove-archives", base, "--place-program=/usr/local/upgrade_tmp/capi-inplace")
+	r.expect(t, ExitOK, "remove-archives: done")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := host.Path("/usr/local/upgrade_tmp/capi-inplace")
+	got, err := os.ReadFile(placed)
+	if err != nil {
+		t.Fatalf("the program was not placed: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the placed file is not this program")
+	}
+	if info, _ := os.Stat(placed); info.Mode().Perm() != 0o755 {
+		t.Errorf("placed with mode %v, want 0755", info.Mode().Perm())
+	}
+	if _, err := os.Stat(placed + ".new"); err == nil {
+		t.Error("the temporary copy was left")
+	}
+	// Again (a retried Job): replaced, still done.
+	runNode(t, host, nil, "remove-archives", base, "--place-program=/usr/local/upgrade_tmp/capi-inplace").expect(t, ExitOK)
+	runNode(t, host, nil, "remove-archives", base, "--place-program=capi-inplace").expect(t, ExitUsage, `--place-program "capi-inplace" must be an absolute path on the host`)
+}

@@ -63,7 +63,7 @@ var Hops = []Hop{
 				IfSkipped: "the node reboots into SL Micro 6.1 without a NetworkManager configuration of its network and never rejoins"},
 			{Name: "GenerateHostnameOverride", Source: "fact 53, generate_hostname_persistance (nodeprogram hopmigrations.go)", Performed: true, //nolint:misspell // the release script's own function name
 				IfSkipped: "a node installed with an FQDN re-registers under a new name and never rejoins"},
-			{Name: "BindNewerLibrariesForElemental", Source: "fact 54.4, upgrade_os GLIBC workaround (nodeprogram osinstall.go releaseElemental)", Performed: true,
+			{Name: BindLibrariesMigration, Source: "fact 54.4, upgrade_os GLIBC workaround (nodeprogram osinstall.go releaseElemental)", Performed: true,
 				IfSkipped: "the release's elemental, built for SL Micro 6.1, cannot run on the SLE Micro 5.5 host and the OS is never installed"},
 		},
 	},
@@ -80,6 +80,11 @@ var Hops = []Hop{
 	{From: "v1.7", To: "v1.7"},
 	{From: "v1.8", To: "v1.8"},
 }
+
+// BindLibrariesMigration is the node migration that runs the release's elemental with the
+// release's newer C library bound over the host's (fact 54.4): the os Plan of a hop that
+// has it runs in the release's upgrade image (suc.WithPreviousVersion).
+const BindLibrariesMigration = "BindNewerLibrariesForElemental"
 
 // Refusal is why CheckHop refuses a hop.
 type Refusal string

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 )
 
@@ -203,12 +205,37 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 // release keys its node migrations (harvester-release-steps.md fact 53: the v1.6 to v1.7
 // hop's NetworkManager and hostname migrations). Other Plans, and an empty version, are
 // left as they are.
-func WithPreviousVersion(plan *sucv1.Plan, previous string) {
+//
+// On a hop whose node migrations include the GLIBC library bind (v1.6 to v1.7, fact
+// 54.4: the release's elemental, built for SL Micro 6.1, cannot run on a SLE Micro 5.5
+// host), the os Plan takes Harvester's own shape for it, so that the libraries bound are
+// the release's: the upgrade container runs the release's upgrade image, upgradeImage
+// tagged with the release (rancher/harvester-upgrade:<release>, harvester-node-upgrade.md
+// fact 3), whose /lib64 (and /lib) upgrade_os binds over the host's, executing a copy of
+// this node program that the prepare container (the node image, remove-archives
+// --place-program) put on the host before it. SUC runs prepare as an init container
+// before upgrade in the same pod (shared/facts/suc.md fact 34) and mounts the host's / at
+// /host in both (fact 31), so the copy is at /host<ProgramOnHost> in the upgrade
+// container. upgradeImage empty leaves the Plan as it is.
+func WithPreviousVersion(plan *sucv1.Plan, previous, upgradeImage string) {
 	if previous == "" || plan.Labels[LabelPlanKind] != string(PlanOS) || plan.Spec.Upgrade == nil {
 		return
 	}
 	plan.Spec.Upgrade.Args = append(plan.Spec.Upgrade.Args, "--previous-version="+previous)
+	if upgradeImage == "" || plan.Spec.Prepare == nil || !slices.Contains(releases.NodeMigrations(previous, plan.Spec.Version), releases.BindLibrariesMigration) {
+		return
+	}
+	plan.Spec.Prepare.Args = append(plan.Spec.Prepare.Args, "--place-program="+ProgramOnHost)
+	plan.Spec.Upgrade.Image = ImageWithTag(upgradeImage, plan.Spec.Version)
+	plan.Spec.Upgrade.Command = []string{HostRoot + ProgramOnHost}
+	plan.Spec.Upgrade.Args = append(plan.Spec.Upgrade.Args, "--glibc-libraries=container")
 }
+
+// ProgramOnHost is where the os Plan's prepare container places the node program on the
+// host for an upgrade container of the release's upgrade image to run
+// (WithPreviousVersion): beside the copy of the release's elemental os-upgrade runs from
+// the same directory (its --work-dir).
+const ProgramOnHost = "/usr/local/upgrade_tmp/capi-inplace"
 
 // planTimeout is the timeout of the step a Plan kind belongs to.
 func PlanTimeout(kind PlanKind, t harvesterv1.Timeouts) time.Duration {

@@ -1,6 +1,7 @@
 package suc
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +202,47 @@ func expectPreDrainSettings(t *testing.T, p *sucv1.Plan) {
 	if pre == nil || pre.Image != fixtures.NodeImage || strings.Join(pre.Args, " ") != "node rke2-settings --stage=pre-drain --host-root=/host --repository-url=http://repo.example --version=v1.6.0" ||
 		pre.SecurityContext == nil || pre.SecurityContext.Privileged != nil || pre.SecurityContext.RunAsUser == nil || *pre.SecurityContext.RunAsUser != 0 {
 		t.Errorf("prepare %+v: want the node program's rke2-settings --stage=pre-drain as root", pre)
+	}
+}
+
+// On the v1.6 -> v1.7 hop the os Plan runs os-upgrade in the release's upgrade image, as
+// Harvester runs upgrade_os there, so that the libraries bound for the release's
+// elemental are that image's (harvester-release-steps.md fact 54.4): prepare (the node
+// image, an init container before upgrade in the same pod, suc.md fact 34) places the
+// node program on the host, which upgrade executes from the host root SUC mounts at /host
+// (fact 31). Other hops keep the node image.
+func TestOSPlanOnTheHopThatBindsTheReleasesLibraries(t *testing.T) {
+	cfg, nu := fixtures.Upgrader(), fixtures.NodeUpdate("node-1")
+	cfg.Spec.Release.Version = "v1.7.1"
+	cfg.Spec.Images.Upgrade = "rancher/harvester-upgrade"
+	p := NodePlan(cfg, nu, PlanOS, "http://repo.example")
+	WithPreviousVersion(p, "v1.6.1", cfg.Spec.Images.Upgrade)
+	if got, want := strings.Join(p.Spec.Prepare.Args, " "), "node remove-archives --host-root=/host --repository-url=http://repo.example --version=v1.7.1 --place-program=/usr/local/upgrade_tmp/capi-inplace"; got != want || p.Spec.Prepare.Image != fixtures.NodeImage {
+		t.Errorf("prepare runs %s %q, want %s %q", p.Spec.Prepare.Image, got, fixtures.NodeImage, want)
+	}
+	up := p.Spec.Upgrade
+	if up.Image != "rancher/harvester-upgrade:v1.7.1" || strings.Join(up.Command, " ") != "/host/usr/local/upgrade_tmp/capi-inplace" {
+		t.Errorf("upgrade runs %s %v, want the release's upgrade image running the placed program", up.Image, up.Command)
+	}
+	if got, want := strings.Join(up.Args, " "), "node os-upgrade --host-root=/host --repository-url=http://repo.example --version=v1.7.1 --previous-version=v1.6.1 --glibc-libraries=container"; got != want {
+		t.Errorf("upgrade args %q, want %q", got, want)
+	}
+	if !equality.Semantic.DeepEqual(up.SecurityContext, PrivilegedRoot()) {
+		t.Errorf("upgrade securityContext %+v, want privileged root", up.SecurityContext)
+	}
+
+	for _, tc := range []struct{ previous, release, upgradeImage string }{
+		{"v1.7.1", "v1.8.1", "rancher/harvester-upgrade"},     // no library bind on v1.7 -> v1.8
+		{"v1.7.0", "v1.7.1", "rancher/harvester-upgrade"},     // a patch hop
+		{"v1.6.1-rc2", "v1.7.1", "rancher/harvester-upgrade"}, // the release's guard does not match
+		{"v1.6.1", "v1.7.1", ""},                              // no upgrade image configured
+	} {
+		cfg.Spec.Release.Version = tc.release
+		p := NodePlan(cfg, nu, PlanOS, "http://repo.example")
+		WithPreviousVersion(p, tc.previous, tc.upgradeImage)
+		if p.Spec.Upgrade.Image != fixtures.NodeImage || strings.Join(p.Spec.Upgrade.Command, " ") != "/capi-inplace" ||
+			slices.ContainsFunc(p.Spec.Prepare.Args, func(a string) bool { return strings.HasPrefix(a, "--place-program") }) {
+			t.Errorf("%s -> %s (upgrade image %q): upgrade runs %s %v, prepare %q; want the node image's own program", tc.previous, tc.release, tc.upgradeImage, p.Spec.Upgrade.Image, p.Spec.Upgrade.Command, p.Spec.Prepare.Args)
+		}
 	}
 }

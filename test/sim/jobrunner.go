@@ -126,11 +126,84 @@ func nodeSubcommand(image string, args []string) string {
 	return args[1]
 }
 
+// placeProgramFlag is the flag with which a node program container copies the program
+// onto the host (nodeprogram remove-archives --place-program), for a later container of
+// the same pod, of another image, to execute it from the host root SUC mounts at /host
+// in every container (shared/facts/suc.md fact 31).
+const placeProgramFlag = "--place-program"
+
+// placedPrograms are the paths, as the pod's containers see them under /host, where the
+// node program containers among containers place the program.
+func placedPrograms(containers []corev1.Container) []string {
+	var placed []string
+	for _, c := range containers {
+		if nodeSubcommand(c.Image, c.Args) == "" {
+			continue
+		}
+		if p := flagValue(c.Args, placeProgramFlag); p != "" {
+			placed = append(placed, "/host"+p)
+		}
+	}
+	return placed
+}
+
+// containerSubcommand is the node program subcommand a container runs, "" when it runs
+// something else: the capi-inplace image's own program (nodeSubcommand), or, in any other
+// image, the copy an earlier container of the pod placed on the host (placed, from
+// placedPrograms of the containers before it), executed as the container's command.
+func containerSubcommand(image string, command, args []string, placed []string) string {
+	if sub := nodeSubcommand(image, args); sub != "" {
+		return sub
+	}
+	if len(command) != 1 || !slices.Contains(placed, command[0]) || len(args) < 2 || args[0] != "node" {
+		return ""
+	}
+	if args[1] == "repository" && len(args) > 2 {
+		return args[1] + " " + args[2]
+	}
+	return args[1]
+}
+
+// PlanSubcommand is the node program subcommand the upgrade container of plan runs, ""
+// when it runs something else. SUC runs the prepare container as an init container before
+// the upgrade container, in the same pod (suc.md fact 34), so a program prepare places
+// on the host is there for upgrade.
+func PlanSubcommand(plan *sucv1.Plan) string {
+	up := plan.Spec.Upgrade
+	if up == nil {
+		return ""
+	}
+	var before []corev1.Container
+	if p := plan.Spec.Prepare; p != nil {
+		before = append(before, corev1.Container{Image: p.Image, Command: p.Command, Args: p.Args})
+	}
+	return containerSubcommand(up.Image, up.Command, up.Args, placedPrograms(before))
+}
+
+// missingExecutable is the first container of pod whose command is a program under /host
+// that no earlier container placed there, and what the runtime says when it cannot start
+// it (runc's exec of a file that does not exist: the kubelet reports the container
+// terminated with exit code 128, reason StartError); "" when there is none. The
+// simulated hosts hold no other programs under /host for a container to run.
+func missingExecutable(pod corev1.PodSpec) (string, string) {
+	containers := append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...)
+	for i, c := range containers {
+		if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/host/") {
+			continue
+		}
+		if !slices.Contains(placedPrograms(containers[:i]), c.Command[0]) {
+			return c.Name, fmt.Sprintf("container %s: StartError: failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: exec: %q: stat %s: no such file or directory: unknown", c.Name, c.Command[0], c.Command[0])
+		}
+	}
+	return "", ""
+}
+
 // podCommand is what a container of a Job's pod runs, in a few words: the node program's
 // subcommand with its own flags (not the host root, repository and version every one
-// gets), kubectl's verb, else the image's last path element.
-func podCommand(c corev1.Container) string {
-	if sub := nodeSubcommand(c.Image, c.Args); sub != "" {
+// gets), kubectl's verb, else the image's last path element. placed are the programs
+// the containers before it placed on the host (placedPrograms).
+func podCommand(c corev1.Container, placed []string) string {
+	if sub := containerSubcommand(c.Image, c.Command, c.Args, placed); sub != "" {
 		for _, a := range c.Args {
 			name, _, _ := strings.Cut(a, "=")
 			if strings.HasPrefix(a, "--") && !slices.Contains([]string{"--host-root", "--repository-url", "--version"}, name) {
@@ -160,8 +233,9 @@ func knownSubcommand(sub string) bool {
 // unknownSubcommand is the first container of pod that runs a node program subcommand
 // this build does not have, and its message; "" when there is none.
 func unknownSubcommand(pod corev1.PodSpec) (string, string) {
-	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
-		if sub := nodeSubcommand(c.Image, c.Args); sub != "" && !knownSubcommand(sub) {
+	containers := append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...)
+	for i, c := range containers {
+		if sub := containerSubcommand(c.Image, c.Command, c.Args, placedPrograms(containers[:i])); sub != "" && !knownSubcommand(sub) {
 			return c.Name, fmt.Sprintf("container %s: capi-inplace node: unknown subcommand %q (exit code %d)", c.Name, sub, nodeprogram.ExitUsage)
 		}
 	}
@@ -297,9 +371,10 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 	run := &podRun{node: node, plan: plan, start: now, exclusive: job.Labels[LabelExclusive] == "true"}
 	pod := job.Spec.Template.Spec
 	var images, commands []string
-	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
+	all := append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...)
+	for i, c := range all {
 		images = append(images, c.Image)
-		commands = append(commands, podCommand(c))
+		commands = append(commands, podCommand(c, placedPrograms(all[:i])))
 	}
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		if !s.imageExists(c.Image) {
@@ -332,6 +407,10 @@ func (s *SUC) startPod(ctx context.Context, job *batchv1.Job, now time.Time) err
 // NotReady. A kubectl drain whose --timeout is shorter than the drain fails the pod.
 func (s *SUC) startContainers(ctx context.Context, job *batchv1.Job, run *podRun, now time.Time) error {
 	pod := job.Spec.Template.Spec
+	if container, message := missingExecutable(pod); message != "" {
+		run.exit = &containerExit{container: container, code: 128, termination: message, log: message}
+		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
+	}
 	if container, message := unknownSubcommand(pod); message != "" {
 		// The node program writes its own termination message (nodeprogram Main).
 		run.exit = &containerExit{container: container, code: nodeprogram.ExitUsage, termination: message, log: message}

@@ -161,7 +161,7 @@ func DefaultOSImage(plan *sucv1.Plan) string {
 		return ""
 	}
 	up := plan.Spec.Upgrade
-	if nodeSubcommand(up.Image, up.Args) == "os-upgrade" && !slices.Contains(up.Args, "--reboot=false") {
+	if PlanSubcommand(plan) == "os-upgrade" && !slices.Contains(up.Args, "--reboot=false") {
 		return "Harvester " + plan.Spec.Version
 	}
 	return ""

@@ -348,4 +348,54 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		Expect(c.rec.Runs()).To(HaveLen(1))
 		Expect(c.rec.Runs()[0].Message).To(Equal(`container upgrade: capi-inplace node: unknown subcommand "remove-image" (exit code 2)`))
 	})
+
+	// The os Plan of the v1.6 -> v1.7 hop (harvesteradapter/suc WithPreviousVersion): the
+	// prepare container, an init container before upgrade in the same pod (fact 34),
+	// places the node program on the host, and the upgrade container, of the release's
+	// upgrade image, executes that copy from the host root SUC mounts at /host in both
+	// (fact 31).
+	hopPlan := func(place bool) func(p *sucv1.Plan) {
+		return func(p *sucv1.Plan) {
+			p.Spec.Version = "v1.7.1"
+			prepare := []string{"node", "remove-archives", "--host-root=/host", "--repository-url=http://repo.example", "--version=v1.7.1"}
+			if place {
+				prepare = append(prepare, "--place-program=/usr/local/upgrade_tmp/capi-inplace")
+			}
+			p.Spec.Prepare = &sucv1.ContainerSpec{Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Command: []string{"/capi-inplace"}, Args: prepare}
+			p.Spec.Upgrade = &sucv1.ContainerSpec{
+				Image: "rancher/harvester-upgrade:v1.7.1", Command: []string{"/host/usr/local/upgrade_tmp/capi-inplace"},
+				Args: []string{"node", "os-upgrade", "--host-root=/host", "--repository-url=http://repo.example", "--version=v1.7.1", "--previous-version=v1.6.1", "--glibc-libraries=container"},
+			}
+		}
+	}
+
+	It("runs the node program that prepare placed on the host in another image's upgrade container: the OS upgrade reboots the node into the release", func() {
+		c := newCluster(1)
+		node := c.pool + "-node-1"
+		p := c.onePlan("os-hop", node, hopPlan(true))
+		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(func() string {
+			n := &corev1.Node{}
+			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+			return n.Status.NodeInfo.OSImage
+		}, 10*time.Second, 50*time.Millisecond).Should(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
+		runs := c.rec.Runs()
+		Expect(runs).To(HaveLen(1))
+		Expect(runs[0].Images).To(Equal([]string{"ghcr.io/capi-inplace/capi-inplace:v0.4.0", "rancher/harvester-upgrade:v1.7.1"}))
+		Expect(runs[0].Commands).To(Equal([]string{
+			"remove-archives --place-program=/usr/local/upgrade_tmp/capi-inplace",
+			"os-upgrade --previous-version=v1.6.1 --glibc-libraries=container",
+		}))
+	})
+
+	It("fails the Job whose upgrade container executes a program under /host that nothing placed, as the runtime cannot start it", func() {
+		c := newCluster(1)
+		node := c.pool + "-node-1"
+		p := c.onePlan("os-hop-unplaced", node, hopPlan(false))
+		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Expect(c.rec.Runs()).To(HaveLen(1))
+		Expect(c.rec.Runs()[0].Message).To(ContainSubstring(`container upgrade: StartError: `))
+		Expect(c.rec.Runs()[0].Message).To(ContainSubstring(`exec: "/host/usr/local/upgrade_tmp/capi-inplace": stat /host/usr/local/upgrade_tmp/capi-inplace: no such file or directory`))
+		Expect(c.rec.Reboots(node)).To(BeEmpty())
+	})
 })
