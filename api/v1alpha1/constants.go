@@ -39,6 +39,11 @@ const (
 	// UpgradeTask spec.gates) added to every UpgradeTask of the Cluster, whichever path
 	// created it; a task's own gate of the same name wins.
 	GatesAnnotation = AnnotationPrefix + "gates"
+
+	// DrainPolicyAnnotation on a Cluster is a JSON drain policy (the type of UpgradeTask
+	// spec.drainPolicy) for every UpgradeTask of the Cluster that sets none, whichever
+	// path created it.
+	DrainPolicyAnnotation = AnnotationPrefix + "drain-policy"
 )
 
 // Values of UpgradeStatusAnnotation.
