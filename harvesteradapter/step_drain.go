@@ -42,6 +42,16 @@ func (u *Updater) skipDrain(_ context.Context, r *nodeRun) (string, error) {
 func (u *Updater) runDrain(ctx context.Context, r *nodeRun) (bool, string, error) {
 	done, message, err := u.applyPlan(ctx, r, suc.PlanDrain)
 	if err != nil || !done {
+		if err == nil {
+			// The node's pods that the drain cannot evict now: the drain policy's part.
+			blocked, perr := u.applyDrainPolicy(ctx, r)
+			if perr != nil {
+				return false, "", perr
+			}
+			if blocked != "" {
+				message += "; " + blocked
+			}
+		}
 		return done, message, err
 	}
 	return true, fmt.Sprintf("node %s is drained", r.nu.Spec.NodeName), nil

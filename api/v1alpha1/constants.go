@@ -39,6 +39,11 @@ const (
 	// UpgradeTask spec.gates) added to every UpgradeTask of the Cluster, whichever path
 	// created it; a task's own gate of the same name wins.
 	GatesAnnotation = AnnotationPrefix + "gates"
+
+	// DrainPolicyAnnotation on a Cluster is a JSON drain policy (the type of UpgradeTask
+	// spec.drainPolicy) for every UpgradeTask of the Cluster that sets none, whichever
+	// path created it.
+	DrainPolicyAnnotation = AnnotationPrefix + "drain-policy"
 )
 
 // Values of UpgradeStatusAnnotation.
@@ -283,6 +288,26 @@ const (
 	// FailureBudgetExhaustedReason: the Cluster's failed nodes reached its failure budget;
 	// no task of the Cluster starts a new node until a person lifts it.
 	FailureBudgetExhaustedReason = "FailureBudgetExhausted"
+	// InvalidDrainPolicyReason: the Cluster's drain-policy annotation is not usable; the
+	// task starts no node until it is fixed or removed.
+	InvalidDrainPolicyReason = "InvalidDrainPolicy"
+
+	// DrainBlockedCondition on a NodeUpdate is True while a pod whose eviction a
+	// PodDisruptionBudget refuses keeps the node's drain from ending; its message names
+	// the pods and what the drain policy does about them. It turns False when no pod
+	// blocks the drain any more, with the reason saying how.
+	DrainBlockedCondition = "DrainBlocked"
+	// DrainHeldReason: the drain is blocked and the policy is Hold: the node waits until
+	// the pods can be evicted or its drain step times out.
+	DrainHeldReason = "DrainHeld"
+	// EvictionPendingReason: the drain is blocked and the policy is Evict: the blocking
+	// pods are deleted, their budgets ignored, once the grace period has passed.
+	EvictionPendingReason = "EvictionPending"
+	// BlockingPodsDeletedReason: the policy Evict deleted the pods that blocked the drain,
+	// ignoring their PodDisruptionBudgets; one event per pod names it.
+	BlockingPodsDeletedReason = "BlockingPodsDeleted"
+	// DrainUnblockedReason: the pods that blocked the drain could be evicted after all.
+	DrainUnblockedReason = "DrainUnblocked"
 	// InvalidFailureBudgetReason: an annotation of the Cluster's failure budget is not
 	// usable; the message names the value and what is used instead.
 	InvalidFailureBudgetReason = "InvalidFailureBudget"

@@ -129,6 +129,13 @@ type NodeUpdateSpec struct {
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9]*$`
 	AbortReason string `json:"abortReason,omitempty"`
+
+	// drainPolicy is what the updater does when the node's drain is blocked, copied from
+	// the UpgradeTask (or its Cluster's annotation) when the NodeUpdate was created. Unset
+	// means Hold.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="drainPolicy is immutable"
+	DrainPolicy *DrainPolicy `json:"drainPolicy,omitempty"`
 }
 
 // NodeUpdateStatus tells the story of the node's upgrade.

@@ -202,6 +202,14 @@ type UpgradeTaskSpec struct {
 	// inplace.cluster.x-k8s.io/notify-secret annotation, if any.
 	// +optional
 	Notify *NotifySpec `json:"notify,omitempty"`
+
+	// drainPolicy says what a node's updater does when the node's drain is blocked (a pod
+	// whose eviction a PodDisruptionBudget refuses): Hold (the default) or, only when
+	// asked, Evict after a grace period. Unset means the Cluster's
+	// inplace.cluster.x-k8s.io/drain-policy annotation, if any. Each NodeUpdate carries
+	// the policy it was started with.
+	// +optional
+	DrainPolicy *DrainPolicy `json:"drainPolicy,omitempty"`
 }
 
 // TaskPhase is where an UpgradeTask stands.

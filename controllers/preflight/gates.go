@@ -42,6 +42,9 @@ type GateInput struct {
 	FailureBudgetExhausted string
 	// Health are the health gates' last results (spec.gates and the Cluster's).
 	Health []HealthGate
+	// DrainPolicyProblem, when set, says why the Cluster's drain-policy annotation
+	// cannot be used: no node starts under a policy other than the one asked.
+	DrainPolicyProblem string
 }
 
 // Gate names.
@@ -52,6 +55,7 @@ const (
 	WindowGateName      = "Window"
 	SoakGateName        = "PostNodeDelay"
 	HealthGateName      = "HealthGates"
+	DrainPolicyGateName = "DrainPolicy"
 )
 
 // Gates evaluates, in order, the Cluster's failure budget, an older task of the same
@@ -59,12 +63,21 @@ const (
 // gates and the soak delay, and returns the first that is closed, or an open result when
 // all let nodes start.
 func Gates(in GateInput) GateResult {
-	for _, g := range []func(GateInput) GateResult{failureBudgetGate, duplicateGate, versionSkewGate, pausedGate, windowGate, healthGate, soakGate} {
+	for _, g := range []func(GateInput) GateResult{failureBudgetGate, drainPolicyGate, duplicateGate, versionSkewGate, pausedGate, windowGate, healthGate, soakGate} {
 		if r := g(in); !r.Open {
 			return r
 		}
 	}
 	return GateResult{Open: true}
+}
+
+// drainPolicyGate keeps a task from starting nodes while the Cluster's drain-policy
+// annotation, which its NodeUpdates would carry, cannot be used.
+func drainPolicyGate(in GateInput) GateResult {
+	if in.DrainPolicyProblem == "" {
+		return GateResult{Name: DrainPolicyGateName, Open: true}
+	}
+	return GateResult{Name: DrainPolicyGateName, Reason: inplacev1.InvalidDrainPolicyReason, Message: in.DrainPolicyProblem}
 }
 
 // duplicateGate keeps a task from starting nodes while an older live task of the same

@@ -313,7 +313,9 @@ type taskScope struct {
 	task    *inplacev1.UpgradeTask
 	cluster *clusterv1.Cluster
 	now     time.Time
-	version *version.Version
+	// drainPolicy is what the task's new NodeUpdates carry (drainPolicy).
+	drainPolicy *inplacev1.DrainPolicy
+	version     *version.Version
 	// targetMachines are every machine of the target, at the version or not.
 	targetMachines []clusterv1.Machine
 	// nodes are the workload cluster's Nodes by name.

@@ -264,6 +264,7 @@ func (r *Reconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *mem
 			DesiredMachine: task.Spec.DesiredMachine,
 			UpdaterRef:     task.Spec.UpdaterRef,
 			Phase:          inplacev1.TaskActionOngoing,
+			DrainPolicy:    s.drainPolicy.DeepCopy(),
 		},
 	}
 	if err := controllerutil.SetControllerReference(task, nu, r.Client.Scheme()); err != nil {

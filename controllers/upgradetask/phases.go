@@ -22,9 +22,11 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 	if err := r.abortRemoved(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
+	var policyProblem string
+	s.drainPolicy, policyProblem = drainPolicy(task, s.cluster)
 	gate := preflight.Gates(preflight.GateInput{Spec: &task.Spec, Now: s.now, LastNodeCompletion: lastNodeCompletion(s),
 		HeldBy: s.heldBy, ControlPlaneBehind: s.controlPlaneBehind, FailureBudgetExhausted: s.failures.gateMessage(),
-		Health: r.healthGates(ctx, s)})
+		Health: r.healthGates(ctx, s), DrainPolicyProblem: policyProblem})
 	stopper := stoppedBy(s)
 	s.goesOnAfterFailure = stopper == nil
 	r.selectNextMachines(ctx, s, gate, stopper)

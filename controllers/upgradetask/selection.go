@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -184,6 +186,10 @@ func stateFromNodeUpdate(nu *inplacev1.NodeUpdate) (inplacev1.MachineState, stri
 		return inplacev1.MachineStateFailed, msg
 	case inplacev1.NodeUpdatePhaseAborted:
 		return inplacev1.MachineStateAborted, "the NodeUpdate was aborted"
+	}
+	if c := meta.FindStatusCondition(nu.Status.Conditions, inplacev1.DrainBlockedCondition); c != nil && c.Status == metav1.ConditionTrue {
+		// The node's drain policy at work: which pods block it and what happens next.
+		return inplacev1.MachineStateInProgress, truncate("step "+nu.Status.CurrentStep+": "+c.Message, 10240)
 	}
 	if nu.Status.CurrentStep != "" {
 		return inplacev1.MachineStateInProgress, "step " + nu.Status.CurrentStep

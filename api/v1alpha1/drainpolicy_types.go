@@ -1,0 +1,57 @@
+package v1alpha1
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DrainMode is what the updater does with a node whose drain is blocked.
+// +kubebuilder:validation:Enum=Hold;Evict
+type DrainMode string
+
+const (
+	// DrainModeHold keeps the node draining until its drain step times out (the default).
+	DrainModeHold DrainMode = "Hold"
+	// DrainModeEvict deletes the pods whose eviction a PodDisruptionBudget refuses, once
+	// the drain has been blocked for gracePeriod: the budgets are ignored.
+	DrainModeEvict DrainMode = "Evict"
+)
+
+// DefaultDrainGracePeriod is how long a blocked drain waits before the policy acts.
+const DefaultDrainGracePeriod = "10m"
+
+// DrainPolicy says what to do with a node whose drain is blocked: a pod whose eviction a
+// PodDisruptionBudget refuses.
+// +kubebuilder:validation:XValidation:rule="!has(self.gracePeriod) || duration(self.gracePeriod) > duration('0s')",message="drainPolicy.gracePeriod must be more than 0s, for example 10m"
+type DrainPolicy struct {
+	// mode is Hold (the default: the node waits until its drain step times out, and the
+	// task fails there) or Evict (after gracePeriod, the blocking pods are deleted, their
+	// PodDisruptionBudgets ignored; only when asked).
+	// +optional
+	// +kubebuilder:default=Hold
+	Mode DrainMode `json:"mode,omitempty"`
+
+	// gracePeriod is how long the drain may be blocked before the mode acts, for
+	// example 10m (the default).
+	// +optional
+	// +kubebuilder:default="10m"
+	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+}
+
+// DrainModeOrDefault is the policy's mode, Hold when unset.
+func (p *DrainPolicy) DrainModeOrDefault() DrainMode {
+	if p == nil || p.Mode == "" {
+		return DrainModeHold
+	}
+	return p.Mode
+}
+
+// GracePeriodOrDefault is the policy's grace period, DefaultDrainGracePeriod when unset.
+func (p *DrainPolicy) GracePeriodOrDefault() time.Duration {
+	if p != nil && p.GracePeriod != nil {
+		return p.GracePeriod.Duration
+	}
+	d, _ := time.ParseDuration(DefaultDrainGracePeriod)
+	return d
+}
