@@ -468,25 +468,34 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 	s.stopSims = cancel
 	wc := s.Workload.Client
 	delay := s.Options.StepDelay
-	s.SUC = &sim.SUC{Client: wc, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay, Interval: 50 * time.Millisecond}
+	// SUC, Rancher, its planner, the repository and the Job controller read from informers
+	// and run on their events, as the controllers they stand for do (test/sim passLoop):
+	// listing every few milliseconds instead would load the machine's two cores with
+	// requests that find nothing to do.
+	informers, err := s.Workload.StartCache(ctx)
+	if err != nil {
+		cancel()
+		return err
+	}
+	s.SUC = &sim.SUC{Client: wc, Cache: informers, Namespace: SUCNamespace, Kubelet: s.Kubelet, Record: s.Record, JobDuration: delay}
 	if err := s.startMultus(ctx0); err != nil {
 		cancel()
 		return err
 	}
-	s.Repository = &sim.Repository{Client: wc, Namespace: repository.Namespace, Release: ReleaseMetadata, Delay: delay}
+	s.Repository = &sim.Repository{Client: wc, Cache: informers, Namespace: repository.Namespace, Release: ReleaseMetadata, Delay: delay}
 	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
 	if s.Options.LonghornV2 {
 		s.Longhorn.SetTargetImage(LonghornIMTargetImage)
 	}
 	s.KubeVirt = &sim.KubeVirt{Client: wc, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
 	s.Repository.Start(ctx)
-	s.Rancher = &sim.Rancher{Client: wc, ChartDelay: delay, DownloadDelay: delay / 4, RolloutDelay: delay / 2, Interval: 50 * time.Millisecond,
+	s.Rancher = &sim.Rancher{Client: wc, Cache: informers, ChartDelay: delay, DownloadDelay: delay / 4, RolloutDelay: delay / 2,
 		PlannerOwnsLocalCluster: !s.Options.SUCOwnsRKE2}
 	s.Rancher.Start(ctx)
 	if !s.Options.SUCOwnsRKE2 {
 		// The restart guard is host state SUC's Jobs leave (the node program's
 		// rke2-restart-guard): the SUC simulator's record of it (fact 12).
-		s.Planner = &sim.RancherPlanner{Client: wc, Kubelet: s.Kubelet, Interval: 50 * time.Millisecond,
+		s.Planner = &sim.RancherPlanner{Client: wc, Cache: informers, Kubelet: s.Kubelet,
 			InstallDuration: delay / 4, RestartDuration: delay, RetryDelay: delay, Guarded: s.SUC.Guarded, Multus: s.Multus}
 		if err := s.Planner.SeedMachines(ctx0); err != nil {
 			cancel()
@@ -495,7 +504,7 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		s.simsDone.Add(1)
 		go func() { defer s.simsDone.Done(); _ = s.Planner.Run(ctx) }()
 	}
-	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Kubeconfig: s.Workload.Kubeconfig, Interval: 50 * time.Millisecond}
+	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Kubeconfig: s.Workload.Kubeconfig, Cache: informers}
 	s.ClusterUpgradeJobs.Start(ctx)
 	s.simsDone.Add(3)
 	go func() { defer s.simsDone.Done(); _ = s.SUC.Run(ctx) }()
