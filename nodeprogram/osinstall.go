@@ -246,8 +246,10 @@ func glibcMissing(output string) string {
 // for a bond's slave), so that a new driver's naming cannot rename the interfaces the
 // network configuration names (harvester PR #9877); the boot configuration that keeps
 // multipathd off Longhorn's iSCSI disks (lhMultipathdConfig); the sftp-server path of SL
-// Micro 6.
-func patchBoot(ctx context.Context, env *Env) error {
+// Micro 6. target is the release being installed: v1.7.0 sets no NIC pins (its
+// upgrade_os has no set_nic_names_by_mac_address), so neither does this for it; empty
+// (a run by hand that accepts any release) pins.
+func patchBoot(ctx context.Context, env *Env, target string) error {
 	h := env.host()
 	if exists, err := hostFileExists(h, grubEnv); err != nil {
 		return err
@@ -263,7 +265,7 @@ func patchBoot(ctx context.Context, env *Env) error {
 			return err
 		}
 	}
-	if err := setKernelArgs(ctx, env); err != nil {
+	if err := setKernelArgs(ctx, env, target); err != nil {
 		return err
 	}
 	if err := writeHostFile(h, lhMultipathdFile, lhMultipathdConfig()); err != nil {
@@ -286,8 +288,8 @@ func patchBoot(ctx context.Context, env *Env) error {
 }
 
 // setKernelArgs adds multipath=off and the NIC pins to third_party_kernel_args, in one
-// write, when something is to be added.
-func setKernelArgs(ctx context.Context, env *Env) error {
+// write, when something is to be added; no pins for target v1.7.0 (see patchBoot).
+func setKernelArgs(ctx context.Context, env *Env, target string) error {
 	h := env.host()
 	out, err := h.Run(ctx, Command{Name: "grub2-editenv", Args: []string{grubEnv, "list"}})
 	if err != nil {
@@ -307,11 +309,13 @@ func setKernelArgs(ctx context.Context, env *Env) error {
 	if !external && !strings.Contains(current, "multipath") {
 		args = append(args, "multipath=off")
 	}
-	pins, err := nicPins(h, current)
-	if err != nil {
-		return err
+	if target != "v1.7.0" {
+		pins, err := nicPins(h, current)
+		if err != nil {
+			return err
+		}
+		args = append(args, pins...)
 	}
-	args = append(args, pins...)
 	if strings.Join(args, " ") == strings.Join(strings.Fields(current), " ") {
 		return nil
 	}

@@ -101,6 +101,21 @@ func TestOSInstallKernelArguments(t *testing.T) {
 		})
 	}
 
+	// To v1.7.0, whose upgrade_os has no set_nic_names_by_mac_address (v1.7.1 on, fact
+	// 54.6): multipath=off only, no NIC pinned.
+	v170 := newFileServer(t, map[string][]byte{
+		"/harvester-iso/harvester-release.yaml": []byte(strings.ReplaceAll(strings.ReplaceAll(releaseYAML, "v1.6.0", "v1.7.0"), "1.6.0", "1.7.0")),
+		"/harvester-iso/rootfs.squashfs":        []byte("new root file system"),
+	})
+	to170 := osNode(t, "Harvester v1.6.1")
+	to170.write(t, "/oem/harvester.config", "os: {}\n")
+	to170.write(t, "/oem/grubenv", "# GRUB Environment Block\nthird_party_kernel_args=console=tty1\n")
+	nics(to170)
+	runNode(t, to170, nil, "os-upgrade", "--repository-url="+v170.URL+"/harvester-iso", "--version=v1.7.0", "--rke2-settings=false").expect(t, ExitOK)
+	if got, _ := readHost(t, to170, "/oem/grubenv"); !strings.Contains(got, "third_party_kernel_args=console=tty1 multipath=off\n") {
+		t.Errorf("to v1.7.0: grubenv is %q, want multipath=off added and no ifname= pin", got)
+	}
+
 	// Everything there already: nothing is written.
 	host := osNode(t, "Harvester v1.5.0")
 	host.write(t, "/oem/grubenv", "# GRUB Environment Block\nthird_party_kernel_args=multipath=off ifname=eno1:aa:bb:cc:00:00:01\n")

@@ -216,7 +216,7 @@ func installOS(ctx context.Context, env *Env, o osUpgradeOptions, repo *reposito
 		return fmt.Errorf("install the OS (elemental's log is %s on the node): %w", logFile, err)
 	}
 	// Then what the new OS needs to boot as the release boots it.
-	return patchBoot(ctx, env)
+	return patchBoot(ctx, env, o.version)
 }
 
 // scheduleReboot asks the host's systemd to reboot after delay, once: a transient timer
