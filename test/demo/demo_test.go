@@ -325,7 +325,7 @@ func TestDemoFromV16(t *testing.T) {
 		}
 	}
 	migrations := "os-upgrade --previous-version=v1.6.1 --glibc-libraries=container in rancher/harvester-upgrade:v1.7.1 " +
-		"[node migrations: generate_networkmanager_config: persistent paths, generate_networkmanager_config, generate_networkmanager_config: DHCP client id, generate_hostname_persistance; " +
+		"[node migrations: generate_networkmanager_config: persistent paths, generate_networkmanager_config, generate_networkmanager_config: DHCP client id, generate_hostname_persistance; " + //nolint:misspell // the release script's own function name
 		"elemental with the container's /lib64 (GLIBC)]"
 	for _, node := range cfg.nodeNames() {
 		line := ""

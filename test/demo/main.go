@@ -10,7 +10,7 @@
 // spec.topology.version bump Cluster API rolls out through capi-inplace's hooks. Without
 // them it plays Cluster API's hook calls in-process (capi.go) and says it is a fallback.
 //
-//	go run ./test/demo [--via=annotation|hook|capi] [--nodes N] [--fail NODE] [--step-delay D] [--keep] [--preview]
+//	go run ./test/demo [--via=annotation|hook|capi] [--from v1.6.1] [--nodes N] [--fail NODE] [--step-delay D] [--keep] [--preview]
 package main
 
 import (
