@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -272,8 +273,14 @@ func (s *Scenario) SettingStories(ctx context.Context) []SettingStory {
 	if err != nil {
 		end = map[string]string{}
 	}
+	return stories(s.Settings.History(), end)
+}
+
+// stories are SettingStories of a watch's history and the values at the end (a setting
+// missing there ends at the last value seen).
+func stories(history []SettingChange, end map[string]string) []SettingStory {
 	byName := map[string]*SettingStory{}
-	for _, ch := range s.Settings.History() {
+	for _, ch := range history {
 		st := byName[ch.Setting]
 		if st == nil {
 			byName[ch.Setting] = &SettingStory{Setting: ch.Setting, Before: ch.Value}
@@ -380,11 +387,22 @@ func (s *Scenario) settingsHeldForNodes() Check {
 		c.Name += " (no node was upgraded)"
 		return c
 	}
-	history := s.Settings.History()
+	problems := heldForNodes(s.Settings.History(), first, last)
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
+}
+
+// heldForNodes is settingsHeldForNodes on a watch's history and the window of the node
+// phase: what broke it, one sentence each.
+func heldForNodes(history []SettingChange, first, last time.Time) []string {
 	want := map[string]func(before, v string) bool{
 		SettingWorkloadUpdateMethods: func(_, v string) bool { return v == "[]" },
 		SettingReplicaReplenishment: func(before, v string) bool {
-			return before == absent || v == "1800"
+			n, err := strconv.Atoi(v)
+			return before == absent || (err == nil && n >= 1800)
 		},
 		SettingDescheduler: func(before, v string) bool { return before != "true" || v == "false" },
 	}
@@ -410,11 +428,7 @@ func (s *Scenario) settingsHeldForNodes() Check {
 			}
 		}
 	}
-	if len(problems) > 0 {
-		sort.Strings(problems)
-		c.OK, c.Detail = false, strings.Join(problems, "; ")
-	}
-	return c
+	return problems
 }
 
 // settingsRestored checks, once the cluster's UpgradePlan has ended, that every setting
