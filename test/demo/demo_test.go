@@ -306,7 +306,9 @@ func TestDemoFromV16(t *testing.T) {
 		t.Skip("starts two API servers and the manager")
 	}
 	cfg := defaultConfig()
-	cfg.via, cfg.controlPlane, cfg.workers, cfg.from = viaAnnotation, 1, 1, "v1.6.1"
+	// No Longhorn v2 volume: on one worker it would have a single replica, which the
+	// SingleReplicaVolumes preflight check rightly holds.
+	cfg.via, cfg.controlPlane, cfg.workers, cfg.from, cfg.longhornV2 = viaAnnotation, 1, 1, "v1.6.1", false
 	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
 
 	var out bytes.Buffer
@@ -317,8 +319,9 @@ func TestDemoFromV16(t *testing.T) {
 	for _, want := range []string{"Harvester v1.6.1 -> v1.7.1, Kubernetes v1.33.5+rke2r1 -> v1.34.3+rke2r3",
 		"2/2 nodes upgraded", "All 2 nodes reached Kubernetes v1.34.3+rke2r3 and Harvester v1.7.1",
 		scenario.SettingReplicaReplenishment + ": before 600, during the run 1800, at the end 600 (restored)",
-		// No descheduler add-on on a v1.6 cluster (fact 36).
-		scenario.SettingDescheduler + ": (unset), not changed",
+		// No descheduler add-on on a v1.6 cluster (fact 36): the upgrade creates it from
+		// the release's files, disabled as the release ships it (fact 29).
+		scenario.SettingDescheduler + ": before (unset), during the run false, at the end false (created by the upgrade)",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output does not say %q:\n%s", want, out.String())

@@ -101,4 +101,11 @@ func TestStories(t *testing.T) {
 	if st := (SettingStory{Setting: SettingDescheduler, Before: absent, End: absent}); st.String() != SettingDescheduler+": (unset), not changed" {
 		t.Errorf("an unchanged setting: %q", st.String())
 	}
+	if st := (SettingStory{Setting: SettingDescheduler, Before: absent, During: []string{"false"}, End: "false"}); !strings.HasSuffix(st.String(), "(created by the upgrade)") {
+		t.Errorf("a setting the upgrade created: %q", st.String())
+	}
+	if changedForRoll(SettingDescheduler, absent) || changedForRoll(SettingDescheduler, "false") || !changedForRoll(SettingDescheduler, "true") ||
+		changedForRoll(SettingReplicaReplenishment, absent) || !changedForRoll(SettingWorkloadUpdateMethods, absent) {
+		t.Error("changedForRoll does not follow what the upgrade changes for the roll")
+	}
 }
