@@ -40,23 +40,48 @@ const (
 // fromV16 is how the release keys the hop's migrations on the previous version.
 var fromV16 = regexp.MustCompile(`^v1\.6\.[0-9]$`)
 
-// hopMigrations runs the node migrations of the hop from previous, in the release's
-// order, with the new OS image mounted at rootfsMountPoint. A previous version the
-// release does not key on runs none.
-func hopMigrations(ctx context.Context, env *Env, previous string) error {
+// hopMigration is one node migration: its name (the release script's function, and
+// the part of it) and what it does.
+type hopMigration struct {
+	name string
+	run  func(context.Context, *Env) error
+}
+
+// migrationsFrom are the node migrations the release runs when the upgrade's previous
+// version is previous, in its order; none for a previous version it does not key on.
+func migrationsFrom(previous string) []hopMigration {
 	if !fromV16.MatchString(previous) {
 		return nil
 	}
-	env.say("the nodes ran %s: the v1.6 to v1.7 node migrations (NetworkManager, hostname)\n", previous)
-	for _, m := range []struct {
-		name string
-		run  func(context.Context, *Env) error
-	}{
+	return []hopMigration{
 		{"generate_networkmanager_config: persistent paths", persistNetworkManagerState},
 		{"generate_networkmanager_config", generateNetworkManagerConfig},
 		{"generate_networkmanager_config: DHCP client id", keepDHCPClientID},
 		{"generate_hostname_persistance", persistHostname}, //nolint:misspell // the release script's own function name
-	} {
+	}
+}
+
+// HopMigrations names, in order, the node migrations os-upgrade runs before the OS
+// install when its --previous-version is previous (the demo names them from the os
+// Plan's arguments).
+func HopMigrations(previous string) []string {
+	var out []string
+	for _, m := range migrationsFrom(previous) {
+		out = append(out, m.name)
+	}
+	return out
+}
+
+// hopMigrations runs the node migrations of the hop from previous, in the release's
+// order, with the new OS image mounted at rootfsMountPoint. A previous version the
+// release does not key on runs none.
+func hopMigrations(ctx context.Context, env *Env, previous string) error {
+	migrations := migrationsFrom(previous)
+	if len(migrations) == 0 {
+		return nil
+	}
+	env.say("the nodes ran %s: the v1.6 to v1.7 node migrations (NetworkManager, hostname)\n", previous)
+	for _, m := range migrations {
 		if err := m.run(ctx, env); err != nil {
 			return fmt.Errorf("%s: %w", m.name, err)
 		}

@@ -138,3 +138,20 @@ func TestOSUpgradeFromV16StopsBeforeTheInstallWhenTheNetworkCannotBeGenerated(t 
 		}
 	}
 }
+
+// HopMigrations names what hopMigrations runs, in its order: the v1.6 to v1.7
+// migrations for a previous version of v1.6, none for another.
+func TestHopMigrationsNames(t *testing.T) {
+	want := []string{
+		"generate_networkmanager_config: persistent paths", "generate_networkmanager_config",
+		"generate_networkmanager_config: DHCP client id", "generate_hostname_persistance", //nolint:misspell // the release script's own function name
+	}
+	if got := HopMigrations("v1.6.1"); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("HopMigrations(v1.6.1) = %q, want %q", got, want)
+	}
+	for _, previous := range []string{"v1.7.1", "v1.6.10", "", "v1.5.2"} {
+		if got := HopMigrations(previous); len(got) != 0 {
+			t.Errorf("HopMigrations(%q) = %q, want none", previous, got)
+		}
+	}
+}

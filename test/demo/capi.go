@@ -81,7 +81,7 @@ func bumpVersions(ctx context.Context, s *scenario.Scenario, v *view) error {
 		return err
 	}
 	patch := client.MergeFrom(kcp.DeepCopy())
-	kcp.Spec.Version = scenario.ToVersion
+	kcp.Spec.Version = s.Options.Hop.ToKubernetes
 	if err := mc.Patch(ctx, kcp, patch); err != nil {
 		return fmt.Errorf("bump the KubeadmControlPlane's version: %w", err)
 	}
@@ -90,11 +90,11 @@ func bumpVersions(ctx context.Context, s *scenario.Scenario, v *view) error {
 		return err
 	}
 	patch = client.MergeFrom(md.DeepCopy())
-	md.Spec.Template.Spec.Version = scenario.ToVersion
+	md.Spec.Template.Spec.Version = s.Options.Hop.ToKubernetes
 	if err := mc.Patch(ctx, md, patch); err != nil {
 		return fmt.Errorf("bump the MachineDeployment's version: %w", err)
 	}
-	v.step(fmt.Sprintf("kubectl patch kubeadmcontrolplane %s and machinedeployment %s: version %s", kcp.Name, md.Name, scenario.ToVersion))
+	v.step(fmt.Sprintf("kubectl patch kubeadmcontrolplane %s and machinedeployment %s: version %s", kcp.Name, md.Name, s.Options.Hop.ToKubernetes))
 	return nil
 }
 
@@ -142,7 +142,7 @@ func (c *capiPlayer) controlPlane(ctx context.Context) error {
 
 func (c *capiPlayer) canUpdateMachine(ctx context.Context, m *clusterv1.Machine) error {
 	desired := m.DeepCopy()
-	desired.Spec.Version = scenario.ToVersion
+	desired.Spec.Version = c.s.Options.Hop.ToKubernetes
 	req := &runtimehooksv1.CanUpdateMachineRequest{
 		Current: runtimehooksv1.CanUpdateMachineRequestObjects{
 			Machine: capisim.SpecOnly(m), InfrastructureMachine: infraMachine(m, false), BootstrapConfig: kubeadmConfig(m, false),
@@ -234,8 +234,8 @@ func (c *capiPlayer) machineDeployment(ctx context.Context) error {
 
 func (c *capiPlayer) canUpdateMachineSet(ctx context.Context, ms *clusterv1.MachineSet) error {
 	desired := ms.DeepCopy()
-	desired.Name = ms.Name + "-" + strings.NewReplacer(".", "-", "+", "-").Replace(scenario.ToVersion)
-	desired.Spec.Template.Spec.Version = scenario.ToVersion
+	desired.Name = ms.Name + "-" + strings.NewReplacer(".", "-", "+", "-").Replace(c.s.Options.Hop.ToKubernetes)
+	desired.Spec.Template.Spec.Version = c.s.Options.Hop.ToKubernetes
 	req := &runtimehooksv1.CanUpdateMachineSetRequest{
 		Current: runtimehooksv1.CanUpdateMachineSetRequestObjects{MachineSet: capisim.SpecOnlySet(ms), InfrastructureMachineTemplate: infraTemplate(ms)},
 		Desired: runtimehooksv1.CanUpdateMachineSetRequestObjects{MachineSet: capisim.SpecOnlySet(desired), InfrastructureMachineTemplate: infraTemplate(desired)},
@@ -266,8 +266,8 @@ func (c *capiPlayer) canUpdateMachineSet(ctx context.Context, ms *clusterv1.Mach
 func (c *capiPlayer) updateMachine(ctx context.Context, name string, controlPlane bool) error {
 	key := client.ObjectKey{Namespace: c.s.Cluster.Namespace, Name: name}
 	calls := 0
-	c.v.step(fmt.Sprintf("Machine %s: spec.version=%s, in-place update in progress; UpdateMachine until done", name, scenario.ToVersion))
-	err := capisim.UpdateMachineWith(ctx, c.s.Management.Client, c.callUpdateMachine, key, scenario.ToVersion, capisim.UpdateOptions{
+	c.v.step(fmt.Sprintf("Machine %s: spec.version=%s, in-place update in progress; UpdateMachine until done", name, c.s.Options.Hop.ToKubernetes))
+	err := capisim.UpdateMachineWith(ctx, c.s.Management.Client, c.callUpdateMachine, key, c.s.Options.Hop.ToKubernetes, capisim.UpdateOptions{
 		Poll:        maxRetryWait,
 		Progress:    func(*runtimehooksv1.UpdateMachineResponse) { calls++ },
 		Annotations: map[string]string{runtimev1.PendingHooksAnnotation: runtimecatalog.HookName(runtimehooksv1.UpdateMachine)},

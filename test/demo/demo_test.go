@@ -63,6 +63,42 @@ func TestDemoViaHook(t *testing.T) {
 		}
 	}
 
+	// The settings the release changes for the nodes, as the demo's watch saw them on the
+	// workload cluster: changed for the run and given back (the multus skip file from the
+	// SUC simulator's record of the three servers).
+	for _, want := range []string{
+		scenario.SettingWorkloadUpdateMethods + `: before ["LiveMigrate"], during the run [], at the end ["LiveMigrate"] (restored)`,
+		scenario.SettingReplicaReplenishment + ": before 600, during the run 1800, at the end 600 (restored)",
+		scenario.SettingDescheduler + ": before true, during the run false, at the end true (restored)",
+		scenario.SettingMultusFailurePolicy + ": before (unset), during the run abort, at the end abort (kept, as the release keeps it)",
+		"setting            " + scenario.SettingReplicaReplenishment + ": 600 → 1800",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
+	// The skip file goes on and off the servers by SUC Plans whose Jobs run at once: the
+	// counts between are as the watch happened to sample them.
+	skipLine := ""
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), scenario.SettingMultusSkip+": ") {
+			skipLine = l
+		}
+	}
+	for _, want := range []string{": before on 0 of 3 servers, during the run ", "on 3 of 3 servers", ", at the end on 0 of 3 servers (restored)"} {
+		if !strings.Contains(skipLine, want) {
+			t.Errorf("the skip file's line does not say %q: %q", want, skipLine)
+		}
+	}
+	held, restored := false, false
+	for _, c := range res.checks {
+		held = held || strings.HasPrefix(c.Name, "while nodes were upgraded, KubeVirt's workloadUpdateMethods was []") && !strings.Contains(c.Name, "no node was upgraded")
+		restored = restored || strings.HasPrefix(c.Name, "the settings changed for the nodes") && !strings.Contains(c.Name, "not judged")
+	}
+	if !held || !restored {
+		t.Errorf("the settings were not checked over the run (held for the nodes %t, restored %t): %v", held, restored, res.checks)
+	}
+
 	runs := scenario.RunsPerNode(res.record.Runs())
 	var cp, workers []string
 	for _, node := range cfg.nodeNames() {
@@ -116,7 +152,16 @@ func TestConfigRefusesUnknownNodes(t *testing.T) {
 	if err := cfg.validate(); err == nil {
 		t.Error("--gate-red-at with --via=capi was not refused")
 	}
-	cfg.gateRedAt = ""
+	cfg.gateRedAt, cfg.via = "", viaHook
+	cfg.from = "v1.5.0"
+	if err := cfg.validate(); err == nil || !strings.Contains(err.Error(), "--from=v1.5.0") || !strings.Contains(err.Error(), "v1.6.1") {
+		t.Errorf("--from=v1.5.0 was not refused with the releases there are: %v", err)
+	}
+	cfg.from = "v1.6.1"
+	if err := cfg.validate(); err != nil || cfg.hop().ToRelease != "v1.7.1" {
+		t.Errorf("--from=v1.6.1: validate() = %v, hop %v; want the hop to v1.7.1", err, cfg.hop())
+	}
+	cfg.from = scenario.DefaultHop.FromRelease
 	cfg.fail, cfg.via = "", "kubectl"
 	if err := cfg.validate(); err == nil {
 		t.Error("--via=kubectl was accepted")
@@ -248,5 +293,58 @@ func TestDemoGateRedAt(t *testing.T) {
 	}
 	if !gateChecked {
 		t.Errorf("the demo did not check its health gate: %v", res.checks)
+	}
+}
+
+// TestDemoFromV16 runs the demo on the v1.6.1 to v1.7.1 hop (--from v1.6.1) on one
+// control plane node and one worker: each node's line of what ran on its host names the
+// os Plan's node migrations, as the node program runs them for the previous version the
+// Plan gives it, the release's upgrade image it ran in with its libraries bound for the
+// release's elemental, and exactly one reboot after them.
+func TestDemoFromV16(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two API servers and the manager")
+	}
+	cfg := defaultConfig()
+	// No Longhorn v2 volume: on one worker it would have a single replica, which the
+	// SingleReplicaVolumes preflight check rightly holds.
+	cfg.via, cfg.controlPlane, cfg.workers, cfg.from, cfg.longhornV2 = viaAnnotation, 1, 1, "v1.6.1", false
+	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
+
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 0 {
+		t.Fatalf("the demo ended with exit code %d, error %v; its output:\n%s", res.exitCode(), err, out.String())
+	}
+	for _, want := range []string{"Harvester v1.6.1 -> v1.7.1, Kubernetes v1.33.5+rke2r1 -> v1.34.3+rke2r3",
+		"2/2 nodes upgraded", "All 2 nodes reached Kubernetes v1.34.3+rke2r3 and Harvester v1.7.1",
+		scenario.SettingReplicaReplenishment + ": before 600, during the run 1800, at the end 600 (restored)",
+		// No descheduler add-on on a v1.6 cluster (fact 36): the upgrade creates it from
+		// the release's files, disabled as the release ships it (fact 29).
+		scenario.SettingDescheduler + ": before (unset), during the run false, at the end false (created by the upgrade)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
+	migrations := "os-upgrade --previous-version=v1.6.1 --glibc-libraries=container in rancher/harvester-upgrade:v1.7.1 " +
+		"[node migrations: generate_networkmanager_config: persistent paths, generate_networkmanager_config, generate_networkmanager_config: DHCP client id, generate_hostname_persistance; " + //nolint:misspell // the release script's own function name
+		"elemental with the container's /lib64 (GLIBC)]"
+	for _, node := range cfg.nodeNames() {
+		line := ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), node+": ") && strings.Contains(l, "os-upgrade") {
+				line = l
+			}
+		}
+		at, reboot := strings.Index(line, migrations), strings.Index(line, "reboot at ")
+		if at < 0 || reboot < at || strings.Count(line, "reboot at ") != 1 || strings.Count(line, "os-upgrade") != 1 {
+			t.Errorf("node %s's line does not show the hop's node migrations in its os-upgrade, then exactly one reboot: %q", node, line)
+		}
+	}
+	for _, c := range res.checks {
+		if !c.OK {
+			t.Errorf("invariant broken: %s: %s", c.Name, c.Detail)
+		}
 	}
 }

@@ -10,7 +10,7 @@
 // spec.topology.version bump Cluster API rolls out through capi-inplace's hooks. Without
 // them it plays Cluster API's hook calls in-process (capi.go) and says it is a fallback.
 //
-//	go run ./test/demo [--via=annotation|hook|capi] [--nodes N] [--fail NODE] [--step-delay D] [--keep] [--preview]
+//	go run ./test/demo [--via=annotation|hook|capi] [--from v1.6.1] [--nodes N] [--fail NODE] [--step-delay D] [--keep] [--preview]
 package main
 
 import (
@@ -61,6 +61,9 @@ type config struct {
 	previewWait time.Duration
 	// gateRedAt names the node while whose upgrade a health gate turns red (redGate).
 	gateRedAt string
+	// from is the Harvester release the cluster runs at first, which names the hop
+	// (scenario.HopFrom).
+	from string
 }
 
 func defaultConfig() config {
@@ -68,6 +71,7 @@ func defaultConfig() config {
 		via: viaAnnotation, workers: 3, controlPlane: 3, maxUnavailable: 1,
 		stepDelay: 2 * time.Second, pollInterval: 250 * time.Millisecond,
 		longhornV2: true, timeout: 5 * time.Minute, previewWait: time.Minute,
+		from: scenario.DefaultHop.FromRelease,
 	}
 }
 
@@ -84,6 +88,7 @@ func (c *config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.managerBinary, "manager", c.managerBinary, "a manager binary to run instead of building one from this checkout")
 	fs.BoolVar(&c.preview, "preview", c.preview, "before the upgrade, ask for an UpgradePreview of the Cluster at the target version, wait for the manager to compute it and print it as `kubectl inplace preview` does; the upgrade runs either way")
 	fs.DurationVar(&c.previewWait, "preview-wait", c.previewWait, "how long --preview waits for the manager to compute the preview (a manager without the UpgradePreview controller never does: the demo then says so and goes on)")
+	fs.StringVar(&c.from, "from", c.from, "the Harvester release the cluster runs at first, which says the hop: "+hopsUsage()+". Not with --via=capi on Cluster API's own controllers")
 	fs.StringVar(&c.gateRedAt, "gate-red-at", c.gateRedAt, "give every task of the Cluster a health gate (a CEL expression over a ConfigMap of the workload cluster, by the Cluster's gates annotation) that turns red while this node (or machine) is upgraded and green again a few seconds after the task shows the pause; not the last node of its control plane or MachineDeployment (after it no node is left to hold). Not with --via=capi")
 }
 
@@ -108,10 +113,28 @@ func (c *config) validate() error {
 	if c.gateRedAt != "" && !c.knows(c.gateRedAt) {
 		return fmt.Errorf("--gate-red-at=%s: no such node or machine; the nodes are %s", c.gateRedAt, strings.Join(c.nodeNames(), ", "))
 	}
+	if _, err := scenario.HopFrom(c.from); err != nil {
+		return fmt.Errorf("--from=%s: %w", c.from, err)
+	}
 	if c.gateRedAt != "" && c.via == viaCAPI {
 		return errors.New("--gate-red-at works with --via=annotation or --via=hook; with --via=capi, Cluster API's controllers name the machines only once they run")
 	}
 	return nil
+}
+
+// hop is the hop --from names (validate checked it).
+func (c *config) hop() scenario.Hop {
+	h, _ := scenario.HopFrom(c.from)
+	return h
+}
+
+// hopsUsage lists the hops --from can name.
+func hopsUsage() string {
+	var out []string
+	for _, h := range scenario.Hops {
+		out = append(out, fmt.Sprintf("%s (Harvester %s, Kubernetes %s -> %s)", h.FromRelease, h, h.FromKubernetes, h.ToKubernetes))
+	}
+	return strings.Join(out, " or ")
 }
 
 // nodeNames are the names the scenario gives the Nodes, known before it starts, so a
@@ -190,6 +213,9 @@ type outcome struct {
 	interrupted bool
 	// capi is what a run on Cluster API's own controllers did (--via=capi, built).
 	capi *capiResult
+	// settings are the settings the release changes for the nodes: before, during, at the
+	// end (the scenario's settings watch).
+	settings []scenario.SettingStory
 }
 
 func (o *outcome) ok() bool {
@@ -227,6 +253,9 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		if err == nil {
 			err = capienv.Built(root)
 		}
+		if err == nil && cfg.hop() != scenario.DefaultHop {
+			return &outcome{}, fmt.Errorf("--from=%s: Cluster API's own controllers run a Kubernetes version bump of their own machines, no Harvester hop; use --via=annotation or --via=hook", cfg.from)
+		}
 		if err == nil {
 			view.titleRealCAPI()
 			return runRealCAPI(ctx, cfg, root, view)
@@ -254,6 +283,7 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		StepDelay: cfg.stepDelay, LonghornV2: cfg.longhornV2, WorkDir: workDir, ManagerBinary: cfg.managerBinary,
 		ManagerArgs: managerArgs(cfg),
 		Progress:    view.stage,
+		Hop:         cfg.hop(),
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -274,7 +304,7 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 	}
 	view.ready(s, cfg, time.Since(began))
 	if cfg.preview {
-		showPreview(ctx, s.Management.Client, view, s.Cluster.Namespace, s.Cluster.Name, scenario.ToVersion, cfg.previewWait)
+		showPreview(ctx, s.Management.Client, view, s.Cluster.Namespace, s.Cluster.Name, s.Options.Hop.ToKubernetes, cfg.previewWait)
 	}
 	var gate *redGate
 	gateCtx, stopGate := context.WithCancel(ctx)
@@ -382,5 +412,6 @@ func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *
 		}
 	}
 	res.checks = s.Invariants(sampleCtx, upgraded)
+	res.settings = s.SettingStories(sampleCtx)
 	return res
 }

@@ -53,8 +53,8 @@ type nodeState struct {
 func (n *nodeState) done() bool { return n.phase == inplacev1.NodeUpdatePhaseSucceeded }
 
 // reached says whether the node runs the target Kubernetes version and OS.
-func (n *nodeState) reached() bool {
-	return n.done() && n.kubelet == scenario.ToVersion && n.osImage == scenario.ToOSImage
+func (n *nodeState) reached(h scenario.Hop) bool {
+	return n.done() && n.kubelet == h.ToKubernetes && n.osImage == h.ToOSImage()
 }
 
 // progress is the node's share of its steps, from 0 to 1.
@@ -88,12 +88,16 @@ type tracker struct {
 	events []string
 	// plans are the UpgradePlans' phases and messages, by name, as last seen.
 	plans map[string]string
+	// settingsSeen counts the changes of the scenario's settings watch already told, and
+	// settings holds each setting's value as last told.
+	settingsSeen int
+	settings     map[string]string
 }
 
 func newTracker(s *scenario.Scenario) *tracker {
 	t := &tracker{s: s, start: time.Now()}
 	for _, n := range s.Nodes {
-		t.nodes = append(t.nodes, &nodeState{Node: n, kubelet: scenario.FromVersion, osImage: scenario.FromOSImage, ready: true})
+		t.nodes = append(t.nodes, &nodeState{Node: n, kubelet: s.Options.Hop.FromKubernetes, osImage: s.Options.Hop.FromOSImage(), ready: true})
 	}
 	return t
 }
@@ -119,6 +123,7 @@ func (t *tracker) sample(ctx context.Context) error {
 	}
 	now := time.Now()
 	t.notePlans(plans.Items)
+	t.noteSettings()
 
 	newest := map[string]*inplacev1.NodeUpdate{}
 	for i := range nus.Items {
@@ -225,6 +230,25 @@ func (t *tracker) notePlans(plans []harvesterv1.UpgradePlan) {
 		}
 		t.events = append(t.events, line)
 	}
+}
+
+// noteSettings tells each change the scenario's settings watch saw since the last call
+// (scenario.SettingsWatch: the settings the release changes for the nodes), as the old
+// value and the new.
+func (t *tracker) noteSettings() {
+	history := t.s.Settings.History()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.settings == nil {
+		t.settings = map[string]string{}
+	}
+	for _, ch := range history[min(t.settingsSeen, len(history)):] {
+		if prev, seen := t.settings[ch.Setting]; seen {
+			t.events = append(t.events, fmt.Sprintf("%-18s %s: %s → %s", "setting", ch.Setting, prev, ch.Value))
+		}
+		t.settings[ch.Setting] = ch.Value
+	}
+	t.settingsSeen = len(history)
 }
 
 // planLines are the UpgradePlans' phases, for the live view.
@@ -338,7 +362,7 @@ func (t *tracker) summary() ([]summaryRow, bool) {
 	all := true
 	var rows []summaryRow
 	for _, n := range t.snapshot() {
-		r := summaryRow{node: n.Name, role: "worker", from: scenario.FromVersion, to: n.kubelet, reached: n.reached()}
+		r := summaryRow{node: n.Name, role: "worker", from: t.s.Options.Hop.FromKubernetes, to: n.kubelet, reached: n.reached(t.s.Options.Hop)}
 		if n.ControlPlane {
 			r.role = "control plane"
 		}

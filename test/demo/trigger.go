@@ -44,11 +44,11 @@ func upgradeByAnnotation(ctx context.Context, s *scenario.Scenario, v *view) err
 	if cluster.Annotations == nil {
 		cluster.Annotations = map[string]string{}
 	}
-	cluster.Annotations[inplacev1.UpgradeToAnnotation] = scenario.ToVersion
+	cluster.Annotations[inplacev1.UpgradeToAnnotation] = s.Options.Hop.ToKubernetes
 	if err := mc.Patch(ctx, cluster, patch); err != nil {
 		return fmt.Errorf("annotate Cluster %s: %w", key, err)
 	}
-	v.step(fmt.Sprintf("kubectl annotate cluster -n %s %s %s=%s", key.Namespace, key.Name, inplacev1.UpgradeToAnnotation, scenario.ToVersion))
+	v.step(fmt.Sprintf("kubectl annotate cluster -n %s %s %s=%s", key.Namespace, key.Name, inplacev1.UpgradeToAnnotation, s.Options.Hop.ToKubernetes))
 
 	began := time.Now()
 	lastStatus := ""
@@ -96,7 +96,7 @@ func upgradeByHook(ctx context.Context, s *scenario.Scenario, v *view) error {
 
 	cp := &hooksv1.ExternalUpgradeRequestRequest{
 		ControlPlaneRef: &inplacev1.ControlPlaneReference{APIGroup: controlplanev1.GroupVersion.Group, Kind: "KubeadmControlPlane", Name: s.ControlPlane.Name},
-		NewMachineSpec:  hooksv1.NewMachineSpec{Version: scenario.ToVersion},
+		NewMachineSpec:  hooksv1.NewMachineSpec{Version: s.Options.Hop.ToKubernetes},
 	}
 	if err := requestAndWait(ctx, s, v, hooks, cp, "KubeadmControlPlane "+s.ControlPlane.Name); err != nil {
 		return err
@@ -108,7 +108,7 @@ func upgradeByHook(ctx context.Context, s *scenario.Scenario, v *view) error {
 	}
 	workers := &hooksv1.ExternalUpgradeRequestRequest{
 		MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: md.Name},
-		NewMachineSpec:       hooksv1.NewMachineSpec{Version: scenario.ToVersion},
+		NewMachineSpec:       hooksv1.NewMachineSpec{Version: s.Options.Hop.ToKubernetes},
 		Options:              hooksv1.UpgradeOptions{MaxUnavailable: md.Spec.Rollout.Strategy.RollingUpdate.MaxUnavailable},
 	}
 	return requestAndWait(ctx, s, v, hooks, workers, "MachineDeployment "+md.Name)
@@ -134,7 +134,7 @@ func requestAndWait(ctx context.Context, s *scenario.Scenario, v *view, hooks *h
 	if req.Options.MaxUnavailable != nil {
 		maxUnavailable = req.Options.MaxUnavailable.String()
 	}
-	v.step(fmt.Sprintf("ExternalUpgradeRequest for %s to %s (maxUnavailable %s): %s, UpgradeTask %s", target, scenario.ToVersion, maxUnavailable, resp.Decision, resp.UpgradeTaskName))
+	v.step(fmt.Sprintf("ExternalUpgradeRequest for %s to %s (maxUnavailable %s): %s, UpgradeTask %s", target, s.Options.Hop.ToKubernetes, maxUnavailable, resp.Decision, resp.UpgradeTaskName))
 	task, err := waitForTask(ctx, s, resp.UpgradeTaskName)
 	if err != nil {
 		return err

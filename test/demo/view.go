@@ -119,8 +119,9 @@ func (v *view) title(cfg config) {
 		viaCAPI:       "Cluster API's in-place update hooks (CanUpdateMachine[Set], UpdateMachine)",
 	}[cfg.via]
 	v.println(v.style(bold, "capi-inplace demo") + ": an in-place upgrade of simulated Harvester nodes, on this machine")
+	h := cfg.hop()
 	v.println(fmt.Sprintf("  Harvester %s -> %s, Kubernetes %s -> %s, asked for with %s",
-		strings.TrimPrefix(scenario.FromOSImage, "Harvester "), scenario.HarvesterRelease, scenario.FromVersion, scenario.ToVersion, how))
+		h.FromRelease, h.ToRelease, h.FromKubernetes, h.ToKubernetes, how))
 	v.println("")
 }
 
@@ -401,6 +402,13 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 			v.println("  " + j)
 		}
 	}
+	if len(res.settings) > 0 {
+		v.println("")
+		v.println("Settings the release changes for the nodes (watched on the workload cluster; the skip file from the SUC simulator's record of the hosts):")
+		for _, st := range res.settings {
+			v.println("  " + st.String())
+		}
+	}
 	v.println("")
 	v.println("Safety, from the simulators' records:")
 	for _, c := range res.checks {
@@ -422,13 +430,14 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 			reached++
 		}
 	}
+	h := s.Options.Hop
 	if res.ok() {
 		v.println(v.style(green+bold, fmt.Sprintf("All %d nodes reached Kubernetes %s and %s in %s (upgrade) / %s (whole demo), via %s.",
-			len(res.rows), scenario.ToVersion, scenario.ToOSImage, took, formatDuration(time.Since(v.began)), via)))
+			len(res.rows), h.ToKubernetes, h.ToOSImage(), took, formatDuration(time.Since(v.began)), via)))
 		return
 	}
 	verdict := fmt.Sprintf("%d of %d nodes reached Kubernetes %s and %s (%s, via %s).",
-		reached, len(res.rows), scenario.ToVersion, scenario.ToOSImage, took, via)
+		reached, len(res.rows), h.ToKubernetes, h.ToOSImage(), took, via)
 	if !res.interrupted {
 		verdict += " Manager log: " + s.ManagerLog
 	}

@@ -124,10 +124,13 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		checks = append(checks, longhornLiveUpgradeLeftAlone(s.Longhorn))
 	}
 	if s.Planner != nil {
-		checks = append(checks, rancherRestarts(s.Planner, s.NodeNames(), done))
+		checks = append(checks, rancherRestarts(s.Planner, s.NodeNames(), done, s.Options.Hop.ToKubernetes))
 	}
 	if s.Multus != nil {
 		checks = append(checks, s.multusLeftAlone(ctx))
+	}
+	if s.Settings != nil {
+		checks = append(checks, s.settingsHeldForNodes(), s.settingsRestored(ctx))
 	}
 	return checks
 }
@@ -177,7 +180,7 @@ func (s *Scenario) multusLeftAlone(ctx context.Context) Check {
 	}
 	if s.Management != nil {
 		plan := &harvesterv1.UpgradePlan{}
-		key := client.ObjectKey{Namespace: s.Options.Namespace, Name: upgradeplan.Name(s.Options.ClusterName, HarvesterRelease)}
+		key := client.ObjectKey{Namespace: s.Options.Namespace, Name: upgradeplan.Name(s.Options.ClusterName, s.Options.Hop.ToRelease)}
 		if err := s.Management.Client.Get(ctx, key, plan); err == nil && plan.Status.Phase == harvesterv1.UpgradePlanSucceeded {
 			for _, n := range s.NodeNames() {
 				if s.SUC.ManifestSkipped(n) {
@@ -198,13 +201,13 @@ func (s *Scenario) multusLeftAlone(ctx context.Context) Check {
 // hooks (its NodeUpdate let Rancher go), no restart of any node outside its drain or
 // hooks (fact 12: what the restart guard prevents during the Rancher upgrade), and no
 // downgrade (fact 62b).
-func rancherRestarts(p *sim.RancherPlanner, nodes []string, done map[string]bool) Check {
+func rancherRestarts(p *sim.RancherPlanner, nodes []string, done map[string]bool, toVersion string) Check {
 	restarts := p.Restarts()
-	c := Check{Name: fmt.Sprintf("Rancher restarted RKE2 once per upgraded node, at %s, behind its drain hooks, never outside them, no downgrade (%d restarts)", ToVersion, len(restarts)), OK: true}
+	c := Check{Name: fmt.Sprintf("Rancher restarted RKE2 once per upgraded node, at %s, behind its drain hooks, never outside them, no downgrade (%d restarts)", toVersion, len(restarts)), OK: true}
 	var problems []string
 	at := map[string]int{}
 	for _, a := range restarts {
-		if a.To == ToVersion {
+		if a.To == toVersion {
 			at[a.Node]++
 			if !a.InHooks {
 				problems = append(problems, fmt.Sprintf("%s restarted at %s outside its answered drain hooks", a.Node, a.To))
@@ -213,7 +216,7 @@ func rancherRestarts(p *sim.RancherPlanner, nodes []string, done map[string]bool
 	}
 	for _, n := range nodes {
 		if got := at[n]; got > 1 || (done[n] && got != 1) {
-			problems = append(problems, fmt.Sprintf("%s restarted at %s %d times", n, ToVersion, got))
+			problems = append(problems, fmt.Sprintf("%s restarted at %s %d times", n, toVersion, got))
 		}
 	}
 	for _, a := range p.UnguardedRestartsOutsideDrain() {

@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/version"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -43,6 +44,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/manager"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -132,6 +134,9 @@ type Options struct {
 	ManagerArgs []string
 	// Progress, when set, is told what is being done while the scenario starts.
 	Progress func(stage string)
+	// Hop is the release the cluster starts at and the one it is upgraded to; default
+	// DefaultHop.
+	Hop Hop
 }
 
 func (o *Options) setDefaults() {
@@ -155,6 +160,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Progress == nil {
 		o.Progress = func(string) {}
+	}
+	if o.Hop == (Hop{}) {
+		o.Hop = DefaultHop
 	}
 }
 
@@ -199,6 +207,9 @@ type Scenario struct {
 	ClusterUpgradeJobs *sim.ClusterUpgradeJobs
 	// Planner plays Rancher's provisioning of the nodes' RKE2 (nil with SUCOwnsRKE2).
 	Planner *sim.RancherPlanner
+	// Settings follows the settings the upgrade changes for the nodes and gives back
+	// (settings.go), from the start of the simulators.
+	Settings *SettingsWatch
 	// Multus plays RKE2's deploy controller and helm-controller for the rke2-multus chart
 	// on the server nodes, the VM networks (MultusNetworks) on it; rke2-multus.yaml.skip
 	// is the SUC simulator's record of it (fact 34).
@@ -244,7 +255,7 @@ func Start(ctx context.Context, opts Options) (_ *Scenario, reterr error) {
 	// A client whose discovery predates the CRDs' being served answers "no matches" for a
 	// moment: look again, briefly.
 	seed := func() error {
-		return sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: FromRelease, Rancher: FromRancher, Kubernetes: FromVersion})
+		return sim.Seed(ctx, s.Workload.Client, sim.HarvesterRelease{Version: opts.Hop.FromRelease, Rancher: opts.Hop.FromRancher, Kubernetes: opts.Hop.FromKubernetes})
 	}
 	err := seed()
 	for i := 0; i < 50 && meta.IsNoMatchError(err); i++ {
@@ -333,13 +344,13 @@ func (s *Scenario) createWorkload(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("an address for the simulated kubelets: %w", err)
 	}
-	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: FromOSImage, ServeAddress: addr, Labels: sim.HarvesterNodeLabels(nil)}
+	s.Kubelet = &sim.Kubelet{Client: wc, Record: s.Record, OSImage: s.Options.Hop.FromOSImage(), ServeAddress: addr, Labels: sim.HarvesterNodeLabels(nil)}
 	for _, n := range s.Nodes {
 		labels := map[string]string{"node-role.kubernetes.io/worker": "true"}
 		if n.ControlPlane {
 			labels = map[string]string{"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/etcd": "true"}
 		}
-		if _, err := s.Kubelet.CreateNode(ctx, n.Name, FromVersion, labels); err != nil {
+		if _, err := s.Kubelet.CreateNode(ctx, n.Name, s.Options.Hop.FromKubernetes, labels); err != nil {
 			return err
 		}
 	}
@@ -415,11 +426,11 @@ func (s *Scenario) createCluster(ctx context.Context) error {
 	}
 	// Control plane machines go oldest first, then by name: created within the same
 	// second, they go in name order, and no time is spent spacing them.
-	s.ControlPlane, _, err = fixtures.ControlPlane(ctx, mc, opts.Namespace, opts.ClusterName, ControlPlaneName, FromVersion, opts.ControlPlaneMachines, false)
+	s.ControlPlane, _, err = fixtures.ControlPlane(ctx, mc, opts.Namespace, opts.ClusterName, ControlPlaneName, opts.Hop.FromKubernetes, opts.ControlPlaneMachines, false)
 	if err != nil {
 		return err
 	}
-	s.MachineDeployment, _, err = fixtures.MachineDeployment(ctx, mc, opts.Namespace, opts.ClusterName, MachineDeploymentName, FromVersion, opts.Workers)
+	s.MachineDeployment, _, err = fixtures.MachineDeployment(ctx, mc, opts.Namespace, opts.ClusterName, MachineDeploymentName, opts.Hop.FromKubernetes, opts.Workers)
 	if err != nil {
 		return err
 	}
@@ -482,7 +493,7 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		cancel()
 		return err
 	}
-	s.Repository = &sim.Repository{Client: wc, Cache: informers, Namespace: repository.Namespace, Release: ReleaseMetadata, Delay: delay}
+	s.Repository = &sim.Repository{Client: wc, Cache: informers, Namespace: repository.Namespace, Release: s.Options.Hop.Metadata, Delay: delay}
 	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
 	if s.Options.LonghornV2 {
 		s.Longhorn.SetTargetImage(LonghornIMTargetImage)
@@ -504,6 +515,20 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		s.simsDone.Add(1)
 		go func() { defer s.simsDone.Done(); _ = s.Planner.Run(ctx) }()
 	}
+	// Harvester has its descheduler add-on from v1.7.0 on (fact 36).
+	from, err := version.ParseSemantic(s.Options.Hop.FromRelease)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("the scenario's release %q: %w", s.Options.Hop.FromRelease, err)
+	}
+	if err := s.seedRollSettings(ctx0, from.AtLeast(version.MustParseSemantic("v1.7.0"))); err != nil {
+		cancel()
+		return err
+	}
+	if err := s.startSettingsWatch(ctx, informers); err != nil {
+		cancel()
+		return err
+	}
 	s.ClusterUpgradeJobs = &sim.ClusterUpgradeJobs{Client: wc, Kubeconfig: s.Workload.Kubeconfig, Cache: informers}
 	s.ClusterUpgradeJobs.Start(ctx)
 	s.simsDone.Add(3)
@@ -517,7 +542,7 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 // startMultus creates on the rke2-multus chart.
 var MultusNetworks = []string{"vlan10", "storage"}
 
-// startMultus installs the rke2-multus chart at FromVersion, as RKE2's first start did,
+// startMultus installs the rke2-multus chart at the hop's FromKubernetes, as RKE2's first start did,
 // creates MultusNetworks, and wires the Multus simulator to SUC (an rke2-upgrade Plan's
 // restart, a removed skip file) before SUC runs; startSimulators gives it to the
 // RancherPlanner. Whether a node has rke2-multus.yaml.skip is the SUC simulator's record
@@ -526,7 +551,7 @@ func (s *Scenario) startMultus(ctx context.Context) error {
 	wc := s.Workload.Client
 	s.Multus = &sim.Multus{Client: wc, Skipped: s.SUC.ManifestSkipped}
 	s.SUC.Multus = s.Multus
-	if err := s.Multus.RKE2Restarted(ctx, s.Nodes[0].Name, FromVersion); err != nil {
+	if err := s.Multus.RKE2Restarted(ctx, s.Nodes[0].Name, s.Options.Hop.FromKubernetes); err != nil {
 		return fmt.Errorf("install the rke2-multus chart: %w", err)
 	}
 	if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: VMNamespace}}); err != nil {
@@ -650,7 +675,11 @@ func (s *Scenario) NodeJourneys() []string {
 	}
 	byNode := map[string][]event{}
 	for _, r := range s.Record.Runs() {
-		text := strings.Join(r.Commands, " + ")
+		commands := make([]string, len(r.Commands))
+		for i, c := range r.Commands {
+			commands[i] = describeCommand(c, r.Images, i)
+		}
+		text := strings.Join(commands, " + ")
 		if r.Failed {
 			text += " (failed)"
 		}
@@ -690,13 +719,53 @@ func (s *Scenario) NodeJourneys() []string {
 	return out
 }
 
+// describeCommand is a command of a Plan's pod as NodeJourneys shows it: the node
+// program's os-upgrade with the image it ran in (images[i], the pod's containers in the
+// order of its commands) and the node migrations it runs before the OS install, named
+// by the node program for the --previous-version the Plan gives it
+// (nodeprogram.HopMigrations), and the libraries bound for the release's elemental when
+// the Plan says they are the container's (--glibc-libraries=container: the GLIBC bind of
+// the v1.6 to v1.7 hop, fact 54.4); any other command as it is.
+func describeCommand(command string, images []string, i int) string {
+	fields := strings.Fields(command)
+	if len(fields) == 0 || fields[0] != "os-upgrade" {
+		return command
+	}
+	previous, libraries := "", ""
+	for _, f := range fields[1:] {
+		if v, ok := strings.CutPrefix(f, "--previous-version="); ok {
+			previous = v
+		}
+		if v, ok := strings.CutPrefix(f, "--glibc-libraries="); ok {
+			libraries = v
+		}
+	}
+	out := command
+	if i < len(images) {
+		out += " in " + images[i]
+	}
+	var notes []string
+	if migrations := nodeprogram.HopMigrations(previous); len(migrations) > 0 {
+		notes = append(notes, "node migrations: "+strings.Join(migrations, ", "))
+	} else if previous != "" {
+		notes = append(notes, "no node migrations from "+previous)
+	}
+	if libraries == "container" {
+		notes = append(notes, "elemental with the container's /lib64 (GLIBC)")
+	}
+	if len(notes) > 0 {
+		out += " [" + strings.Join(notes, "; ") + "]"
+	}
+	return out
+}
+
 // createUpdater creates the HarvesterUpgrader; its repositoryURL is the repository
 // simulator's, which serves the release metadata.
 func (s *Scenario) createUpdater(ctx context.Context) error {
 	hu := &harvesterv1.HarvesterUpgrader{
 		ObjectMeta: metav1.ObjectMeta{Name: UpdaterName, Namespace: s.Options.Namespace},
 		Spec: harvesterv1.HarvesterUpgraderSpec{
-			Release: harvesterv1.Release{Version: HarvesterRelease, RepositoryURL: s.Repository.URL()},
+			Release: harvesterv1.Release{Version: s.Options.Hop.ToRelease, RepositoryURL: s.Repository.URL()},
 		},
 	}
 	if err := s.Management.Client.Create(ctx, hu); err != nil {
@@ -708,10 +777,10 @@ func (s *Scenario) createUpdater(ctx context.Context) error {
 	// default of 7 days, so the plan asks for 1.
 	plan := &harvesterv1.UpgradePlan{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: upgradeplan.Name(s.Options.ClusterName, HarvesterRelease), Namespace: s.Options.Namespace,
+			Name: upgradeplan.Name(s.Options.ClusterName, s.Options.Hop.ToRelease), Namespace: s.Options.Namespace,
 			Annotations: map[string]string{clusterchecks.AnnotationMinCertsExpirationDays: "1"},
 		},
-		Spec: harvesterv1.UpgradePlanSpec{ClusterName: s.Options.ClusterName, UpgraderName: UpdaterName, Version: HarvesterRelease},
+		Spec: harvesterv1.UpgradePlanSpec{ClusterName: s.Options.ClusterName, UpgraderName: UpdaterName, Version: s.Options.Hop.ToRelease},
 	}
 	if err := s.Management.Client.Create(ctx, plan); err != nil {
 		return fmt.Errorf("create UpgradePlan %s: %w", plan.Name, err)
