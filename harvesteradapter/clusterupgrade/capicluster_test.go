@@ -152,7 +152,7 @@ var _ = Describe("Run and the Cluster API Cluster fleet-local/local", func() {
 		in, p := input("capi-timeout"), newProgress()
 		in.HarvesterVersion = "v1.8.1"
 		in.RancherFeatures = mustFeatures(in.HarvesterVersion)
-		in.Timeout = 3 * time.Second
+		in.Timeout = 5 * time.Second
 		err := clusterupgrade.Run(ctx, env.Client, in, p)
 		Expect(err).To(MatchError(And(
 			ContainSubstring("UpgradeRancher"),
