@@ -55,14 +55,25 @@ var _ = Describe("Run and the Cluster API Cluster fleet-local/local", func() {
 		r := seed(oldRelease)
 		settle()
 		provisioning(r)
-		old := rancherImage()
 		in, p := input("capi-before"), newProgress()
+		stop := make(chan struct{})
+		defer close(stop)
+		changed := upgradedAt(stop)
 		done := make(chan error, 1)
 		go func() { done <- clusterupgrade.Run(ctx, env.Client, in, p) }()
-		Consistently(rancherImage).WithTimeout(1500*time.Millisecond).Should(Equal(old), "Rancher is not upgraded while the Cluster API Cluster is Provisioning")
-		Consistently(serverVersion).WithTimeout(100 * time.Millisecond).Should(Equal(oldRelease.Rancher))
-
+		Eventually(func() clusterupgrade.StepState {
+			steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+			Expect(err).NotTo(HaveOccurred())
+			return stepNamed(steps, clusterupgrade.StepUpgradeRancher).State
+		}).WithTimeout(20 * time.Second).Should(Equal(clusterupgrade.StateRunning))
+		// Time enough for a helm upgrade that did not wait.
+		time.Sleep(3 * time.Second)
+		Expect(serverVersion()).To(Equal(oldRelease.Rancher))
+		provisionedAt := time.Now()
 		r.SetCAPIInfrastructureProvisioned(true)
+		var at time.Time
+		Eventually(changed).WithTimeout(20 * time.Second).Should(Receive(&at))
+		Expect(at).To(BeTemporally(">", provisionedAt), "Rancher is upgraded only once the Cluster API Cluster is Provisioned")
 		var runErr error
 		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(&runErr))
 		Expect(runErr).NotTo(HaveOccurred())
