@@ -90,11 +90,11 @@ func (r *runner) readCAPICluster(ctx context.Context) (capiCluster, bool, error)
 	}
 	observed, _, err := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
 	if err != nil {
-		return capiCluster{}, false, fmt.Errorf("Cluster API Cluster %s: status.observedGeneration: %w", capiClusterKey, err)
+		return capiCluster{}, false, fmt.Errorf("read Cluster API Cluster %s: status.observedGeneration: %w", capiClusterKey, err)
 	}
 	phase, _, err := unstructured.NestedString(u.Object, "status", "phase")
 	if err != nil {
-		return capiCluster{}, false, fmt.Errorf("Cluster API Cluster %s: status.phase: %w", capiClusterKey, err)
+		return capiCluster{}, false, fmt.Errorf("read Cluster API Cluster %s: status.phase: %w", capiClusterKey, err)
 	}
 	return capiCluster{generation: u.GetGeneration(), observedGeneration: observed, phase: phase, version: mapping.GroupVersionKind.Version}, true, nil
 }
