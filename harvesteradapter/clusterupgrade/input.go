@@ -116,7 +116,8 @@ type Input struct {
 	// CAPIStableFor is how long, for a target from v1.8.1 on, the Cluster API Cluster
 	// fleet-local/local must stay Provisioned at its generation before and after Rancher's
 	// upgrade (wait_capi_cluster, facts 16.3, 16.14 and 40: 30 s, looking every 5 s).
-	// Default six poll intervals: 30 s at the default PollInterval, as the release.
+	// Default 30s, as the release, whatever PollInterval is; shorter only for simulated
+	// clusters.
 	CAPIStableFor time.Duration
 	// Timeout bounds the whole run; 0 leaves it to the caller's context.
 	Timeout time.Duration
@@ -145,9 +146,8 @@ const (
 	defaultFleetBundlesWait = 90 * time.Second
 	defaultPendingRollback  = 5 * time.Minute
 	defaultAddonUpgradeWait = 300 * time.Second
-	// capiStableLooks is how many poll intervals the default CAPIStableFor lasts: the
-	// release holds 30 s, looking every 5 s.
-	capiStableLooks = 6
+	// defaultCAPIStableFor is the release's wait_capi_cluster window (fact 40).
+	defaultCAPIStableFor = 30 * time.Second
 )
 
 func (in Input) withDefaults() Input {
@@ -170,7 +170,7 @@ func (in Input) withDefaults() Input {
 		in.AddonUpgradeWait = defaultAddonUpgradeWait
 	}
 	if in.CAPIStableFor <= 0 {
-		in.CAPIStableFor = capiStableLooks * in.PollInterval
+		in.CAPIStableFor = defaultCAPIStableFor
 	}
 	if in.Clock == nil {
 		in.Clock = clock.RealClock{}
@@ -323,7 +323,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.DurationVar(&in.FleetBundlesWait, "fleet-bundles-wait", in.FleetBundlesWait, "how long to wait at the end for Fleet's bundles to be ready, never failing (default 90s)")
 	fs.DurationVar(&in.HelmPendingRollbackAfter, "helm-pending-rollback-after", in.HelmPendingRollbackAfter, "how long a revision of Rancher's fleet, fleet-crd or rancher-webhook chart may stay pending at another chart before it is rolled back once (default 5m)")
 	fs.DurationVar(&in.AddonUpgradeWait, "addon-upgrade-wait", in.AddonUpgradeWait, "how long to wait for each changed add-on that was deployed to be deployed again, never failing (default 5m0s)")
-	fs.DurationVar(&in.CAPIStableFor, "capi-stable-for", in.CAPIStableFor, "for a target from v1.8.1 on, how long the Cluster API Cluster fleet-local/local must stay Provisioned at its generation before and after Rancher's upgrade (default six poll intervals, 30s)")
+	fs.DurationVar(&in.CAPIStableFor, "capi-stable-for", in.CAPIStableFor, "for a target from v1.8.1 on, how long the Cluster API Cluster fleet-local/local must stay Provisioned at its generation before and after Rancher's upgrade (default 30s, as the release; shorter only for simulated clusters)")
 	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
 	fs.StringVar(&p.ConfigMap.Namespace, "progress-namespace", p.ConfigMap.Namespace, "namespace of the progress ConfigMap")
 	fs.StringVar(&p.ConfigMap.Name, "progress-name", p.ConfigMap.Name, "name of the progress ConfigMap")

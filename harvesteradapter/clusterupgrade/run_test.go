@@ -51,6 +51,7 @@ func input(plan string) clusterupgrade.Input {
 		RancherInstaller:       rancherInstaller,
 		Kubeconfig:             kubeconfig,
 		PollInterval:           10 * time.Millisecond,
+		CAPIStableFor:          60 * time.Millisecond,
 		ChartFailAfter:         300 * time.Millisecond,
 		Timeout:                30 * time.Second,
 	}
