@@ -114,7 +114,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 10, "how many objects of each kind are reconciled at once")
 	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
 	fs.StringVar(&o.harvesterNodeImage, "harvester-node-image", defaultNodeImage(), "the image whose node program (capi-inplace node ...) the Harvester updater runs on nodes when a HarvesterUpgrader leaves images.node empty; a tag or digest is required. The default is this manager's own image at its version")
-	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set). Short values are for simulated clusters (make demo, tests)")
+	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set; the Harvester cluster upgrade's Cluster API stability window is 30s, and six intervals when it is set). Short values are for simulated clusters (make demo, tests)")
 	fs.DurationVar(&o.gateInterval, "gate-interval", upgradetask.DefaultGateInterval, "how often a running UpgradeTask's health gates (spec.gates, the Cluster's gates annotation) are evaluated again while a node waits for them; a node's end evaluates them at once. Each evaluation queries Prometheus, lists the objects of a CEL gate or looks at a Job gate, so keep it at seconds, not milliseconds, on a real cluster")
 }
 
@@ -286,6 +286,7 @@ func run(opts options) error {
 	plans := &upgradeplan.PlanReconciler{
 		Env: harvester.PlanEnv(), Checks: upgradeplan.DefaultClusterChecks(workloads),
 		Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: opts.pollInterval, ClusterUpgradePollInterval: opts.pollInterval,
+		ClusterUpgradeCAPIStableFor: capiStableFor(opts.pollInterval),
 	}
 	if err := plans.SetupWithManager(mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradePlan controller: %w", err)
@@ -369,6 +370,17 @@ func run(opts options) error {
 	log.Info("starting manager", "version", version, "webhookPort", opts.webhookPort, "externalHookPort", opts.externalHookPort,
 		"leaderElect", opts.leaderElect, "defaultUpdater", opts.defaultUpdater, "harvesterNodeImage", opts.harvesterNodeImage)
 	return mgr.Start(ctx)
+}
+
+// capiStableFor is how long the cluster upgrade Job holds Rancher's Cluster API Cluster
+// Provisioned (wait_capi_cluster, fact 40) for a --poll-interval: the release's 30 s
+// unless the interval is set (simulated clusters), then six intervals, the release's
+// six looks five seconds apart.
+func capiStableFor(pollInterval time.Duration) time.Duration {
+	if pollInterval <= 0 {
+		return 0
+	}
+	return 6 * pollInterval
 }
 
 // hookRetryAfter is the retry interval UpdateMachine answers with for a --poll-interval:

@@ -34,7 +34,7 @@ func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconci
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &upgradeplan.PlanReconciler{Env: u.PlanEnv(), PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond}
+	r := &upgradeplan.PlanReconciler{Env: u.PlanEnv(), PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond, ClusterUpgradeCAPIStableFor: 300 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -130,7 +130,9 @@ func restoreFleetAPIServer(ctx context.Context, c client.Client, before json.Raw
 }
 
 // settleFleetAgent is the end of upgrade_rancher (fact 16.14 to 16.16): once Rancher's
-// charts are deployed, wait for the new fleet-controller's configuration (the field
+// charts are deployed, wait for the local fleet-agent's rollout and for the Cluster API
+// Cluster fleet-local/local as the target release's wait_capi_cluster does (16.14, fact
+// 40, capicluster.go), then for the new fleet-controller's configuration (the field
 // agentTLSMode, which the script waits for), put back apiServerURL and apiServerCA, have
 // Fleet deploy the local agent once more, wait until it has (status.agentDeployedGeneration
 // at spec.redeployAgentGeneration, the Deployment rolled out), and give cluster.fleet
@@ -143,8 +145,17 @@ func (r *runner) settleFleetAgent(ctx context.Context) (StepState, string, error
 	if r.current[StepUpgradeRancher].State == StateSkipped {
 		return StateSkipped, fmt.Sprintf("Rancher was already at %s: the release redeploys Fleet's local agent only after it upgraded Rancher", r.in.RancherVersion), nil
 	}
+	// 16.14: the fleet-agent the new Fleet deployed rolls out, and the Cluster API
+	// Cluster settles again (wait_rollout_with_loop, wait_capi_cluster).
+	if err := r.waitRolledOut(ctx, fleetAgentKey); err != nil {
+		return "", "", err
+	}
+	capi, err := r.waitCAPIClusterAfterFleetAgent(ctx)
+	if err != nil {
+		return "", "", err
+	}
 	remedy := fmt.Sprintf("Rancher deploys Fleet once it runs at %s; look at `kubectl -n %s get configmap %s -o yaml` and fleet-controller's logs", r.in.RancherVersion, rancher.FleetNamespace, rancher.FleetControllerConfigMap)
-	err := r.poll(ctx, fmt.Sprintf("fleet-controller's ConfigMap %s to have agentTLSMode (the new Fleet's configuration)", fleetControllerConfigKey), remedy,
+	err = r.poll(ctx, fmt.Sprintf("fleet-controller's ConfigMap %s to have agentTLSMode (the new Fleet's configuration)", fleetControllerConfigKey), remedy,
 		func(ctx context.Context) (bool, string, error) {
 			_, cfg, err := readFleetConfig(ctx, r.c)
 			if err != nil || cfg == nil {
@@ -222,7 +233,7 @@ func (r *runner) settleFleetAgent(ctx context.Context) (StepState, string, error
 	if err != nil {
 		return "", "", err
 	}
-	return StateDone, fmt.Sprintf("fleet-controller's configuration: %s; Fleet redeployed the local agent (redeployAgentGeneration %d) and Deployment %s rolled out; %s", restored, generation, fleetAgentKey, ready), nil
+	return StateDone, fmt.Sprintf("%s; fleet-controller's configuration: %s; Fleet redeployed the local agent (redeployAgentGeneration %d) and Deployment %s rolled out; %s", capi, restored, generation, fleetAgentKey, ready), nil
 }
 
 // redeployFleetAgent sets spec.redeployAgentGeneration of cluster.fleet local one past

@@ -113,6 +113,12 @@ type Input struct {
 	// report it AddonDeploySuccessful again, which never fails the upgrade (fact 29:
 	// wait_for_addon_upgrade_deployment, sixty looks five seconds apart). Default 300s.
 	AddonUpgradeWait time.Duration
+	// CAPIStableFor is how long, for a target from v1.8.1 on, the Cluster API Cluster
+	// fleet-local/local must stay Provisioned at its generation before and after Rancher's
+	// upgrade (wait_capi_cluster, facts 16.3, 16.14 and 40: 30 s, looking every 5 s).
+	// Default 30s, as the release, whatever PollInterval is; shorter only for simulated
+	// clusters.
+	CAPIStableFor time.Duration
 	// Timeout bounds the whole run; 0 leaves it to the caller's context.
 	Timeout time.Duration
 
@@ -140,6 +146,8 @@ const (
 	defaultFleetBundlesWait = 90 * time.Second
 	defaultPendingRollback  = 5 * time.Minute
 	defaultAddonUpgradeWait = 300 * time.Second
+	// defaultCAPIStableFor is the release's wait_capi_cluster window (fact 40).
+	defaultCAPIStableFor = 30 * time.Second
 )
 
 func (in Input) withDefaults() Input {
@@ -160,6 +168,9 @@ func (in Input) withDefaults() Input {
 	}
 	if in.AddonUpgradeWait <= 0 {
 		in.AddonUpgradeWait = defaultAddonUpgradeWait
+	}
+	if in.CAPIStableFor <= 0 {
+		in.CAPIStableFor = defaultCAPIStableFor
 	}
 	if in.Clock == nil {
 		in.Clock = clock.RealClock{}
@@ -232,8 +243,8 @@ func (in Input) Validate() error {
 	if in.ReleaseFiles != "" && !strings.HasPrefix(in.ReleaseFiles, "/") {
 		errs = append(errs, fmt.Errorf("--release-files %q must be an absolute directory, such as %s", in.ReleaseFiles, ReleaseFilesDir))
 	}
-	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.FleetBundlesWait < 0 || in.AddonUpgradeWait < 0 || in.HelmPendingRollbackAfter < 0 || in.Timeout < 0 {
-		errs = append(errs, errors.New("--poll-interval, --chart-fail-after, --fleet-bundles-wait, --addon-upgrade-wait, --helm-pending-rollback-after and --timeout must not be negative"))
+	if in.PollInterval < 0 || in.ChartFailAfter < 0 || in.FleetBundlesWait < 0 || in.AddonUpgradeWait < 0 || in.HelmPendingRollbackAfter < 0 || in.CAPIStableFor < 0 || in.Timeout < 0 {
+		errs = append(errs, errors.New("--poll-interval, --chart-fail-after, --fleet-bundles-wait, --addon-upgrade-wait, --helm-pending-rollback-after, --capi-stable-for and --timeout must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -312,6 +323,7 @@ func BindFlags(fs *flag.FlagSet, in *Input, p *Progress) {
 	fs.DurationVar(&in.FleetBundlesWait, "fleet-bundles-wait", in.FleetBundlesWait, "how long to wait at the end for Fleet's bundles to be ready, never failing (default 90s)")
 	fs.DurationVar(&in.HelmPendingRollbackAfter, "helm-pending-rollback-after", in.HelmPendingRollbackAfter, "how long a revision of Rancher's fleet, fleet-crd or rancher-webhook chart may stay pending at another chart before it is rolled back once (default 5m)")
 	fs.DurationVar(&in.AddonUpgradeWait, "addon-upgrade-wait", in.AddonUpgradeWait, "how long to wait for each changed add-on that was deployed to be deployed again, never failing (default 5m0s)")
+	fs.DurationVar(&in.CAPIStableFor, "capi-stable-for", in.CAPIStableFor, "for a target from v1.8.1 on, how long the Cluster API Cluster fleet-local/local must stay Provisioned at its generation before and after Rancher's upgrade (default 30s, as the release; shorter only for simulated clusters)")
 	fs.DurationVar(&in.Timeout, "timeout", in.Timeout, "bound on the whole run; 0 is none")
 	fs.StringVar(&p.ConfigMap.Namespace, "progress-namespace", p.ConfigMap.Namespace, "namespace of the progress ConfigMap")
 	fs.StringVar(&p.ConfigMap.Name, "progress-name", p.ConfigMap.Name, "name of the progress ConfigMap")
@@ -354,6 +366,7 @@ func Args(in Input, p Progress) []string {
 	dur("fleet-bundles-wait", in.FleetBundlesWait)
 	dur("helm-pending-rollback-after", in.HelmPendingRollbackAfter)
 	dur("addon-upgrade-wait", in.AddonUpgradeWait)
+	dur("capi-stable-for", in.CAPIStableFor)
 	dur("timeout", in.Timeout)
 	add("progress-namespace", p.ConfigMap.Namespace)
 	add("progress-name", p.ConfigMap.Name)

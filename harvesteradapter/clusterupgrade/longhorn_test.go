@@ -88,7 +88,7 @@ var _ = Describe("Run and Longhorn's upgrade", func() {
 			steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 			g.Expect(err).NotTo(HaveOccurred())
 			return string(stepNamed(steps, clusterupgrade.StepWaitLonghorn).State)
-		}, 20*time.Second, 20*time.Millisecond).Should(Equal(string(clusterupgrade.StateRunning)))
+		}, 40*time.Second, 20*time.Millisecond).Should(Equal(string(clusterupgrade.StateRunning)))
 		return p, done
 	}
 
@@ -107,7 +107,7 @@ var _ = Describe("Run and Longhorn's upgrade", func() {
 		By("the node is back: the managers are ready, Longhorn replaces each node's v1 instance manager, and the run ends when both run")
 		Expect(kubelet.SetReady(ctx, nodes[1], true, "KubeletReady")).To(Succeed())
 		var runErr error
-		Eventually(done, 20*time.Second).Should(Receive(&runErr))
+		Eventually(done, 40*time.Second).Should(Receive(&runErr))
 		Expect(runErr).NotTo(HaveOccurred())
 		Expect(imsOf(newIM, "v1")).To(Equal(map[string][]string{nodes[0]: {"running"}, nodes[1]: {"running"}}), "one running v1 instance manager of the new image on each node when the run ends")
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)

@@ -85,7 +85,7 @@ var _ = Describe("Run and Rancher", func() {
 		r := seed(oldRelease)
 		settle()
 		in := input("up-repos")
-		in.Timeout = 15 * time.Second
+		in.Timeout = 60 * time.Second // a liveness bound: the run succeeds; 15 s ran out under a load of 20
 		steps := runStates(in, newProgress())
 		for _, name := range []string{rancher.RancherChartsRepo, rancher.RancherRKE2ChartsRepo, rancher.RancherPartnerChartsRepo} {
 			repo := &catalogv1.ClusterRepo{}

@@ -39,9 +39,10 @@ const (
 // release changes, `helm upgrade rancher <chart> -f values`. It is skipped when the
 // server-version Setting already says the version, and the upgrade itself when the
 // values already name it (a run that resumes after its helm upgrade only waits). Before
-// the upgrade it waits for the local cluster to be settled, deletes Rancher's chart
-// repositories (16.4) and records fleet-controller's API server (16.5); after it, it
-// waits for the rancher Deployment's rollout and server-version (16.9).
+// the upgrade it waits for the Cluster API Cluster fleet-local/local as the target
+// release's wait_capi_cluster does (16.3, fact 40, capicluster.go), deletes Rancher's
+// chart repositories (16.4) and records fleet-controller's API server (16.5); after it,
+// it waits for the rancher Deployment's rollout and server-version (16.9).
 //
 // The values changed, as the script changes them: `replicas: -2` on a three-node cluster
 // with a witness (16.2: at most two Rancher pods, see rancherValues), `features` to the release's list (RancherFeatures, fact 42), the
@@ -87,7 +88,7 @@ func (r *runner) upgradeRancher(ctx context.Context) (StepState, string, error) 
 	chart := filepath.Base(h.chart)
 	did := fmt.Sprintf("values already at %s (an earlier run's helm upgrade)", target)
 	if current != target {
-		if err := r.waitLocalClusterSettled(ctx); err != nil {
+		if err := r.waitCAPIClusterBeforeRancher(ctx); err != nil {
 			return "", "", err
 		}
 		if err := r.rancherValues(ctx, values, legacy); err != nil {

@@ -78,9 +78,12 @@ func steps() []step {
 // from v1.7 clean_capi_legacy_webhooks (fact 16.8, deleting only webhooks that call the
 // legacy CAPI), the Rancher upgrade (fact 16: helm upgrade with the chart and helm of
 // Rancher's installer image and the release's values and features, facts 41 and 42,
-// rancherchart.go) and its waits for the charts Rancher installs, the rollouts and
-// stv-aggregation (16.11 to 16.13, rancherdeps.go), the fleet-agent redeploy and the
-// Fleet local cluster's wait (16.14 to 16.16, fleetagent.go),
+// rancherchart.go) with wait_capi_cluster before it (16.3: the Cluster API Cluster
+// fleet-local/local Provisioned, as the target release waits for it, fact 40,
+// capicluster.go) and its waits for the charts Rancher installs, the rollouts and
+// stv-aggregation (16.11 to 16.13, rancherdeps.go), the fleet-agent's rollout and
+// wait_capi_cluster again, the fleet-agent redeploy and the Fleet local cluster's wait
+// (16.14 to 16.16, fleetagent.go),
 // patch_local_cluster_details (fact 17), update_local_rke_state_secret (fact 18,
 // rkestate.go), for a hop from v1.6
 // migrate_longhorn_v1beta1_crds (fact 19; the validator's UPDATE on settings recorded),
@@ -98,9 +101,7 @@ func steps() []step {
 // script's own regexes (facts 1, 2; migrations.go). Restore gives back what was
 // recorded; the UpgradePlan runs it when the plan ends, whatever the outcome. Not here:
 // the guard against RKE2 restarts (fact 12; the UpgradePlan places it before the Job).
-// Still left out: the v1.9 hop's migrations (facts 14, 15), and wait_capi_cluster on
-// Rancher's Cluster API Cluster with its 30 s stability and its second call (16.3, 16.14,
-// fact 40; waitLocalClusterSettled waits once on the provisioning Cluster).
+// Still left out: the v1.9 hop's migrations (facts 14, 15).
 func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	if err := errors.Join(in.Validate(), p.Validate()); err != nil {
 		return fmt.Errorf("cluster upgrade: bad input, nothing was changed: %w", err)

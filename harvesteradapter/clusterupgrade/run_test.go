@@ -51,8 +51,9 @@ func input(plan string) clusterupgrade.Input {
 		RancherInstaller:       rancherInstaller,
 		Kubeconfig:             kubeconfig,
 		PollInterval:           10 * time.Millisecond,
+		CAPIStableFor:          60 * time.Millisecond,
 		ChartFailAfter:         300 * time.Millisecond,
-		Timeout:                30 * time.Second,
+		Timeout:                60 * time.Second, // a bound on liveness: a loaded 2-core CI machine took over 30 s to reach Rancher's waits
 	}
 }
 

@@ -58,27 +58,6 @@ func (r *runner) deleteRancherChartRepos(ctx context.Context) error {
 	return nil
 }
 
-// waitLocalClusterSettled waits until fleet-local/local is ready, Provisioned (when it
-// has that condition) and reconciled at its generation, as the script does before it
-// upgrades Rancher (fact 41.8; the script also waits 30 s more, which this does not).
-func (r *runner) waitLocalClusterSettled(ctx context.Context) error {
-	return r.poll(ctx, fmt.Sprintf("provisioning Cluster %s to be ready and provisioned at its generation", localClusterKey),
-		"Rancher reconciles it; look at its conditions (kubectl -n fleet-local get clusters.provisioning.cattle.io local -o yaml)",
-		func(ctx context.Context) (bool, string, error) {
-			cl := &provisioningv1.Cluster{}
-			if err := r.c.Get(ctx, localClusterKey, cl); err != nil {
-				return false, "", fmt.Errorf("read provisioning Cluster %s: %w", localClusterKey, err)
-			}
-			if c := condition(cl.Status.Conditions, "Provisioned"); c != nil && c.Status != corev1.ConditionTrue {
-				return false, fmt.Sprintf("Provisioned %s: %s", c.Status, c.Message), nil
-			}
-			if !cl.Status.Ready || cl.Status.ObservedGeneration != cl.Generation {
-				return false, fmt.Sprintf("ready %t, observedGeneration %d of %d", cl.Status.Ready, cl.Status.ObservedGeneration, cl.Generation), nil
-			}
-			return true, "", nil
-		})
-}
-
 // patchLocalClusterDetails is patch_local_cluster_details (harvester-release-steps.md
 // fact 17): it labels fleet-local/local with its management cluster and sets its Fleet
 // workspace in its status. It is not the HEP's "decouple" (removing kubernetesVersion and

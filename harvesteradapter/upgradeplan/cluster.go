@@ -53,6 +53,7 @@ func (r *PlanReconciler) clusterUpgradeJob(pr *PlanRun) *batchv1.Job {
 			RancherFeatures:         features,
 			RancherDependencies:     releases.DependenciesOf(rel.RancherDependencies),
 			PollInterval:            r.ClusterUpgradePollInterval,
+			CAPIStableFor:           r.ClusterUpgradeCAPIStableFor,
 		},
 	})
 }

@@ -151,6 +151,11 @@ type PlanReconciler struct {
 	// ClusterUpgradePollInterval is how often the cluster upgrade Job looks again at what
 	// it waits for; 0 is the Job's default (5s, as Harvester's script).
 	ClusterUpgradePollInterval time.Duration
+	// ClusterUpgradeCAPIStableFor is how long the cluster upgrade Job holds the Cluster API
+	// Cluster fleet-local/local Provisioned before and after Rancher's upgrade, for a
+	// target from v1.8.1 on; 0 is the Job's default (30s, as the release's
+	// wait_capi_cluster, fact 40). Shorter only for simulated clusters.
+	ClusterUpgradeCAPIStableFor time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 

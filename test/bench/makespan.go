@@ -491,7 +491,7 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 		return nil, err
 	}
 	plans := &upgradeplan.PlanReconciler{
-		Env: harvester.PlanEnv(), Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: poll, ClusterUpgradePollInterval: poll,
+		Env: harvester.PlanEnv(), Recorder: mgr.GetEventRecorder("harvester-upgradeplan"), PollInterval: poll, ClusterUpgradePollInterval: poll, ClusterUpgradeCAPIStableFor: 6 * poll,
 	}
 	if err := plans.SetupWithManager(mgr, opts); err != nil {
 		return nil, err

@@ -411,7 +411,9 @@ var _ = Describe("The three ways of asking for an upgrade, on a management and a
 		ns := s.Cluster.Namespace
 		updateMachine := func(name string, controlPlane bool) error {
 			calls := 0
-			mctx, cancel := context.WithTimeout(ctx, time.Minute)
+			// A liveness bound: the first machine waits for the whole cluster step, which
+			// took over a minute on a loaded 2-core machine.
+			mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 			defer cancel()
 			err := capisim.UpdateMachineWith(mctx, mc, func(ctx context.Context, req *runtimehooksv1.UpdateMachineRequest, resp *runtimehooksv1.UpdateMachineResponse) error {
 				return hooks.Call(ctx, runtimehooksv1.UpdateMachine, update, req, resp)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,6 +52,12 @@ import (
 //     writes it into the server-version Setting (fact 41.8: the script waits for that);
 //   - the provisioning Cluster fleet-local/local stays ready and provisioned at its
 //     generation (fact 47: Harvester requires it; fact 41.8 waits for it);
+//   - the Cluster API Cluster fleet-local/local Rancher generates from it is Provisioned
+//     at its generation; Rancher starting at a new version writes it again, its
+//     generation advancing when Rancher came from an embedded Cluster API (before
+//     v2.14), and Cluster API observes a new generation after CAPIReconcileDelay;
+//     SetCAPIInfrastructureProvisioned(false) makes it Provisioning (capicluster.go;
+//     harvester-release-steps.md facts 16.3, 16.14, 40);
 //   - a deploy of the harvester chart whose KubeVirt (KubeVirtVersionOfChart) is not the
 //     one deployed makes virt-operator roll it out: the KubeVirt CR
 //     harvester-system/kubevirt goes Deploying with it as target, and after RolloutDelay
@@ -98,6 +105,10 @@ type Rancher struct {
 	// SystemChartDelay is how long Rancher takes to deploy a system chart's new
 	// revision. Default 100ms.
 	SystemChartDelay time.Duration
+	// CAPIReconcileDelay is how long Cluster API takes to reconcile a new generation of
+	// the Cluster API Cluster fleet-local/local, or a change of its infrastructure.
+	// Default 100ms.
+	CAPIReconcileDelay time.Duration
 
 	loop  passLoop
 	mu    sync.Mutex
@@ -111,6 +122,12 @@ type Rancher struct {
 	systemChartsSettledAt string
 	// agentRedeploys are the local fleet-agent's deploys (fleet.go).
 	agentRedeploys []FleetAgentRedeploy
+	// capiInfrastructureDown makes the Cluster API Cluster Provisioning, capiRendered
+	// are the generations Rancher gave it and capiObserved when Cluster API observed
+	// each (capicluster.go).
+	capiInfrastructureDown bool
+	capiRendered           []int64
+	capiObserved           map[int64]time.Time
 	// startedAt is the Rancher version the simulated Rancher last started at
 	// (rancherdeps.go, its chart repositories).
 	startedAt string
@@ -178,7 +195,7 @@ func (r *Rancher) due(key string, delay time.Duration) bool {
 
 // Start plays Rancher until ctx ends.
 func (r *Rancher) Start(ctx context.Context) {
-	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, &appsv1.DaemonSet{}, &corev1.Node{}, &fleetv1alpha1.Cluster{}}
+	kinds := []client.Object{&managementv3.ManagedChart{}, &catalogv1.ClusterRepo{}, &appsv1.Deployment{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, &appsv1.DaemonSet{}, &corev1.Node{}, &fleetv1alpha1.Cluster{}, &clusterv1.Cluster{}}
 	go r.loop.run(ctx, r.Interval, r.Cache, kinds, func(ctx context.Context) { _ = r.pass(ctx) })
 }
 
@@ -190,7 +207,7 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func (r *Rancher) pass(ctx context.Context) error {
-	return errors.Join(r.charts(ctx), r.fleetAgent(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.kubevirtRollout(ctx), r.longhornManagerRollout(ctx))
+	return errors.Join(r.charts(ctx), r.fleetAgent(ctx), r.repos(ctx), r.deployments(ctx), r.localCluster(ctx), r.capiClusterStatus(ctx), r.kubevirtRollout(ctx), r.longhornManagerRollout(ctx))
 }
 
 func (r *Rancher) charts(ctx context.Context) error {
@@ -366,6 +383,9 @@ func (r *Rancher) serverVersion(ctx context.Context, dep *appsv1.Deployment) err
 			return err
 		}
 	}
+	if err := r.renderCAPICluster(ctx, tag); err != nil {
+		return err
+	}
 	return r.upgradeSystemCharts(ctx, tag)
 }
 
@@ -461,7 +481,8 @@ type HarvesterRelease struct {
 // Seed creates (or re-creates) the Rancher objects of a Harvester cluster at release rel,
 // settled, as Rancher and Fleet would leave them: the provisioning Cluster
 // fleet-local/local (ready, not yet labelled with its management cluster nor given a
-// Fleet workspace in its status: fact 41.9 does that), the ManagedCharts harvester-crd,
+// Fleet workspace in its status: fact 41.9 does that) and the Cluster API Cluster
+// Rancher generates from it (Provisioned at its generation, capicluster.go), the ManagedCharts harvester-crd,
 // harvester, rancher-monitoring-crd and rancher-logging-crd (fact 41.4) at the release's
 // chart, deployed and ready, the ClusterRepo harvester-charts downloaded, the Deployments
 // rancher and harvester-cluster-repo of the release rolled out (fact 41.11), and the
@@ -584,6 +605,9 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 		return err
 	}
 	if err := seedFleet(ctx, c); err != nil {
+		return err
+	}
+	if err := seedCAPICluster(ctx, c, rel.Rancher); err != nil {
 		return err
 	}
 	// Status as Rancher, Fleet and the Deployment controller leave it.
