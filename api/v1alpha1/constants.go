@@ -75,8 +75,8 @@ const (
 
 // Taints.
 const (
-	// UpgradePendingTaint, with effect PreferNoSchedule and the claiming task's label
-	// value as its value, is on the workload Node of every machine an UpgradeTask has
+	// UpgradePendingTaint, with effect PreferNoSchedule and the task's <namespace>.<name>
+	// as its value, is on the workload Node of every machine an UpgradeTask has
 	// still to upgrade, from the task's first reconcile until the machine's NodeUpdate
 	// ends or the task does (any outcome, or deletion). kube-scheduler then prefers other
 	// nodes for new pods, so a VM evacuated off one node does not land on the next node

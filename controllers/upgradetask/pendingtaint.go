@@ -16,9 +16,11 @@ import (
 )
 
 // pendingTaint is the taint a task puts on the nodes it has still to upgrade: its value
-// names the task (the claim label's value), so that a task only ever removes its own.
+// names the task, <namespace>.<name> (shortened with a digest past 63 characters), so
+// that a task only ever removes its own, even where tasks of the same name in two
+// namespaces reach one API server (a task lists every Node of its workload cluster).
 func pendingTaint(task *inplacev1.UpgradeTask) corev1.Taint {
-	return corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: upgraderequest.LabelValue(task.Name), Effect: corev1.TaintEffectPreferNoSchedule}
+	return corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: upgraderequest.LabelValue(task.Namespace + "." + task.Name), Effect: corev1.TaintEffectPreferNoSchedule}
 }
 
 // stillToGo says whether a member's node carries the task's pending taint: the task
