@@ -336,11 +336,18 @@ var _ = Describe("A node's disruption previewed without acting", func() {
 		Expect(rec.Writes()).To(BeEmpty())
 		Expect(c.kubevirt.NodeOf(manual)).To(Equal(n1))
 
-		// The KubeVirt simulator does not play the scheduler's resource fit (its target
-		// nodes take any VMI), so the capacity verdict is not checked against a run here;
-		// the Manual VM's hold is.
-		By("the run holds the node on the Manual VM, as predicted, and leaves it running")
+		By("the run holds the node on the shortfall the preview named, and migrates no VM while it lasts")
 		nu := c.nodeUpdate(n1)
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			st := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs)
+			return st != nil && strings.Contains(st.Message, "have no room for the VMs")
+		})).To(Succeed())
+		Expect(nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message).To(And(HavePrefix("holding:"), ContainSubstring(big+" (CPU 1, memory 6Gi)"), Not(ContainSubstring(small+" ("))))
+		Expect(c.kubevirt.Migrations(small)).To(BeZero(), "nothing is migrated until every VM has room")
+		Expect(c.kubevirt.NodeOf(small)).To(Equal(n1))
+
+		By("with room on a node that stays up, the run holds the node on the Manual VM, as predicted, and leaves it running")
+		setAllocatable(n3, "4", "16Gi")
 		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
 			st := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs)
 			return st != nil && strings.Contains(st.Message, "runStrategy Manual")

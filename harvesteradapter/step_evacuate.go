@@ -54,7 +54,10 @@ const (
 //     the operator decides, by fixing the cause and deleting the failed migration (the
 //     updater then creates it again), by migrating the VM, or by stopping it;
 //   - a VMI that ended (Succeeded, Failed) holds nothing; one that is still being
-//     scheduled or migrated by someone else is waited for.
+//     scheduled or migrated by someone else is waited for;
+//   - before any of that, the nodes that stay up must have room for every VMI still to
+//     be live-migrated (roomShortfall, the disruption preview's count): while they have
+//     not, the node is held with the shortfall named, and nothing is migrated or stopped.
 //
 // The step is done when no VMI runs on the node.
 func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, error) {
@@ -76,10 +79,30 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 		return false, "", err
 	}
 
+	// First, whether the nodes that stay up can hold the VMs still to migrate: the node
+	// is held, untouched further, while they cannot.
+	actions := make([]vmiAction, len(vmis))
+	whys := make([]string, len(vmis))
+	var pending []*kubevirtv1.VirtualMachineInstance
+	for i := range vmis {
+		vmi := &vmis[i]
+		actions[i], whys[i] = judgeVMI(vmi, node, targets, nonWitness)
+		if actions[i] == vmiMigrate && ours[kubevirt.MigrationName(r.nu, vmi)] == nil && !migrationRuns(vmi) {
+			pending = append(pending, vmi)
+		}
+	}
+	short, err := roomShortfall(ctx, r.wc, node, targets, pending)
+	if err != nil {
+		return false, "", err
+	}
+	if short != "" {
+		return false, "holding: " + u.holdOnce(r, EventVMsLackRoom, short), nil
+	}
+
 	var waiting, holds []string
 	for i := range vmis {
 		vmi := &vmis[i]
-		action, why := judgeVMI(vmi, node, targets, nonWitness)
+		action, why := actions[i], whys[i]
 		var hold string
 		switch action {
 		case vmiLeave:
@@ -211,7 +234,7 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 		}
 		return "", nil
 	}
-	if s := vmi.Status.MigrationState; s != nil && s.StartTimestamp != nil && !s.Completed && !s.Failed {
+	if migrationRuns(vmi) {
 		return "", nil // someone else's migration runs: wait for it
 	}
 	m = &kubevirtv1.VirtualMachineInstanceMigration{
@@ -230,6 +253,13 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 	}
 	u.event(r, corev1.EventTypeNormal, EventVMMigrationStarted, "Evacuate", fmt.Sprintf("live-migrating VM %s off node %s (migration %s)", kubevirt.VMKey(vmi), r.nu.Spec.NodeName, m.Name))
 	return "", nil
+}
+
+// migrationRuns says whether a migration of the VMI, this NodeUpdate's or someone
+// else's, has started and not ended.
+func migrationRuns(vmi *kubevirtv1.VirtualMachineInstance) bool {
+	s := vmi.Status.MigrationState
+	return s != nil && s.StartTimestamp != nil && !s.Completed && !s.Failed
 }
 
 // migrations are this NodeUpdate's migrations, by name.

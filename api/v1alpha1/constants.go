@@ -73,6 +73,17 @@ const (
 	MachineDeploymentsAllAtOnce = "all-at-once"
 )
 
+// Taints.
+const (
+	// UpgradePendingTaint, with effect PreferNoSchedule and the task's <namespace>.<name>
+	// as its value, is on the workload Node of every machine an UpgradeTask has
+	// still to upgrade, from the task's first reconcile until the machine's NodeUpdate
+	// ends or the task does (any outcome, or deletion). kube-scheduler then prefers other
+	// nodes for new pods, so a VM evacuated off one node does not land on the next node
+	// to go and move twice.
+	UpgradePendingTaint = AnnotationPrefix + "upgrade-pending"
+)
+
 // Labels.
 const (
 	// UpgradeTaskLabel on a Machine claims it for the named UpgradeTask; on a NodeUpdate it

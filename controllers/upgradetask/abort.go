@@ -41,6 +41,9 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *taskScope) (ctrl.Res
 	if err := r.writeMachinesNow(ctx, task, members, func(mem *member) machineWant { return desiredMachine(s, mem, phase, false) }); err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.reconcilePendingTaints(ctx, s, phase); err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := r.writeStatus(ctx, s, phase, preflight.GateResult{Open: true}); err != nil {
 		return ctrl.Result{}, err
 	}

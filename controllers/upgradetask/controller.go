@@ -129,7 +129,7 @@ func (c *clusterLocks) lock(cluster types.NamespacedName) (unlock func()) {
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=kubeadmcontrolplanes;rke2controlplanes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -550,6 +550,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, task *inplacev1.Upgrad
 		if err := r.writeMachine(ctx, m, machineWant{claim: false, removeCondition: !isDone(m)}, task); err != nil {
 			return ctrl.Result{}, err
 		}
+	}
+	if err := r.removePendingTaints(ctx, task); err != nil {
+		return ctrl.Result{}, err
 	}
 	orig := task.DeepCopy()
 	controllerutil.RemoveFinalizer(task, inplacev1.UpgradeTaskFinalizer)

@@ -541,6 +541,7 @@ var _ = Describe("UpgradeTask controller", func() {
 			Expect(got.Labels).NotTo(HaveKey(inplacev1.UpgradeTaskLabel), "a dry run claims nothing")
 			Expect(meta.FindStatusCondition(got.Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)).To(BeNil())
 		}
+		Expect(pendingTainted(w.node(0), w.node(1), w.node(2))).To(BeEmpty(), "a dry run taints no node")
 
 		Expect(fixtures.SetNodeReady(ctx, k8s, w.node(1), true)).To(Succeed())
 		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.DryRun = false })
@@ -549,6 +550,7 @@ var _ = Describe("UpgradeTask controller", func() {
 		// plan together; without nodeOrder it would have been workers-1 and workers-2.
 		Expect(rec.StartOrder()[:2]).To(ConsistOf("workers-3", "workers-1"))
 		expectUpgraded(w, "md", rec, targetVersion)
+		Expect(pendingTainted(w.node(0), w.node(1), w.node(2))).To(BeEmpty(), "no taint once the task completed")
 	})
 
 	It("neither starts a node twice nor skips one across a restart of the manager", func() {

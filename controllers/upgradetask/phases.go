@@ -107,6 +107,9 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		r.machines.submit(task, members, want)
 	}
 
+	if err := r.reconcilePendingTaints(ctx, s, phase); err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := r.writeStatus(ctx, s, phase, gate); err != nil {
 		return ctrl.Result{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,8 +23,9 @@ import (
 //   - a VirtualMachine whose run strategy is Always or RerunOnFailure (or running: true)
 //     gets a VirtualMachineInstance of the same name, owned by it, built from its
 //     template, Running on a node: the one PlaceOn named if it can take it, else the
-//     schedulable node with the fewest VMIs that satisfies its nodeSelector and
-//     required node affinity; with no such node it stays Scheduling and is placed once
+//     schedulable node that satisfies its nodeSelector and required node affinity and
+//     has room for its requests, with the fewest PreferNoSchedule taints it does not
+//     tolerate, then the fewest VMIs (pick); with no such node it stays Scheduling and is placed once
 //     one is. KubeVirt labels the VMI kubevirt.io/nodeName and sets status.nodeName
 //     (types.go NodeNameLabel); a VMI with host devices or GPUs is LiveMigratable False
 //     with reason HostDeviceNotLiveMigratable, any other True;
@@ -35,7 +37,7 @@ import (
 //     TargetReady to Running; VirtualMachineInstanceMigration.IsRunning counts all of them
 //     but Pending), and after MigrationDelay from its creation moves its VMI to another
 //     schedulable, Ready, non-witness node that its nodeSelector and required node affinity
-//     allow: the VMI's node, label, migrationState and launcher image (the target pod's,
+//     allow and that has room, chosen as pick says: the VMI's node, label, migrationState and launcher image (the target pod's,
 //     see WorkloadUpdater) change, and the migration goes Succeeded with the same
 //     migrationState. The migration controller's own limits (parallelMigrationsPerCluster,
 //     parallelOutboundMigrationsPerNode) are not played: every migration runs at once. It fails (phase
@@ -348,12 +350,22 @@ func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 	return nil
 }
 
-// pick chooses a node for a VMI: the VM's PlaceOn node if it can take it, else the
-// schedulable node with the fewest VMIs (then the first by name), never exclude.
+// pick chooses a node for a VMI as kube-scheduler places its virt-launcher pod (for a
+// migration, the target pod, rendered from the same VMI: KubeVirt's
+// pkg/virt-controller/services template.go copies the VMI's spec.tolerations, node
+// selector and affinity onto it): the VM's PlaceOn node if it can take it (a test's
+// placement), else among the nodes that pass the filters (canHost, and roomFor:
+// NodeResourcesFit rejects a node whose allocatable, less the requests already bound
+// there, cannot hold the pod's requests) the one with the fewest PreferNoSchedule taints
+// the VMI does not tolerate (TaintToleration's score, k8s.io/kubernetes v1.36.3
+// pkg/scheduler/framework/plugins/tainttoleration countIntolerableTaintsPreferNoSchedule,
+// normalized reversed and weighed 3 in apis/config/v1/default_plugins.go: it outweighs
+// the resource scores, weight 1, between a node with such a taint and one without), then
+// the one with the fewest VMIs (then the first by name), never exclude.
 func (k *KubeVirt) pick(vm *kubevirtv1.VirtualMachine, spec *kubevirtv1.VirtualMachineInstanceSpec, nodes []corev1.Node, vmis map[string]*kubevirtv1.VirtualMachineInstance, exclude string) string {
 	fits := map[string]bool{}
 	for i := range nodes {
-		if n := &nodes[i]; n.Name != exclude && canHost(n, spec) {
+		if n := &nodes[i]; n.Name != exclude && canHost(n, spec) && roomFor(n, spec, vmis) {
 			fits[n.Name] = true
 		}
 	}
@@ -371,13 +383,86 @@ func (k *KubeVirt) pick(vm *kubevirtv1.VirtualMachine, spec *kubevirtv1.VirtualM
 			load[v.Status.NodeName]++
 		}
 	}
+	avoid := map[string]int{}
+	for i := range nodes {
+		avoid[nodes[i].Name] = intolerablePreferNoSchedule(&nodes[i], spec.Tolerations)
+	}
 	best := ""
 	for name := range fits {
-		if best == "" || load[name] < load[best] || (load[name] == load[best] && name < best) {
-			best = name
+		switch {
+		case best == "":
+		case avoid[name] != avoid[best]:
+			if avoid[name] > avoid[best] {
+				continue
+			}
+		case load[name] > load[best] || (load[name] == load[best] && name > best):
+			continue
 		}
+		best = name
 	}
 	return best
+}
+
+// intolerablePreferNoSchedule counts the node's PreferNoSchedule taints that tolerations
+// do not tolerate, as TaintToleration's Score does.
+func intolerablePreferNoSchedule(node *corev1.Node, tolerations []corev1.Toleration) int {
+	n := 0
+	for i := range node.Spec.Taints {
+		t := &node.Spec.Taints[i]
+		if t.Effect == corev1.TaintEffectPreferNoSchedule && !corev1helpers.TolerationsTolerateTaint(klog.Background(), tolerations, t, false) {
+			n++
+		}
+	}
+	return n
+}
+
+// vmiRequests is what a VMI's virt-launcher pod requests, as KubeVirt renders it
+// (pkg/virt-controller/services renderresources.go): spec.domain.resources.requests,
+// memory else spec.domain.memory.guest, CPU else vCPUs × 1000m over the default
+// cpuAllocationRatio of 10. KubeVirt's memory overhead (GetMemoryOverhead) is left out,
+// as the Harvester updater's capacity count leaves it out when no launcher pod is listed
+// (harvesteradapter/preview_capacity.go vmiRequests): the simulator runs no launcher
+// pods, and the two must agree on what fits.
+func vmiRequests(spec *kubevirtv1.VirtualMachineInstanceSpec) (cpuMilli, mem int64) {
+	d := spec.Domain
+	if q, ok := d.Resources.Requests[corev1.ResourceMemory]; ok {
+		mem = q.Value()
+	} else if d.Memory != nil && d.Memory.Guest != nil {
+		mem = d.Memory.Guest.Value()
+	}
+	if q, ok := d.Resources.Requests[corev1.ResourceCPU]; ok {
+		return q.MilliValue(), mem
+	}
+	vcpus := int64(1)
+	if c := d.CPU; c != nil {
+		for _, v := range []uint32{c.Sockets, c.Cores, c.Threads} {
+			if v > 0 {
+				vcpus *= int64(v)
+			}
+		}
+	}
+	return vcpus * 1000 / 10, mem
+}
+
+// roomFor says whether node's allocatable, less the requests of the VMIs running there,
+// holds a VMI of spec: NodeResourcesFit's filter on the launcher pods, the only pods with
+// requests the simulated cluster runs. A node that reports no allocatable is not
+// counted (a test node made by hand): the scheduler would find no room there, but
+// the simulated kubelet always reports it (nodes.go).
+func roomFor(node *corev1.Node, spec *kubevirtv1.VirtualMachineInstanceSpec, vmis map[string]*kubevirtv1.VirtualMachineInstance) bool {
+	alloc := node.Status.Allocatable
+	if len(alloc) == 0 {
+		return true
+	}
+	cpu, mem := vmiRequests(spec)
+	for _, v := range vmis {
+		if v.Status.NodeName != node.Name || v.Status.Phase == kubevirtv1.Succeeded || v.Status.Phase == kubevirtv1.Failed {
+			continue
+		}
+		c, m := vmiRequests(&v.Spec)
+		cpu, mem = cpu+c, mem+m
+	}
+	return cpu <= alloc.Cpu().MilliValue() && mem <= alloc.Memory().Value()
 }
 
 // canHost says whether the scheduler would bind a VMI's pod to node: Ready, not

@@ -1,0 +1,134 @@
+package upgradetask
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
+)
+
+// pendingTaint is the taint a task puts on the nodes it has still to upgrade: its value
+// names the task, <namespace>.<name> (shortened with a digest past 63 characters), so
+// that a task only ever removes its own, even where tasks of the same name in two
+// namespaces reach one API server (a task lists every Node of its workload cluster).
+func pendingTaint(task *inplacev1.UpgradeTask) corev1.Taint {
+	return corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: upgraderequest.LabelValue(task.Namespace + "." + task.Name), Effect: corev1.TaintEffectPreferNoSchedule}
+}
+
+// stillToGo says whether a member's node carries the task's pending taint: the task
+// runs and is not a dry run, and the machine is the task's, not being deleted, and
+// waits or runs (a node keeps the taint until its NodeUpdate ends, so that nothing new
+// is scheduled there in the moments before its cordon).
+func stillToGo(s *taskScope, mem *member, phase inplacev1.TaskPhase) bool {
+	if s.task.Spec.DryRun || phase.IsFinal() || phase == inplacev1.TaskPhaseAborting || s.task.Spec.Phase == inplacev1.TaskActionAbort {
+		return false
+	}
+	if mem.claimedBy != "" || mem.removed || mem.atTarget || (mem.nu != nil && mem.nu.Status.Phase.IsFinal()) {
+		return false
+	}
+	return mem.picked || mem.state == inplacev1.MachineStateWaiting || mem.state == inplacev1.MachineStateInProgress
+}
+
+// reconcilePendingTaints puts the task's PreferNoSchedule taint on the nodes of the
+// machines it has still to upgrade and takes it off every other node of the workload
+// cluster: kube-scheduler then prefers the nodes that stay (or are done) for new pods,
+// and a VM evacuated off one node (its migration target pod is scheduled like any pod)
+// does not land on the next node to go, to be moved again. It runs before the task's
+// status is written, so that a task that ended has no taint left on any node.
+func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, phase inplacev1.TaskPhase) error {
+	want := map[string]bool{}
+	for _, mem := range s.members {
+		if mem.nodeName != "" && stillToGo(s, mem, phase) {
+			want[mem.nodeName] = true
+		}
+	}
+	if len(s.nodes) == 0 {
+		return nil
+	}
+	wc, err := r.Workload.Client(ctx, types.NamespacedName{Namespace: s.task.Namespace, Name: s.task.Spec.ClusterName})
+	if err != nil {
+		return fmt.Errorf("reach the workload cluster of Cluster %s/%s to set the upgrade-pending taints: %w", s.task.Namespace, s.task.Spec.ClusterName, err)
+	}
+	for _, node := range s.nodes {
+		err := setPendingTaint(ctx, wc, node, pendingTaint(s.task), want[node.Name])
+		if err != nil && apierrors.IsConflict(err) && !phase.IsFinal() {
+			// The next reconcile, a poll interval away, reads the node again; the task
+			// goes on meanwhile. A task that ends waits for its taints to be gone.
+			ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint not written yet", "node", node.Name, "error", err.Error())
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removePendingTaints takes the task's taint off every node of its workload cluster,
+// for a deleted task. An unreachable workload cluster does not keep the task: the taint
+// only makes the scheduler prefer other nodes, and a later task's first reconcile
+// rewrites the taints of the nodes it still has to upgrade.
+func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.UpgradeTask) error {
+	cluster := types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName}
+	wc, err := r.Workload.Client(ctx, cluster)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Info("cannot reach the workload cluster to remove the upgrade-pending taints of a deleted task; left to the next task", "error", err.Error())
+		return nil
+	}
+	nodes := &corev1.NodeList{}
+	if err := wc.List(ctx, nodes); err != nil {
+		ctrl.LoggerFrom(ctx).Info("cannot list the workload cluster's Nodes to remove the upgrade-pending taints of a deleted task; left to the next task", "error", err.Error())
+		return nil
+	}
+	for i := range nodes.Items {
+		if err := setPendingTaint(ctx, wc, &nodes.Items[i], pendingTaint(task), false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setPendingTaint adds the taint to node, or removes it, when the node is not that way
+// yet. The patch carries the resourceVersion read (spec.taints has no merge key: a merge
+// patch replaces the whole list), so a taint someone else changed since is never lost:
+// the patch conflicts, and the next reconcile reads the node again. A node that carries
+// the key with another task's value is left alone (key and effect are unique on a node).
+func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, want bool) error {
+	ours := func(t corev1.Taint) bool {
+		return t.Key == taint.Key && t.Value == taint.Value && t.Effect == taint.Effect
+	}
+	other := func(t corev1.Taint) bool {
+		return t.Key == taint.Key && t.Effect == taint.Effect && t.Value != taint.Value
+	}
+	has := slices.ContainsFunc(node.Spec.Taints, ours)
+	if has == want || (want && slices.ContainsFunc(node.Spec.Taints, other)) {
+		return nil
+	}
+	patched := node.DeepCopy()
+	if want {
+		patched.Spec.Taints = append(patched.Spec.Taints, taint)
+	} else {
+		patched.Spec.Taints = slices.DeleteFunc(patched.Spec.Taints, ours)
+	}
+	if err := wc.Patch(ctx, patched, client.MergeFromWithOptions(node, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		verb := "remove the upgrade-pending taint from"
+		if want {
+			verb = "put the upgrade-pending taint on"
+		}
+		return fmt.Errorf("%s node %s: %w", verb, node.Name, err)
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint", "node", node.Name, "set", want)
+	node.Spec.Taints, node.ResourceVersion = patched.Spec.Taints, patched.ResourceVersion
+	return nil
+}
