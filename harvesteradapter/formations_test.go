@@ -3,6 +3,7 @@ package harvesteradapter_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -161,8 +162,44 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			Expect(plan.Status.PreviousVersion).To(Equal("v1.7.1"))
 			Expect(plan.Status.SingleNode).To(Equal(single))
 			Expect(plan.Status.Upgraded).To(Equal(fmt.Sprintf("%d/%d", len(c.nodes), len(c.nodes))))
+			By("status.clusterUpgrade lists the plan's own sub-steps around the Job's, in the order they run, each with what it did")
+			var names []string
+			for _, s := range plan.Status.ClusterUpgrade {
+				names = append(names, s.Name)
+			}
+			Expect(names).To(Equal(slices.Concat(
+				[]string{upgradeplan.PlanStepFreeV2Volumes, upgradeplan.PlanStepPlaceRestartGuard},
+				clusterupgrade.StepNames(),
+				[]string{upgradeplan.PlanStepStartStoppedVMs, upgradeplan.PlanStepRaiseReplicaReplenishment, upgradeplan.PlanStepDisableDescheduler, upgradeplan.PlanStepSkipMultusManifest})))
 			for _, s := range plan.Status.ClusterUpgrade {
 				switch s.Name {
+				case upgradeplan.PlanStepFreeV2Volumes, upgradeplan.PlanStepStartStoppedVMs:
+					Expect(s.State).To(Equal("Skipped"), s.Name)
+					Expect(s.Message).To(Or(Equal("no Longhorn v2 volume is attached"), Equal("no virtual machine was stopped for the cluster upgrade")), s.Name)
+				case upgradeplan.PlanStepPlaceRestartGuard:
+					// Rancher provisions no node of these clusters (the Rancher path has its
+					// own spec, rancher_rke2_test.go).
+					Expect(s.State).To(Equal("Skipped"), s.Name)
+					Expect(s.Message).To(ContainSubstring("Rancher provisions no node of this cluster"), s.Name)
+				case upgradeplan.PlanStepDisableDescheduler:
+					// The simulated cluster has no descheduler add-on.
+					Expect(s.State).To(Equal("Skipped"), s.Name)
+					Expect(s.Message).To(ContainSubstring("nothing to turn off"), s.Name)
+				case upgradeplan.PlanStepRaiseReplicaReplenishment:
+					if single {
+						Expect(s.State).To(Equal("Skipped"), s.Name)
+					} else {
+						Expect(s.State).To(Equal("Done"), s.Name)
+						Expect(s.Message).To(Equal("Longhorn's replica-replenishment-wait-interval raised from 600 to 1800 for the nodes"), s.Name)
+					}
+				case upgradeplan.PlanStepSkipMultusManifest:
+					if single {
+						Expect(s.State).To(Equal("Skipped"), s.Name)
+						Expect(s.Message).To(ContainSubstring("single-node"), s.Name)
+					} else {
+						Expect(s.State).To(Equal("Done"), s.Name)
+						Expect(s.Message).To(ContainSubstring("rke2-multus.yaml.skip placed"), s.Name)
+					}
 				case clusterupgrade.StepPreserveOvercommitConfig, clusterupgrade.StepCleanCAPILegacyWebhooks, clusterupgrade.StepMigrateLonghornV1beta1CRDs:
 					// Keyed on the previous version (facts 1, 2): Skipped for another hop,
 					// or when the cluster has nothing of it (no legacy CAPI webhooks, no

@@ -61,7 +61,17 @@ var _ = Describe("RKE2 through Rancher's provisioning", func() {
 		DeferCleanup(func() { scancel(); <-sdone })
 
 		startLifecycle(c, true)
-		runRancherTasks(c)
+		plan := runRancherTasks(c)
+
+		By("the UpgradePlan lists what it did itself around the cluster upgrade Job: the guard placed on every node, the descheduler turned off")
+		steps := map[string]harvesterv1.ClusterUpgradeStep{}
+		for _, s := range plan.Status.ClusterUpgrade {
+			steps[s.Name] = s
+		}
+		Expect(steps[upgradeplan.PlanStepPlaceRestartGuard].State).To(Equal("Done"))
+		Expect(steps[upgradeplan.PlanStepPlaceRestartGuard].Message).To(MatchRegexp(`SUC plan \S*restart-guard\S* completed on all %d nodes`, len(c.nodes)))
+		Expect(steps[upgradeplan.PlanStepDisableDescheduler].State).To(Equal("Done"))
+		Expect(steps[upgradeplan.PlanStepDisableDescheduler].Message).To(ContainSubstring("descheduler add-on %s turned off for the nodes", upgradeplan.DeschedulerAddon))
 
 		By("Rancher declares the release's RKE2, and the strategy it had is back (facts 59, 61)")
 		cl := &provisioningv1.Cluster{}

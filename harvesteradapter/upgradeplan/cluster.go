@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
@@ -91,10 +90,14 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 	err := pr.Workload.Get(ctx, client.ObjectKeyFromObject(want), job)
 	switch {
 	case apierrors.IsNotFound(err):
-		if clear, message, err := r.clearV2Volumes(ctx, pr); err != nil || !clear {
+		clear, message, err := r.clearV2Volumes(ctx, pr)
+		setClusterUpgrade(pr.Plan, nil, planStepState(pr.Plan, PlanStepFreeV2Volumes, clear, message, "no Longhorn v2 volume is attached", err))
+		if err != nil || !clear {
 			return false, message, err
 		}
-		if done, message, err := r.guardRestarts(ctx, pr); err != nil || !done {
+		guarded, message, err := r.guardRestarts(ctx, pr)
+		setClusterUpgrade(pr.Plan, nil, planStepState(pr.Plan, PlanStepPlaceRestartGuard, guarded, message, "Rancher provisions no node of this cluster: no RKE2 restart of Rancher's to guard against", err))
+		if err != nil || !guarded {
 			return false, message, err
 		}
 		if err := pr.Workload.Create(ctx, want); err != nil {
@@ -108,10 +111,9 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 	if err != nil {
 		return false, "", err
 	}
-	pr.Plan.Status.ClusterUpgrade = pr.Plan.Status.ClusterUpgrade[:0]
+	setClusterUpgrade(pr.Plan, steps)
 	var current []string
 	for _, s := range steps {
-		pr.Plan.Status.ClusterUpgrade = append(pr.Plan.Status.ClusterUpgrade, harvesterv1.ClusterUpgradeStep{Name: s.Name, State: string(s.State), Message: s.Message})
 		if s.State == clusterupgrade.StateRunning || s.State == clusterupgrade.StateFailed {
 			current = append(current, fmt.Sprintf("%s: %s", s.Name, s.Message))
 		}
@@ -121,29 +123,43 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 	case failed:
 		return false, "", nodeupdater.Permanentf("ClusterUpgradeFailed", "the cluster upgrade Job %s/%s failed: %s", job.Namespace, job.Name, message)
 	case done:
-		started, err := startStoppedVMs(ctx, pr)
-		if err != nil {
-			return false, "", err
-		}
-		raised, err := raiseReplicaReplenishment(ctx, pr)
-		if err != nil {
-			return false, "", err
-		}
-		descheduler, err := disableDescheduler(ctx, pr)
-		if err != nil {
-			return false, "", err
-		}
-		raised += descheduler
-		skipped, message, err := r.skipMultusManifest(ctx, pr)
-		if err != nil || !skipped {
-			return false, fmt.Sprintf("the cluster upgrade Job %s succeeded; %s", job.Name, message), err
-		}
-		return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s%s%s", job.Name, rel.Rancher, rel.HarvesterChart, started, raised, message), nil
+		return r.afterClusterUpgradeJob(ctx, pr, job.Name)
 	}
 	if len(current) == 0 {
 		return false, fmt.Sprintf("the cluster upgrade Job %s/%s runs", job.Namespace, job.Name), nil
 	}
 	return false, "cluster upgrade: " + strings.Join(current, "; "), nil
+}
+
+// afterClusterUpgradeJob runs the plan's sub-steps once the cluster upgrade Job has
+// succeeded (planStepsAfterJob), each listed in status.clusterUpgrade, and says whether
+// they are all done.
+func (r *PlanReconciler) afterClusterUpgradeJob(ctx context.Context, pr *PlanRun, job string) (bool, string, error) {
+	rel := pr.Plan.Status.ReleaseMetadata
+	started, err := startStoppedVMs(ctx, pr)
+	setClusterUpgrade(pr.Plan, nil, planStepState(pr.Plan, PlanStepStartStoppedVMs, true, started, "no virtual machine was stopped for the cluster upgrade", err))
+	if err != nil {
+		return false, "", err
+	}
+	raised, err := raiseReplicaReplenishment(ctx, pr)
+	setClusterUpgrade(pr.Plan, nil, planStepState(pr.Plan, PlanStepRaiseReplicaReplenishment, true, raised,
+		fmt.Sprintf("nothing to raise: a single-node cluster, no Longhorn, or %s already %d s or more", settingReplicaReplenishmentWaitInterval, replenishmentDuringRoll), err))
+	if err != nil {
+		return false, "", err
+	}
+	descheduler, err := disableDescheduler(ctx, pr)
+	setClusterUpgrade(pr.Plan, nil, planStepState(pr.Plan, PlanStepDisableDescheduler, true, descheduler,
+		fmt.Sprintf("nothing to turn off: a single-node cluster, or the add-on %s absent or off", DeschedulerAddon), err))
+	if err != nil {
+		return false, "", err
+	}
+	raised += descheduler
+	skipped, message, err := r.skipMultusManifest(ctx, pr)
+	setClusterUpgrade(pr.Plan, nil, planStepState(pr.Plan, PlanStepSkipMultusManifest, skipped, message, "a single-node cluster: Harvester places no skip file there", err))
+	if err != nil || !skipped {
+		return false, fmt.Sprintf("the cluster upgrade Job %s succeeded; %s", job, message), err
+	}
+	return true, fmt.Sprintf("the cluster upgrade Job %s upgraded Rancher %s and Harvester's charts %s%s%s%s", job, rel.Rancher, rel.HarvesterChart, started, raised, message), nil
 }
 
 // settingReplicaReplenishmentWaitInterval is Longhorn's replica-replenishment-wait-interval

@@ -142,7 +142,8 @@ type PreflightCheck struct {
 	Message string `json:"message,omitempty"`
 }
 
-// ClusterUpgradeStep is one sub-step of the cluster upgrade Job, as the Job reports it.
+// ClusterUpgradeStep is one sub-step of the ClusterUpgrading phase: the cluster upgrade
+// Job's, as the Job reports it, or the plan's own.
 type ClusterUpgradeStep struct {
 	// name names the sub-step, for example UpgradeHarvesterChart.
 	// +required
@@ -288,10 +289,13 @@ type UpgradePlanStatus struct {
 	// +kubebuilder:validation:MaxItems=32
 	Preflight []PreflightCheck `json:"preflight,omitempty"`
 
-	// clusterUpgrade are the cluster upgrade Job's sub-steps.
+	// clusterUpgrade are the sub-steps of the ClusterUpgrading phase in the order they
+	// run: the plan's own before the cluster upgrade Job (FreeV2Volumes,
+	// PlaceRestartGuard), the Job's, then the plan's own after it (StartStoppedVMs,
+	// RaiseReplicaReplenishment, DisableDescheduler, SkipMultusManifest).
 	// +optional
 	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:MaxItems=48
 	ClusterUpgrade []ClusterUpgradeStep `json:"clusterUpgrade,omitempty"`
 
 	// nodes are the cluster's nodes, management first, then witness, then workers.
