@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -172,7 +173,7 @@ func bounded(text string) string {
 	return text
 }
 
-// planJobRunning reports whether a Job of one of plans runs on node.
+// JobRunning reports whether a Job of one of plans runs on node.
 func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv1.Plan) (bool, error) {
 	for _, p := range plans {
 		jobs := &batchv1.JobList{}
@@ -183,6 +184,23 @@ func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv
 			if !jobFinished(&jobs.Items[i]) {
 				return true, nil
 			}
+		}
+	}
+	return false, nil
+}
+
+// NodeUpdateJobRunning reports whether a Job of the NodeUpdate's Plans (any Plan: the
+// Jobs carry the Plan's label naming the NodeUpdate, fact 25) has not ended in
+// namespace. After the Plans are deleted, SUC and the garbage collector delete their
+// Jobs (fact 27, 42): this tells when that is done.
+func NodeUpdateJobRunning(ctx context.Context, wc client.Client, namespace string, nodeUpdate types.UID) (bool, error) {
+	jobs := &batchv1.JobList{}
+	if err := wc.List(ctx, jobs, client.InNamespace(namespace), client.MatchingLabels{LabelNodeUpdate: string(nodeUpdate)}); err != nil {
+		return false, fmt.Errorf("list the Jobs of NodeUpdate %s: %w", nodeUpdate, err)
+	}
+	for i := range jobs.Items {
+		if !jobFinished(&jobs.Items[i]) {
+			return true, nil
 		}
 	}
 	return false, nil
