@@ -268,6 +268,9 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		if ready, err := u.rancherAbortReady(ctx, r); err != nil || !ready {
 			return false, err
 		}
+		if stopped, err := u.stopDrain(ctx, r, plans.Items); err != nil || !stopped {
+			return false, err
+		}
 	}
 	if err := u.cleanup(ctx, r); err != nil {
 		if _, permanent := nodeupdater.AsPermanent(err); permanent {
@@ -275,14 +278,26 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		}
 		return false, err
 	}
-	if !nodeGone {
-		// A drain Job may still run until its Plan's deletion reaches it; the Plans
-		// are gone on a later call, so the Jobs are found by their NodeUpdate label.
-		if running, err := suc.NodeUpdateJobRunning(ctx, r.wc, r.cfg.Spec.SystemUpgradeController.Namespace, nu.UID); err != nil || running {
-			return false, err
+	return true, nil
+}
+
+// stopDrain deletes the node's drain Plan and reports whether no Job of the NodeUpdate
+// runs any more: SUC and the garbage collector delete the drain's Job once its Plan is
+// gone (facts 27, 42). The drain is stopped before the node is uncordoned, so that no
+// eviction and no cordon of kubectl drain comes after the put-back. The other Plans'
+// Jobs have ended when it is called, so a running Job is the drain's; the Plan is gone
+// on a later call, so the Jobs are found by their NodeUpdate label.
+func (u *Updater) stopDrain(ctx context.Context, r *nodeRun, plans []sucv1.Plan) (bool, error) {
+	for i := range plans {
+		if plans[i].Labels[suc.LabelPlanKind] != string(suc.PlanDrain) {
+			continue
+		}
+		if err := r.wc.Delete(ctx, &plans[i]); err != nil && !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("delete the drain Plan %s of node %s: %w", plans[i].Name, r.nu.Spec.NodeName, err)
 		}
 	}
-	return true, nil
+	running, err := suc.NodeUpdateJobRunning(ctx, r.wc, r.cfg.Spec.SystemUpgradeController.Namespace, r.nu.UID)
+	return !running, err
 }
 
 // notDrain returns the Plans other than the drain's: a drain Job may be stopped at any
