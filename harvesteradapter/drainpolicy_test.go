@@ -134,6 +134,17 @@ var _ = Describe("A node whose drain a PodDisruptionBudget blocks", func() {
 	})
 })
 
+// watchNodeUpdates starts a witness of the namespace's NodeUpdates for the spec.
+func watchNodeUpdates(ns string) *sim.NodeUpdateWitness {
+	GinkgoHelper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	witness, err := sim.WatchNodeUpdates(ctx, wc, ns)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(witness.Stop)
+	return witness
+}
+
 // nodeUpdatePhase reads a NodeUpdate's phase, for Eventually.
 func nodeUpdatePhase(nu *inplacev1.NodeUpdate) func(Gomega) inplacev1.NodeUpdatePhase {
 	return func(g Gomega) inplacev1.NodeUpdatePhase {
@@ -144,9 +155,9 @@ func nodeUpdatePhase(nu *inplacev1.NodeUpdate) func(Gomega) inplacev1.NodeUpdate
 
 // expectPutBack asserts what a skipped node is left with: its NodeUpdate Skipped naming
 // the blocking pod and its budget, the node uncordoned, no Plan of the NodeUpdate, no Job
-// of it still running, and every SUC run of its Plans ended no later than the NodeUpdate
-// (its completionTime is cut to the second), none started afterwards.
-func expectPutBack(c *harvesterCluster, nu *inplacev1.NodeUpdate, pod string) {
+// of it still running, and every SUC run of its Plans ended before a watch showed the
+// NodeUpdate final (finalAt), none started afterwards.
+func expectPutBack(c *harvesterCluster, nu *inplacev1.NodeUpdate, pod string, finalAt time.Time) {
 	GinkgoHelper()
 	Expect(nu.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseSkipped))
 	blocker := "pod " + c.ns + "/" + pod + " (PodDisruptionBudget " + pod + ")"
@@ -170,7 +181,7 @@ func expectPutBack(c *harvesterCluster, nu *inplacev1.NodeUpdate, pod string) {
 	for _, j := range jobs.Items {
 		Expect(j.Status.CompletionTime != nil || j.Status.Failed > 0).To(BeTrue(), "Job %s of the skipped NodeUpdate still runs", j.Name)
 	}
-	ended := nu.Status.CompletionTime.Add(time.Second)
+	Expect(finalAt).NotTo(BeZero(), "the watch saw NodeUpdate %s final", nu.Name)
 	ours := func() []sim.PlanRun {
 		var out []sim.PlanRun
 		for _, run := range c.rec.Runs() {
@@ -185,7 +196,7 @@ func expectPutBack(c *harvesterCluster, nu *inplacev1.NodeUpdate, pod string) {
 	Expect(ours()).NotTo(BeEmpty(), "the drain ran")
 	for _, run := range ours() {
 		Expect(run.End).NotTo(BeZero(), "run of %s on %s still running after the NodeUpdate ended", run.Plan, run.Node)
-		Expect(run.End).To(BeTemporally("<=", ended), "run of %s on %s ended after the NodeUpdate", run.Plan, run.Node)
+		Expect(run.End).To(BeTemporally("<=", finalAt), "run of %s on %s ended after the NodeUpdate", run.Plan, run.Node)
 	}
 	n := len(ours())
 	Consistently(func() int { return len(ours()) }, time.Second, 100*time.Millisecond).Should(Equal(n), "no run of the skipped NodeUpdate starts afterwards")
@@ -197,6 +208,7 @@ var _ = Describe("drainPolicy Skip under the NodeUpdate lifecycle", func() {
 		n2 := c.nodes[1]
 		c.pdbPod("web", n2, "100Mi")
 		pinnedVM := c.vm("vm-pinned", n2, pinned(n2))
+		witness := watchNodeUpdates(c.ns)
 		startLifecycle(c.harvesterCluster)
 		nu := c.nodeUpdate(n2)
 		const grace = 2 * time.Second
@@ -218,7 +230,7 @@ var _ = Describe("drainPolicy Skip under the NodeUpdate lifecycle", func() {
 		Eventually(nodeUpdatePhase(nu), 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped),
 			func() string { return fmt.Sprintf("%+v\nruns %+v", nu.Status, c.rec.Runs()) })
 		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2), "not before the grace period")
-		expectPutBack(c.harvesterCluster, nu, "web")
+		expectPutBack(c.harvesterCluster, nu, "web", witness.FinalAt(nu.Name))
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "web"}, &corev1.Pod{})).To(Succeed(), "Skip never deletes the pod")
 		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyAlways), "the VM the node's evacuation stopped is started again")
 		Eventually(c.kubevirt.NodeOf).WithArguments(pinnedVM).WithTimeout(10*time.Second).Should(Equal(n2), "and runs on its node again")
@@ -239,7 +251,8 @@ type skipWorld struct {
 
 func newSkipWorld(grace time.Duration) *skipWorld {
 	GinkgoHelper()
-	c := newVMCluster(0, nil)
+	// The UpgradePlan is created once the nodes exist: it judges single-node from them.
+	c := newVMClusterWith(false, 0, nil)
 	_, err := fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 	Expect(err).NotTo(HaveOccurred())
 	_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.34.3+rke2r3", 3)
@@ -251,12 +264,9 @@ func newSkipWorld(grace time.Duration) *skipWorld {
 		w.nodes = append(w.nodes, m.Status.NodeRef.Name)
 	}
 	c.nodes = w.nodes
+	c.createPlan(nil)
 	c.pdbPod("web", w.nodes[1], "100Mi")
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	Expect(err).NotTo(HaveOccurred())
-	w.witness, err = sim.WatchNodeUpdates(ctx, wc, c.ns)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(w.witness.Stop)
+	w.witness = watchNodeUpdates(c.ns)
 	startLifecycle(c.harvesterCluster, true)
 	w.task = &inplacev1.UpgradeTask{
 		ObjectMeta: metav1.ObjectMeta{Name: "workers-v1-35-6", Namespace: c.ns},
@@ -292,8 +302,8 @@ func (w *skipWorld) machineStatus(name string) inplacev1.MachineUpgradeStatus {
 
 // expectSafeRun asserts the run's safety over its whole length: never more than one
 // NodeUpdate (the task's maxUnavailable) unfinished at once, never two for one machine,
-// never more than one node down, and every SUC run of a NodeUpdate ended by the time the
-// NodeUpdate did.
+// never more than one node down, and every SUC run of a NodeUpdate ended before the watch
+// showed the NodeUpdate final.
 func (w *skipWorld) expectSafeRun() {
 	GinkgoHelper()
 	Expect(w.witness.MaxRunning()).To(Equal(1))
@@ -304,7 +314,8 @@ func (w *skipWorld) expectSafeRun() {
 	for i := range nus.Items {
 		nu := &nus.Items[i]
 		Expect(nu.Status.Phase.IsFinal()).To(BeTrue(), "NodeUpdate %s has not ended", nu.Name)
-		ended := nu.Status.CompletionTime.Add(time.Second) // cut to the second
+		ended := w.witness.FinalAt(nu.Name)
+		Expect(ended).NotTo(BeZero(), "the watch saw NodeUpdate %s final", nu.Name)
 		for _, run := range w.rec.Runs() {
 			for _, kind := range []string{"preload", "drain", "rke2", "os", "unguard", "reguard"} {
 				if run.Plan != harvesteradapter.PlanName(kind, nu) {
@@ -323,7 +334,7 @@ var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harve
 		m1, m2, m3 := w.machines[0].Name, w.machines[1].Name, w.machines[2].Name
 		first := w.nodeUpdate(upgraderequest.NodeUpdateName(w.task.Name, m2))
 		Eventually(nodeUpdatePhase(first), 90*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped))
-		expectPutBack(w.harvesterCluster, first, "web")
+		expectPutBack(w.harvesterCluster, first, "web", w.witness.FinalAt(first.Name))
 
 		By("the task records the skip and goes on with the third machine")
 		Eventually(func(g Gomega) inplacev1.MachineState {
@@ -391,7 +402,7 @@ var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harve
 		retry := w.nodeUpdate(upgraderequest.RetryNodeUpdateName(w.task.Name, m2))
 		for _, nu := range []*inplacev1.NodeUpdate{first, retry} {
 			Expect(nodeUpdatePhase(nu)(Default)).To(Equal(inplacev1.NodeUpdatePhaseSkipped))
-			expectPutBack(w.harvesterCluster, nu, "web")
+			expectPutBack(w.harvesterCluster, nu, "web", w.witness.FinalAt(nu.Name))
 		}
 		Expect(w.witness.StartOrder()).To(Equal([]string{m1, m2, m3, m2}), "tried again once, not more")
 		Consistently(func() int { return w.witness.Creations()[m2] }, 2*time.Second, 200*time.Millisecond).Should(Equal(2))
