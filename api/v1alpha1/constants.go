@@ -317,7 +317,9 @@ const (
 	// of the Skipped NodeUpdate, and the reason of the events.
 	NodeSkippedReason = "NodeSkipped"
 	// NodesSkippedCondition on an UpgradeTask is True while a machine's NodeUpdate was
-	// skipped (drainPolicy Skip); its message names each node and what blocked its drain.
+	// skipped (drainPolicy Skip) and the machine is not upgraded; its message names each
+	// node and what blocked its drain. False (reason Done) once every skipped machine was
+	// upgraded when tried again; absent on a task none of whose machines was skipped.
 	NodesSkippedCondition = "NodesSkipped"
 	// SkippedAgainReason: a machine was skipped again when the task came back to it
 	// after every other machine; the task fails with it.

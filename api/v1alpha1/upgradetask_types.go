@@ -393,7 +393,8 @@ type UpgradeTaskStatus struct {
 	Gates []HealthGateStatus `json:"gates,omitempty"`
 
 	// conditions are Ready, Progressing, Degraded, Paused, FailureBudgetExhausted and
-	// NodesSkipped (True while a node skipped by drainPolicy Skip is not upgraded).
+	// NodesSkipped (True while a node skipped by drainPolicy Skip is not upgraded; only on a
+	// task that skipped one).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -91,7 +91,7 @@ func retrySkipped(s *taskScope) {
 // setSkippedCondition sets the task's NodesSkipped condition: True while a machine that
 // was skipped is not upgraded (waiting for its retry, being retried, or skipped again),
 // naming each node and what blocked its drain; False once every skipped machine was
-// upgraded on its retry, or when none was skipped.
+// upgraded on its retry. A task none of whose machines was skipped has none.
 func setSkippedCondition(s *taskScope, set func(t string, ok bool, reason, msg string)) {
 	var open, retried []string
 	again := false
@@ -125,7 +125,6 @@ func setSkippedCondition(s *taskScope, set func(t string, ok bool, reason, msg s
 		set(inplacev1.NodesSkippedCondition, true, inplacev1.NodeSkippedReason, strings.Join(open, "; "))
 	case len(retried) > 0:
 		set(inplacev1.NodesSkippedCondition, false, inplacev1.DoneReason, strings.Join(retried, "; "))
-	default:
-		set(inplacev1.NodesSkippedCondition, false, inplacev1.AsExpectedReason, "")
 	}
+	// A task none of whose machines was skipped carries no NodesSkipped condition.
 }
