@@ -704,7 +704,7 @@ var _ = Describe("UpdateMachine", func() {
 		req := updateMachineRequest(m, nil)
 		Expect(call(req).Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
 		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
-		w.setNodeUpdateStatus(m.Name, running("Drain"))
+		w.setNodeUpdateStatus(m.Name, running("KubernetesUpgrade"))
 		const blocked = "drainPolicy Skip: the drain of node cp-1 was blocked for more than 10m0s by pod default/web (PodDisruptionBudget web); the node is put back"
 		w.setNodeUpdateStatus(m.Name, func(s *inplacev1.NodeUpdateStatus) {
 			s.Phase = inplacev1.NodeUpdatePhaseSkipped
