@@ -640,6 +640,13 @@ func answerFromNodeUpdate(resp *runtimehooksv1.UpdateMachineResponse, machine *c
 		}
 		resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
 		resp.SetMessage(fmt.Sprintf("in-place upgrade of node %s to %s failed%s%s: %s; see NodeUpdate %s/%s. Delete that NodeUpdate to try again", node, nu.Spec.Version, step, reason, msg, nu.Namespace, nu.Name))
+	case inplacev1.NodeUpdatePhaseSkipped:
+		// drainPolicy Skip put the node back. Cluster API picks the machines on this
+		// path, so there are no other nodes for capi-inplace to go on with: the machine's
+		// update fails with what blocked its drain, and Cluster API decides what next.
+		resp.SetStatus(runtimehooksv1.ResponseStatusFailure)
+		resp.SetMessage(fmt.Sprintf("in-place upgrade of node %s to %s was skipped (%s, drainPolicy Skip): %s; see NodeUpdate %s/%s. Free the drain (or change the Cluster's drain policy) and delete that NodeUpdate to try again",
+			node, nu.Spec.Version, nu.Status.FailureReason, nu.Status.FailureMessage, nu.Namespace, nu.Name))
 	default:
 		resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
 		resp.SetRetryAfterSeconds(retryAfter)

@@ -699,6 +699,28 @@ var _ = Describe("UpdateMachine", func() {
 		Expect(w.nodeUpdatesOf(m.Name)).To(HaveLen(1))
 	})
 
+	It("answers Failure naming the blocking pods when drainPolicy Skip put its node back: Cluster API picks the machines, so capi-inplace does not go on with others", func() {
+		m := setDesiredVersion(w.cps[0], toVersion)
+		req := updateMachineRequest(m, nil)
+		Expect(call(req).Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
+		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
+		w.setNodeUpdateStatus(m.Name, running("KubernetesUpgrade"))
+		const blocked = "drainPolicy Skip: the drain of node cp-1 was blocked for more than 10m0s by pod default/web (PodDisruptionBudget web); the node is put back"
+		w.setNodeUpdateStatus(m.Name, func(s *inplacev1.NodeUpdateStatus) {
+			s.Phase = inplacev1.NodeUpdatePhaseSkipped
+			s.FailureReason = inplacev1.NodeSkippedReason
+			s.FailureMessage = blocked
+		})
+		nu := w.nodeUpdatesOf(m.Name)[0]
+		for range 3 {
+			resp := call(req)
+			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
+			Expect(resp.Message).To(And(ContainSubstring("was skipped (NodeSkipped, drainPolicy Skip): "+blocked),
+				ContainSubstring(fmt.Sprintf("see NodeUpdate %s/%s", w.ns, nu.Name)), ContainSubstring("delete that NodeUpdate to try again")))
+		}
+		Expect(w.nodeUpdatesOf(m.Name)).To(HaveLen(1), "no second NodeUpdate: Cluster API decides what next")
+	})
+
 	It("answers retry with the preflight check that holds the node, and starts it once the check passes", func() {
 		w.controlPlaneRuns(toVersion)
 		m := setDesiredVersion(w.workers[0], toVersion)

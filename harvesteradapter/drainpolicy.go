@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 // applyDrainPolicy judges, while the drain Plan runs, whether the node's drain is
@@ -21,6 +22,10 @@ import (
 // the block was first seen, and applies the NodeUpdate's drain policy:
 //   - Hold (the default) waits: kubectl drain retries the refused evictions until its
 //     --timeout or the drain step's timeout ends the node;
+//   - Skip, once the drain has been blocked for the policy's grace period, puts the node
+//     back: it returns a nodeupdater.SkipError naming the pods, and the reconciler has
+//     Abort stop the drain, uncordon the node and restore what its earlier steps stopped
+//     (cleanup), then ends the NodeUpdate Skipped;
 //   - Evict, once the drain has been blocked for the policy's grace period, deletes the
 //     blocking pods (a delete, not an eviction: the budgets are not asked), one Warning
 //     event per pod; kubectl drain's next retry finds them gone and the drain ends.
@@ -54,6 +59,13 @@ func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun) (string, err
 	if cond != nil && cond.Status == metav1.ConditionTrue {
 		since = cond.LastTransitionTime.Time
 	}
+	if mode == inplacev1.DrainModeSkip && now.Sub(since) >= grace {
+		message := fmt.Sprintf("drainPolicy Skip: the drain of node %s was blocked for more than %s by %s; the node is put back (drain stopped, uncordoned, what was stopped restored) without being upgraded",
+			node, grace, what)
+		meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionTrue,
+			Reason: inplacev1.NodeSkippedReason, ObservedGeneration: nu.Generation, Message: message, LastTransitionTime: metav1.NewTime(since)})
+		return "", nodeupdater.Skipf("%s", message)
+	}
 	if mode == inplacev1.DrainModeEvict && now.Sub(since) >= grace {
 		var deleted []string
 		for _, p := range blocking {
@@ -73,9 +85,14 @@ func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun) (string, err
 	}
 	reason := inplacev1.DrainHeldReason
 	message := fmt.Sprintf("the drain of node %s is blocked by %s; drainPolicy Hold: the node waits until they can be evicted or the drain step times out", node, what)
-	if mode == inplacev1.DrainModeEvict {
+	switch mode {
+	case inplacev1.DrainModeEvict:
 		reason = inplacev1.EvictionPendingReason
 		message = fmt.Sprintf("the drain of node %s is blocked by %s; drainPolicy Evict: they are deleted, their budgets ignored, at %s (gracePeriod %s after the block was seen)",
+			node, what, since.Add(grace).UTC().Format(time.RFC3339), grace)
+	case inplacev1.DrainModeSkip:
+		reason = inplacev1.SkipPendingReason
+		message = fmt.Sprintf("the drain of node %s is blocked by %s; drainPolicy Skip: unless they can be evicted by %s (gracePeriod %s after the block was seen), the node is put back and skipped",
 			node, what, since.Add(grace).UTC().Format(time.RFC3339), grace)
 	}
 	if cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != reason || cond.Message != message {

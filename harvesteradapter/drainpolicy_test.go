@@ -1,24 +1,33 @@
 package harvesteradapter_test
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 // withDrainPolicy gives a NodeUpdate that has not started its drain policy, as the
@@ -122,5 +131,282 @@ var _ = Describe("A node whose drain a PodDisruptionBudget blocks", func() {
 		Expect(deleted).To(ConsistOf(And(ContainSubstring("deleted pod "+c.ns+"/web"), ContainSubstring("ignoring PodDisruptionBudget web"))), "one event per deleted pod")
 		Expect(c.rec.Drains(n2)).NotTo(BeEmpty())
 		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2))
+	})
+})
+
+// watchNodeUpdates starts a witness of the namespace's NodeUpdates for the spec.
+func watchNodeUpdates(ns string) *sim.NodeUpdateWitness {
+	GinkgoHelper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	witness, err := sim.WatchNodeUpdates(ctx, wc, ns)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(witness.Stop)
+	return witness
+}
+
+// nodeUpdatePhase reads a NodeUpdate's phase, for Eventually.
+func nodeUpdatePhase(nu *inplacev1.NodeUpdate) func(Gomega) inplacev1.NodeUpdatePhase {
+	return func(g Gomega) inplacev1.NodeUpdatePhase {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+		return nu.Status.Phase
+	}
+}
+
+// expectPutBack asserts what a skipped node is left with: its NodeUpdate Skipped naming
+// the blocking pod and its budget, the node uncordoned, no Plan of the NodeUpdate, no Job
+// of it still running, and every SUC run of its Plans ended before a watch showed the
+// NodeUpdate final (finalAt), none started afterwards.
+func expectPutBack(c *harvesterCluster, nu *inplacev1.NodeUpdate, pod string, finalAt time.Time) {
+	GinkgoHelper()
+	Expect(nu.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseSkipped))
+	blocker := "pod " + c.ns + "/" + pod + " (PodDisruptionBudget " + pod + ")"
+	Expect(nu.Status.FailureReason).To(Equal(inplacev1.NodeSkippedReason))
+	Expect(nu.Status.FailureMessage).To(And(ContainSubstring(blocker), ContainSubstring("drainPolicy Skip"), ContainSubstring("put back")))
+	cond := drainBlocked(nu)
+	Expect(cond).NotTo(BeNil())
+	Expect(cond.Reason).To(Equal(inplacev1.NodeSkippedReason))
+	Expect(cond.Message).To(ContainSubstring(blocker))
+	ready := meta.FindStatusCondition(nu.Status.Conditions, inplacev1.ReadyCondition)
+	Expect(ready.Reason).To(Equal(inplacev1.NodeSkippedReason))
+	Expect(ready.Message).To(And(ContainSubstring("put back"), ContainSubstring(blocker)))
+	Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStateAborted))
+	Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending), "the node was not upgraded")
+
+	node := nu.Spec.NodeName
+	Expect(unschedulable(node)).To(BeFalse(), "the skipped node is uncordoned")
+	expectNoPlanOf(nu)
+	jobs := &batchv1.JobList{}
+	Expect(workload.Client.List(ctx, jobs, client.InNamespace("cattle-system"), client.MatchingLabels{suc.LabelNodeUpdate: string(nu.UID)})).To(Succeed())
+	for _, j := range jobs.Items {
+		Expect(j.Status.CompletionTime != nil || j.Status.Failed > 0).To(BeTrue(), "Job %s of the skipped NodeUpdate still runs", j.Name)
+	}
+	Expect(finalAt).NotTo(BeZero(), "the watch saw NodeUpdate %s final", nu.Name)
+	ours := func() []sim.PlanRun {
+		var out []sim.PlanRun
+		for _, run := range c.rec.Runs() {
+			for _, kind := range []string{"preload", "drain", "rke2", "os", "unguard", "reguard"} {
+				if run.Plan == harvesteradapter.PlanName(kind, nu) {
+					out = append(out, run)
+				}
+			}
+		}
+		return out
+	}
+	Expect(ours()).NotTo(BeEmpty(), "the drain ran")
+	for _, run := range ours() {
+		Expect(run.End).NotTo(BeZero(), "run of %s on %s still running after the NodeUpdate ended", run.Plan, run.Node)
+		Expect(run.End).To(BeTemporally("<=", finalAt), "run of %s on %s ended after the NodeUpdate", run.Plan, run.Node)
+	}
+	n := len(ours())
+	Consistently(func() int { return len(ours()) }, time.Second, 100*time.Millisecond).Should(Equal(n), "no run of the skipped NodeUpdate starts afterwards")
+}
+
+var _ = Describe("drainPolicy Skip under the NodeUpdate lifecycle", func() {
+	It("puts back a node whose drain a PodDisruptionBudget blocks past the grace period: drain stopped, uncordoned, Plans gone, Skipped with the pod named", func() {
+		c := newVMCluster(3, nil)
+		n2 := c.nodes[1]
+		c.pdbPod("web", n2, "100Mi")
+		pinnedVM := c.vm("vm-pinned", n2, pinned(n2))
+		witness := watchNodeUpdates(c.ns)
+		startLifecycle(c.harvesterCluster)
+		nu := c.nodeUpdate(n2)
+		const grace = 2 * time.Second
+		withDrainPolicy(nu, inplacev1.DrainModeSkip, grace)
+
+		Eventually(func(g Gomega) string {
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+			cond := drainBlocked(nu)
+			if cond == nil {
+				return ""
+			}
+			return cond.Reason
+		}, 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.SkipPendingReason))
+		blockedAt := time.Now()
+		Expect(drainBlocked(nu).Message).To(And(ContainSubstring("pod "+c.ns+"/web (PodDisruptionBudget web)"), ContainSubstring("drainPolicy Skip")))
+		Expect(unschedulable(n2)).To(BeTrue(), "cordoned while it drains")
+		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyHalted), "the VM that cannot migrate was stopped before the drain")
+
+		Eventually(nodeUpdatePhase(nu), 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped),
+			func() string { return fmt.Sprintf("%+v\nruns %+v", nu.Status, c.rec.Runs()) })
+		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2), "not before the grace period")
+		expectPutBack(c.harvesterCluster, nu, "web", witness.FinalAt(nu.Name))
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "web"}, &corev1.Pod{})).To(Succeed(), "Skip never deletes the pod")
+		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyAlways), "the VM the node's evacuation stopped is started again")
+		Eventually(c.kubevirt.NodeOf).WithArguments(pinnedVM).WithTimeout(10*time.Second).Should(Equal(n2), "and runs on its node again")
+		Expect(c.rec.MaxDown()).To(Equal(0), "no node went down")
+	})
+})
+
+// skipWorld is a 3-machine MachineDeployment on a Harvester cluster whose second node
+// runs a pod under a PodDisruptionBudget that refuses its eviction, with the NodeUpdate
+// reconciler and the UpgradeTask controller running and a witness of every NodeUpdate.
+type skipWorld struct {
+	*vmCluster
+	machines []*clusterv1.Machine
+	nodes    []string
+	witness  *sim.NodeUpdateWitness
+	task     *inplacev1.UpgradeTask
+}
+
+func newSkipWorld(grace time.Duration) *skipWorld {
+	GinkgoHelper()
+	// The UpgradePlan is created once the nodes exist: it judges single-node from them.
+	c := newVMClusterWith(false, 0, nil)
+	_, err := fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
+	Expect(err).NotTo(HaveOccurred())
+	_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.34.3+rke2r3", 3)
+	Expect(err).NotTo(HaveOccurred())
+	w := &skipWorld{vmCluster: c, machines: machines}
+	for _, m := range machines {
+		_, err := c.kubelet.CreateNode(ctx, m.Status.NodeRef.Name, "v1.34.3+rke2r3", nil)
+		Expect(err).NotTo(HaveOccurred())
+		w.nodes = append(w.nodes, m.Status.NodeRef.Name)
+	}
+	c.nodes = w.nodes
+	c.createPlan(nil)
+	c.pdbPod("web", w.nodes[1], "100Mi")
+	w.witness = watchNodeUpdates(c.ns)
+	startLifecycle(c.harvesterCluster, true)
+	w.task = &inplacev1.UpgradeTask{
+		ObjectMeta: metav1.ObjectMeta{Name: "workers-v1-35-6", Namespace: c.ns},
+		Spec: inplacev1.UpgradeTaskSpec{
+			ClusterName: c.name, MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
+			Version: "v1.35.6+rke2r1", UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
+			DrainPolicy: &inplacev1.DrainPolicy{Mode: inplacev1.DrainModeSkip, GracePeriod: &metav1.Duration{Duration: grace}},
+		},
+	}
+	Expect(env.Client.Create(ctx, w.task)).To(Succeed())
+	return w
+}
+
+func (w *skipWorld) nodeUpdate(name string) *inplacev1.NodeUpdate {
+	return &inplacev1.NodeUpdate{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name}}
+}
+
+func (w *skipWorld) taskPhase(g Gomega) inplacev1.TaskPhase {
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(w.task), w.task)).To(Succeed())
+	return w.task.Status.Phase
+}
+
+func (w *skipWorld) machineStatus(name string) inplacev1.MachineUpgradeStatus {
+	GinkgoHelper()
+	for _, ms := range w.task.Status.Machines {
+		if ms.Name == name {
+			return ms
+		}
+	}
+	Fail("no status of machine " + name)
+	return inplacev1.MachineUpgradeStatus{}
+}
+
+// expectSafeRun asserts the run's safety over its whole length: never more than one
+// NodeUpdate (the task's maxUnavailable) unfinished at once, never two for one machine,
+// never more than one node down, and every SUC run of a NodeUpdate ended before the watch
+// showed the NodeUpdate final.
+func (w *skipWorld) expectSafeRun() {
+	GinkgoHelper()
+	Expect(w.witness.MaxRunning()).To(Equal(1))
+	Expect(w.witness.RunTwice()).To(BeEmpty())
+	Expect(w.rec.MaxDown()).To(BeNumerically("<=", 1))
+	nus := &inplacev1.NodeUpdateList{}
+	Expect(env.Client.List(ctx, nus, client.InNamespace(w.ns))).To(Succeed())
+	for i := range nus.Items {
+		nu := &nus.Items[i]
+		Expect(nu.Status.Phase.IsFinal()).To(BeTrue(), "NodeUpdate %s has not ended", nu.Name)
+		ended := w.witness.FinalAt(nu.Name)
+		Expect(ended).NotTo(BeZero(), "the watch saw NodeUpdate %s final", nu.Name)
+		for _, run := range w.rec.Runs() {
+			for _, kind := range []string{"preload", "drain", "rke2", "os", "unguard", "reguard"} {
+				if run.Plan != harvesteradapter.PlanName(kind, nu) {
+					continue
+				}
+				Expect(run.End).NotTo(BeZero(), "run of %s still running after NodeUpdate %s ended", run.Plan, nu.Name)
+				Expect(run.End).To(BeTemporally("<=", ended), "run of %s ended after NodeUpdate %s", run.Plan, nu.Name)
+			}
+		}
+	}
+}
+
+var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harvester updater", func() {
+	It("puts back the node a PodDisruptionBudget blocks, upgrades the others, comes back to it at the end and upgrades it once the budget is lifted", func() {
+		w := newSkipWorld(2 * time.Second)
+		m1, m2, m3 := w.machines[0].Name, w.machines[1].Name, w.machines[2].Name
+		first := w.nodeUpdate(upgraderequest.NodeUpdateName(w.task.Name, m2))
+		Eventually(nodeUpdatePhase(first), 90*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped))
+		expectPutBack(w.harvesterCluster, first, "web", w.witness.FinalAt(first.Name))
+
+		By("the task records the skip and goes on with the third machine")
+		Eventually(func(g Gomega) inplacev1.MachineState {
+			w.taskPhase(g)
+			for _, ms := range w.task.Status.Machines {
+				if ms.Name == m2 {
+					return ms.State
+				}
+			}
+			return ""
+		}, 30*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.MachineStateSkipped))
+		Expect(w.machineStatus(m2).Message).To(ContainSubstring("pod " + w.ns + "/web (PodDisruptionBudget web)"))
+		cond := meta.FindStatusCondition(w.task.Status.Conditions, inplacev1.NodesSkippedCondition)
+		Expect(cond).NotTo(BeNil())
+		Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+		Expect(cond.Reason).To(Equal(inplacev1.NodeSkippedReason))
+		Expect(cond.Message).To(And(ContainSubstring("node "+w.nodes[1]), ContainSubstring(w.ns+"/web"), ContainSubstring("tried once more")))
+		Expect(w.task.Status.Phase).To(Equal(inplacev1.TaskPhaseInProgress), "a skip is not a failure")
+		Expect(w.task.Status.Failed).To(BeZero())
+		evs := &corev1.EventList{}
+		Expect(env.Client.List(ctx, evs, client.InNamespace(w.ns))).To(Succeed())
+		Expect(evs.Items).To(ContainElement(And(HaveField("Reason", inplacev1.NodeSkippedReason), HaveField("InvolvedObject.Kind", "UpgradeTask"))))
+
+		By("the budget is lifted while the third machine is upgraded")
+		Eventually(func(g Gomega) inplacev1.MachineState {
+			w.taskPhase(g)
+			return w.machineStatus(m3).State
+		}, 30*time.Second, 50*time.Millisecond).Should(BeElementOf(inplacev1.MachineStateInProgress, inplacev1.MachineStateUpgraded))
+		Expect(workload.Client.Delete(ctx, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "web"}})).To(Succeed())
+
+		Eventually(w.taskPhase, 120*time.Second, 200*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted))
+		for _, m := range []string{m1, m2, m3} {
+			Expect(w.machineStatus(m).State).To(Equal(inplacev1.MachineStateUpgraded), m)
+		}
+		retry := upgraderequest.RetryNodeUpdateName(w.task.Name, m2)
+		Expect(w.machineStatus(m2).NodeUpdate).To(Equal(retry))
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(first), first)).To(Succeed())
+		Expect(first.Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseSkipped), "the first NodeUpdate stays, the record of the skip")
+		Expect(nodeUpdatePhase(w.nodeUpdate(retry))(Default)).To(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		Expect(w.witness.StartOrder()).To(Equal([]string{m1, m2, m3, m2}), "the skipped machine is tried again once, at the end")
+		cond = meta.FindStatusCondition(w.task.Status.Conditions, inplacev1.NodesSkippedCondition)
+		Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		Expect(cond.Message).To(ContainSubstring("node " + w.nodes[1] + " was skipped, then upgraded when tried again"))
+		Expect(w.rec.Drains(w.nodes[1])).NotTo(BeEmpty())
+		w.expectSafeRun()
+	})
+
+	It("fails the task, naming the node and its blocker, when the node is skipped again at the end", func() {
+		w := newSkipWorld(time.Second)
+		m1, m2, m3 := w.machines[0].Name, w.machines[1].Name, w.machines[2].Name
+		Eventually(w.taskPhase, 120*time.Second, 200*time.Millisecond).Should(Equal(inplacev1.TaskPhaseFailed))
+		Expect(w.machineStatus(m1).State).To(Equal(inplacev1.MachineStateUpgraded))
+		Expect(w.machineStatus(m3).State).To(Equal(inplacev1.MachineStateUpgraded), "the others were upgraded before the retry")
+		ms := w.machineStatus(m2)
+		Expect(ms.State).To(Equal(inplacev1.MachineStateFailed))
+		Expect(ms.Message).To(And(ContainSubstring(inplacev1.SkippedAgainReason), ContainSubstring("pod "+w.ns+"/web (PodDisruptionBudget web)")))
+		cond := meta.FindStatusCondition(w.task.Status.Conditions, inplacev1.NodesSkippedCondition)
+		Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+		Expect(cond.Reason).To(Equal(inplacev1.SkippedAgainReason))
+		Expect(cond.Message).To(And(ContainSubstring("node "+w.nodes[1]), ContainSubstring(w.ns+"/web"), ContainSubstring("skipped again")))
+		degraded := meta.FindStatusCondition(w.task.Status.Conditions, inplacev1.DegradedCondition)
+		Expect(degraded.Message).To(ContainSubstring(m2))
+
+		first := w.nodeUpdate(upgraderequest.NodeUpdateName(w.task.Name, m2))
+		retry := w.nodeUpdate(upgraderequest.RetryNodeUpdateName(w.task.Name, m2))
+		for _, nu := range []*inplacev1.NodeUpdate{first, retry} {
+			Expect(nodeUpdatePhase(nu)(Default)).To(Equal(inplacev1.NodeUpdatePhaseSkipped))
+			expectPutBack(w.harvesterCluster, nu, "web", w.witness.FinalAt(nu.Name))
+		}
+		Expect(w.witness.StartOrder()).To(Equal([]string{m1, m2, m3, m2}), "tried again once, not more")
+		Consistently(func() int { return w.witness.Creations()[m2] }, 2*time.Second, 200*time.Millisecond).Should(Equal(2))
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "web"}, &corev1.Pod{})).To(Succeed(), "Skip never deletes the pod")
+		w.expectSafeRun()
 	})
 })

@@ -32,7 +32,14 @@ type vmCluster struct {
 
 func newVMCluster(nodes int, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.KubeVirt)) *vmCluster {
 	GinkgoHelper()
-	c := newHarvesterCluster(nodes, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+	return newVMClusterWith(true, nodes, mutate, simOptions...)
+}
+
+// newVMClusterWith is newVMCluster; with planByHand false no UpgradePlan is created ahead
+// of the nodes (a spec that adds its nodes afterwards creates it with createPlan).
+func newVMClusterWith(planByHand bool, nodes int, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.KubeVirt)) *vmCluster {
+	GinkgoHelper()
+	c := newClusterWith(workload, planByHand, nodes, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
 		h.Spec.PreloadImages = ptr.To(false)
 		h.Spec.UpgradeOS = ptr.To(false)
 		if mutate != nil {

@@ -238,8 +238,12 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 // unusable), then removes the Plans, gives back the node's pause of Longhorn's live upgrade
 // and lifts the updater's own cordon. A failed Job has ended: SUC keeps it until its TTL
 // and starts no other until the Plan changes (shared/facts/suc.md, facts 45 and 48), so
-// the Plans go at once. On a node that is gone nothing can be interrupted: its Plans go
-// without waiting.
+// the Plans go at once. The drain's Job is not waited for: kubectl drain is evictions
+// one at a time and leaves nothing half-done, and a drain that a PodDisruptionBudget
+// blocks (drainPolicy Skip, or Hold without a drain timeout) would never end by itself;
+// its Plan goes, and the abort ends once SUC and the garbage collector have deleted the
+// Job (facts 27, 42), so that nothing of the node's upgrade runs after the NodeUpdate
+// ended. On a node that is gone nothing can be interrupted: its Plans go without waiting.
 func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, error) {
 	r, err := u.prepare(ctx, nu, false)
 	if err != nil {
@@ -254,7 +258,7 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 	}
 	nodeGone := apierrors.IsNotFound(r.wc.Get(ctx, client.ObjectKey{Name: nu.Spec.NodeName}, &corev1.Node{}))
 	if !nodeGone {
-		running, err := suc.JobRunning(ctx, r.wc, nu.Spec.NodeName, plans.Items)
+		running, err := suc.JobRunning(ctx, r.wc, nu.Spec.NodeName, notDrain(plans.Items))
 		if err != nil || running {
 			return false, err
 		}
@@ -262,6 +266,9 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 			return false, err
 		}
 		if ready, err := u.rancherAbortReady(ctx, r); err != nil || !ready {
+			return false, err
+		}
+		if stopped, err := u.stopDrain(ctx, r, plans.Items); err != nil || !stopped {
 			return false, err
 		}
 	}
@@ -272,6 +279,37 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		return false, err
 	}
 	return true, nil
+}
+
+// stopDrain deletes the node's drain Plan and reports whether no Job of the NodeUpdate
+// runs any more: SUC and the garbage collector delete the drain's Job once its Plan is
+// gone (facts 27, 42). The drain is stopped before the node is uncordoned, so that no
+// eviction and no cordon of kubectl drain comes after the put-back. The other Plans'
+// Jobs have ended when it is called, so a running Job is the drain's; the Plan is gone
+// on a later call, so the Jobs are found by their NodeUpdate label.
+func (u *Updater) stopDrain(ctx context.Context, r *nodeRun, plans []sucv1.Plan) (bool, error) {
+	for i := range plans {
+		if plans[i].Labels[suc.LabelPlanKind] != string(suc.PlanDrain) {
+			continue
+		}
+		if err := r.wc.Delete(ctx, &plans[i]); err != nil && !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("delete the drain Plan %s of node %s: %w", plans[i].Name, r.nu.Spec.NodeName, err)
+		}
+	}
+	running, err := suc.NodeUpdateJobRunning(ctx, r.wc, r.cfg.Spec.SystemUpgradeController.Namespace, r.nu.UID)
+	return !running, err
+}
+
+// notDrain returns the Plans other than the drain's: a drain Job may be stopped at any
+// point, the others are waited for.
+func notDrain(plans []sucv1.Plan) []sucv1.Plan {
+	var out []sucv1.Plan
+	for _, p := range plans {
+		if p.Labels[suc.LabelPlanKind] != string(suc.PlanDrain) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // restConfigs is what workload clients that also give REST configurations offer

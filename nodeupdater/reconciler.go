@@ -301,6 +301,11 @@ func (r *Reconciler) reconcileUpdater(ctx context.Context, s *scope) (ctrl.Resul
 	}
 	nu.Status.NextRetryTime = nil
 
+	if skip, ok := AsSkip(err); ok {
+		log.Info("Node skipped: putting the node back", "message", skip.Message)
+		r.startSkip(s, skip.Message)
+		return r.reconcileAbort(ctx, s)
+	}
 	if perm, ok := AsPermanent(err); ok {
 		reason := perm.Reason
 		if reason == "" {
@@ -454,6 +459,25 @@ func (r *Reconciler) startFailure(s *scope, reason, message string) {
 	}
 }
 
+// startSkip records that the updater puts the node back (drainPolicy Skip): the running
+// step ends with the message, and the updater is asked, as after a failure, to stop at
+// its safe point and remove what it created; the NodeUpdate then ends Skipped. The
+// failureReason NodeSkipped with a set abortStartTime is what a restarted manager goes
+// on from.
+func (r *Reconciler) startSkip(s *scope, message string) {
+	nu := s.nu
+	message = truncate(message, 10240)
+	endRunningSteps(nu, inplacev1.StepStateAborted, "node skipped: "+message)
+	nu.Status.FailureReason = inplacev1.NodeSkippedReason
+	nu.Status.FailureMessage = message
+	nu.Status.NextRetryTime = nil
+	nu.Status.LastError = ""
+	nu.Status.LastAttemptTime = nil
+	if nu.Status.AbortStartTime == nil {
+		nu.Status.AbortStartTime = ptrMicroTime(s.now)
+	}
+}
+
 // reconcileAbort stops the node's update at a safe point, on request or after a
 // failure or timeout: the updater's Abort is called until it reports done.
 func (r *Reconciler) reconcileAbort(ctx context.Context, s *scope) (ctrl.Result, error) {
@@ -538,16 +562,23 @@ func clearAbortError(s *scope) {
 	}
 }
 
-// finishAbort ends an abort: Failed when it cleaned up after a failure (a permanent
-// error, exhausted retries, a timeout), else Aborted.
+// finishAbort ends an abort: Skipped when it put a skipped node back, Failed when it
+// cleaned up after a failure (a permanent error, exhausted retries, a timeout), else
+// Aborted.
 func (r *Reconciler) finishAbort(s *scope, note string) {
 	nu := s.nu
-	if nu.Status.FailureReason != "" {
+	switch {
+	case nu.Status.FailureReason == inplacev1.NodeSkippedReason:
+		nu.Status.Phase = inplacev1.NodeUpdatePhaseSkipped
+		if note != "" {
+			nu.Status.FailureMessage = truncate(nu.Status.FailureMessage+"; "+note, 10240)
+		}
+	case nu.Status.FailureReason != "":
 		nu.Status.Phase = inplacev1.NodeUpdatePhaseFailed
 		if note != "" {
 			nu.Status.FailureMessage = truncate(nu.Status.FailureMessage+"; "+note, 10240)
 		}
-	} else {
+	default:
 		why := abortCause(nu)
 		if why != "" && note != "" {
 			why += "; "

@@ -61,6 +61,9 @@ func computeStatus(nu *inplacev1.NodeUpdate) {
 	case inplacev1.NodeUpdatePhaseFailed:
 		ready.Reason, ready.Message = inplacev1.FailedReason, failureSummary(nu)
 		progressing.Reason, progressing.Message = st.FailureReason, failureSummary(nu)
+	case inplacev1.NodeUpdatePhaseSkipped:
+		ready.Reason, ready.Message = inplacev1.NodeSkippedReason, skipSummary(nu)
+		progressing.Reason, progressing.Message = inplacev1.NodeSkippedReason, ready.Message
 	case inplacev1.NodeUpdatePhaseAborted:
 		ready.Reason, ready.Message = inplacev1.AbortedReason, "the node update was aborted"
 		if why := abortCause(nu); why != "" {
@@ -71,6 +74,9 @@ func computeStatus(nu *inplacev1.NodeUpdate) {
 		ready.Reason, ready.Message = inplacev1.InProgressReason, progressMessage(nu)
 		progressing.Status = metav1.ConditionTrue
 		switch {
+		case st.AbortStartTime != nil && st.FailureReason == inplacev1.NodeSkippedReason:
+			progressing.Reason, progressing.Message = inplacev1.AbortingReason,
+				fmt.Sprintf("skipping node %s: %s; putting the node back (stopping the drain, uncordoning, restoring what was stopped)", nu.Spec.NodeName, st.FailureMessage)+abortError(st)
 		case st.AbortStartTime != nil && st.FailureReason != "":
 			progressing.Reason, progressing.Message = inplacev1.AbortingReason,
 				fmt.Sprintf("%s: %s; waiting for the updater to clean up", st.FailureReason, st.FailureMessage)+abortError(st)
@@ -123,6 +129,12 @@ func failureSummary(nu *inplacev1.NodeUpdate) string {
 		return fmt.Sprintf("step %s failed (%s): %s", nu.Status.CurrentStep, nu.Status.FailureReason, nu.Status.FailureMessage)
 	}
 	return fmt.Sprintf("%s: %s", nu.Status.FailureReason, nu.Status.FailureMessage)
+}
+
+// skipSummary says what a Skipped NodeUpdate did: it put the node back, and why.
+func skipSummary(nu *inplacev1.NodeUpdate) string {
+	return fmt.Sprintf("node %s was skipped and put back (drain stopped, uncordoned, what was stopped restored, its Plans removed); it is not at %s: %s",
+		nu.Spec.NodeName, nu.Spec.Version, nu.Status.FailureMessage)
 }
 
 func progressMessage(nu *inplacev1.NodeUpdate) string {
@@ -224,7 +236,10 @@ func (r *Reconciler) recordTransitions(ctx context.Context, before, after *inpla
 	}
 
 	if bs.AbortStartTime == nil && as.AbortStartTime != nil && !as.Phase.IsFinal() {
-		if as.FailureReason != "" {
+		if as.FailureReason == inplacev1.NodeSkippedReason {
+			r.event(after, eventWarning, as.FailureReason, "Skip",
+				fmt.Sprintf("%s; putting node %s back", as.FailureMessage, after.Spec.NodeName))
+		} else if as.FailureReason != "" {
 			r.event(after, eventWarning, as.FailureReason, "Abort",
 				fmt.Sprintf("%s; stopping the updater and cleaning up", as.FailureMessage))
 		} else {
@@ -243,6 +258,8 @@ func (r *Reconciler) recordTransitions(ctx context.Context, before, after *inpla
 				fmt.Sprintf("node %s reached %s in %s", after.Spec.NodeName, after.Spec.Version, duration(after).Round(time.Second)))
 		case inplacev1.NodeUpdatePhaseFailed:
 			r.event(after, eventWarning, as.FailureReason, "Update", failureSummary(after))
+		case inplacev1.NodeUpdatePhaseSkipped:
+			r.event(after, eventWarning, inplacev1.NodeSkippedReason, "Skip", skipSummary(after))
 		case inplacev1.NodeUpdatePhaseAborted:
 			note := fmt.Sprintf("node update of %s aborted", after.Spec.NodeName)
 			if why := abortCause(after); why != "" {

@@ -113,6 +113,23 @@ func TestComputeStatus(t *testing.T) {
 			wantProgMessage: "attempt 2 of step Drain at 2026-01-02T03:04:05Z after: boom",
 		},
 		{
+			name: "skipping: putting the node back",
+			status: inplacev1.NodeUpdateStatus{Phase: inplacev1.NodeUpdatePhaseInProgress, AbortStartTime: &abort,
+				FailureReason: inplacev1.NodeSkippedReason, FailureMessage: "blocked by pod a/web"},
+			wantReady:       metav1.ConditionFalse,
+			wantReadyReason: inplacev1.InProgressReason,
+			wantProgReason:  inplacev1.AbortingReason,
+			wantProgMessage: "skipping node : blocked by pod a/web; putting the node back (stopping the drain, uncordoning, restoring what was stopped)",
+		},
+		{
+			name:            "skipped: put back, not at the version",
+			status:          inplacev1.NodeUpdateStatus{Phase: inplacev1.NodeUpdatePhaseSkipped, FailureReason: inplacev1.NodeSkippedReason, FailureMessage: "blocked by pod a/web"},
+			wantReady:       metav1.ConditionFalse,
+			wantReadyReason: inplacev1.NodeSkippedReason,
+			wantProgReason:  inplacev1.NodeSkippedReason,
+			wantProgMessage: "node  was skipped and put back (drain stopped, uncordoned, what was stopped restored, its Plans removed); it is not at : blocked by pod a/web",
+		},
+		{
 			name:            "aborting",
 			status:          inplacev1.NodeUpdateStatus{Phase: inplacev1.NodeUpdatePhaseInProgress, AbortStartTime: &abort},
 			wantReady:       metav1.ConditionFalse,

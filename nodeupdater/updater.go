@@ -19,7 +19,8 @@ type Updater interface {
 	// its steps in nu.Status.Steps. It is idempotent: it is called again after a restart
 	// with the status as last persisted. An error wrapped by Permanent fails the
 	// NodeUpdate without a retry, once Abort has cleaned up; any other error is retried
-	// with backoff.
+	// with backoff. A SkipError puts the node back: the NodeUpdate ends Skipped once
+	// Abort has cleaned up.
 	Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (Result, error)
 
 	// Abort stops the work on the node at a safe point and removes what the updater
@@ -121,6 +122,32 @@ func AsPermanent(err error) (*PermanentError, bool) {
 	var perm *PermanentError
 	if errors.As(err, &perm) {
 		return perm, true
+	}
+	return nil, false
+}
+
+// SkipError is what an Updater returns from Reconcile to put the node back instead of
+// upgrading it (drainPolicy Skip: the drain stayed blocked for its grace period). The
+// reconciler then calls Abort until it reports done, as after a failure, so that nothing
+// the updater started keeps running on the node, and ends the NodeUpdate Skipped with
+// the message: a skip is not a failure.
+type SkipError struct {
+	// Message names what blocked the node (the pods and their budgets).
+	Message string
+}
+
+func (e *SkipError) Error() string { return e.Message }
+
+// Skipf builds a SkipError from a format.
+func Skipf(format string, args ...any) error {
+	return &SkipError{Message: fmt.Sprintf(format, args...)}
+}
+
+// AsSkip returns the SkipError in err's chain, if any.
+func AsSkip(err error) (*SkipError, bool) {
+	var skip *SkipError
+	if errors.As(err, &skip) {
+		return skip, true
 	}
 	return nil, false
 }

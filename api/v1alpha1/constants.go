@@ -317,8 +317,24 @@ const (
 	// BlockingPodsDeletedReason: the policy Evict deleted the pods that blocked the drain,
 	// ignoring their PodDisruptionBudgets; one event per pod names it.
 	BlockingPodsDeletedReason = "BlockingPodsDeleted"
+	// SkipPendingReason: the drain is blocked and the policy is Skip: the node is put
+	// back and skipped once the drain has been blocked for the grace period.
+	SkipPendingReason = "SkipPending"
 	// DrainUnblockedReason: the pods that blocked the drain could be evicted after all.
 	DrainUnblockedReason = "DrainUnblocked"
+	// NodeSkippedReason: the drain was blocked for longer than the grace period of
+	// drainPolicy Skip; the node is put back and its NodeUpdate ends Skipped. It is the
+	// DrainBlocked condition's reason, the failureReason and the Ready condition's reason
+	// of the Skipped NodeUpdate, and the reason of the events.
+	NodeSkippedReason = "NodeSkipped"
+	// NodesSkippedCondition on an UpgradeTask is True while a machine's NodeUpdate was
+	// skipped (drainPolicy Skip) and the machine is not upgraded; its message names each
+	// node and what blocked its drain. False (reason Done) once every skipped machine was
+	// upgraded when tried again; absent on a task none of whose machines was skipped.
+	NodesSkippedCondition = "NodesSkipped"
+	// SkippedAgainReason: a machine was skipped again when the task came back to it
+	// after every other machine; the task fails with it.
+	SkippedAgainReason = "SkippedAgain"
 	// InvalidFailureBudgetReason: an annotation of the Cluster's failure budget is not
 	// usable; the message names the value and what is used instead.
 	InvalidFailureBudgetReason = "InvalidFailureBudget"

@@ -23,7 +23,7 @@ var _ = Describe("A drain policy", func() {
 
 		bad := validTask()
 		bad.Spec.DrainPolicy = &inplacev1.DrainPolicy{Mode: "Force"}
-		expectInvalid(k8s.Create(ctx, bad), `supported values: "Hold", "Evict"`)
+		expectInvalid(k8s.Create(ctx, bad), `supported values: "Hold", "Evict", "Skip"`)
 
 		bad = validTask()
 		bad.Spec.DrainPolicy = &inplacev1.DrainPolicy{Mode: inplacev1.DrainModeEvict, GracePeriod: &metav1.Duration{}}

@@ -7,7 +7,7 @@ import (
 )
 
 // DrainMode is what the updater does with a node whose drain is blocked.
-// +kubebuilder:validation:Enum=Hold;Evict
+// +kubebuilder:validation:Enum=Hold;Evict;Skip
 type DrainMode string
 
 const (
@@ -16,6 +16,11 @@ const (
 	// DrainModeEvict deletes the pods whose eviction a PodDisruptionBudget refuses, once
 	// the drain has been blocked for gracePeriod: the budgets are ignored.
 	DrainModeEvict DrainMode = "Evict"
+	// DrainModeSkip puts the node back once the drain has been blocked for gracePeriod:
+	// the drain stops, the node is uncordoned and what its earlier steps stopped is
+	// restored; the NodeUpdate ends Skipped naming the blocking pods, and an UpgradeTask
+	// goes on with its other nodes and tries the skipped one once more at the end.
+	DrainModeSkip DrainMode = "Skip"
 )
 
 // DefaultDrainGracePeriod is how long a blocked drain waits before the policy acts.
@@ -26,8 +31,13 @@ const DefaultDrainGracePeriod = "10m"
 // +kubebuilder:validation:XValidation:rule="!has(self.gracePeriod) || duration(self.gracePeriod) > duration('0s')",message="drainPolicy.gracePeriod must be more than 0s, for example 10m"
 type DrainPolicy struct {
 	// mode is Hold (the default: the node waits until its drain step times out, and the
-	// task fails there) or Evict (after gracePeriod, the blocking pods are deleted, their
-	// PodDisruptionBudgets ignored; only when asked).
+	// task fails there), Skip (after gracePeriod the node is put back: uncordoned, what
+	// was stopped restored, its NodeUpdate Skipped naming the blocking pods; the task
+	// goes on with the other nodes and tries it once more at the end, and fails if it is
+	// skipped again) or Evict (after gracePeriod, the blocking pods are deleted, their
+	// PodDisruptionBudgets ignored; only when asked). The Cluster API path
+	// (UpdateMachine) has no other nodes to go on with: there Skip fails the machine's
+	// update with the blocking pods named, after putting the node back.
 	// +optional
 	// +kubebuilder:default=Hold
 	Mode DrainMode `json:"mode,omitempty"`

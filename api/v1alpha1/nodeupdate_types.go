@@ -6,7 +6,7 @@ import (
 )
 
 // NodeUpdatePhase is where a NodeUpdate stands.
-// +kubebuilder:validation:Enum=Pending;InProgress;Succeeded;Failed;Aborted
+// +kubebuilder:validation:Enum=Pending;InProgress;Succeeded;Failed;Aborted;Skipped
 type NodeUpdatePhase string
 
 const (
@@ -21,11 +21,17 @@ const (
 	// NodeUpdatePhaseAborted: stopped on request at a safe point; what the updater
 	// created for this node is cleaned up.
 	NodeUpdatePhaseAborted NodeUpdatePhase = "Aborted"
+	// NodeUpdatePhaseSkipped: its drain was blocked for longer than the grace period of
+	// drainPolicy Skip, and the node was put back (drain stopped, uncordoned, what was
+	// stopped restored, its Plans removed); failureReason is NodeSkipped and
+	// failureMessage names the pods that blocked the drain and their budgets. Not a
+	// failure: the node was not upgraded and nothing of the upgrade runs on it.
+	NodeUpdatePhaseSkipped NodeUpdatePhase = "Skipped"
 )
 
 // IsFinal reports whether the NodeUpdate has ended and will not change any more.
 func (p NodeUpdatePhase) IsFinal() bool {
-	return p == NodeUpdatePhaseSucceeded || p == NodeUpdatePhaseFailed || p == NodeUpdatePhaseAborted
+	return p == NodeUpdatePhaseSucceeded || p == NodeUpdatePhaseFailed || p == NodeUpdatePhaseAborted || p == NodeUpdatePhaseSkipped
 }
 
 // StepState is where one step of a NodeUpdate stands.
@@ -209,7 +215,8 @@ type NodeUpdateStatus struct {
 	// failureReason is a short, machine-readable reason of the failure, for example
 	// StepFailed, TimedOut, RetriesExhausted, or a reason of the updater's own such as
 	// BackoffLimitExceeded. While phase is still InProgress, a failureReason means the
-	// NodeUpdate is failing and the updater is cleaning up.
+	// NodeUpdate is failing and the updater is cleaning up. NodeSkipped is not a failure:
+	// the node is being put back (drainPolicy Skip), and the phase ends Skipped.
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	FailureReason string `json:"failureReason,omitempty"`

@@ -204,8 +204,9 @@ type UpgradeTaskSpec struct {
 	Notify *NotifySpec `json:"notify,omitempty"`
 
 	// drainPolicy says what a node's updater does when the node's drain is blocked (a pod
-	// whose eviction a PodDisruptionBudget refuses): Hold (the default) or, only when
-	// asked, Evict after a grace period. Unset means the Cluster's
+	// whose eviction a PodDisruptionBudget refuses): Hold (the default), Skip (after a
+	// grace period the node is put back, the task goes on with the others and tries it
+	// once more at the end) or, only when asked, Evict after a grace period. Unset means the Cluster's
 	// inplace.cluster.x-k8s.io/drain-policy annotation, if any. Each NodeUpdate carries
 	// the policy it was started with.
 	// +optional
@@ -239,7 +240,7 @@ func (p TaskPhase) IsFinal() bool {
 }
 
 // MachineState is where one machine of an UpgradeTask stands.
-// +kubebuilder:validation:Enum=Waiting;InProgress;Upgraded;Failed;Aborted
+// +kubebuilder:validation:Enum=Waiting;InProgress;Upgraded;Failed;Aborted;Skipped
 type MachineState string
 
 const (
@@ -253,6 +254,10 @@ const (
 	MachineStateFailed MachineState = "Failed"
 	// MachineStateAborted: its NodeUpdate was aborted, or it was never started before the abort.
 	MachineStateAborted MachineState = "Aborted"
+	// MachineStateSkipped: its NodeUpdate was skipped (drainPolicy Skip: its drain stayed
+	// blocked) and its node put back; the task tries it once more when every other
+	// machine is done.
+	MachineStateSkipped MachineState = "Skipped"
 )
 
 // MachineUpgradeStatus is the state of one machine of an UpgradeTask.
@@ -387,7 +392,9 @@ type UpgradeTaskStatus struct {
 	// +kubebuilder:validation:MaxItems=64
 	Gates []HealthGateStatus `json:"gates,omitempty"`
 
-	// conditions are Ready, Progressing, Degraded and Paused.
+	// conditions are Ready, Progressing, Degraded, Paused, FailureBudgetExhausted and
+	// NodesSkipped (True while a node skipped by drainPolicy Skip is not upgraded; only on a
+	// task that skipped one).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -27,6 +27,18 @@ func TaskName(targetName, version, requestHash string, attempt int) string {
 	return base + suffix
 }
 
+// RetryNodeUpdateName is the deterministic name of the NodeUpdate with which a task tries
+// a machine once more after its first NodeUpdate was skipped (drainPolicy Skip): the
+// first one's name with -retry. The first one stays, as the record of the skip.
+func RetryNodeUpdateName(taskName, machineName string) string {
+	name := NodeUpdateName(taskName, machineName) + "-retry"
+	if len(name) <= 253 {
+		return name
+	}
+	suffix := "-" + shortHash(digest(name))
+	return strings.TrimRight(name[:253-len(suffix)], "-.") + suffix
+}
+
 // NodeUpdateName is the deterministic name of a machine's NodeUpdate in a task, so that a
 // restart finds the NodeUpdate it created instead of creating a second one.
 func NodeUpdateName(taskName, machineName string) string {

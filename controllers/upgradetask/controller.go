@@ -320,8 +320,12 @@ type taskScope struct {
 	targetMachines []clusterv1.Machine
 	// nodes are the workload cluster's Nodes by name.
 	nodes map[string]*corev1.Node
-	// nodeUpdates are this task's NodeUpdates by machine name.
+	// nodeUpdates are this task's NodeUpdates by machine name: the retry of a skipped
+	// machine when there is one.
 	nodeUpdates map[string]*inplacev1.NodeUpdate
+	// skippedFirst are, by machine name, the first NodeUpdates of machines the task
+	// tried again after they were skipped (drainPolicy Skip).
+	skippedFirst map[string]*inplacev1.NodeUpdate
 	// upgradedBy names, by machine, a NodeUpdate of another task (or a hand-made one)
 	// that Succeeded on it at the target or newer: its node is there whatever the cached
 	// Machine says yet.
@@ -403,12 +407,13 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 	}
 	s.failures = readFailureBudget(s.cluster, nus, s.now)
 	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
+	s.skippedFirst = map[string]*inplacev1.NodeUpdate{}
 	s.upgradedBy = map[string]string{}
 	for i := range nus {
 		nu := &nus[i]
 		switch {
 		case metav1IsControlledBy(nu, task):
-			s.nodeUpdates[nu.Spec.MachineName] = nu
+			s.addNodeUpdate(nu)
 		case nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded && atLeast(nu.Spec.Version, v):
 			s.upgradedBy[nu.Spec.MachineName] = nu.Name
 		}
@@ -460,6 +465,7 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 
 	s.members, s.pendingHandover = collectMembers(s)
 	orderMembers(s.members, task.Spec.NodeOrder, task.Spec.ControlPlaneRef != nil)
+	retrySkipped(s)
 	return s, nil
 }
 

@@ -27,7 +27,7 @@ func drainPolicy(task *inplacev1.UpgradeTask, cluster *clusterv1.Cluster) (*inpl
 		return nil, ""
 	}
 	bad := func(why string) (*inplacev1.DrainPolicy, string) {
-		return nil, fmt.Sprintf("the Cluster %s annotation %s=%q is not usable: %s; write a JSON drain policy such as {\"mode\":\"Evict\",\"gracePeriod\":\"10m\"} or remove the annotation",
+		return nil, fmt.Sprintf("the Cluster %s annotation %s=%q is not usable: %s; write a JSON drain policy such as {\"mode\":\"Skip\",\"gracePeriod\":\"10m\"} or remove the annotation",
 			cluster.Name, inplacev1.DrainPolicyAnnotation, raw, why)
 	}
 	p := &inplacev1.DrainPolicy{}
@@ -39,9 +39,9 @@ func drainPolicy(task *inplacev1.UpgradeTask, cluster *clusterv1.Cluster) (*inpl
 	switch p.Mode {
 	case "":
 		p.Mode = inplacev1.DrainModeHold
-	case inplacev1.DrainModeHold, inplacev1.DrainModeEvict:
+	case inplacev1.DrainModeHold, inplacev1.DrainModeSkip, inplacev1.DrainModeEvict:
 	default:
-		return bad(fmt.Sprintf("mode %q is neither %s nor %s", p.Mode, inplacev1.DrainModeHold, inplacev1.DrainModeEvict))
+		return bad(fmt.Sprintf("mode %q is not %s, %s or %s", p.Mode, inplacev1.DrainModeHold, inplacev1.DrainModeSkip, inplacev1.DrainModeEvict))
 	}
 	if p.GracePeriod != nil && p.GracePeriod.Duration <= 0 {
 		return bad("gracePeriod must be more than 0s")

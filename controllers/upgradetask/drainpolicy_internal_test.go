@@ -37,7 +37,8 @@ func TestClusterDrainPolicy(t *testing.T) {
 	for _, tc := range []struct{ value, mode, problem string }{
 		{`{"mode":"Evict","gracePeriod":"1m"}`, "Evict", ""},
 		{`{}`, "Hold", ""},
-		{`{"mode":"evict"}`, "", `mode "evict" is neither Hold nor Evict`},
+		{`{"mode":"Skip","gracePeriod":"5m"}`, "Skip", ""},
+		{`{"mode":"evict"}`, "", `mode "evict" is not Hold, Skip or Evict`},
 		{`{"mode":"Evict","gracePeriod":"0s"}`, "", "gracePeriod must be more than 0s"},
 		{`{"mode":"Evict","grace":"1m"}`, "", `unknown field "grace"`},
 		{`Evict`, "", "invalid character"},

@@ -38,7 +38,7 @@ var _ = Describe("The drain policy of a task", func() {
 		Expect(k8s.Create(ctx, w.mdTask("b"))).To(Succeed())
 		Eventually(func() metav1.Condition { return w.conditionOf("b", inplacev1.PausedCondition)() }, timeout, poll).
 			Should(And(HaveField("Reason", inplacev1.InvalidDrainPolicyReason),
-				HaveField("Message", And(ContainSubstring(inplacev1.DrainPolicyAnnotation), ContainSubstring(`mode "Sometimes" is neither Hold nor Evict`)))))
+				HaveField("Message", And(ContainSubstring(inplacev1.DrainPolicyAnnotation), ContainSubstring(`mode "Sometimes" is not Hold, Skip or Evict`)))))
 		Consistently(w.nodeUpdates, time.Second, poll).Should(BeEmpty(), "no node starts under a policy other than the one asked")
 
 		w.annotateCluster(inplacev1.DrainPolicyAnnotation, `{"mode":"Evict","gracePeriod":"3m"}`)

@@ -77,6 +77,12 @@ func desiredMachine(s *taskScope, mem *member, phase inplacev1.TaskPhase, mayCla
 	case inplacev1.MachineStateAborted:
 		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.AbortedReason,
 			fmt.Sprintf("in-place upgrade to %s was aborted; the node may be partly upgraded", s.task.Spec.Version))}
+	case inplacev1.MachineStateSkipped:
+		msg := fmt.Sprintf("in-place upgrade to %s by UpgradeTask %s was skipped, the node put back (%s); it is tried once more when every other machine is done", s.task.Spec.Version, s.task.Name, mem.message)
+		if final {
+			msg = fmt.Sprintf("in-place upgrade to %s by UpgradeTask %s was skipped, the node put back (%s); the task ended before it was tried again", s.task.Spec.Version, s.task.Name, mem.message)
+		}
+		return machineWant{claim: keepClaim, condition: machineCondition(metav1.ConditionFalse, inplacev1.NodeSkippedReason, msg)}
 	}
 	// Waiting.
 	if final || !keepClaim {
@@ -246,7 +252,7 @@ func (r *Reconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *mem
 	task := s.task
 	nu := &inplacev1.NodeUpdate{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      upgraderequest.NodeUpdateName(task.Name, mem.name),
+			Name:      nodeUpdateName(task, mem),
 			Namespace: task.Namespace,
 			Labels: map[string]string{
 				inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name),
@@ -285,6 +291,9 @@ func (r *Reconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *mem
 	}
 	if !metav1IsControlledBy(existing, task) {
 		return nil, fmt.Errorf("NodeUpdate %s/%s exists and belongs to another owner; delete it to let UpgradeTask %s start machine %s", nu.Namespace, nu.Name, task.Name, mem.name)
+	}
+	if existing.Spec.MachineName != mem.name {
+		return nil, fmt.Errorf("NodeUpdate %s/%s of UpgradeTask %s is machine %s's, not machine %s's; delete it to let the task start machine %s", nu.Namespace, nu.Name, task.Name, existing.Spec.MachineName, mem.name, mem.name)
 	}
 	r.created.add(cluster, existing, time.Now())
 	return existing, nil

@@ -135,6 +135,9 @@ func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {
 			inProgress++
 		case mem.state == inplacev1.MachineStateWaiting:
 			waiting++
+		case mem.skippedPending():
+			// Tried once more when every other machine is done (retrySkipped).
+			waiting++
 		case mem.failedForTask():
 			failed++
 		}

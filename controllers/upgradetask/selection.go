@@ -45,6 +45,11 @@ type member struct {
 	preflight []preflight.Result
 	// picked is true when this round starts the machine.
 	picked bool
+	// retry is true when the machine was skipped (drainPolicy Skip) and is tried once
+	// more now: its NodeUpdate is the retry's (RetryNodeUpdateName).
+	retry bool
+	// skippedFirst is the machine's first NodeUpdate, skipped, once it is tried again.
+	skippedFirst *inplacev1.NodeUpdate
 }
 
 func (m *member) machineNode() preflight.MachineNode {
@@ -147,6 +152,8 @@ func collectMembers(s *taskScope) ([]*member, int) {
 	}
 	for _, mem := range members {
 		mem.state, mem.message = stateFromNodeUpdate(mem.nu)
+		mem.skippedFirst = s.skippedFirst[mem.name]
+		judgeSkipped(s.task, mem)
 		if mem.atTarget && !mem.removed {
 			mem.state, mem.message = inplacev1.MachineStateUpgraded, "needs no NodeUpdate: its node already runs "+s.task.Spec.Version+" (or newer)"
 			if mem.upgradedBy != "" {
@@ -186,6 +193,8 @@ func stateFromNodeUpdate(nu *inplacev1.NodeUpdate) (inplacev1.MachineState, stri
 		return inplacev1.MachineStateFailed, msg
 	case inplacev1.NodeUpdatePhaseAborted:
 		return inplacev1.MachineStateAborted, "the NodeUpdate was aborted"
+	case inplacev1.NodeUpdatePhaseSkipped:
+		return inplacev1.MachineStateSkipped, "skipped and put back: " + nu.Status.FailureMessage
 	}
 	if c := meta.FindStatusCondition(nu.Status.Conditions, inplacev1.DrainBlockedCondition); c != nil && c.Status == metav1.ConditionTrue {
 		// The node's drain policy at work: which pods block it and what happens next.

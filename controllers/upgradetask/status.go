@@ -147,6 +147,7 @@ func setStatusConditions(st *inplacev1.UpgradeTaskStatus, s *taskScope, phase in
 	}
 
 	setFailureBudgetCondition(st, s)
+	setSkippedCondition(s, set)
 	switch phase {
 	case inplacev1.TaskPhaseCompleted:
 		set(inplacev1.ReadyCondition, true, inplacev1.CompletedReason, fmt.Sprintf("every machine (%d) reached %s", st.Total, s.task.Spec.Version))
@@ -254,6 +255,11 @@ func (r *Reconciler) recordTransitions(ctx context.Context, s *taskScope, prev *
 					"in-place upgrade of machine %s (node %s) to %s failed: %s (UpgradeTask %s)", ms.Name, ms.NodeName, task.Spec.Version, ms.Message, task.Name)
 			}
 			r.Metrics.observeNode(task, ms, "failed")
+		case ms.State == inplacev1.MachineStateSkipped && old.State != ms.State:
+			log.Info("node skipped; the task goes on with the others and tries it again at the end", "machine", ms.Name, "node", ms.NodeName, "message", ms.Message)
+			r.Recorder.Eventf(task, machines[ms.Name], corev1.EventTypeWarning, inplacev1.NodeSkippedReason, "Upgrade",
+				"machine %s (node %s) %s; the task goes on with the other machines and tries it once more when they are done", ms.Name, ms.NodeName, ms.Message)
+			r.Metrics.observeNode(task, ms, "skipped")
 		case ms.State == inplacev1.MachineStateWaiting && isHeld(ms.Message) && !strings.HasPrefix(ms.Message, queueHoldPrefix):
 			log.Info("node held back by a preflight check", "machine", ms.Name, "node", ms.NodeName, "reason", ms.Message)
 			r.Recorder.Eventf(task, machines[ms.Name], corev1.EventTypeNormal, inplacev1.NodeHeldReason, "Preflight", "machine %s (node %s) %s", ms.Name, ms.NodeName, ms.Message)

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -172,7 +173,7 @@ func bounded(text string) string {
 	return text
 }
 
-// planJobRunning reports whether a Job of one of plans runs on node.
+// JobRunning reports whether a Job of one of plans runs on node.
 func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv1.Plan) (bool, error) {
 	for _, p := range plans {
 		jobs := &batchv1.JobList{}
@@ -183,6 +184,35 @@ func JobRunning(ctx context.Context, wc client.Client, node string, plans []sucv
 			if !jobFinished(&jobs.Items[i]) {
 				return true, nil
 			}
+		}
+	}
+	return false, nil
+}
+
+// NodeUpdateJobRunning reports whether a Job of the NodeUpdate's Plans (any Plan: the
+// Jobs and their pods carry the Plan's label naming the NodeUpdate, fact 25), or a pod
+// of one, has not ended in namespace. After the Plans are deleted, SUC and the garbage
+// collector delete their Jobs (facts 27, 42); a Job deleted with background propagation
+// is gone before its pod, which runs on until the garbage collector deletes it, so the
+// pods are looked at too: this tells when nothing of the NodeUpdate runs any more.
+func NodeUpdateJobRunning(ctx context.Context, wc client.Client, namespace string, nodeUpdate types.UID) (bool, error) {
+	ours := client.MatchingLabels{LabelNodeUpdate: string(nodeUpdate)}
+	jobs := &batchv1.JobList{}
+	if err := wc.List(ctx, jobs, client.InNamespace(namespace), ours); err != nil {
+		return false, fmt.Errorf("list the Jobs of NodeUpdate %s: %w", nodeUpdate, err)
+	}
+	for i := range jobs.Items {
+		if !jobFinished(&jobs.Items[i]) {
+			return true, nil
+		}
+	}
+	pods := &corev1.PodList{}
+	if err := wc.List(ctx, pods, client.InNamespace(namespace), ours); err != nil {
+		return false, fmt.Errorf("list the pods of NodeUpdate %s: %w", nodeUpdate, err)
+	}
+	for i := range pods.Items {
+		if phase := pods.Items[i].Status.Phase; phase != corev1.PodSucceeded && phase != corev1.PodFailed {
+			return true, nil
 		}
 	}
 	return false, nil

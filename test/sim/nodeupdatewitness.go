@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,6 +24,8 @@ type NodeUpdateWitness struct {
 	order      []string
 	machineOf  map[string]string
 	maxRunning int
+	// finalAt is when the watch first showed each NodeUpdate final.
+	finalAt map[string]time.Time
 	// twice names the machines that ever had two NodeUpdates running at once.
 	twice map[string]bool
 	// maxRunningOf counts, for the sets given to CountRunning, the most running at once.
@@ -38,7 +41,7 @@ func WatchNodeUpdates(ctx context.Context, c client.WithWatch, namespace string)
 		return nil, fmt.Errorf("watch NodeUpdates in %s: %w", namespace, err)
 	}
 	rec := &NodeUpdateWitness{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, machineOf: map[string]string{},
-		twice: map[string]bool{}, groups: map[string]map[string]bool{}, maxOfGroup: map[string]int{}, stop: w.Stop}
+		finalAt: map[string]time.Time{}, twice: map[string]bool{}, groups: map[string]map[string]bool{}, maxOfGroup: map[string]int{}, stop: w.Stop}
 	go func() {
 		for ev := range w.ResultChan() {
 			if nu, ok := ev.Object.(*inplacev1.NodeUpdate); ok {
@@ -65,6 +68,9 @@ func (r *NodeUpdateWitness) observe(t watch.EventType, nu *inplacev1.NodeUpdate)
 		delete(r.phase, nu.Name)
 	}
 	r.machineOf[nu.Name] = nu.Spec.MachineName
+	if _, seen := r.finalAt[nu.Name]; !seen && t != watch.Deleted && nu.Status.Phase.IsFinal() {
+		r.finalAt[nu.Name] = time.Now()
+	}
 	running := 0
 	perMachine := map[string]int{}
 	perGroup := map[string]int{}
@@ -118,6 +124,14 @@ func (r *NodeUpdateWitness) RunTwice() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// FinalAt is when the watch first showed the NodeUpdate final (zero while it has not): a
+// moment just after the API server stored its final status.
+func (r *NodeUpdateWitness) FinalAt(name string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.finalAt[name]
 }
 
 // Stop ends the watch.

@@ -785,7 +785,22 @@ func (s *SUC) handleJobs(ctx context.Context) error {
 		}
 		s.jobSeen[job.UID] = job.ResourceVersion
 		s.mu.Unlock()
-		if !due || job.DeletionTimestamp != nil {
+		if job.DeletionTimestamp != nil {
+			continue
+		}
+		if gone, err := s.ownerPlanGone(ctx, job); err != nil {
+			errs = append(errs, err)
+			continue
+		} else if gone {
+			// The garbage collector deletes a Job whose controlling Plan is gone (fact 27),
+			// whether or not SUC's handler sees an event for it: a running Job's pod
+			// (a kubectl drain retrying refused evictions) may change nothing for long.
+			if err := s.deleteJob(ctx, job, "its Plan is gone (garbage collector)"); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if !due {
 			continue
 		}
 		err := s.handleJob(ctx, job, now)
@@ -801,6 +816,23 @@ func (s *SUC) handleJobs(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ownerPlanGone reports whether the Plan that controls job (its ownerReference, fact 27)
+// no longer exists, or exists as another object of the same name.
+func (s *SUC) ownerPlanGone(ctx context.Context, job *batchv1.Job) (bool, error) {
+	ref := metav1.GetControllerOf(job)
+	if ref == nil || ref.Kind != "Plan" {
+		return false, nil
+	}
+	plan := &sucv1.Plan{}
+	switch err := s.cached().Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: ref.Name}, plan); {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get the Plan of job %s: %w", job.Name, err)
+	}
+	return plan.UID != ref.UID, nil
 }
 
 func (s *SUC) requeueJob(job *batchv1.Job, at time.Time) {
