@@ -412,7 +412,7 @@ var _ = Describe("The Harvester updater", func() {
 })
 
 var _ = Describe("Aborting a node's upgrade", func() {
-	It("waits for the running SUC Job to end, then removes the node's Plans and lifts its own cordon", func() {
+	It("stops a running drain (its Plan deleted at once), waits until its Job and pod are gone, then lifts its own cordon", func() {
 		// Long enough that the Job still runs when Abort is first asked, on a loaded machine
 		// too (1.5 s was not: the Job had ended and Abort rightly said done).
 		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) { h.Spec.PreloadImages = ptr.To(false) },
@@ -430,9 +430,11 @@ var _ = Describe("Aborting a node's upgrade", func() {
 
 		done, err := c.updater.Abort(ctx, nu)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(done).To(BeFalse(), "a drain half-way is not a safe point")
-		Expect(unschedulable(node)).To(BeTrue())
-		Expect(ourPlans(c)).To(HaveLen(1), "the running Plan is kept until its Job ends")
+		Expect(done).To(BeFalse(), "not done while the drain's Job may still evict or cordon")
+		Expect(unschedulable(node)).To(BeTrue(), "not uncordoned before the drain has stopped")
+		// kubectl drain is evictions one at a time: stopping it leaves nothing half-done,
+		// and a drain a PodDisruptionBudget blocks would never end by itself.
+		Expect(ourPlans(c)).To(BeEmpty(), "the drain's Plan is deleted at once, not waited for")
 
 		Eventually(func() bool {
 			done, err := c.updater.Abort(ctx, nu)
@@ -443,6 +445,10 @@ var _ = Describe("Aborting a node's upgrade", func() {
 		n := &corev1.Node{}
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 		Expect(n.Spec.Unschedulable).To(BeFalse())
+		runs := nodeRunsOn(c.rec, node)
+		Expect(runs).To(HaveLen(1))
+		Expect(runs[0].Deleted).To(ContainSubstring("its Plan is gone"), "the drain's Job was deleted while it ran, by the garbage collector")
+		Expect(runs[0].End).NotTo(BeZero(), "the drain's run ended before the abort was done")
 		Consistently(func() int { return len(nodeRunsOn(c.rec, node)) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(1), "nothing runs on the node after the abort")
 	})
 })

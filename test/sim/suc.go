@@ -795,7 +795,7 @@ func (s *SUC) handleJobs(ctx context.Context) error {
 			// The garbage collector deletes a Job whose controlling Plan is gone (fact 27),
 			// whether or not SUC's handler sees an event for it: a running Job's pod
 			// (a kubectl drain retrying refused evictions) may change nothing for long.
-			if err := s.deleteJob(ctx, job, "its Plan is gone (garbage collector)"); err != nil {
+			if err := s.collectJob(ctx, job); err != nil {
 				errs = append(errs, err)
 			}
 			continue
@@ -945,6 +945,31 @@ func (s *SUC) deleteAfterTTL(ctx context.Context, job *batchv1.Job, finished, no
 
 // deleteJob deletes a Job with background propagation (fact 42). A Job whose pod still
 // runs is recorded as interrupted: its upgrade stopped part way.
+// collectJob is the garbage collector deleting a Job whose Plan is gone (fact 27). A Job
+// still running is recorded as deleted while running, as SUC's own deletions are; one
+// that had finished is removed without a record: its run had ended, and nothing was
+// interrupted (the records' Deleted lists what was cut short or replaced).
+func (s *SUC) collectJob(ctx context.Context, job *batchv1.Job) error {
+	s.mu.Lock()
+	run := s.running[job.UID]
+	finished := run != nil && run.finished
+	s.mu.Unlock()
+	if !finished {
+		return s.deleteJob(ctx, job, "its Plan is gone (garbage collector)")
+	}
+	if err := s.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete job %s: %w", job.Name, err)
+	}
+	if err := s.deletePods(ctx, job); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.running, job.UID)
+	delete(s.hostPlayed, job.UID)
+	s.mu.Unlock()
+	return nil
+}
+
 func (s *SUC) deleteJob(ctx context.Context, job *batchv1.Job, why string) error {
 	if err := s.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete job %s: %w", job.Name, err)
