@@ -107,8 +107,10 @@ type Checker struct {
 	// lists, per task, the machines whose retry was skipped again; external: the tasks
 	// Cluster API paces.
 	retries      map[string]int
-	skippedTwice map[string][]string
+	skippedTwice map[string]map[string]string
 	external     map[string]bool
+	// deleting: nodes whose machine is being deleted.
+	deleting map[string]bool
 
 	violations []Violation
 }
@@ -124,7 +126,8 @@ func NewChecker(topo Topology) *Checker {
 		topo: topo, exists: map[string]bool{}, live: map[string]liveUpdate{}, down: map[string]string{},
 		worldDownSince: map[string]time.Time{}, created: map[string]time.Time{}, watched: map[string]string{}, ended: map[string]bool{},
 		successes: map[string]map[string]int{}, kubelet: map[string]string{}, replicas: map[string]map[string]bool{},
-		finished: map[string]bool{}, phase: map[string]string{}, retries: map[string]int{}, skippedTwice: map[string][]string{}, external: map[string]bool{},
+		finished: map[string]bool{}, phase: map[string]string{}, retries: map[string]int{}, skippedTwice: map[string]map[string]string{}, external: map[string]bool{},
+		deleting: map[string]bool{},
 	}
 	for n := range topo.TargetOf {
 		c.exists[n] = true
@@ -215,10 +218,24 @@ func (c *Checker) Observe(e Event) {
 		if strings.HasPrefix(e.Why, "External ") {
 			c.external[e.Task] = true
 		}
-		if e.Phase == "Completed" && len(c.skippedTwice[e.Task]) > 0 {
-			c.violate(InvSkipRetry, e, "task %s completed though machine(s) %s were skipped again when tried once more", e.Task, strings.Join(c.skippedTwice[e.Task], ", "))
+		if e.Phase == "Completed" {
+			// A machine deleted after its retry was skipped leaves no node behind: it no
+			// longer counts in its task.
+			var left []string
+			for machine, node := range c.skippedTwice[e.Task] {
+				if c.exists[node] && !c.deleting[node] {
+					left = append(left, machine)
+				}
+			}
+			if len(left) > 0 {
+				sort.Strings(left)
+				c.violate(InvSkipRetry, e, "task %s completed though machine(s) %s were skipped again when tried once more", e.Task, strings.Join(left, ", "))
+			}
 		}
 	case EventWorldDown:
+		if strings.HasPrefix(e.Why, "machine ") {
+			c.deleting[e.Node] = true
+		}
 		if _, ok := c.worldDownSince[e.Node]; !ok {
 			c.worldDownSince[e.Node] = e.At
 		}
@@ -262,9 +279,11 @@ func (c *Checker) observeNodeUpdate(e Event) {
 	} else {
 		c.phase[e.NodeUpdate] = e.Phase
 	}
-	if final && e.Phase == "Skipped" && e.Task != "" && e.NodeUpdate == upgraderequest.RetryNodeUpdateName(e.Task, e.Machine) &&
-		!slices.Contains(c.skippedTwice[e.Task], e.Machine) {
-		c.skippedTwice[e.Task] = append(c.skippedTwice[e.Task], e.Machine)
+	if final && e.Phase == "Skipped" && e.Task != "" && e.NodeUpdate == upgraderequest.RetryNodeUpdateName(e.Task, e.Machine) {
+		if c.skippedTwice[e.Task] == nil {
+			c.skippedTwice[e.Task] = map[string]string{}
+		}
+		c.skippedTwice[e.Task][e.Machine] = e.Node
 	}
 	if e.Deleted || final {
 		delete(c.watched, e.NodeUpdate)

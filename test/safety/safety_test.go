@@ -285,6 +285,11 @@ func TestCheckerInvariants(t *testing.T) {
 			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
 			twatched(30, retry, "a1", "t", "Skipped"), taskPhase(40, "t", "Extension", "Failed"),
 		}, nil},
+		{"10: not broken by a task completed after the machine skipped twice was deleted", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+			twatched(30, retry, "a1", "t", "Skipped"), {At: at(35), Kind: EventWorldDown, Node: "a1", Why: "machine m-a1 deleting"},
+			taskPhase(40, "t", "Extension", "Completed"),
+		}, nil},
 		{"10: not broken by a skip whose retry succeeded and a completed task", []Event{
 			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
 			twatched(30, retry, "a1", "t", "Succeeded"), taskPhase(40, "t", "Extension", "Completed"),
