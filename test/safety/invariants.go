@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/version"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
 
@@ -268,7 +269,7 @@ func (c *Checker) observeNodeUpdate(e Event) {
 	if !seen {
 		c.created[e.NodeUpdate] = e.At
 	}
-	final := e.Phase == "Succeeded" || e.Phase == "Failed" || e.Phase == "Aborted" || e.Phase == "Skipped"
+	final := inplacev1.NodeUpdatePhase(e.Phase).IsFinal()
 	if (!seen || c.ended[e.NodeUpdate]) && !e.Deleted && !final {
 		// A NodeUpdate created now (or made again under the same name).
 		c.checkGate(e)

@@ -57,6 +57,8 @@ type Result struct {
 	Unsettled string
 	// Updates counts the NodeUpdates the updater started and how they ended.
 	Updates map[string]int
+	// Setup says what the seed set up before its operations (the gate, the drain policy).
+	Setup string
 	// History is the whole history, rendered.
 	History *History
 }
@@ -91,9 +93,9 @@ func (r *Result) Summary() string {
 	for _, k := range sortedKeys(r.Operations) {
 		ops = append(ops, fmt.Sprintf("%s=%d", k, r.Operations[k]))
 	}
-	return fmt.Sprintf("seed %-6d %-14s %6.1fs  events=%-5d nodeupdates started=%d succeeded=%d failed=%d aborted=%d skipped=%d  ops: %s",
+	return fmt.Sprintf("seed %-6d %-14s %6.1fs  events=%-5d nodeupdates started=%d succeeded=%d failed=%d aborted=%d skipped=%d  %s ops: %s",
 		r.Seed, status, r.Duration.Seconds(), r.History.Len(), r.Updates["started"], r.Updates["succeeded"], r.Updates["failed"], r.Updates["aborted"],
-		r.Updates["skipped"], strings.Join(ops, " "))
+		r.Updates["skipped"], r.Setup, strings.Join(ops, " "))
 }
 
 // RunSeed builds a world for seed, runs the random phase and the settle phase, and
@@ -144,7 +146,8 @@ func RunSeed(ctx context.Context, env *testenv.Environment, seed int64, opts Opt
 	if err := w.StopManager(); err != nil && !errors.Is(err, context.Canceled) {
 		return nil, fmt.Errorf("stop manager: %w", err)
 	}
-	res := &Result{Seed: seed, Operations: d.ops, Duration: time.Since(start), Unsettled: unsettled, Updates: w.Updater.Counts(), History: w.History}
+	res := &Result{Seed: seed, Operations: d.ops, Duration: time.Since(start), Unsettled: unsettled, Updates: w.Updater.Counts(), History: w.History,
+		Setup: fmt.Sprintf("setup: gate=%t skip-policy=%t", gateOn, clusterSkip)}
 	if twice := witness.RunTwice(); len(twice) > 0 {
 		w.History.Action("the NodeUpdate witness saw machines with two NodeUpdates running at once: %v", twice)
 		res.Violations = append(res.Violations, Violation{Invariant: InvOneNodeUpdate, Seq: w.History.Len(),
