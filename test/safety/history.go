@@ -3,7 +3,8 @@
 // controllers (UpgradeTask, NodeUpdate, the annotation cascade) in a manager that is
 // restarted at random, and a random sequence of upgrade requests through all three paths
 // (annotation, ExternalUpgradeRequest, Cluster API's UpdateMachine), aborts, task
-// deletions, node failures, NotReady flaps and machine deletions. A simulated updater and
+// deletions, node failures, NotReady flaps, machine deletions, a health gate turning red
+// and green, and nodes put back under drainPolicy Skip. A simulated updater and
 // independent watches record what happened; a Checker judges every recorded event against
 // the safety invariants as it is recorded. A seed determines the sequence of faults, so a
 // violation is replayed with SAFETY_SEED=<seed> (the controllers' timing is not replayed:
@@ -41,6 +42,19 @@ const (
 	EventNodeUpdateFailed EventKind = "updater-failed"
 	// EventNodeUpdateAborted: the updater's Abort said done.
 	EventNodeUpdateAborted EventKind = "updater-aborted"
+	// EventNodeUpdateSkipping: the updater found the node's drain blocked past its grace
+	// period under drainPolicy Skip and answered a SkipError; it puts the node back when
+	// the reconciler calls Abort next.
+	EventNodeUpdateSkipping EventKind = "updater-skipping"
+	// EventNodeUpdateSkipped: the updater's Abort put the skipped node back and said done.
+	EventNodeUpdateSkipped EventKind = "updater-skipped"
+	// EventAskedAfterSkip: the updater was called again for a NodeUpdate whose skip it had
+	// already put back (it answers the same skip and touches nothing).
+	EventAskedAfterSkip EventKind = "asked-after-skip"
+	// EventGate: the Cluster's health gate changed: Phase "set" (the Cluster's gates
+	// annotation names it), "removed" (the annotation is gone), "red" or "green" (the
+	// workload object it reads).
+	EventGate EventKind = "gate"
 	// EventResumedAfterEnd: the updater was asked to go on with a NodeUpdate it had
 	// already failed or aborted.
 	EventResumedAfterEnd EventKind = "resumed-after-end"
@@ -71,8 +85,9 @@ type Event struct {
 	// At is when it was recorded.
 	At   time.Time
 	Kind EventKind
-	// Node, NodeUpdate, Task, Version, Volume name what it is about.
+	// Node, Machine, NodeUpdate, Task, Version, Volume name what it is about.
 	Node       string
+	Machine    string
 	NodeUpdate string
 	Task       string
 	Version    string
@@ -100,6 +115,7 @@ func (e Event) String() string {
 		}
 	}
 	add("node", e.Node)
+	add("machine", e.Machine)
 	add("nu", e.NodeUpdate)
 	add("task", e.Task)
 	add("target", e.Target)
@@ -143,7 +159,7 @@ func (h *History) Record(e Event) {
 	}
 	h.events = append(h.events, e)
 	switch e.Kind {
-	case EventAction, EventWatchTask, EventWorldDown, EventWorldUp, EventReplica, EventReplicaLost:
+	case EventAction, EventWatchTask, EventWorldDown, EventWorldUp, EventReplica, EventReplicaLost, EventGate:
 	default:
 		h.progress = e.At
 	}

@@ -8,18 +8,23 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/version"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
 
 // Invariant numbers, as the issue lists them.
 const (
-	InvControlPlaneOne   = 1 // never more than one control plane node disrupted by upgrades
-	InvMaxUnavailable    = 2 // never more than the task's maxUnavailable of its target down
-	InvOneNodeUpdate     = 3 // never two live NodeUpdates for one node
-	InvUpgradedOnce      = 4 // no node upgraded twice to the same version
-	InvVolumeReplica     = 5 // no volume left without a replica off the disrupted nodes
-	InvNothingAfterEnd   = 6 // nothing of a failed or aborted node still running
-	InvNoNewerThanPlanes = 7 // no worker kubelet newer than the control plane
-	InvNoRebootAfterEnd  = 8 // no host reboots for a NodeUpdate once it ended
+	InvControlPlaneOne   = 1  // never more than one control plane node disrupted by upgrades
+	InvMaxUnavailable    = 2  // never more than the task's maxUnavailable of its target down
+	InvOneNodeUpdate     = 3  // never two live NodeUpdates for one node
+	InvUpgradedOnce      = 4  // no node upgraded twice to the same version
+	InvVolumeReplica     = 5  // no volume left without a replica off the disrupted nodes
+	InvNothingAfterEnd   = 6  // nothing of a failed, aborted or skipped node still running
+	InvNoNewerThanPlanes = 7  // no worker kubelet newer than the control plane
+	InvNoRebootAfterEnd  = 8  // no host reboots for a NodeUpdate once it ended
+	InvGateRed           = 9  // no NodeUpdate of a task starts while one of its gates is red
+	InvSkipRetry         = 10 // a skipped machine is tried once more at most, and a task that skipped it twice never completes
 )
 
 var invariantNames = map[int]string{
@@ -28,9 +33,11 @@ var invariantNames = map[int]string{
 	InvOneNodeUpdate:     "never two live NodeUpdates for one node",
 	InvUpgradedOnce:      "no node upgraded twice to the same version",
 	InvVolumeReplica:     "every volume keeps a replica on a node that is up and not upgraded",
-	InvNothingAfterEnd:   "nothing of a failed or aborted node still running",
+	InvNothingAfterEnd:   "nothing of a failed, aborted or skipped node still running",
 	InvNoNewerThanPlanes: "no worker kubelet newer than the lowest control plane kubelet",
 	InvNoRebootAfterEnd:  "no host reboots for a NodeUpdate once the updater ended it or the API shows it final",
+	InvGateRed:           "no NodeUpdate is created while a health gate of its task is red",
+	InvSkipRetry:         "a skipped machine is tried once more at most, by its task's <task>-<machine>-retry NodeUpdate after its first was Skipped, never for Cluster API's tasks, and a task whose retry was skipped again does not complete",
 }
 
 // Violation is one broken invariant, at the event that broke it.
@@ -59,6 +66,11 @@ type Topology struct {
 	// cannot account for a node that went NotReady a moment before it created the
 	// NodeUpdate.
 	Slack time.Duration
+	// GateSlack is how long a health gate must have been red (and named by the Cluster)
+	// before a NodeUpdate was created for that NodeUpdate to break invariant 9: the
+	// controller evaluates gates every gate interval, and decides from what it read, so
+	// Slack plus the gate interval.
+	GateSlack time.Duration
 }
 
 // Checker judges events against the invariants as they are recorded. It is not safe for
@@ -84,6 +96,22 @@ type Checker struct {
 	successes map[string]map[string]int
 	kubelet   map[string]string
 	replicas  map[string]map[string]bool
+	// finished: NodeUpdates the updater ended (done, failed, aborted, put back after a
+	// skip), until the updater starts one of the same name again.
+	finished map[string]bool
+	// gateOnSince: since when the Cluster names the health gate (zero: it does not);
+	// gateRedSince: since when the gate is red (zero: green).
+	gateOnSince, gateRedSince time.Time
+	// phase: the last phase the watch showed of each NodeUpdate.
+	phase map[string]string
+	// retries counts, per task and machine, the retry NodeUpdates created; skippedTwice
+	// lists, per task, the machines whose retry was skipped again; external: the tasks
+	// Cluster API paces.
+	retries      map[string]int
+	skippedTwice map[string]map[string]string
+	external     map[string]bool
+	// deleting: nodes whose machine is being deleted.
+	deleting map[string]bool
 
 	violations []Violation
 }
@@ -99,6 +127,8 @@ func NewChecker(topo Topology) *Checker {
 		topo: topo, exists: map[string]bool{}, live: map[string]liveUpdate{}, down: map[string]string{},
 		worldDownSince: map[string]time.Time{}, created: map[string]time.Time{}, watched: map[string]string{}, ended: map[string]bool{},
 		successes: map[string]map[string]int{}, kubelet: map[string]string{}, replicas: map[string]map[string]bool{},
+		finished: map[string]bool{}, phase: map[string]string{}, retries: map[string]int{}, skippedTwice: map[string]map[string]string{}, external: map[string]bool{},
+		deleting: map[string]bool{},
 	}
 	for n := range topo.TargetOf {
 		c.exists[n] = true
@@ -119,7 +149,14 @@ func (c *Checker) violate(inv int, e Event, format string, args ...any) {
 // Observe updates the Checker's view with e and judges it.
 func (c *Checker) Observe(e Event) {
 	switch e.Kind {
+	case EventNodeDown, EventKubelet, EventNodeUpdateDone:
+		if c.finished[e.NodeUpdate] {
+			c.violate(InvNothingAfterEnd, e, "the updater acted on node %s for NodeUpdate %s after it had ended it (%s)", e.Node, e.NodeUpdate, e.Kind)
+		}
+	}
+	switch e.Kind {
 	case EventNodeUpdateStart:
+		delete(c.finished, e.NodeUpdate)
 		for nu, l := range c.live {
 			if l.node == e.Node {
 				c.violate(InvOneNodeUpdate, e, "the updater started NodeUpdate %s on node %s while it still runs NodeUpdate %s there", e.NodeUpdate, e.Node, nu)
@@ -150,11 +187,56 @@ func (c *Checker) Observe(e Event) {
 		c.checkSkew(e)
 	case EventNodeUpdateFailed, EventNodeUpdateAborted:
 		c.end(e)
+	case EventNodeUpdateSkipped:
+		if c.down[e.Node] == e.NodeUpdate && c.exists[e.Node] {
+			c.violate(InvNothingAfterEnd, e, "the updater put node %s back after skipping NodeUpdate %s, but it still holds it down", e.Node, e.NodeUpdate)
+		}
+		c.end(e)
+	case EventAskedAfterSkip:
+		if c.ended[e.NodeUpdate] {
+			c.violate(InvNothingAfterEnd, e, "the updater was asked to go on with NodeUpdate %s on node %s after the API showed it %s", e.NodeUpdate, e.Node, c.phaseOrDeleted(e.NodeUpdate))
+		}
+	case EventGate:
+		switch e.Phase {
+		case "set":
+			if c.gateOnSince.IsZero() {
+				c.gateOnSince = e.At
+			}
+		case "removed":
+			c.gateOnSince = time.Time{}
+		case "red":
+			if c.gateRedSince.IsZero() {
+				c.gateRedSince = e.At
+			}
+		case "green":
+			c.gateRedSince = time.Time{}
+		}
 	case EventResumedAfterEnd:
 		c.violate(InvNothingAfterEnd, e, "the updater was asked to go on with NodeUpdate %s on node %s after it had %s it", e.NodeUpdate, e.Node, e.Why)
 	case EventWatchNodeUpdate:
 		c.observeNodeUpdate(e)
+	case EventWatchTask:
+		if strings.HasPrefix(e.Why, "External ") {
+			c.external[e.Task] = true
+		}
+		if e.Phase == "Completed" {
+			// A machine deleted after its retry was skipped leaves no node behind: it no
+			// longer counts in its task.
+			var left []string
+			for machine, node := range c.skippedTwice[e.Task] {
+				if c.exists[node] && !c.deleting[node] {
+					left = append(left, machine)
+				}
+			}
+			if len(left) > 0 {
+				sort.Strings(left)
+				c.violate(InvSkipRetry, e, "task %s completed though machine(s) %s were skipped again when tried once more", e.Task, strings.Join(left, ", "))
+			}
+		}
 	case EventWorldDown:
+		if strings.HasPrefix(e.Why, "machine ") {
+			c.deleting[e.Node] = true
+		}
 		if _, ok := c.worldDownSince[e.Node]; !ok {
 			c.worldDownSince[e.Node] = e.At
 		}
@@ -175,6 +257,7 @@ func (c *Checker) Observe(e Event) {
 }
 
 func (c *Checker) end(e Event) {
+	c.finished[e.NodeUpdate] = true
 	delete(c.live, e.NodeUpdate)
 	if c.down[e.Node] == e.NodeUpdate {
 		delete(c.down, e.Node)
@@ -182,10 +265,27 @@ func (c *Checker) end(e Event) {
 }
 
 func (c *Checker) observeNodeUpdate(e Event) {
-	if _, seen := c.created[e.NodeUpdate]; !seen {
+	_, seen := c.created[e.NodeUpdate]
+	if !seen {
 		c.created[e.NodeUpdate] = e.At
 	}
-	final := e.Phase == "Succeeded" || e.Phase == "Failed" || e.Phase == "Aborted"
+	final := inplacev1.NodeUpdatePhase(e.Phase).IsFinal()
+	if (!seen || c.ended[e.NodeUpdate]) && !e.Deleted && !final {
+		// A NodeUpdate created now (or made again under the same name).
+		c.checkGate(e)
+		c.checkRetry(e)
+	}
+	if e.Deleted {
+		c.phase[e.NodeUpdate] = ""
+	} else {
+		c.phase[e.NodeUpdate] = e.Phase
+	}
+	if final && e.Phase == "Skipped" && e.Task != "" && e.NodeUpdate == upgraderequest.RetryNodeUpdateName(e.Task, e.Machine) {
+		if c.skippedTwice[e.Task] == nil {
+			c.skippedTwice[e.Task] = map[string]string{}
+		}
+		c.skippedTwice[e.Task][e.Machine] = e.Node
+	}
 	if e.Deleted || final {
 		delete(c.watched, e.NodeUpdate)
 		c.ended[e.NodeUpdate] = true
@@ -213,6 +313,48 @@ func (c *Checker) observeNodeUpdate(e Event) {
 		if len(nodes) > 1 {
 			c.violate(InvControlPlaneOne, e, "the watch shows live NodeUpdates on %d control plane nodes at once: %s", len(nodes), strings.Join(sortedKeys(nodes), ", "))
 		}
+	}
+}
+
+// phaseOrDeleted says how the watch last showed a NodeUpdate: its phase, or deleted.
+func (c *Checker) phaseOrDeleted(nu string) string {
+	if p := c.phase[nu]; p != "" {
+		return p
+	}
+	return "deleted"
+}
+
+// checkGate judges a NodeUpdate created now: the Cluster's health gate, which every task
+// of the Cluster carries, must not have been named and red since GateSlack before.
+func (c *Checker) checkGate(e Event) {
+	if c.gateOnSince.IsZero() || c.gateRedSince.IsZero() {
+		return
+	}
+	from := e.At.Add(-c.topo.GateSlack)
+	if c.gateOnSince.After(from) || c.gateRedSince.After(from) {
+		return
+	}
+	c.violate(InvGateRed, e, "NodeUpdate %s of task %s on node %s created while the health gate %s has been red since %s and named by the Cluster since %s (slack %s)",
+		e.NodeUpdate, e.Task, e.Node, gateName, c.gateRedSince.Format("15:04:05.000"), c.gateOnSince.Format("15:04:05.000"), c.topo.GateSlack)
+}
+
+// checkRetry judges a NodeUpdate created now that is a task's retry of a skipped machine:
+// only after the machine's first NodeUpdate of the task ended Skipped, once per task and
+// machine, and never for a task Cluster API paces (there a skip is the machine's failure).
+func (c *Checker) checkRetry(e Event) {
+	if e.Task == "" || e.NodeUpdate != upgraderequest.RetryNodeUpdateName(e.Task, e.Machine) {
+		return
+	}
+	key := e.Task + "/" + e.Machine
+	c.retries[key]++
+	first := upgraderequest.NodeUpdateName(e.Task, e.Machine)
+	switch {
+	case c.retries[key] > 1:
+		c.violate(InvSkipRetry, e, "task %s tries machine %s again for the %d. time (NodeUpdate %s)", e.Task, e.Machine, c.retries[key], e.NodeUpdate)
+	case c.external[e.Task]:
+		c.violate(InvSkipRetry, e, "task %s, which Cluster API paces, tries machine %s again (NodeUpdate %s)", e.Task, e.Machine, e.NodeUpdate)
+	case c.phase[first] != "Skipped":
+		c.violate(InvSkipRetry, e, "task %s tries machine %s again (NodeUpdate %s) while its first NodeUpdate %s is %s, not Skipped", e.Task, e.Machine, e.NodeUpdate, first, c.phaseOrDeleted(first))
 	}
 }
 

@@ -98,7 +98,8 @@ var (
 		ControlPlane: "cp",
 		Kubelet: map[string]string{"c1": fromVersion, "c2": fromVersion, "c3": fromVersion,
 			"a1": fromVersion, "a2": fromVersion, "a3": fromVersion},
-		Slack: 300 * time.Millisecond,
+		Slack:     300 * time.Millisecond,
+		GateSlack: 400 * time.Millisecond,
 	}
 )
 
@@ -118,6 +119,17 @@ func done(ms int, nu, node, version string) Event {
 
 func watched(ms int, nu, node, phase string) Event {
 	return Event{At: at(ms), Kind: EventWatchNodeUpdate, NodeUpdate: nu, Node: node, Phase: phase}
+}
+
+// twatched is a watch event of a task's NodeUpdate of machine m-<node>.
+func twatched(ms int, nu, node, task, phase string) Event {
+	return Event{At: at(ms), Kind: EventWatchNodeUpdate, NodeUpdate: nu, Node: node, Machine: "m-" + node, Task: task, Phase: phase}
+}
+
+func gate(ms int, phase string) Event { return Event{At: at(ms), Kind: EventGate, Phase: phase} }
+
+func taskPhase(ms int, task, pacing, phase string) Event {
+	return Event{At: at(ms), Kind: EventWatchTask, Task: task, Phase: phase, Why: pacing + " "}
 }
 
 func replica(vol, node string) Event {
@@ -230,6 +242,75 @@ func TestCheckerInvariants(t *testing.T) {
 			start(10, "n1", "a1", 1), kubelet(20, "a1", v35), done(20, "n1", "a1", v35),
 		}, nil},
 	}
+	// The task t's NodeUpdates of machine m-a1: its first and its retry.
+	first, retry := "t-m-a1", "t-m-a1-retry"
+	cases = append(cases, []struct {
+		name   string
+		events []Event
+		want   []int
+	}{
+		{"9: a NodeUpdate created while the Cluster's gate has been red for longer than the slack", []Event{
+			gate(0, "set"), gate(100, "red"), twatched(600, first, "a1", "t", ""),
+		}, []int{InvGateRed}},
+		{"9: not broken by a gate that turned red within the slack before the NodeUpdate was created", []Event{
+			gate(0, "set"), gate(300, "red"), twatched(600, first, "a1", "t", ""),
+		}, nil},
+		{"9: not broken by a gate named by the Cluster within the slack before", []Event{
+			gate(0, "red"), gate(300, "set"), twatched(600, first, "a1", "t", ""),
+		}, nil},
+		{"9: not broken by a red gate the Cluster no longer names, nor by one green again", []Event{
+			gate(0, "set"), gate(10, "red"), gate(20, "removed"), twatched(600, first, "a1", "t", ""),
+			gate(700, "set"), gate(1500, "green"), twatched(2000, "t-m-a2", "a2", "t", ""),
+		}, nil},
+		{"9: not broken by a NodeUpdate created before the gate turned red, seen again later", []Event{
+			gate(0, "set"), twatched(10, first, "a1", "t", ""), gate(20, "red"), twatched(900, first, "a1", "t", "InProgress"),
+		}, nil},
+		{"10: a retry while the machine's first NodeUpdate is not Skipped", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Failed"), twatched(20, retry, "a1", "t", ""),
+		}, []int{InvSkipRetry}},
+		{"10: a skipped machine tried twice (its retry made again)", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+			{At: at(30), Kind: EventWatchNodeUpdate, NodeUpdate: retry, Node: "a1", Machine: "m-a1", Task: "t", Phase: "Aborted", Deleted: true},
+			twatched(40, retry, "a1", "t", ""),
+		}, []int{InvSkipRetry}},
+		{"10: a retry by a task Cluster API paces", []Event{
+			taskPhase(0, "t", "External", "Ongoing"),
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+		}, []int{InvSkipRetry}},
+		{"10: a task completed though its retry was skipped again", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+			twatched(30, retry, "a1", "t", "Skipped"), taskPhase(40, "t", "Extension", "Completed"),
+		}, []int{InvSkipRetry}},
+		{"10: not broken by a skip, its retry skipped again and the task Failed", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+			twatched(30, retry, "a1", "t", "Skipped"), taskPhase(40, "t", "Extension", "Failed"),
+		}, nil},
+		{"10: not broken by a task completed after the machine skipped twice was deleted", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+			twatched(30, retry, "a1", "t", "Skipped"), {At: at(35), Kind: EventWorldDown, Node: "a1", Why: "machine m-a1 deleting"},
+			taskPhase(40, "t", "Extension", "Completed"),
+		}, nil},
+		{"10: not broken by a skip whose retry succeeded and a completed task", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), twatched(10, first, "a1", "t", "Skipped"), twatched(20, retry, "a1", "t", ""),
+			twatched(30, retry, "a1", "t", "Succeeded"), taskPhase(40, "t", "Extension", "Completed"),
+		}, nil},
+		{"6: the updater asked to go on after the API showed its NodeUpdate Skipped", []Event{
+			start(0, first, "a1", 1), {At: at(10), Kind: EventNodeUpdateSkipping, NodeUpdate: first, Node: "a1"},
+			{At: at(20), Kind: EventNodeUpdateSkipped, NodeUpdate: first, Node: "a1"}, twatched(30, first, "a1", "t", "Skipped"),
+			{At: at(40), Kind: EventAskedAfterSkip, NodeUpdate: first, Node: "a1"},
+		}, []int{InvNothingAfterEnd}},
+		{"6: not broken by the updater asked again before the skip was persisted", []Event{
+			twatched(0, first, "a1", "t", "InProgress"), start(5, first, "a1", 1), {At: at(10), Kind: EventNodeUpdateSkipping, NodeUpdate: first, Node: "a1"},
+			{At: at(20), Kind: EventNodeUpdateSkipped, NodeUpdate: first, Node: "a1"}, {At: at(30), Kind: EventAskedAfterSkip, NodeUpdate: first, Node: "a1"},
+			twatched(40, first, "a1", "t", "Skipped"),
+		}, nil},
+		{"6: a skipped node put back while the updater still holds it down", []Event{
+			start(0, first, "a1", 1), down(10, first, "a1"), {At: at(20), Kind: EventNodeUpdateSkipped, NodeUpdate: first, Node: "a1"},
+		}, []int{InvNothingAfterEnd}},
+		{"6: the updater took a node down for a NodeUpdate it had put back", []Event{
+			start(0, first, "a1", 1), {At: at(20), Kind: EventNodeUpdateSkipped, NodeUpdate: first, Node: "a1"}, down(30, first, "a1"),
+		}, []int{InvNothingAfterEnd}},
+	}...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if got := broken(c.events...); !slices.Equal(got, c.want) {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -56,6 +57,8 @@ type Result struct {
 	Unsettled string
 	// Updates counts the NodeUpdates the updater started and how they ended.
 	Updates map[string]int
+	// Setup says what the seed set up before its operations (the gate, the drain policy).
+	Setup string
 	// History is the whole history, rendered.
 	History *History
 }
@@ -90,9 +93,9 @@ func (r *Result) Summary() string {
 	for _, k := range sortedKeys(r.Operations) {
 		ops = append(ops, fmt.Sprintf("%s=%d", k, r.Operations[k]))
 	}
-	return fmt.Sprintf("seed %-6d %-14s %6.1fs  events=%-5d nodeupdates started=%d succeeded=%d failed=%d aborted=%d  ops: %s",
+	return fmt.Sprintf("seed %-6d %-14s %6.1fs  events=%-5d nodeupdates started=%d succeeded=%d failed=%d aborted=%d skipped=%d  %s ops: %s",
 		r.Seed, status, r.Duration.Seconds(), r.History.Len(), r.Updates["started"], r.Updates["succeeded"], r.Updates["failed"], r.Updates["aborted"],
-		strings.Join(ops, " "))
+		r.Updates["skipped"], r.Setup, strings.Join(ops, " "))
 }
 
 // RunSeed builds a world for seed, runs the random phase and the settle phase, and
@@ -106,9 +109,23 @@ func RunSeed(ctx context.Context, env *testenv.Environment, seed int64, opts Opt
 	}
 	// Some seeds have no node failures, some many.
 	w.Updater.FailProbability = []float64{0, 0.1, 0.25}[rng.Intn(3)]
-	w.History.Action("seed %d: namespace %s, node failure probability %.2f", seed, w.ns, w.Updater.FailProbability)
+	// Under drainPolicy Skip, some drains stay blocked: the node is put back.
+	w.Updater.SkipProbability = []float64{0.25, 0.5}[rng.Intn(2)]
+	gateOn, clusterSkip := rng.Intn(2) == 0, rng.Intn(3) == 0
+	w.History.Action("seed %d: namespace %s, node failure probability %.2f, skip probability under drainPolicy Skip %.2f, health gate on the Cluster %t, Cluster drain policy Skip %t",
+		seed, w.ns, w.Updater.FailProbability, w.Updater.SkipProbability, gateOn, clusterSkip)
 	if err := w.Watch(ctx); err != nil {
 		return nil, err
+	}
+	if gateOn {
+		if err := w.SetGate(ctx, true); err != nil {
+			return nil, err
+		}
+	}
+	if clusterSkip {
+		if err := w.SetClusterDrainPolicy(ctx, true); err != nil {
+			return nil, err
+		}
 	}
 	defer w.StopWatches()
 	witness, err := sim.WatchNodeUpdates(ctx, w.watcher, w.ns)
@@ -121,7 +138,7 @@ func RunSeed(ctx context.Context, env *testenv.Environment, seed int64, opts Opt
 	}
 	defer func() { _ = w.StopManager() }()
 
-	d := &driver{w: w, rng: rng, capi: newCAPIPlayer(w), ops: map[string]int{}}
+	d := &driver{w: w, rng: rng, capi: newCAPIPlayer(w), ops: map[string]int{}, gateOn: gateOn, clusterSkip: clusterSkip}
 	if err := d.randomPhase(ctx, opts.Operations); err != nil {
 		return nil, err
 	}
@@ -129,7 +146,8 @@ func RunSeed(ctx context.Context, env *testenv.Environment, seed int64, opts Opt
 	if err := w.StopManager(); err != nil && !errors.Is(err, context.Canceled) {
 		return nil, fmt.Errorf("stop manager: %w", err)
 	}
-	res := &Result{Seed: seed, Operations: d.ops, Duration: time.Since(start), Unsettled: unsettled, Updates: w.Updater.Counts(), History: w.History}
+	res := &Result{Seed: seed, Operations: d.ops, Duration: time.Since(start), Unsettled: unsettled, Updates: w.Updater.Counts(), History: w.History,
+		Setup: fmt.Sprintf("setup: gate=%t skip-policy=%t", gateOn, clusterSkip)}
 	if twice := witness.RunTwice(); len(twice) > 0 {
 		w.History.Action("the NodeUpdate witness saw machines with two NodeUpdates running at once: %v", twice)
 		res.Violations = append(res.Violations, Violation{Invariant: InvOneNodeUpdate, Seq: w.History.Len(),
@@ -148,6 +166,11 @@ type driver struct {
 	// async are the operations that run on (flaps, machine deletions).
 	async     sync.WaitGroup
 	deletions int
+	// gateOn: the Cluster's gates annotation names the health gate; gateRed: its
+	// ConfigMap is red (an operation turned it red for a while); clusterSkip: the
+	// Cluster's drain-policy annotation is Skip.
+	gateOn, clusterSkip bool
+	gateRed             atomic.Bool
 }
 
 // errNothingToDo is an operation that found nothing to act on (no live task, no machine
@@ -172,7 +195,61 @@ func (d *driver) operations() []operation {
 		{"delete-machine", 3, d.deleteMachine},
 		{"restart-manager", 4, d.restartManager},
 		{"lag-machines", 4, d.lagMachines},
+		{"gate", 3, d.toggleGate},
+		{"gate-red", 6, d.redGate},
+		{"skip-policy", 4, d.skipPolicy},
 	}
+}
+
+// toggleGate gives every task of the Cluster the health gate, or takes it away (the
+// Cluster's gates annotation).
+func (d *driver) toggleGate(ctx context.Context) error {
+	d.gateOn = !d.gateOn
+	d.w.History.Action("health gate %s on the Cluster", map[bool]string{true: "set", false: "removed"}[d.gateOn])
+	return d.w.SetGate(ctx, d.gateOn)
+}
+
+// redGate turns the health gate red for 200 to 1500 ms (the workload object it reads),
+// then green again: no task of the Cluster may start a node meanwhile (invariant 9).
+func (d *driver) redGate(ctx context.Context) error {
+	if d.gateRed.Load() {
+		return errNothingToDo
+	}
+	dur := time.Duration(200+d.rng.Intn(1300)) * time.Millisecond
+	d.w.History.Action("health gate red for %s (the gate on the Cluster: %t)", dur, d.gateOn)
+	d.gateRed.Store(true)
+	if err := d.w.SetGateRed(ctx, true); err != nil {
+		d.gateRed.Store(false)
+		return err
+	}
+	d.async.Add(1)
+	go func() {
+		defer d.async.Done()
+		_ = sleep(ctx, dur)
+		_ = d.w.SetGateRed(context.WithoutCancel(ctx), false)
+		d.gateRed.Store(false)
+	}()
+	return nil
+}
+
+// skipPolicy gives a live task drainPolicy Skip (its spec: the nodes it has not started
+// yet carry it), or sets or removes the Cluster's drain-policy annotation Skip (every task
+// of the Cluster that sets none).
+func (d *driver) skipPolicy(ctx context.Context) error {
+	if d.rng.Intn(2) == 0 {
+		t, err := d.randomTask(ctx)
+		if err == nil {
+			d.w.History.Action("UpgradeTask %s: spec.drainPolicy %s", t.Name, skipPolicyJSON)
+			patch := map[string]any{"spec": map[string]any{"drainPolicy": map[string]any{"mode": string(inplacev1.DrainModeSkip), "gracePeriod": "1s"}}}
+			return client.IgnoreNotFound(d.w.env.Client.Patch(ctx, t, client.RawPatch("application/merge-patch+json", mustJSON(patch))))
+		}
+		if !errors.Is(err, errNothingToDo) {
+			return err
+		}
+	}
+	d.clusterSkip = !d.clusterSkip
+	d.w.History.Action("Cluster drain-policy annotation: %s", map[bool]string{true: skipPolicyJSON, false: "removed"}[d.clusterSkip])
+	return d.w.SetClusterDrainPolicy(ctx, d.clusterSkip)
 }
 
 // lagMachines makes Cluster API's copy of new kubelet versions into the Machines lag the

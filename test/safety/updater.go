@@ -46,10 +46,17 @@ type updateState struct {
 	down   bool
 	// armed: the disruptive step armed the host's reboot; rebooted: it happened.
 	armed, rebooted bool
-	// ended is "", "succeeded", "failed" or "aborted".
+	// skip: the NodeUpdate carries drainPolicy Skip and its drain is to stay blocked, so
+	// the updater puts the node back at the Drain step; skipErr is the SkipError it
+	// answered once it decided so.
+	skip    bool
+	skipErr error
+	// ended is "", "succeeded", "failed", "aborted" or "skipped".
 	ended   string
 	failErr error
 	resumed bool
+	// askedAfterSkip: Reconcile was called again after the skip's put-back was done.
+	askedAfterSkip bool
 }
 
 // Updater is the simulated updater: it implements nodeupdater.Updater and
@@ -67,6 +74,9 @@ type Updater struct {
 	TargetSize func(target string) int
 	// FailProbability is the chance that a NodeUpdate fails at a random step.
 	FailProbability float64
+	// SkipProbability is the chance that the drain of a NodeUpdate whose drainPolicy is
+	// Skip stays blocked past its grace period, so that the updater puts the node back.
+	SkipProbability float64
 
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -104,6 +114,23 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 	st := u.updates[updateKey(nu)]
 	if st == nil {
 		st = u.start(ctx, nu)
+	}
+	if st.skipErr != nil {
+		// The skip may not have been persisted (the manager stopped before it wrote the
+		// status): asked again, the updater answers the same skip without touching the
+		// node, and the reconciler goes on to Abort, which says done at once when the
+		// put-back is done. Asked after the put-back was done, the History records it: the
+		// Checker judges it against what the API showed (invariant 6).
+		skipErr := st.skipErr
+		first := st.ended == "skipped" && !st.askedAfterSkip
+		if first {
+			st.askedAfterSkip = true
+		}
+		u.mu.Unlock()
+		if first {
+			u.History.Record(Event{Kind: EventAskedAfterSkip, Node: st.node, NodeUpdate: nu.Name})
+		}
+		return nodeupdater.Result{}, skipErr
 	}
 	switch st.ended {
 	case "succeeded":
@@ -153,6 +180,9 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 
 	if fail {
 		return nodeupdater.Result{}, u.fail(ctx, nu, st, step)
+	}
+	if st.skip && steps[step] == stepDrain {
+		return nodeupdater.Result{}, u.skipNode(nu, st)
 	}
 	switch steps[step] {
 	case stepReboot:
@@ -218,13 +248,24 @@ func (u *Updater) start(ctx context.Context, nu *inplacev1.NodeUpdate) *updateSt
 	if u.rng.Float64() < u.FailProbability {
 		st.failAt = u.rng.Intn(len(steps))
 	}
+	// Only a NodeUpdate whose drainPolicy (copied from its task or its Cluster's
+	// annotation) is Skip is put back: under Hold a blocked drain holds until its step
+	// times out, under Evict the blocking pods are deleted; neither puts a node back.
+	skipDraw := u.rng.Float64()
+	if nu.Spec.DrainPolicy.DrainModeOrDefault() == inplacev1.DrainModeSkip && skipDraw < u.SkipProbability {
+		st.skip = true
+	}
 	st.nextAt = time.Now().Add(u.stepDuration())
 	u.updates[updateKey(nu)] = st
 	task, mu := u.taskOf(ctx, nu)
-	why := ""
+	var whys []string
 	if st.failAt >= 0 {
-		why = "will fail at step " + steps[st.failAt]
+		whys = append(whys, "will fail at step "+steps[st.failAt])
 	}
+	if st.skip {
+		whys = append(whys, "drain will stay blocked: skipped at step "+stepDrain)
+	}
+	why := strings.Join(whys, "; ")
 	u.History.Record(Event{Kind: EventNodeUpdateStart, Node: st.node, NodeUpdate: nu.Name, Task: task, Target: u.TargetOf[st.node],
 		Version: st.version, MaxUnavailable: mu, Why: why})
 	return st
@@ -275,6 +316,21 @@ func (u *Updater) fail(ctx context.Context, nu *inplacev1.NodeUpdate, st *update
 	return err
 }
 
+// skipNode is the drain staying blocked for its grace period under drainPolicy Skip: the
+// updater answers a SkipError naming the blocking pod, as the Harvester updater does, and
+// puts the node back in Abort, which the reconciler calls next (DESIGN.md section 3; the
+// drain policy in docs/upgradetask.md). The Drain step is before the disruptive one, so a
+// skipped node was never taken down and no reboot is armed.
+func (u *Updater) skipNode(nu *inplacev1.NodeUpdate, st *updateState) error {
+	err := nodeupdater.Skipf("the drain of node %s is blocked by pod safety/blocker-%s (PodDisruptionBudget safety/blocker allows no disruption) for longer than its grace period; node put back",
+		st.node, nu.Spec.MachineName)
+	u.mu.Lock()
+	st.skipErr = err
+	u.mu.Unlock()
+	u.History.Record(Event{Kind: EventNodeUpdateSkipping, Node: st.node, NodeUpdate: nu.Name, Why: "drain blocked past its grace period"})
+	return err
+}
+
 // cleanUp brings a node the updater holds down back Ready; a node that is gone needs
 // nothing.
 func (u *Updater) cleanUp(ctx context.Context, nu *inplacev1.NodeUpdate, st *updateState) error {
@@ -309,13 +365,23 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		u.mu.Unlock()
 		return false, nil
 	}
+	skipped := st.skipErr != nil
 	u.mu.Unlock()
 	if err := u.cleanUp(ctx, nu, st); err != nil {
 		return false, err
 	}
 	u.mu.Lock()
 	st.ended = "aborted"
+	if skipped {
+		// The put-back of a skip: the drain stopped, the node uncordoned, what was
+		// stopped restored (for this updater: the node Ready and out of its hands).
+		st.ended = "skipped"
+	}
 	u.mu.Unlock()
+	if skipped {
+		u.History.Record(Event{Kind: EventNodeUpdateSkipped, Node: st.node, NodeUpdate: nu.Name})
+		return true, nil
+	}
 	u.History.Record(Event{Kind: EventNodeUpdateAborted, Node: st.node, NodeUpdate: nu.Name})
 	return true, nil
 }

@@ -97,6 +97,10 @@ func NewWorld(ctx context.Context, env *testenv.Environment, seed int64, rng *ra
 	if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "updater"}}); err != nil {
 		return nil, fmt.Errorf("create the updater's ConfigMap: %w", err)
 	}
+	if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: gateConfigMap, Labels: map[string]string{gateLabel: gateConfigMap}},
+		Data: map[string]string{"state": "green"}}); err != nil {
+		return nil, fmt.Errorf("create the health gate's ConfigMap: %w", err)
+	}
 	if _, err := fixtures.Cluster(ctx, c, ns, clusterName, controlPlane, map[string]string{inplacev1.UpdaterAnnotation: updaterRef}); err != nil {
 		return nil, err
 	}
@@ -132,7 +136,7 @@ func NewWorld(ctx context.Context, env *testenv.Environment, seed int64, rng *ra
 			return nil, fmt.Errorf("set the kubelet version of node %s: %w", node, err)
 		}
 	}
-	w.Checker = NewChecker(Topology{TargetOf: w.targetOf, ControlPlane: controlPlane, Kubelet: initial, Slack: slack})
+	w.Checker = NewChecker(Topology{TargetOf: w.targetOf, ControlPlane: controlPlane, Kubelet: initial, Slack: slack, GateSlack: slack + gateInterval})
 	w.History = NewHistory(w.Checker)
 	w.Volumes = PlaceVolumes(rng, nodes, workers, 4, w.History)
 	w.Updater = NewUpdater(seed, initial)
@@ -140,6 +144,81 @@ func NewWorld(ctx context.Context, env *testenv.Environment, seed int64, rng *ra
 	w.Updater.TargetOf, w.Updater.ControlPlane, w.Updater.TargetSize = w.targetOf, controlPlane, w.targetSize
 	return w, nil
 }
+
+// The health gate a seed gives its Cluster's tasks: a CEL gate over a ConfigMap of the
+// workload cluster (here the same API server), green while its data.state is "green".
+const (
+	gateConfigMap = "health"
+	gateLabel     = "safety.capi-inplace.io/gate"
+	gateName      = "safety-health"
+	// gateInterval is how often the UpgradeTask controller evaluates a task's gates
+	// again (the manager's --gate-interval, 20 s by default): short, so that a red gate is
+	// seen within the Checker's gate slack.
+	gateInterval = 100 * time.Millisecond
+)
+
+// gateAnnotation is the Cluster's gates annotation that gives every task of the Cluster
+// the seed's health gate.
+func (w *World) gateAnnotation() string {
+	gates := []inplacev1.HealthGate{{Name: gateName, CEL: &inplacev1.CELGate{
+		Resource: inplacev1.GateResource{APIVersion: "v1", Kind: "ConfigMap", Namespace: w.ns,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{gateLabel: gateConfigMap}}},
+		Expression: `objects.size() == 1 && objects.all(o, has(o.data) && has(o.data.state) && o.data.state == "green")`,
+	}}}
+	return string(mustJSON(gates))
+}
+
+// SetGate gives every task of the Cluster the health gate (on) or takes it away, by the
+// Cluster's gates annotation. The History records a gate set once the write went
+// through, and a gate removed before it is written: the Checker judges a gate from when
+// the controller can have seen it until it can have stopped seeing it.
+func (w *World) SetGate(ctx context.Context, on bool) error {
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: clusterName}}
+	if !on {
+		w.History.Record(Event{Kind: EventGate, Phase: "removed", Why: "Cluster annotation " + inplacev1.GatesAnnotation + " removed"})
+		return setAnnotation(ctx, w.env.Client, cluster, inplacev1.GatesAnnotation, "")
+	}
+	if err := setAnnotation(ctx, w.env.Client, cluster, inplacev1.GatesAnnotation, w.gateAnnotation()); err != nil {
+		return err
+	}
+	w.History.Record(Event{Kind: EventGate, Phase: "set", Why: "Cluster annotation " + inplacev1.GatesAnnotation + " names gate " + gateName})
+	return nil
+}
+
+// SetGateRed turns the gate's ConfigMap red or green. Red is recorded once written, green
+// before it is written (as SetGate).
+func (w *World) SetGateRed(ctx context.Context, red bool) error {
+	state := "green"
+	if red {
+		state = "red"
+	} else {
+		w.History.Record(Event{Kind: EventGate, Phase: "green", Why: "ConfigMap " + gateConfigMap + " data.state=green"})
+	}
+	patch := map[string]any{"data": map[string]any{"state": state}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: gateConfigMap}}
+	if err := w.env.Client.Patch(ctx, cm, client.RawPatch("application/merge-patch+json", mustJSON(patch))); err != nil {
+		return err
+	}
+	if red {
+		w.History.Record(Event{Kind: EventGate, Phase: "red", Why: "ConfigMap " + gateConfigMap + " data.state=red"})
+	}
+	return nil
+}
+
+// SetClusterDrainPolicy sets the Cluster's drain-policy annotation to mode Skip (skip) or
+// removes it: the policy of every task of the Cluster that sets none of its own.
+func (w *World) SetClusterDrainPolicy(ctx context.Context, skip bool) error {
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: clusterName}}
+	value := ""
+	if skip {
+		value = skipPolicyJSON
+	}
+	return setAnnotation(ctx, w.env.Client, cluster, inplacev1.DrainPolicyAnnotation, value)
+}
+
+// skipPolicyJSON is the drain policy Skip the seed gives tasks; the simulated updater
+// decides when a drain stays blocked past the grace period, so its length is not waited.
+const skipPolicyJSON = `{"mode":"Skip","gracePeriod":"1s"}`
 
 // Nodes lists the nodes that exist, sorted.
 func (w *World) Nodes() []string {
@@ -216,7 +295,8 @@ func (w *World) StartManager(ctx context.Context) error {
 		cancel()
 		return err
 	}
-	if err := (&upgradetask.Reconciler{Registry: registry, Workload: upgradetask.SameCluster{Management: w.env.Client}, PollInterval: 200 * time.Millisecond}).
+	if err := (&upgradetask.Reconciler{Registry: registry, Workload: upgradetask.SameCluster{Management: w.env.Client}, PollInterval: 200 * time.Millisecond,
+		GateInterval: gateInterval}).
 		SetupWithManager(mctx, mgr, opts); err != nil {
 		cancel()
 		return err
@@ -306,7 +386,7 @@ func (w *World) recordWatched(ev watch.Event) {
 	deleted := ev.Type == watch.Deleted
 	switch o := ev.Object.(type) {
 	case *inplacev1.NodeUpdate:
-		w.History.Record(Event{Kind: EventWatchNodeUpdate, NodeUpdate: o.Name, Node: o.Spec.NodeName, Task: ownerTask(o.OwnerReferences),
+		w.History.Record(Event{Kind: EventWatchNodeUpdate, NodeUpdate: o.Name, Node: o.Spec.NodeName, Machine: o.Spec.MachineName, Task: ownerTask(o.OwnerReferences),
 			Version: o.Spec.Version, Phase: string(o.Status.Phase), Deleted: deleted, Why: string(o.Spec.Phase) + abortReason(o)})
 	case *inplacev1.UpgradeTask:
 		target := upgraderequest.TargetOf(o).Name()
