@@ -250,7 +250,7 @@ PROMETHEUS_VERSION        := 3.16.0
 PROMETHEUS := $(BIN)/prometheus-$(PROMETHEUS_MODULE_VERSION)/prometheus
 
 $(PROMETHEUS):
-	@echo "Building Prometheus $(PROMETHEUS_VERSION) from github.com/prometheus/prometheus@$(PROMETHEUS_MODULE_VERSION) (once; a few minutes on 2 cores)..."
+	@echo "Building Prometheus $(PROMETHEUS_VERSION) from github.com/prometheus/prometheus@$(PROMETHEUS_MODULE_VERSION) (once; about 6.5 minutes on 2 cores)..."
 	GOBIN="$(dir $@)" $(GO) install -tags netgo,remove_all_sd -ldflags "-X github.com/prometheus/common/version.Version=$(PROMETHEUS_VERSION)" github.com/prometheus/prometheus/cmd/prometheus@$(PROMETHEUS_MODULE_VERSION)
 
 # The check also starts a test API server: it needs `make test-binaries` once (it says so
