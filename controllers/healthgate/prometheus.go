@@ -93,7 +93,10 @@ func (e *Evaluator) prometheus(ctx context.Context, g *inplacev1.PrometheusGate,
 		}
 		var r apiResponse
 		if err := json.Unmarshal(body, &r); err != nil {
-			return nil, fmt.Errorf("HTTP %d, not a Prometheus API response: %.200s", resp.StatusCode, body)
+			// For example a wrong basic-auth password: Prometheus's web config answers
+			// HTTP 401 with the text "Unauthorized\n", whose newline a condition's
+			// message should not carry.
+			return nil, fmt.Errorf("HTTP %d, not a Prometheus API response: %.200s", resp.StatusCode, strings.TrimSpace(string(body)))
 		}
 		if r.Status != "success" {
 			return nil, fmt.Errorf("HTTP %d, %s: %s", resp.StatusCode, r.ErrorType, r.Error)

@@ -217,13 +217,26 @@ var _ = Describe("Health gates", func() {
 	It("reads alerts and instant queries from the Prometheus HTTP API", func() {
 		// A small server that answers as Prometheus's documented HTTP API does
 		// (https://prometheus.io/docs/prometheus/latest/querying/api/): recorded response
-		// shapes of GET /api/v1/alerts and GET /api/v1/query, not a real Prometheus.
+		// shapes of GET /api/v1/alerts and GET /api/v1/query, not a real Prometheus. `make
+		// check-real-prometheus` (controllers/healthgate/realprometheus_test.go) checks
+		// these shapes against Prometheus 3.16.0.
 		var firing atomic.Bool
 		firing.Store(true)
 		var auth atomic.Value
 		auth.Store("")
 		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
-			auth.Store(req.Header.Get("Authorization"))
+			if user, password, basic := req.BasicAuth(); basic {
+				if user != "alice" || password != "alice123" {
+					// As a Prometheus with basic_auth_users in its --web.config.file answers a
+					// wrong password: HTTP 401 with the text body "Unauthorized\n"
+					// (exporter-toolkit@v0.20.0 web/handler.go; seen from Prometheus 3.16.0 by
+					// make check-real-prometheus).
+					http.Error(rw, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
+					return
+				}
+			} else {
+				auth.Store(req.Header.Get("Authorization"))
+			}
 			rw.Header().Set("Content-Type", "application/json")
 			switch req.URL.Path {
 			case "/api/v1/alerts":
@@ -253,19 +266,30 @@ var _ = Describe("Health gates", func() {
 		simulate(w.ns, 100*time.Millisecond)
 		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "prom"},
 			StringData: map[string]string{"address": srv.URL, "token": "s3cret"}})).To(Succeed())
+		basicAuth := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "prom-basic"},
+			StringData: map[string]string{"address": srv.URL, "username": "alice", "password": "wrong"}}
+		Expect(k8s.Create(ctx, basicAuth)).To(Succeed())
 		ref := corev1.LocalObjectReference{Name: "prom"}
 		Expect(k8s.Create(ctx, w.mdTask("md", func(t *inplacev1.UpgradeTask) {
 			t.Spec.Gates = []inplacev1.HealthGate{
 				{Name: "alerts", Prometheus: &inplacev1.PrometheusGate{SecretRef: ref, Alerts: []string{"LonghornVolumeDegraded"}}},
 				{Name: "nodes-up", Prometheus: &inplacev1.PrometheusGate{SecretRef: ref, Query: `up{job="node"} == 0`}},
+				{Name: "basic-auth", Prometheus: &inplacev1.PrometheusGate{SecretRef: corev1.LocalObjectReference{Name: "prom-basic"}, Alerts: []string{"LonghornVolumeDegraded"}}},
 			}
 		}))).To(Succeed())
 		Eventually(func() string { return w.gateStatus("md", "alerts").Message }, timeout, poll).Should(Equal("alert(s) firing: LonghornVolumeDegraded"))
 		Eventually(func() string { return w.gateStatus("md", "nodes-up").Message }, timeout, poll).
 			Should(Equal(`query "up{job=\"node\"} == 0" returns 1 series, for example {__name__="up",instance="n1:9100",job="node"}`))
+		Eventually(func() string { return w.gateStatus("md", "basic-auth").Message }, timeout, poll).
+			Should(Equal("GET " + srv.URL + "/api/v1/alerts: HTTP 401, not a Prometheus API response: Unauthorized"))
 		Expect(auth.Load()).To(Equal("Bearer s3cret"))
 		Consistently(func() int { return len(w.nodeUpdates()) }, time.Second, poll).Should(BeZero())
 
+		// The right password: the gate reads the alerts.
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(basicAuth), basicAuth)).To(Succeed())
+		basicAuth.Data["password"] = []byte("alice123")
+		Expect(k8s.Update(ctx, basicAuth)).To(Succeed())
+		Eventually(func() string { return w.gateStatus("md", "basic-auth").Message }, timeout, poll).Should(Equal("alert(s) firing: LonghornVolumeDegraded"))
 		firing.Store(false)
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseCompleted))
 	})
