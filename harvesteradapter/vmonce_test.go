@@ -122,14 +122,7 @@ var _ = Describe("VMs move once over a roll", func() {
 	It("evacuates each VM once over a 3-node roll: the nodes still to go carry a PreferNoSchedule taint, gone at the end", func() {
 		r := newVMRoll(3, 3)
 		t := r.task(nil)
-		// Every look at the task also notes the nodes that carry the taint then.
-		tainted := map[string]bool{}
-		Eventually(func(g Gomega) inplacev1.TaskPhase {
-			for _, n := range pendingTainted() {
-				tainted[n] = true
-			}
-			return r.phase(t)(g)
-		}, 180*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted), func() string { return describe(t) })
+		tainted := untilPhaseNotingTaints(r, t, inplacev1.TaskPhaseCompleted)
 		for _, key := range r.vms {
 			Expect(r.kubevirt.Migrations(key)).To(Equal(1), "%s migrated once over the roll (history %v)", key, r.kubevirt.History())
 		}
@@ -141,6 +134,20 @@ var _ = Describe("VMs move once over a roll", func() {
 		Expect(pendingTainted()).To(BeEmpty())
 	})
 })
+
+// untilPhaseNotingTaints waits until task t reaches phase and returns the nodes seen
+// carrying the upgrade-pending taint at any look on the way.
+func untilPhaseNotingTaints(r *vmRoll, t *inplacev1.UpgradeTask, phase inplacev1.TaskPhase) map[string]bool {
+	GinkgoHelper()
+	tainted := map[string]bool{}
+	Eventually(func(g Gomega) inplacev1.TaskPhase {
+		for _, n := range pendingTainted() {
+			tainted[n] = true
+		}
+		return r.phase(t)(g)
+	}, 180*time.Second, 100*time.Millisecond).Should(Equal(phase), func() string { return describe(t) })
+	return tainted
+}
 
 // askingMemory makes a VM request size of memory.
 func askingMemory(size string) func(*kubevirtv1.VirtualMachine) {
@@ -155,13 +162,7 @@ var _ = Describe("VMs move once: the taint ends with the task", func() {
 		r := newVMRollOn(c, 3, 0)
 		c.suc.FailNodeLabelled(map[string]string{suc.LabelPlanKind: "rke2"}, r.workers[1], "rke2 failed to start")
 		t := r.task(nil)
-		tainted := map[string]bool{}
-		Eventually(func(g Gomega) inplacev1.TaskPhase {
-			for _, n := range pendingTainted() {
-				tainted[n] = true
-			}
-			return r.phase(t)(g)
-		}, 180*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseFailed), func() string { return describe(t) })
+		tainted := untilPhaseNotingTaints(r, t, inplacev1.TaskPhaseFailed)
 		Expect(tainted).To(HaveKey(r.workers[2]), "the last node carried the taint while the task ran")
 		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task failed")
 	})
