@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -240,22 +241,30 @@ func (r *runner) settleFleetAgent(ctx context.Context) (StepState, string, error
 // status.agentDeployedGeneration (patch_fleet_cluster), unless this plan did already,
 // and returns the generation to wait for.
 func (r *runner) redeployFleetAgent(ctx context.Context) (int64, error) {
-	cl := &fleetv1alpha1.Cluster{}
-	if err := r.c.Get(ctx, fleetLocalClusterKey, cl); err != nil {
-		return 0, fmt.Errorf("read Fleet's Cluster %s: %w", fleetLocalClusterKey, err)
-	}
-	if cl.Annotations[FleetAgentRedeployedAnnotation] == r.in.Plan {
-		return cl.Spec.RedeployAgentGeneration, nil
-	}
-	generation := ptr.Deref(cl.Status.AgentDeployedGeneration, 0) + 1
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{FleetAgentRedeployedAnnotation: r.in.Plan}, "resourceVersion": cl.ResourceVersion},
-		"spec":     map[string]any{"redeployAgentGeneration": generation},
+	var generation int64
+	// The patch carries the resourceVersion the generation was computed from, so a
+	// status write by fleet-controller in between (it writes status all the time) is a
+	// conflict: read again and compute again.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cl := &fleetv1alpha1.Cluster{}
+		if err := r.c.Get(ctx, fleetLocalClusterKey, cl); err != nil {
+			return fmt.Errorf("read Fleet's Cluster %s: %w", fleetLocalClusterKey, err)
+		}
+		if cl.Annotations[FleetAgentRedeployedAnnotation] == r.in.Plan {
+			generation = cl.Spec.RedeployAgentGeneration
+			return nil
+		}
+		generation = ptr.Deref(cl.Status.AgentDeployedGeneration, 0) + 1
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"annotations": map[string]string{FleetAgentRedeployedAnnotation: r.in.Plan}, "resourceVersion": cl.ResourceVersion},
+			"spec":     map[string]any{"redeployAgentGeneration": generation},
+		})
+		if err != nil {
+			return err
+		}
+		return r.c.Patch(ctx, cl, client.RawPatch(types.MergePatchType, patch))
 	})
 	if err != nil {
-		return 0, err
-	}
-	if err := r.c.Patch(ctx, cl, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return 0, fmt.Errorf("set spec.redeployAgentGeneration of Fleet's Cluster %s to %d: %w", fleetLocalClusterKey, generation, err)
 	}
 	return generation, nil

@@ -1,12 +1,16 @@
 package clusterupgrade_test
 
 import (
+	"context"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -67,6 +71,34 @@ var _ = Describe("Run and Fleet's local agent", func() {
 		Expect(fleetLocal().Spec.RedeployAgentGeneration).To(Equal(int64(1)))
 	})
 
+	It("asks for the redeploy again when fleet-controller writes the Cluster's status between the read and the patch", func() {
+		// fleet-controller writes cluster.fleet local's status all the time (its bundle
+		// summary, the agent's last-seen); the patch carries the resourceVersion the
+		// generation was computed from, so such a write is a conflict, not a failure of
+		// the step (the bench's CI run on 6b59fa1 failed the whole upgrade on it).
+		seed(oldRelease)
+		settle()
+		written := 0
+		c := racingClient(func(obj client.Object) bool {
+			_, ok := obj.(*fleetv1alpha1.Cluster)
+			return ok && written == 0
+		}, func(obj client.Object) {
+			written++
+			status := client.RawPatch(types.MergePatchType, []byte(`{"status":{"display":{"readyBundles":"written between"}}}`))
+			Expect(env.Client.Status().Patch(ctx, &fleetv1alpha1.Cluster{ObjectMeta: obj.(*fleetv1alpha1.Cluster).ObjectMeta}, status)).To(Succeed())
+		})
+		in := input("up-fleet-conflict")
+		p := newProgress()
+		Expect(clusterupgrade.Run(ctx, c, in, p)).To(Succeed())
+		Expect(written).To(Equal(1), "the status was written once, between the step's read and its patch")
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		step := stepNamed(steps, clusterupgrade.StepSettleFleetAgent)
+		Expect(step.State).To(Equal(clusterupgrade.StateDone))
+		Expect(step.Message).To(ContainSubstring("redeployAgentGeneration 1"))
+		Expect(fleetLocal().Annotations).To(HaveKeyWithValue(clusterupgrade.FleetAgentRedeployedAnnotation, "up-fleet-conflict"))
+	})
+
 	It("leaves Fleet alone when Rancher was already at the release", func() {
 		r := seed(sim.HarvesterRelease{Version: oldRelease.Version, Rancher: newRelease.Rancher})
 		settle()
@@ -93,3 +125,20 @@ var _ = Describe("Run and Fleet's local agent", func() {
 		Expect(cm.Data[rancher.FleetControllerConfigKey]).To(ContainSubstring("agentTLSMode: strict"), "the rest of the configuration kept")
 	})
 })
+
+// racingClient is a client of the test API server that, before it sends a Patch of an
+// object race accepts, has write make a real write of the object meanwhile: another
+// controller writing between the step's read and its patch.
+func racingClient(race func(client.Object) bool, write func(client.Object)) client.Client {
+	GinkgoHelper()
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	return interceptor.NewClient(direct, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if race(obj) {
+				write(obj)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+}

@@ -378,3 +378,31 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		Expect(kubevirtCR().Status.Phase).To(BeEquivalentTo("Deployed"))
 	})
 })
+
+var _ = Describe("A sub-step whose write loses a race", func() {
+	It("is run again when another writer changed the object between its read and its write, keeping that writer's change", func() {
+		seed(oldRelease)
+		settle()
+		Expect(overcommitConfig().Value).To(BeEmpty())
+		raced := 0
+		c := racingClient(func(obj client.Object) bool {
+			s, ok := obj.(*harvesterapi.Setting)
+			return ok && s.Name == clusterupgrade.OvercommitConfigSetting && raced == 0
+		}, func(client.Object) {
+			raced++
+			other := overcommitConfig()
+			other.Labels = map[string]string{"written-by": "someone-else"}
+			Expect(env.Client.Update(ctx, other)).To(Succeed())
+		})
+		in := input("up-race")
+		in.PreviousVersion = "v1.7.1"
+		p := newProgress()
+		Expect(clusterupgrade.Run(ctx, c, in, p)).To(Succeed())
+		Expect(raced).To(Equal(1), "the other write came once, between the step's read and its patch")
+		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(stepNamed(steps, clusterupgrade.StepPreserveOvercommitConfig).State).To(Equal(clusterupgrade.StateDone))
+		Expect(overcommitConfig().Value).To(Equal(clusterupgrade.OvercommitConfigDefaultV17))
+		Expect(overcommitConfig().Labels).To(HaveKeyWithValue("written-by", "someone-else"), "the other writer's change is kept")
+	})
+})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -124,6 +125,13 @@ func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 			return fmt.Errorf("cluster upgrade: %w", err)
 		}
 		state, message, err := s.run(r, ctx)
+		// A write that lost a race with another writer (an optimistic lock: a controller
+		// wrote the object between the step's read and its write) is run again: every
+		// step reads afresh and is idempotent, as a resumed Job relies on.
+		for tries := 1; err != nil && apierrors.IsConflict(err) && tries < conflictRuns && ctx.Err() == nil; tries++ {
+			r.logf("%s: another writer changed an object first (%v): running the step again", s.name, err)
+			state, message, err = s.run(r, ctx)
+		}
 		if err != nil {
 			r.logf("%s: failed: %v", s.name, err)
 			// The context may be what ended the step; the record still has to be written.
@@ -139,6 +147,10 @@ func Run(ctx context.Context, c client.Client, in Input, p Progress) error {
 	}
 	return nil
 }
+
+// conflictRuns is how many times a step is run in all when its writes keep losing races
+// with other writers (Run).
+const conflictRuns = 5
 
 // already is how a sub-step whose work it finds done ends: Done when this upgrade did
 // it (ours: the object carries this plan's last-upgrade-name, or an earlier run recorded
