@@ -15,85 +15,133 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
+// blockage is what keeps a node from being emptied, for the drain policy: the pods a
+// PodDisruptionBudget keeps on it (the drain) or the virtual machines that cannot leave
+// it (the evacuation).
+type blockage struct {
+	// of is what is blocked: "the drain" or "the evacuation".
+	of string
+	// what names the blockers.
+	what string
+	// evict acts on the blockers under drainPolicy Evict, once the grace period has
+	// passed, and says what it did; it says "" when it can do nothing about them, and the
+	// node then holds as under Hold.
+	evict func(blockedFor, grace time.Duration) (string, error)
+	// evicts says what evict will do, for the message before the grace period ends.
+	evicts string
+	// evicted is the DrainBlocked condition's reason once evict acted.
+	evicted string
+	// cannotEvict says, when evict can do nothing, why: what the operator must do.
+	cannotEvict string
+}
+
 // applyDrainPolicy judges, while the drain Plan runs, whether the node's drain is
 // blocked: a pod the drain evicts whose eviction the API server refuses now because of a
-// PodDisruptionBudget (previewPods, the rules kubectl drain and the eviction API follow).
-// It keeps the NodeUpdate's DrainBlocked condition, whose last transition to True is when
-// the block was first seen, and applies the NodeUpdate's drain policy:
-//   - Hold (the default) waits: kubectl drain retries the refused evictions until its
-//     --timeout or the drain step's timeout ends the node;
-//   - Skip, once the drain has been blocked for the policy's grace period, puts the node
-//     back: it returns a nodeupdater.SkipError naming the pods, and the reconciler has
-//     Abort stop the drain, uncordon the node and restore what its earlier steps stopped
-//     (cleanup), then ends the NodeUpdate Skipped;
-//   - Evict, once the drain has been blocked for the policy's grace period, deletes the
-//     blocking pods (a delete, not an eviction: the budgets are not asked), one Warning
-//     event per pod; kubectl drain's next retry finds them gone and the drain ends.
+// PodDisruptionBudget (previewPods, the rules kubectl drain and the eviction API follow),
+// and applies the NodeUpdate's drain policy to it (applyBlockPolicy). Under Evict the
+// blocking pods are deleted (a delete, not an eviction: the budgets are not asked), one
+// Warning event per pod; kubectl drain's next retry finds them gone and the drain ends.
 //
 // It returns what the drain step's message should add, empty when nothing blocks.
 func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun) (string, error) {
-	nu := r.nu
-	node := nu.Spec.NodeName
+	node := r.nu.Spec.NodeName
 	blocking, err := previewPods(ctx, r.wc, node, r.cfg.Spec.Drain, nil)
 	if err != nil {
 		return "", err
 	}
-	policy := nu.Spec.DrainPolicy
-	mode, grace := policy.DrainModeOrDefault(), policy.GracePeriodOrDefault()
-	cond := meta.FindStatusCondition(nu.Status.Conditions, inplacev1.DrainBlockedCondition)
 	if len(blocking) == 0 {
-		if cond != nil && cond.Status == metav1.ConditionTrue {
-			meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionFalse,
-				Reason: inplacev1.DrainUnblockedReason, ObservedGeneration: nu.Generation,
-				Message: fmt.Sprintf("no pod blocks the drain of node %s any more", node)})
-		}
-		return "", nil
+		return u.applyBlockPolicy(r, nil)
 	}
 	names := make([]string, 0, len(blocking))
 	for _, p := range blocking {
 		names = append(names, fmt.Sprintf("pod %s/%s (PodDisruptionBudget %s)", p.Namespace, p.Name, p.PodDisruptionBudget))
 	}
-	what := strings.Join(names, ", ")
+	return u.applyBlockPolicy(r, &blockage{of: "the drain", what: strings.Join(names, ", "), evicts: "they are deleted, their budgets ignored",
+		evicted: inplacev1.BlockingPodsDeletedReason,
+		evict: func(blockedFor, grace time.Duration) (string, error) {
+			var deleted []string
+			for _, p := range blocking {
+				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+				if err := r.wc.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+					return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
+				}
+				deleted = append(deleted, p.Namespace+"/"+p.Name)
+				u.event(r, corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
+					fmt.Sprintf("deleted pod %s/%s on node %s, ignoring PodDisruptionBudget %s: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
+						p.Namespace, p.Name, node, p.PodDisruptionBudget, blockedFor.Round(time.Second), grace, p.Reason))
+			}
+			return fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace), nil
+		}})
+}
+
+// applyBlockPolicy keeps the NodeUpdate's DrainBlocked condition, whose last transition
+// to True is when the block was first seen, and applies the NodeUpdate's drain policy to
+// b (nil when nothing blocks the node):
+//   - Hold (the default) waits: the step holds until the blockers go or its timeout ends
+//     the node;
+//   - Skip, once the node has been blocked for the policy's grace period, puts the node
+//     back: it returns a nodeupdater.SkipError naming the blockers, and the reconciler
+//     has Abort stop the drain, uncordon the node and restore what its earlier steps
+//     stopped (cleanup), then ends the NodeUpdate Skipped;
+//   - Evict, once the node has been blocked for the policy's grace period, has b.evict
+//     act on the blockers; where it cannot, the node holds as under Hold, with why.
+//
+// The condition spans the node's evacuation and its drain: a node whose VMs could not
+// leave and then whose pods cannot be evicted has been blocked since the first.
+//
+// It returns what the step's message should add, empty when nothing blocks.
+func (u *Updater) applyBlockPolicy(r *nodeRun, b *blockage) (string, error) {
+	nu := r.nu
+	node := nu.Spec.NodeName
+	cond := meta.FindStatusCondition(nu.Status.Conditions, inplacev1.DrainBlockedCondition)
+	if b == nil {
+		if cond != nil && cond.Status == metav1.ConditionTrue {
+			meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionFalse,
+				Reason: inplacev1.DrainUnblockedReason, ObservedGeneration: nu.Generation,
+				Message: fmt.Sprintf("nothing blocks the emptying of node %s any more", node)})
+		}
+		return "", nil
+	}
+	policy := nu.Spec.DrainPolicy
+	mode, grace := policy.DrainModeOrDefault(), policy.GracePeriodOrDefault()
 	now := time.Now()
 	since := now
 	if cond != nil && cond.Status == metav1.ConditionTrue {
 		since = cond.LastTransitionTime.Time
 	}
-	if mode == inplacev1.DrainModeSkip && now.Sub(since) >= grace {
-		message := fmt.Sprintf("drainPolicy Skip: the drain of node %s was blocked for more than %s by %s; the node is put back (drain stopped, uncordoned, what was stopped restored) without being upgraded",
-			node, grace, what)
+	due := now.Sub(since) >= grace
+	if mode == inplacev1.DrainModeSkip && due {
+		message := fmt.Sprintf("drainPolicy Skip: %s of node %s was blocked for more than %s by %s; the node is put back (drain stopped, uncordoned, what was stopped restored) without being upgraded",
+			b.of, node, grace, b.what)
 		meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionTrue,
 			Reason: inplacev1.NodeSkippedReason, ObservedGeneration: nu.Generation, Message: message, LastTransitionTime: metav1.NewTime(since)})
 		return "", nodeupdater.Skipf("%s", message)
 	}
-	if mode == inplacev1.DrainModeEvict && now.Sub(since) >= grace {
-		var deleted []string
-		for _, p := range blocking {
-			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-			if err := r.wc.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
-				return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
-			}
-			deleted = append(deleted, p.Namespace+"/"+p.Name)
-			u.event(r, corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
-				fmt.Sprintf("deleted pod %s/%s on node %s, ignoring PodDisruptionBudget %s: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
-					p.Namespace, p.Name, node, p.PodDisruptionBudget, now.Sub(since).Round(time.Second), grace, p.Reason))
-		}
-		message := fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace)
-		meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionFalse,
-			Reason: inplacev1.BlockingPodsDeletedReason, ObservedGeneration: nu.Generation, Message: message})
-		return message, nil
-	}
 	reason := inplacev1.DrainHeldReason
-	message := fmt.Sprintf("the drain of node %s is blocked by %s; drainPolicy Hold: the node waits until they can be evicted or the drain step times out", node, what)
+	message := fmt.Sprintf("%s of node %s is blocked by %s; drainPolicy Hold: the node waits until they go or the step times out", b.of, node, b.what)
 	switch mode {
 	case inplacev1.DrainModeEvict:
+		if due {
+			did, err := b.evict(now.Sub(since), grace)
+			if err != nil {
+				return "", err
+			}
+			if did != "" {
+				meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionFalse,
+					Reason: b.evicted, ObservedGeneration: nu.Generation, Message: did})
+				return did, nil
+			}
+			message = fmt.Sprintf("%s of node %s is blocked by %s; drainPolicy Evict cannot act on it: %s; the node waits until it goes or the step times out",
+				b.of, node, b.what, b.cannotEvict)
+			break
+		}
 		reason = inplacev1.EvictionPendingReason
-		message = fmt.Sprintf("the drain of node %s is blocked by %s; drainPolicy Evict: they are deleted, their budgets ignored, at %s (gracePeriod %s after the block was seen)",
-			node, what, since.Add(grace).UTC().Format(time.RFC3339), grace)
+		message = fmt.Sprintf("%s of node %s is blocked by %s; drainPolicy Evict: %s at %s (gracePeriod %s after the block was seen)",
+			b.of, node, b.what, b.evicts, since.Add(grace).UTC().Format(time.RFC3339), grace)
 	case inplacev1.DrainModeSkip:
 		reason = inplacev1.SkipPendingReason
-		message = fmt.Sprintf("the drain of node %s is blocked by %s; drainPolicy Skip: unless they can be evicted by %s (gracePeriod %s after the block was seen), the node is put back and skipped",
-			node, what, since.Add(grace).UTC().Format(time.RFC3339), grace)
+		message = fmt.Sprintf("%s of node %s is blocked by %s; drainPolicy Skip: unless they go by %s (gracePeriod %s after the block was seen), the node is put back and skipped",
+			b.of, node, b.what, since.Add(grace).UTC().Format(time.RFC3339), grace)
 	}
 	if cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != reason || cond.Message != message {
 		if cond == nil || cond.Status != metav1.ConditionTrue {

@@ -24,6 +24,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -408,5 +409,121 @@ var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harve
 		Consistently(func() int { return w.witness.Creations()[m2] }, 2*time.Second, 200*time.Millisecond).Should(Equal(2))
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "web"}, &corev1.Pod{})).To(Succeed(), "Skip never deletes the pod")
 		w.expectSafeRun()
+	})
+})
+
+// A VM that cannot leave the node blocks it as a pod under a budget does: the drain
+// policy acts on the evacuation's holds too.
+var _ = Describe("A node whose evacuation a VM blocks", func() {
+	const reason = "target virt-launcher pod: insufficient memory"
+
+	It("Skip: puts the node back once a VM's failed live migration has held it for the grace period, the VM named and never stopped", func() {
+		c := newVMCluster(3, nil)
+		n2 := c.nodes[1]
+		a := c.vm("vm-a", n2, nil)
+		c.kubevirt.FailMigrations(c.ns, "vm-a", reason)
+		witness := watchNodeUpdates(c.ns)
+		startLifecycle(c.harvesterCluster)
+		nu := c.nodeUpdate(n2)
+		const grace = 2 * time.Second
+		withDrainPolicy(nu, inplacev1.DrainModeSkip, grace)
+
+		Eventually(func(g Gomega) string {
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+			if cond := drainBlocked(nu); cond != nil {
+				return cond.Reason
+			}
+			return ""
+		}, 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.SkipPendingReason))
+		blockedAt := time.Now()
+		Expect(drainBlocked(nu).Message).To(And(ContainSubstring("the evacuation of node "+n2), ContainSubstring("VM "+a), ContainSubstring(reason), ContainSubstring("drainPolicy Skip")))
+		Expect(nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message).To(HavePrefix("holding: "))
+
+		Eventually(nodeUpdatePhase(nu), 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped),
+			func() string { return fmt.Sprintf("%+v", nu.Status) })
+		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2), "not before the grace period")
+		Expect(nu.Status.FailureReason).To(Equal(inplacev1.NodeSkippedReason))
+		Expect(nu.Status.FailureMessage).To(And(ContainSubstring("drainPolicy Skip: the evacuation of node "+n2), ContainSubstring("VM "+a), ContainSubstring("put back")))
+		Expect(drainBlocked(nu).Reason).To(Equal(inplacev1.NodeSkippedReason))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepEvacuateVMs)).To(Equal(inplacev1.StepStateAborted))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStatePending), "no drain started")
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending), "the node was not upgraded")
+		Expect(unschedulable(n2)).To(BeFalse(), "the skipped node is uncordoned")
+		expectNoPlanOf(nu)
+		Expect(witness.FinalAt(nu.Name)).NotTo(BeZero())
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "Skip never stops the VM")
+		Expect(c.kubevirt.NodeOf(a)).To(Equal(n2), "it runs where it ran")
+		Expect(c.kubevirt.Starts(a)).To(Equal(1))
+		Expect(c.rec.MaxDown()).To(Equal(0), "no node went down")
+	})
+
+	It("Evict: stops the VM whose live migration failed once the grace period has passed, as Harvester's upgrade does, and starts it again after the node", func() {
+		c := newVMCluster(3, nil)
+		n2 := c.nodes[1]
+		a := c.vm("vm-a", n2, nil)
+		c.kubevirt.FailMigrations(c.ns, "vm-a", reason)
+		rec := events.NewFakeRecorder(100)
+		c.updater.Recorder = rec
+		nu := c.nodeUpdate(n2)
+		const grace = 2 * time.Second
+		withDrainPolicy(nu, inplacev1.DrainModeEvict, grace)
+
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			cond := drainBlocked(nu)
+			return cond != nil && cond.Status == metav1.ConditionTrue
+		})).To(Succeed())
+		blockedAt := time.Now()
+		cond := drainBlocked(nu)
+		Expect(cond.Reason).To(Equal(inplacev1.EvictionPendingReason))
+		Expect(cond.Message).To(And(ContainSubstring("the evacuation of node "+n2), ContainSubstring("VM "+a), ContainSubstring("drainPolicy Evict: the VMs whose live migration failed are stopped")))
+
+		By("within the grace period the VM runs on")
+		Expect(driveUntil(c.updater, nu, grace/2, nil)).To(MatchError(ContainSubstring("not done within")))
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways))
+		Expect(c.kubevirt.NodeOf(a)).To(Equal(n2))
+
+		By("after it, the VM is stopped, the node is upgraded, and the VM is started again")
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
+		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2))
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepEvacuateVMs)).To(Equal(inplacev1.StepStateSucceeded))
+		cond = drainBlocked(nu)
+		Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		Expect(cond.Reason).To(Equal(inplacev1.BlockingVMsStoppedReason))
+		Expect(cond.Message).To(ContainSubstring("drainPolicy Evict stopped VM " + a))
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "started again after the node")
+		Expect(c.getVM("vm-a").Labels).NotTo(HaveKey(kubevirt.LabelStoppedBy), "the record goes with the restore")
+		Eventually(c.kubevirt.NodeOf).WithArguments(a).WithTimeout(10 * time.Second).ShouldNot(BeEmpty())
+		Expect(c.kubevirt.Starts(a)).To(Equal(2), "stopped once, started once again")
+		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty())
+		var stopped []string
+		for _, e := range drainEvents(rec) {
+			if strings.HasPrefix(e, "Normal "+harvesteradapter.EventVMStopped) {
+				stopped = append(stopped, e)
+			}
+		}
+		Expect(stopped).To(ConsistOf(And(ContainSubstring("stopping VM "+a), ContainSubstring(reason), ContainSubstring("drainPolicy Evict"))), "one stop, naming the failed migration")
+	})
+
+	It("Evict: holds as Hold where it cannot act (no room on the nodes that stay up), saying so", func() {
+		c := newVMCluster(2, nil)
+		n1 := c.nodes[0]
+		// 64Gi allocatable per simulated node: 40Gi taken on the other leaves no room for
+		// a 40Gi VM (as the vmonce spec).
+		c.vm("vm-a", n1, askingMemory("40Gi"))
+		c.vm("vm-load", c.nodes[1], askingMemory("40Gi"))
+		nu := c.nodeUpdate(n1)
+		const grace = time.Second
+		withDrainPolicy(nu, inplacev1.DrainModeEvict, grace)
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			cond := drainBlocked(nu)
+			return cond != nil && cond.Reason == inplacev1.DrainHeldReason
+		})).To(Succeed())
+		Expect(drainBlocked(nu).Message).To(And(ContainSubstring("drainPolicy Evict cannot act on it"), ContainSubstring("have no room")))
+		By("past the grace period too: nothing is stopped, migrated or drained")
+		Expect(driveUntil(c.updater, nu, 2*grace, nil)).To(MatchError(ContainSubstring("not done within")))
+		Expect(drainBlocked(nu).Reason).To(Equal(inplacev1.DrainHeldReason))
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "nothing stopped")
+		Expect(c.kubevirt.Migrations(c.ns + "/vm-a")).To(BeZero())
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStatePending))
 	})
 })

@@ -13,6 +13,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -96,10 +97,13 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 		return false, "", err
 	}
 	if short != "" {
-		return false, "holding: " + u.holdOnce(r, EventVMsLackRoom, short), nil
+		hold := u.holdOnce(r, EventVMsLackRoom, short)
+		return u.evacuationHeld(r, []string{hold}, nil)
 	}
 
 	var waiting, holds []string
+	var failed []failedMigration
+	var stoppedByUs map[string]bool
 	for i := range vmis {
 		vmi := &vmis[i]
 		action, why := actions[i], whys[i]
@@ -115,9 +119,31 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 				waiting = append(waiting, kubevirt.VMKey(vmi)+" is stopping")
 			}
 		case vmiMigrate:
-			if hold, err = u.migrateOff(ctx, r, vmi, ours[kubevirt.MigrationName(r.nu, vmi)]); err == nil && hold == "" {
+			m := ours[kubevirt.MigrationName(r.nu, vmi)]
+			if hold, err = u.migrateOff(ctx, r, vmi, m); err == nil && hold == "" {
 				waiting = append(waiting, kubevirt.VMKey(vmi)+" is migrating")
 			}
+			if hold == "" || kubevirt.VMIOwnerVM(vmi) == "" {
+				break
+			}
+			// A failed migration's VM that drainPolicy Evict stopped holds nothing: its
+			// VMI is shutting down.
+			if stoppedByUs == nil {
+				stoppedByUs = map[string]bool{}
+				vms, serr := kubevirt.StoppedVMs(ctx, r.wc, r.nu.UID, "node "+node)
+				if serr != nil {
+					return false, "", serr
+				}
+				for i := range vms {
+					stoppedByUs[kubevirt.VMKey(&vms[i])] = true
+				}
+			}
+			if stoppedByUs[vmi.Namespace+"/"+kubevirt.VMIOwnerVM(vmi)] {
+				hold = ""
+				waiting = append(waiting, kubevirt.VMKey(vmi)+" is stopping")
+				break
+			}
+			failed = append(failed, failedMigration{vmi: vmi, m: m})
 		}
 		if err != nil {
 			return false, "", err
@@ -128,12 +154,74 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 	}
 
 	if len(holds) > 0 {
-		return false, "holding: " + strings.Join(holds, "; "), nil
+		return u.evacuationHeld(r, holds, func(blockedFor, grace time.Duration) (string, error) {
+			return u.stopFailedMigrations(ctx, r, failed, blockedFor, grace)
+		})
+	}
+	if _, err := u.applyBlockPolicy(r, nil); err != nil {
+		return false, "", err
 	}
 	if len(waiting) > 0 {
 		return false, fmt.Sprintf("evacuating node %s: %s", node, strings.Join(waiting, ", ")), nil
 	}
 	return true, u.evacuationSummary(ctx, r, ours), nil
+}
+
+// failedMigration is a VMI a VirtualMachine owns whose live migration off the node, this
+// NodeUpdate's, failed.
+type failedMigration struct {
+	vmi *kubevirtv1.VirtualMachineInstance
+	m   *kubevirtv1.VirtualMachineInstanceMigration
+}
+
+// evacuationHeld is the evacuation's answer while holds keep VMs on the node: the drain
+// policy judges them as a blocked drain (applyBlockPolicy). Skip puts the node back once
+// they have held it for the grace period. Evict, then, stops the VMs whose live
+// migration failed, as Harvester's own upgrade does (harvester-node-upgrade.md fact 33,
+// wait_vms_out_or_shutdown); it cannot act on the other holds (no room on the nodes that
+// stay up, a VMI no VirtualMachine owns, a VM that cannot be stopped), under which the
+// node holds as under Hold. evict is nil when no hold is one it can act on.
+func (u *Updater) evacuationHeld(r *nodeRun, holds []string, evict func(blockedFor, grace time.Duration) (string, error)) (bool, string, error) {
+	b := &blockage{of: "the evacuation", what: strings.Join(holds, "; "),
+		evicts:      "the VMs whose live migration failed are stopped (and started again once the node is upgraded), as Harvester's upgrade does,",
+		evicted:     inplacev1.BlockingVMsStoppedReason,
+		cannotEvict: "only a VM whose live migration failed is stopped by it; move, stop or make room for the others",
+		evict:       evict}
+	if evict == nil {
+		b.evict = func(time.Duration, time.Duration) (string, error) { return "", nil }
+	}
+	policy, err := u.applyBlockPolicy(r, b)
+	if err != nil {
+		return false, "", err
+	}
+	if strings.HasPrefix(policy, "drainPolicy Evict stopped") {
+		return false, policy, nil
+	}
+	return false, "holding: " + b.what + "; " + policy, nil
+}
+
+// stopFailedMigrations stops, under drainPolicy Evict once the grace period has passed,
+// the VMs whose live migration off the node failed: recorded on the VirtualMachine as
+// every VM the evacuation stops, so that they are started again once the node is
+// upgraded. It says "" when there is none to stop.
+func (u *Updater) stopFailedMigrations(ctx context.Context, r *nodeRun, failed []failedMigration, blockedFor, grace time.Duration) (string, error) {
+	var stopped []string
+	for _, f := range failed {
+		why := fmt.Sprintf("its live migration %s failed (%s) and the evacuation was blocked for %s, more than the grace period %s of drainPolicy Evict",
+			f.m.Name, kubevirt.MigrationFailure(f.m), blockedFor.Round(time.Second), grace)
+		hold, err := u.stopOnNode(ctx, r, f.vmi, why)
+		if err != nil {
+			return "", err
+		}
+		if hold == "" {
+			stopped = append(stopped, kubevirt.VMKey(f.vmi))
+		}
+	}
+	if len(stopped) == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("drainPolicy Evict stopped VM %s, whose live migration off node %s failed, as Harvester's upgrade does; started again once the node is upgraded",
+		strings.Join(stopped, ", "), r.nu.Spec.NodeName), nil
 }
 
 // vmisOnNode lists the VMIs KubeVirt labels as running on node (kubevirt.io/nodeName),

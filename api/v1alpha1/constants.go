@@ -317,6 +317,10 @@ const (
 	// BlockingPodsDeletedReason: the policy Evict deleted the pods that blocked the drain,
 	// ignoring their PodDisruptionBudgets; one event per pod names it.
 	BlockingPodsDeletedReason = "BlockingPodsDeleted"
+	// BlockingVMsStoppedReason: the policy Evict stopped the virtual machines whose live
+	// migration off the node failed, as Harvester's own upgrade does; they are started
+	// again once the node is upgraded.
+	BlockingVMsStoppedReason = "BlockingVMsStopped"
 	// SkipPendingReason: the drain is blocked and the policy is Skip: the node is put
 	// back and skipped once the drain has been blocked for the grace period.
 	SkipPendingReason = "SkipPending"
