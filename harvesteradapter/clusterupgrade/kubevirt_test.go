@@ -86,10 +86,8 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 	It("upgrades KubeVirt with Harvester's chart without KubeVirt live-migrating any VM (fact 13)", func() {
 		r := seed(oldRelease)
 		kv := runningVMs(r, 4)
-		runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
 		p := newProgress()
-		Expect(clusterupgrade.Run(runCtx, env.Client, input("kv-plan"), p)).To(Succeed())
+		Expect(clusterupgrade.Run(ctx, env.Client, input("kv-plan"), p)).To(Succeed())
 
 		By("KubeVirt was upgraded with the chart: every running VMI is outdated")
 		Eventually(func() string { return kubevirtCR().Status.ObservedKubeVirtVersion }).Should(Equal(sim.KubeVirtVersionOfChart("1.6.0")))
@@ -108,7 +106,7 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 
 		By("a second run changes nothing and records nothing new")
 		generation := chart(rancher.HarvesterChart).Generation
-		Expect(clusterupgrade.Run(runCtx, env.Client, input("kv-plan"), p)).To(Succeed())
+		Expect(clusterupgrade.Run(ctx, env.Client, input("kv-plan"), p)).To(Succeed())
 		Expect(chart(rancher.HarvesterChart).Generation).To(Equal(generation))
 		again, err := clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
@@ -129,7 +127,7 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 
 		By("a run that resumes from the same progress after the restore turns the roll settings off again")
 		Expect(clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)).To(BeEmpty())
-		Expect(clusterupgrade.Run(runCtx, env.Client, input("kv-plan"), p)).To(Succeed())
+		Expect(clusterupgrade.Run(ctx, env.Client, input("kv-plan"), p)).To(Succeed())
 		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}}}`))
 		Expect(clusterupgrade.ReadChanges(ctx, env.Client, p.ConfigMap)).To(ContainElement(
 			clusterupgrade.Change{Object: "fleet-local/harvester", Field: clusterupgrade.FieldWorkloadUpdateMethods, Before: []byte(`["LiveMigrate"]`)}), "recorded again")
@@ -144,9 +142,7 @@ var _ = Describe("Run and KubeVirt's workload updates", Ordered, func() {
 		mc.Spec.Values = &apiextensionsv1.JSON{Raw: []byte(`{"kubevirt":{"spec":{}},"other":1}`)}
 		Expect(env.Client.Patch(ctx, mc, client.MergeFrom(before))).To(Succeed())
 		p := newProgress()
-		runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		Expect(clusterupgrade.Run(runCtx, env.Client, input("kv-null"), p)).To(Succeed())
+		Expect(clusterupgrade.Run(ctx, env.Client, input("kv-null"), p)).To(Succeed())
 		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":[]}}},"other":1}`))
 		Expect(clusterupgrade.Restore(ctx, env.Client, p.ConfigMap)).To(Succeed())
 		Expect(chartValues()).To(MatchJSON(`{"kubevirt":{"spec":{"workloadUpdateStrategy":{}}},"other":1}`))

@@ -1,9 +1,6 @@
 package clusterupgrade_test
 
 import (
-	"context"
-	"time"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -50,9 +47,7 @@ var _ = Describe("Run and rke2-multus", func() {
 			Expect(unstructured.SetNestedField(nad.Object, `{"cniVersion":"0.3.1","type":"bridge"}`, "spec", "config")).To(Succeed())
 			Expect(env.Client.Create(ctx, nad)).To(Succeed())
 		}
-		runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		Expect(clusterupgrade.Run(runCtx, env.Client, input("multus-plan"), newProgress())).To(Succeed())
+		Expect(clusterupgrade.Run(ctx, env.Client, input("multus-plan"), newProgress())).To(Succeed())
 
 		By("a node's RKE2 restarts with the new version and the multus upgrade fails")
 		multus.FailInstall("helm upgrade: timed out waiting for the condition")
@@ -67,10 +62,8 @@ var _ = Describe("Run and rke2-multus", func() {
 	It("keeps what else the HelmChartConfig says", func() {
 		seed(oldRelease)
 		createMultusConfig("valuesContent", "manifest:\n  enable: true\n")
-		runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
 		p := newProgress()
-		Expect(clusterupgrade.Run(runCtx, env.Client, input("multus-keep"), p)).To(Succeed())
+		Expect(clusterupgrade.Run(ctx, env.Client, input("multus-keep"), p)).To(Succeed())
 		got := multusConfig()
 		policy, _, _ := unstructured.NestedString(got.Object, "spec", "failurePolicy")
 		values, _, _ := unstructured.NestedString(got.Object, "spec", "valuesContent")
