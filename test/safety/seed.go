@@ -196,7 +196,7 @@ func (d *driver) operations() []operation {
 		{"restart-manager", 4, d.restartManager},
 		{"lag-machines", 4, d.lagMachines},
 		{"gate", 3, d.toggleGate},
-		{"gate-red", 6, d.redGate},
+		{"gate-red", 10, d.redGate},
 		{"skip-policy", 4, d.skipPolicy},
 	}
 }
@@ -209,13 +209,17 @@ func (d *driver) toggleGate(ctx context.Context) error {
 	return d.w.SetGate(ctx, d.gateOn)
 }
 
-// redGate turns the health gate red for 200 to 1500 ms (the workload object it reads),
-// then green again: no task of the Cluster may start a node meanwhile (invariant 9).
+// redGate turns the health gate red for 500 to 3000 ms (the workload object it reads),
+// then green again: no task of the Cluster may start a node meanwhile (invariant 9). The
+// window is long against the Checker's gate slack (400 ms), so that a controller that
+// starts nodes under a red gate is caught (a mutant that took every gate for green was
+// caught in 4 of 10 seeds, against 1 of 10 with
+// the former 200 to 1500 ms windows at weight 6).
 func (d *driver) redGate(ctx context.Context) error {
 	if d.gateRed.Load() {
 		return errNothingToDo
 	}
-	dur := time.Duration(200+d.rng.Intn(1300)) * time.Millisecond
+	dur := time.Duration(500+d.rng.Intn(2500)) * time.Millisecond
 	d.w.History.Action("health gate red for %s (the gate on the Cluster: %t)", dur, d.gateOn)
 	d.gateRed.Store(true)
 	if err := d.w.SetGateRed(ctx, true); err != nil {
