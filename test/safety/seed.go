@@ -213,8 +213,8 @@ func (d *driver) toggleGate(ctx context.Context) error {
 // then green again: no task of the Cluster may start a node meanwhile (invariant 9). The
 // window is long against the Checker's gate slack (400 ms), so that a controller that
 // starts nodes under a red gate is caught (a mutant that took every gate for green was
-// caught in 4 of 10 seeds, against 1 of 10 with
-// the former 200 to 1500 ms windows at weight 6).
+// caught in 4 of 10 seeds, against 1 of 10 with the former 200 to 1500 ms windows at
+// weight 6).
 func (d *driver) redGate(ctx context.Context) error {
 	if d.gateRed.Load() {
 		return errNothingToDo
