@@ -43,6 +43,23 @@ func drainBlocked(nu *inplacev1.NodeUpdate) *metav1.Condition {
 	return meta.FindStatusCondition(nu.Status.Conditions, inplacev1.DrainBlockedCondition)
 }
 
+// blockedUnderEvict starts node's NodeUpdate under drainPolicy Evict with grace, its
+// events recorded, and drives it until DrainBlocked is True, pending eviction.
+func blockedUnderEvict(c *vmCluster, node string, grace time.Duration) (*inplacev1.NodeUpdate, *events.FakeRecorder, *metav1.Condition) {
+	GinkgoHelper()
+	rec := events.NewFakeRecorder(100)
+	c.updater.Recorder = rec
+	nu := c.nodeUpdate(node)
+	withDrainPolicy(nu, inplacev1.DrainModeEvict, grace)
+	Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+		cond := drainBlocked(nu)
+		return cond != nil && cond.Status == metav1.ConditionTrue
+	})).To(Succeed())
+	cond := drainBlocked(nu)
+	Expect(cond.Reason).To(Equal(inplacev1.EvictionPendingReason))
+	return nu, rec, cond
+}
+
 // drainEvents are the events the updater recorded so far.
 func drainEvents(rec *events.FakeRecorder) []string {
 	var out []string
@@ -95,19 +112,9 @@ var _ = Describe("A node whose drain a PodDisruptionBudget blocks", func() {
 		c := newVMCluster(3, nil)
 		n2 := c.nodes[1]
 		c.pdbPod("web", n2, "100Mi")
-		rec := events.NewFakeRecorder(100)
-		c.updater.Recorder = rec
-		nu := c.nodeUpdate(n2)
 		const grace = 2 * time.Second
-		withDrainPolicy(nu, inplacev1.DrainModeEvict, grace)
-
-		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			cond := drainBlocked(nu)
-			return cond != nil && cond.Status == metav1.ConditionTrue
-		})).To(Succeed())
+		nu, rec, cond := blockedUnderEvict(c, n2, grace)
 		blockedAt := time.Now()
-		cond := drainBlocked(nu)
-		Expect(cond.Reason).To(Equal(inplacev1.EvictionPendingReason))
 		Expect(cond.Message).To(And(ContainSubstring("pod "+c.ns+"/web (PodDisruptionBudget web)"), ContainSubstring("drainPolicy Evict")))
 
 		By("within the grace period the pod stays")
@@ -462,19 +469,9 @@ var _ = Describe("A node whose evacuation a VM blocks", func() {
 		n2 := c.nodes[1]
 		a := c.vm("vm-a", n2, nil)
 		c.kubevirt.FailMigrations(c.ns, "vm-a", reason)
-		rec := events.NewFakeRecorder(100)
-		c.updater.Recorder = rec
-		nu := c.nodeUpdate(n2)
 		const grace = 2 * time.Second
-		withDrainPolicy(nu, inplacev1.DrainModeEvict, grace)
-
-		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			cond := drainBlocked(nu)
-			return cond != nil && cond.Status == metav1.ConditionTrue
-		})).To(Succeed())
+		nu, rec, cond := blockedUnderEvict(c, n2, grace)
 		blockedAt := time.Now()
-		cond := drainBlocked(nu)
-		Expect(cond.Reason).To(Equal(inplacev1.EvictionPendingReason))
 		Expect(cond.Message).To(And(ContainSubstring("the evacuation of node "+n2), ContainSubstring("VM "+a), ContainSubstring("drainPolicy Evict: the VMs whose live migration failed are stopped")))
 
 		By("within the grace period the VM runs on")

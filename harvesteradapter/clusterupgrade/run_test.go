@@ -371,11 +371,13 @@ var _ = Describe("Run", Ordered, func() {
 	})
 
 	It("waits for the chart index download before it upgrades the charts, and a second run waits for the same refresh", func() {
-		seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = 20 * time.Second })
+		// The download does not end until the spec lets it: the first run ends while it
+		// runs however long the run takes to reach it on a loaded machine.
+		r := seed(oldRelease, func(r *sim.Rancher) { r.DownloadDelay = time.Hour })
 		settle()
 		p := newProgress()
 		in := input("up-download")
-		in.Timeout = 10 * time.Second // ends while the download runs, on a loaded machine too
+		in.Timeout = 30 * time.Second
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(
 			ContainSubstring("RefreshHarvesterCharts"), ContainSubstring("gave up waiting for ClusterRepo harvester-charts"))))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
@@ -387,7 +389,8 @@ var _ = Describe("Run", Ordered, func() {
 		forced := clusterRepo().Spec.ForceUpdate
 		Expect(forced).NotTo(BeNil())
 
-		in.Timeout = 30 * time.Second
+		r.SetDownloadDelay(time.Second) // asked for more than a second ago: it ends now
+		in.Timeout = 60 * time.Second
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(Succeed())
 		Expect(clusterRepo().Spec.ForceUpdate.Equal(forced)).To(BeTrue(), "the refresh the first run asked for was awaited, not asked again")
 	})

@@ -157,6 +157,21 @@ func (r *Rancher) FailChartVersion(name, version, message string) {
 }
 
 // ClearChartFailure lets the chart's deploys succeed again.
+// SetDownloadDelay changes DownloadDelay while the simulator runs; a download asked for
+// longer ago than the new delay ends at the next look.
+func (r *Rancher) SetDownloadDelay(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.DownloadDelay = d
+	r.loop.wake()
+}
+
+func (r *Rancher) downloadDelay() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return orDefault(r.DownloadDelay, 50*time.Millisecond)
+}
+
 func (r *Rancher) ClearChartFailure(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -299,7 +314,7 @@ func (r *Rancher) repos(ctx context.Context) error {
 		if forced == nil || !repo.Status.DownloadTime.Before(forced) {
 			continue
 		}
-		if !r.due(fmt.Sprintf("repo/%s/%s", repo.UID, forced.UTC().Format(time.RFC3339)), orDefault(r.DownloadDelay, 50*time.Millisecond)) {
+		if !r.due(fmt.Sprintf("repo/%s/%s", repo.UID, forced.UTC().Format(time.RFC3339)), r.downloadDelay()) {
 			continue
 		}
 		errs = append(errs, retry.RetryOnConflict(retry.DefaultRetry, func() error {
