@@ -328,7 +328,7 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		By("a KubeVirt that never reaches the version: the run gives up naming the CR and what it saw")
 		in := input("up-kv")
 		in.KubeVirtVersion = "v9.9.9"
-		in.Timeout = 15 * time.Second // helm upgrades Rancher in about 2 s first
+		in.Timeout = 40 * time.Second // KubeVirt never reaches the version: the run ends at this bound, well past the sub-steps before on a loaded machine
 		p := newProgress()
 		Expect(clusterupgrade.Run(ctx, env.Client, in, p)).To(MatchError(And(
 			ContainSubstring("WaitKubeVirt"),

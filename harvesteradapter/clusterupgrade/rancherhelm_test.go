@@ -157,7 +157,7 @@ var _ = Describe("Run upgrades Rancher through Helm", func() {
 		settle()
 		in := input("up-helm-missing")
 		in.RancherInstaller = ""
-		in.Timeout = 10 * time.Second
+		in.Timeout = 30 * time.Second // it fails as soon as it reaches UpgradeRancher; the bound is for a loaded machine
 		Expect(clusterupgrade.Run(ctx, env.Client, in, newProgress())).To(MatchError(ContainSubstring("--rancher-installer")))
 		Expect(rancherRelease().Version).To(Equal(1))
 		Expect(rancherImage()).To(Equal("rancher/rancher:" + oldRelease.Rancher))
