@@ -185,16 +185,21 @@ func (u *Updater) evacuationHeld(r *nodeRun, holds []string, evict func(blockedF
 	b := &blockage{of: "the evacuation", what: strings.Join(holds, "; "),
 		evicts:      "the VMs whose live migration failed are stopped (and started again once the node is upgraded), as Harvester's upgrade does,",
 		evicted:     inplacev1.BlockingVMsStoppedReason,
-		cannotEvict: "only a VM whose live migration failed is stopped by it; move, stop or make room for the others",
-		evict:       evict}
-	if evict == nil {
-		b.evict = func(time.Duration, time.Duration) (string, error) { return "", nil }
+		cannotEvict: "only a VM whose live migration failed is stopped by it; move, stop or make room for the others"}
+	acted := false
+	b.evict = func(blockedFor, grace time.Duration) (string, error) {
+		if evict == nil {
+			return "", nil
+		}
+		did, err := evict(blockedFor, grace)
+		acted = did != ""
+		return did, err
 	}
 	policy, err := u.applyBlockPolicy(r, b)
 	if err != nil {
 		return false, "", err
 	}
-	if strings.HasPrefix(policy, "drainPolicy Evict stopped") {
+	if acted {
 		return false, policy, nil
 	}
 	return false, "holding: " + b.what + "; " + policy, nil
