@@ -60,6 +60,24 @@ func blockedUnderEvict(c *vmCluster, node string, grace time.Duration) (*inplace
 	return nu, rec, cond
 }
 
+// blockedUnderSkip starts the NodeUpdate lifecycle on c, gives node's NodeUpdate
+// drainPolicy Skip with grace, and waits until its DrainBlocked condition says the skip
+// is pending.
+func blockedUnderSkip(c *vmCluster, node string, grace time.Duration) *inplacev1.NodeUpdate {
+	GinkgoHelper()
+	startLifecycle(c.harvesterCluster)
+	nu := c.nodeUpdate(node)
+	withDrainPolicy(nu, inplacev1.DrainModeSkip, grace)
+	Eventually(func(g Gomega) string {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+		if cond := drainBlocked(nu); cond != nil {
+			return cond.Reason
+		}
+		return ""
+	}, 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.SkipPendingReason))
+	return nu
+}
+
 // drainEvents are the events the updater recorded so far.
 func drainEvents(rec *events.FakeRecorder) []string {
 	var out []string
@@ -217,19 +235,8 @@ var _ = Describe("drainPolicy Skip under the NodeUpdate lifecycle", func() {
 		c.pdbPod("web", n2, "100Mi")
 		pinnedVM := c.vm("vm-pinned", n2, pinned(n2))
 		witness := watchNodeUpdates(c.ns)
-		startLifecycle(c.harvesterCluster)
-		nu := c.nodeUpdate(n2)
 		const grace = 2 * time.Second
-		withDrainPolicy(nu, inplacev1.DrainModeSkip, grace)
-
-		Eventually(func(g Gomega) string {
-			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
-			cond := drainBlocked(nu)
-			if cond == nil {
-				return ""
-			}
-			return cond.Reason
-		}, 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.SkipPendingReason))
+		nu := blockedUnderSkip(c, n2, grace)
 		blockedAt := time.Now()
 		Expect(drainBlocked(nu).Message).To(And(ContainSubstring("pod "+c.ns+"/web (PodDisruptionBudget web)"), ContainSubstring("drainPolicy Skip")))
 		Expect(unschedulable(n2)).To(BeTrue(), "cordoned while it drains")
@@ -430,18 +437,8 @@ var _ = Describe("A node whose evacuation a VM blocks", func() {
 		a := c.vm("vm-a", n2, nil)
 		c.kubevirt.FailMigrations(c.ns, "vm-a", reason)
 		witness := watchNodeUpdates(c.ns)
-		startLifecycle(c.harvesterCluster)
-		nu := c.nodeUpdate(n2)
 		const grace = 2 * time.Second
-		withDrainPolicy(nu, inplacev1.DrainModeSkip, grace)
-
-		Eventually(func(g Gomega) string {
-			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
-			if cond := drainBlocked(nu); cond != nil {
-				return cond.Reason
-			}
-			return ""
-		}, 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.SkipPendingReason))
+		nu := blockedUnderSkip(c, n2, grace)
 		blockedAt := time.Now()
 		Expect(drainBlocked(nu).Message).To(And(ContainSubstring("the evacuation of node "+n2), ContainSubstring("VM "+a), ContainSubstring(reason), ContainSubstring("drainPolicy Skip")))
 		Expect(nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message).To(HavePrefix("holding: "))
@@ -499,6 +496,31 @@ var _ = Describe("A node whose evacuation a VM blocks", func() {
 			}
 		}
 		Expect(stopped).To(ConsistOf(And(ContainSubstring("stopping VM "+a), ContainSubstring(reason), ContainSubstring("drainPolicy Evict"))), "one stop, naming the failed migration")
+	})
+
+	It("Evict, then an abort: the VM Evict stopped is started again and the node is uncordoned", func() {
+		c := newVMCluster(3, nil)
+		n2 := c.nodes[1]
+		a := c.vm("vm-a", n2, nil)
+		c.kubevirt.FailMigrations(c.ns, "vm-a", reason)
+		nu, _, _ := blockedUnderEvict(c, n2, time.Second)
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			cond := drainBlocked(nu)
+			return cond != nil && cond.Reason == inplacev1.BlockingVMsStoppedReason
+		})).To(Succeed())
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyHalted), "Evict stopped it")
+		Expect(c.getVM("vm-a").Labels).To(HaveKey(kubevirt.LabelStoppedBy), "and recorded the stop")
+		Eventually(c.kubevirt.NodeOf).WithArguments(a).WithTimeout(10*time.Second).Should(BeEmpty(), "KubeVirt stops it")
+		Expect(unschedulable(n2)).To(BeTrue())
+
+		abortUntilDone(c.harvesterCluster, nu)
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "the abort starts it again")
+		Expect(c.getVM("vm-a").Labels).NotTo(HaveKey(kubevirt.LabelStoppedBy), "the record goes with the restore")
+		Eventually(c.kubevirt.NodeOf).WithArguments(a).WithTimeout(10*time.Second).ShouldNot(BeEmpty(), "it runs again")
+		Expect(c.kubevirt.Starts(a)).To(Equal(2), "stopped once, started once again")
+		Expect(unschedulable(n2)).To(BeFalse(), "the aborted node is uncordoned")
+		expectNoPlanOf(nu)
+		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty())
 	})
 
 	It("Evict: holds as Hold where it cannot act (no room on the nodes that stay up), saying so", func() {
