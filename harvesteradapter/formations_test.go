@@ -99,7 +99,7 @@ var _ = Describe("Every Harvester cluster formation", func() {
 			var vmKey string
 			var kv *sim.KubeVirt
 			if single {
-				kv = &sim.KubeVirt{Client: wl.Client, Namespace: c.ns, MigrationDelay: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+				kv = &sim.KubeVirt{Client: wl.Client, Cache: simCache(wl), Namespace: c.ns, MigrationDelay: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
 				Expect(wl.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
 				go kv.Run(ctx)
 				always := kubevirtv1.RunStrategyAlways

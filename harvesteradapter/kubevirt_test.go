@@ -58,7 +58,7 @@ func newVMClusterWith(planByHand bool, nodes int, mutate func(*harvesterv1.Harve
 		}
 	}
 	Expect(workload.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}})).To(Succeed())
-	kv := &sim.KubeVirt{Client: workload.Client, Namespace: c.ns, MigrationDelay: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
+	kv := &sim.KubeVirt{Client: workload.Client, Cache: simCache(workload), Namespace: c.ns, MigrationDelay: 100 * time.Millisecond, Interval: 20 * time.Millisecond}
 	for _, o := range simOptions {
 		o(kv) // before the simulator runs: it reads its settings without a lock
 	}

@@ -122,7 +122,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	go func() { _ = c.suc.Run(runCtx) }()
 	c.repository = &sim.Repository{Client: wl.Client, Cache: wlCache, Namespace: repository.Namespace, Release: release181}
 	c.repository.Start(runCtx)
-	c.longhorn = &sim.Longhorn{Client: wl.Client, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
+	c.longhorn = &sim.Longhorn{Client: wl.Client, Cache: wlCache, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
 
 	c.config = &harvesterv1.HarvesterUpgrader{

@@ -494,11 +494,11 @@ func (s *Scenario) startSimulators(ctx0 context.Context) error {
 		return err
 	}
 	s.Repository = &sim.Repository{Client: wc, Cache: informers, Namespace: repository.Namespace, Release: s.Options.Hop.Metadata, Delay: delay}
-	s.Longhorn = &sim.Longhorn{Client: wc, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
+	s.Longhorn = &sim.Longhorn{Client: wc, Cache: informers, Namespace: longhorn.Namespace, StateDuration: delay, Interval: 50 * time.Millisecond}
 	if s.Options.LonghornV2 {
 		s.Longhorn.SetTargetImage(LonghornIMTargetImage)
 	}
-	s.KubeVirt = &sim.KubeVirt{Client: wc, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
+	s.KubeVirt = &sim.KubeVirt{Client: wc, Cache: informers, Namespace: VMNamespace, MigrationDelay: delay / 2, Interval: 50 * time.Millisecond}
 	s.Repository.Start(ctx)
 	s.Rancher = &sim.Rancher{Client: wc, Cache: informers, ChartDelay: delay, DownloadDelay: delay / 4, RolloutDelay: delay / 2,
 		PlannerOwnsLocalCluster: !s.Options.SUCOwnsRKE2}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -68,6 +69,14 @@ type KubeVirt struct {
 	MigrationDelay time.Duration
 	// Interval is how often the cluster is looked at. Default 50ms.
 	Interval time.Duration
+	// Cache, when set, is an informer cache of the workload cluster that the VM and
+	// migration controllers read from, as virt-controller reads from its informers; each
+	// pass then sees the simulator's own writes (awaitCached), and costs the API server no
+	// list. The workload updater still reads the API server: it creates migrations by
+	// generateName, which a stale list would repeat (virt-controller guards them with its
+	// expectations, which the simulator does not play). Unset, every read goes to the API
+	// server.
+	Cache ctrlcache.Cache
 	// KubeVirtCR, when set, names the KubeVirt install CR (Harvester's is
 	// harvester-system/kubevirt) whose deployed version and workload update strategy the
 	// simulator plays (kubevirt_updater.go). Unset, VMIs carry no launcher image and no
@@ -191,6 +200,23 @@ func (k *KubeVirt) leave(vmi string, at time.Time) {
 	}
 }
 
+// reader is where the VM and migration controllers read: Cache when set, else the API
+// server.
+func (k *KubeVirt) reader() client.Reader {
+	if k.Cache != nil {
+		return k.Cache
+	}
+	return k.Client
+}
+
+// cache is Cache as a reader to wait on, nil when unset.
+func (k *KubeVirt) cache() client.Reader {
+	if k.Cache != nil {
+		return k.Cache
+	}
+	return nil
+}
+
 func (k *KubeVirt) inNamespace() []client.ListOption {
 	if k.Namespace == "" {
 		return nil
@@ -243,15 +269,15 @@ func halted(vm *kubevirtv1.VirtualMachine) bool {
 
 func (k *KubeVirt) syncVMs(ctx context.Context) error {
 	vms := &kubevirtv1.VirtualMachineList{}
-	if err := k.Client.List(ctx, vms, k.inNamespace()...); err != nil {
+	if err := k.reader().List(ctx, vms, k.inNamespace()...); err != nil {
 		return err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := k.Client.List(ctx, vmis, k.inNamespace()...); err != nil {
+	if err := k.reader().List(ctx, vmis, k.inNamespace()...); err != nil {
 		return err
 	}
 	nodes := &corev1.NodeList{}
-	if err := k.Client.List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
+	if err := k.reader().List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
 		return err
 	}
 	byKey := map[string]*kubevirtv1.VirtualMachineInstance{}
@@ -271,6 +297,7 @@ func (k *KubeVirt) syncVMs(ctx context.Context) error {
 			if err := k.Client.Delete(ctx, vmi); err != nil && !apierrors.IsNotFound(err) {
 				return err
 			}
+			awaitGone(ctx, k.cache(), vmi)
 			k.leave(key, time.Now())
 			// The stopped guest's disks detach (longhornusers.go).
 			if err := ReleaseVolumes(ctx, k.Client, func(namespace, _, name, kind string) bool {
@@ -329,6 +356,7 @@ func (k *KubeVirt) startVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 		}
 		return fmt.Errorf("start VMI %s/%s: %w", vm.Namespace, vm.Name, err)
 	}
+	awaitCached(ctx, k.cache(), vmi)
 	if node != "" {
 		k.arrive(vm.Namespace+"/"+vm.Name, node, "started", time.Now())
 	}
@@ -346,6 +374,7 @@ func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}
+	awaitCached(ctx, k.cache(), vmi)
 	k.arrive(vmi.Namespace+"/"+vmi.Name, node, "started", time.Now())
 	return nil
 }
@@ -495,7 +524,7 @@ func canHost(node *corev1.Node, spec *kubevirtv1.VirtualMachineInstanceSpec) boo
 
 func (k *KubeVirt) syncMigrations(ctx context.Context) error {
 	migrations := &kubevirtv1.VirtualMachineInstanceMigrationList{}
-	if err := k.Client.List(ctx, migrations, k.inNamespace()...); err != nil {
+	if err := k.reader().List(ctx, migrations, k.inNamespace()...); err != nil {
 		return err
 	}
 	for i := range migrations.Items {
@@ -516,10 +545,10 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 			m.Labels = map[string]string{}
 		}
 		m.Labels[kubevirtv1.MigrationSelectorLabel] = m.Spec.VMIName
-		return k.Client.Update(ctx, m) // seen again on the next pass
+		return k.write(ctx, m, k.Client.Update(ctx, m)) // seen again on the next pass
 	}
 	vmi := &kubevirtv1.VirtualMachineInstance{}
-	if err := k.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.VMIName}, vmi); err != nil {
+	if err := k.reader().Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.VMIName}, vmi); err != nil {
 		if apierrors.IsNotFound(err) {
 			return k.endMigration(ctx, m, nil, fmt.Sprintf("VMI %s/%s does not exist", m.Namespace, m.Spec.VMIName))
 		}
@@ -534,13 +563,13 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 		m.Status.Phase = kubevirtv1.MigrationPending
 		m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
 			kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationPending, PhaseTransitionTimestamp: metav1.Now()})
-		return k.Client.Status().Update(ctx, m)
+		return k.write(ctx, m, k.Client.Status().Update(ctx, m))
 	}
 	if m.Status.Phase == kubevirtv1.MigrationPending {
 		m.Status.Phase = kubevirtv1.MigrationRunning
 		m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
 			kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationRunning, PhaseTransitionTimestamp: metav1.Now()})
-		return k.Client.Status().Update(ctx, m)
+		return k.write(ctx, m, k.Client.Status().Update(ctx, m))
 	}
 	if time.Since(m.CreationTimestamp.Time) < k.migrationDelay() {
 		return nil
@@ -556,11 +585,11 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 		return k.endMigration(ctx, m, state, reason)
 	}
 	nodes := &corev1.NodeList{}
-	if err := k.Client.List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
+	if err := k.reader().List(ctx, nodes, client.MatchingLabels(k.NodeSelector)); err != nil {
 		return err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := k.Client.List(ctx, vmis, k.inNamespace()...); err != nil {
+	if err := k.reader().List(ctx, vmis, k.inNamespace()...); err != nil {
 		return err
 	}
 	others := map[string]*kubevirtv1.VirtualMachineInstance{}
@@ -585,6 +614,7 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}
+	awaitCached(ctx, k.cache(), vmi)
 	// Its disks' attachment moves with it (longhornusers.go, LH fact 38).
 	if err := MoveVolumeAttachments(ctx, k.Client, vmi.Namespace, vmi.Name, target); err != nil {
 		return err
@@ -595,7 +625,7 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 	m.Status.Phase, m.Status.MigrationState = kubevirtv1.MigrationSucceeded, state
 	m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
 		kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationSucceeded, PhaseTransitionTimestamp: now})
-	return k.Client.Status().Update(ctx, m)
+	return k.write(ctx, m, k.Client.Status().Update(ctx, m))
 }
 
 // endMigration fails a migration with reason, as KubeVirt reports it: phase Failed and
@@ -609,5 +639,14 @@ func (k *KubeVirt) endMigration(ctx context.Context, m *kubevirtv1.VirtualMachin
 	m.Status.Phase, m.Status.MigrationState = kubevirtv1.MigrationFailed, state
 	m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
 		kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationFailed, PhaseTransitionTimestamp: now})
-	return k.Client.Status().Update(ctx, m)
+	return k.write(ctx, m, k.Client.Status().Update(ctx, m))
+}
+
+// write ends a write of obj that returned err: once it succeeded, the cache shows it
+// before the next pass reads.
+func (k *KubeVirt) write(ctx context.Context, obj client.Object, err error) error {
+	if err == nil {
+		awaitCached(ctx, k.cache(), obj)
+	}
+	return err
 }

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
@@ -70,6 +71,15 @@ type Longhorn struct {
 	StateDuration time.Duration
 	// Interval is how often the simulator looks. Default 20ms.
 	Interval time.Duration
+	// Cache, when set, is an informer cache of the workload cluster that released
+	// Longhorn's controllers read the data-engine and image settings and the Kubernetes
+	// Nodes from, as longhorn-manager reads them from its informers (datastore's
+	// listers): others write them, never the simulator (UpgradeLonghorn waits for the
+	// cache to show the image it writes). What the simulator writes itself (instance
+	// managers, engines, replicas, the live-upgrade kinds) and the live upgrade's
+	// setting, which an upgrader turns off to hold the next node, it still reads from the
+	// API server. Unset, every read goes to the API server.
+	Cache ctrlcache.Cache
 
 	mu         sync.Mutex
 	target     string
@@ -150,6 +160,15 @@ func (l *Longhorn) Violations() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.violations)
+}
+
+// others is where the simulator reads what others write: Cache when set, else the API
+// server.
+func (l *Longhorn) others() client.Reader {
+	if l.Cache != nil {
+		return l.Cache
+	}
+	return l.Client
 }
 
 // Run plays Longhorn until ctx ends.

@@ -102,6 +102,17 @@ func (l *Longhorn) UpgradeLonghorn(ctx context.Context, imImage string) error {
 		return fmt.Errorf("set Longhorn's %s to %s: %w", SettingDefaultInstanceManagerImage, imImage, err)
 	}
 	l.SetTargetImage(imImage)
+	// The pass that this wakes reads the setting from the cache: it waits until the cache
+	// has it, or finds nothing to play and looks again only a second later.
+	if l.Cache != nil {
+		deadline := time.Now().Add(cacheCatchUp)
+		for time.Now().Before(deadline) {
+			if v, found, err := l.settingValue(ctx, SettingDefaultInstanceManagerImage); err != nil || (found && v == imImage) {
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
 	l.loop.wake()
 	return nil
 }
@@ -179,7 +190,7 @@ type released struct {
 // settingValue reads a Longhorn setting; found is false when it does not exist.
 func (l *Longhorn) settingValue(ctx context.Context, name string) (value string, found bool, err error) {
 	s := &longhornv1.Setting{}
-	err = l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: name}, s)
+	err = l.others().Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: name}, s)
 	if apierrors.IsNotFound(err) {
 		return "", false, nil
 	}
@@ -272,7 +283,7 @@ func (l *Longhorn) readReleased(ctx context.Context, defaultImage string) (*rele
 	s.nodes, s.ims, s.engines, s.replicas = nodes.Items, ims.Items, engines.Items, replicas.Items
 	for _, n := range s.nodes {
 		kn := &corev1.Node{}
-		err := l.Client.Get(ctx, client.ObjectKey{Name: n.Name}, kn)
+		err := l.others().Get(ctx, client.ObjectKey{Name: n.Name}, kn)
 		switch {
 		case apierrors.IsNotFound(err):
 			// Longhorn's datastore fails the node's sync then; the simulator's fixtures
