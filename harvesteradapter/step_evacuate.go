@@ -229,6 +229,22 @@ func (u *Updater) stopFailedMigrations(ctx context.Context, r *nodeRun, failed [
 		strings.Join(stopped, ", "), r.nu.Spec.NodeName), nil
 }
 
+// completedOnVMI is the migration state of m's VMI when it records m as completed, nil
+// otherwise (or when the VMI cannot be read).
+func completedOnVMI(ctx context.Context, c client.Reader, m *kubevirtv1.VirtualMachineInstanceMigration) *kubevirtv1.VirtualMachineInstanceMigrationState {
+	if m.Status.Phase == kubevirtv1.MigrationFailed {
+		return nil
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.VMIName}, vmi); err != nil {
+		return nil
+	}
+	if s := vmi.Status.MigrationState; s != nil && s.MigrationUID == m.UID && s.Completed && !s.Failed {
+		return s
+	}
+	return nil
+}
+
 // vmisOnNode lists the VMIs KubeVirt labels as running on node (kubevirt.io/nodeName),
 // sorted; served is false on a cluster that does not serve KubeVirt's API.
 func vmisOnNode(ctx context.Context, c client.Reader, node string) (vmis []kubevirtv1.VirtualMachineInstance, served bool, err error) {
@@ -375,13 +391,22 @@ func (u *Updater) migrations(ctx context.Context, r *nodeRun) (map[string]*kubev
 func (u *Updater) evacuationSummary(ctx context.Context, r *nodeRun, ours map[string]*kubevirtv1.VirtualMachineInstanceMigration) string {
 	var migrated []string
 	for _, m := range ours {
-		if m.Status.Phase == kubevirtv1.MigrationSucceeded {
-			target := ""
-			if s := m.Status.MigrationState; s != nil && s.TargetNode != "" {
-				target = " to " + s.TargetNode
+		state := m.Status.MigrationState
+		if m.Status.Phase != kubevirtv1.MigrationSucceeded {
+			// The VMI records its migration's end before the migration does: KubeVirt's
+			// migration controller marks the migration Succeeded once it sees the VMI's
+			// migrationState completed, so a migration whose VMI has already left the node
+			// may still read Running here.
+			state = completedOnVMI(ctx, r.wc, m)
+			if state == nil {
+				continue
 			}
-			migrated = append(migrated, m.Namespace+"/"+m.Spec.VMIName+target)
 		}
+		target := ""
+		if state != nil && state.TargetNode != "" {
+			target = " to " + state.TargetNode
+		}
+		migrated = append(migrated, m.Namespace+"/"+m.Spec.VMIName+target)
 	}
 	sort.Strings(migrated)
 	var stopped []string
