@@ -25,7 +25,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
@@ -163,6 +165,11 @@ func (c *config) knows(name string) bool {
 const demoNamespace = "demo"
 
 func main() {
+	// The simulators' informers log through controller-runtime's logger. The demo prints
+	// its own account of the run, and the manager, a process of its own, keeps its logs:
+	// theirs are dropped, rather than left to controller-runtime's warning, with a stack,
+	// that no logger was set.
+	ctrllog.SetLogger(logr.Discard())
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	cfg.bind(fs)
