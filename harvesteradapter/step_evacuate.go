@@ -396,7 +396,9 @@ func (u *Updater) evacuationSummary(ctx context.Context, r *nodeRun, ours map[st
 			// The VMI records its migration's end before the migration does: KubeVirt's
 			// migration controller marks the migration Succeeded once it sees the VMI's
 			// migrationState completed, so a migration whose VMI has already left the node
-			// may still read Running here.
+			// may still read Running here. Harvester's own migration handler takes the
+			// VMI's record as the end too (pkg/controller/master/migration, OnVmiChanged:
+			// migrationState.migrationUID and completed).
 			state = completedOnVMI(ctx, r.wc, m)
 			if state == nil {
 				continue

@@ -209,14 +209,6 @@ func (k *KubeVirt) reader() client.Reader {
 	return k.Client
 }
 
-// cache is Cache as a reader to wait on, nil when unset.
-func (k *KubeVirt) cache() client.Reader {
-	if k.Cache != nil {
-		return k.Cache
-	}
-	return nil
-}
-
 func (k *KubeVirt) inNamespace() []client.ListOption {
 	if k.Namespace == "" {
 		return nil
@@ -297,7 +289,7 @@ func (k *KubeVirt) syncVMs(ctx context.Context) error {
 			if err := k.Client.Delete(ctx, vmi); err != nil && !apierrors.IsNotFound(err) {
 				return err
 			}
-			awaitGone(ctx, k.cache(), vmi)
+			awaitGone(ctx, k.Cache, vmi)
 			k.leave(key, time.Now())
 			// The stopped guest's disks detach (longhornusers.go).
 			if err := ReleaseVolumes(ctx, k.Client, func(namespace, _, name, kind string) bool {
@@ -356,7 +348,7 @@ func (k *KubeVirt) startVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 		}
 		return fmt.Errorf("start VMI %s/%s: %w", vm.Namespace, vm.Name, err)
 	}
-	awaitCached(ctx, k.cache(), vmi)
+	awaitCached(ctx, k.Cache, vmi)
 	if node != "" {
 		k.arrive(vm.Namespace+"/"+vm.Name, node, "started", time.Now())
 	}
@@ -374,7 +366,7 @@ func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}
-	awaitCached(ctx, k.cache(), vmi)
+	awaitCached(ctx, k.Cache, vmi)
 	k.arrive(vmi.Namespace+"/"+vmi.Name, node, "started", time.Now())
 	return nil
 }
@@ -614,7 +606,7 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}
-	awaitCached(ctx, k.cache(), vmi)
+	awaitCached(ctx, k.Cache, vmi)
 	// Its disks' attachment moves with it (longhornusers.go, LH fact 38).
 	if err := MoveVolumeAttachments(ctx, k.Client, vmi.Namespace, vmi.Name, target); err != nil {
 		return err
@@ -646,7 +638,7 @@ func (k *KubeVirt) endMigration(ctx context.Context, m *kubevirtv1.VirtualMachin
 // before the next pass reads.
 func (k *KubeVirt) write(ctx context.Context, obj client.Object, err error) error {
 	if err == nil {
-		awaitCached(ctx, k.cache(), obj)
+		awaitCached(ctx, k.Cache, obj)
 	}
 	return err
 }
