@@ -64,9 +64,28 @@ KUBEVIRT_STATUS   := virtualmachines virtualmachineinstancemigrations kubevirts
 # module cache without making the module a dependency of the project.
 HELM_CONTROLLER_MODULE := github.com/k3s-io/helm-controller@v0.17.9
 
-# A guard against a hung package, not the time make test takes: the harvesteradapter
-# package alone runs 18 to 23 minutes on a 2-core machine.
-TEST_TIMEOUT ?= 60m
+# Two test targets (docs/testing.md). make test: unit specs and envtest specs of one
+# component at a time; make test-e2e: whole runs (the demo, the end-to-end suites, each
+# Harvester formation upgraded whole, the bench's smoke run, the randomized safety seeds).
+# test/testsuite routes each spec by CAPI_INPLACE_TEST_SCOPE: a Ginkgo spec labelled e2e,
+# a plain test that calls testsuite.WholeRun, a suite run by testsuite.RunWhole is a whole
+# run. The packages below hold nothing but whole runs, so make test does not build them;
+# MIXED_PKGS hold whole runs beside unit specs, so make test-e2e runs them too.
+MODULE        := github.com/capi-inplace/capi-inplace
+E2E_ONLY_PKGS := ./test/e2e ./test/capie2e ./test/demo ./test/bench
+MIXED_PKGS    := ./harvesteradapter ./test/safety
+TEST_PKGS      = $(filter-out $(E2E_ONLY_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
+E2E_PKGS      := $(E2E_ONLY_PKGS) $(MIXED_PKGS)
+# Each Ginkgo suite writes its specs' times here; hack/testsummary prints the slowest specs
+# and every package's time at the end of both targets.
+REPORTS       := $(BIN)/test-reports
+TESTSUMMARY   := $(BIN)/testsummary
+# How many test binaries run at once (go test's -p; its default is the number of cores).
+TEST_PARALLEL ?=
+TEST_P_FLAG    = $(if $(TEST_PARALLEL),-p $(TEST_PARALLEL))
+# A guard against a hung package, not the time a target takes (docs/testing.md has the
+# budgets: make test 15 minutes, make test-e2e 20, on a warm 2-core machine).
+TEST_TIMEOUT ?= 30m
 
 ##@ General
 .PHONY: help
@@ -210,18 +229,30 @@ $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 	mv $@.tmp $@
 
 .PHONY: test
-test: test-binaries $(KUSTOMIZE) ## Run every test on the real test control plane.
-	$(GO) test ./... -timeout $(TEST_TIMEOUT) -count=1
+test: test-binaries $(KUSTOMIZE) $(TESTSUMMARY) ## Unit and envtest specs, one component at a time (about 15 minutes); the slowest specs at the end.
+	@rm -rf $(REPORTS)/unit
+	CAPI_INPLACE_TEST_SCOPE=unit CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/unit \
+		$(GO) test $(TEST_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 | $(TESTSUMMARY) -reports $(REPORTS)/unit
+
+.PHONY: test-e2e
+test-e2e: test-binaries $(KUSTOMIZE) $(TESTSUMMARY) ## Whole runs: demo, e2e, CAPI's controllers, formations, bench smoke, safety seeds (about 20 minutes).
+	@rm -rf $(REPORTS)/e2e
+	CAPI_INPLACE_TEST_SCOPE=e2e CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/e2e \
+		$(GO) test $(E2E_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 | $(TESTSUMMARY) -reports $(REPORTS)/e2e
+
+$(TESTSUMMARY): hack/testsummary/main.go
+	@mkdir -p $(BIN)
+	$(GO) build -o $@ ./hack/testsummary
 
 # The bench's own flags go in ARGS, e.g. make bench ARGS="--sections hooks --hook-duration 10s";
-# ARGS=-help lists them. make test runs only a smoke run of it (test/bench TestSmoke).
+# ARGS=-help lists them. make test-e2e runs only a smoke run of it (test/bench TestSmoke).
 .PHONY: bench
 bench: test-binaries ## Measure the hook server, orchestration, API writes per node and manager memory; print the figures and write docs/benchmarks.md.
 	@echo "Building the bench into bin/capi-inplace-bench..."
 	@$(GO) build -o $(BIN)/capi-inplace-bench ./test/bench
 	$(BIN)/capi-inplace-bench --out docs/benchmarks.md $(ARGS)
 
-# The randomized safety test (test/safety): make test runs its fixed seeds; make soak runs
+# The randomized safety test (test/safety): make test-e2e runs its fixed seeds; make soak runs
 # SEEDS seeds (from SEED_BASE), printing a line per seed and a summary. A violation prints
 # the seed, SAFETY_SEED=<seed> replays it.
 SEEDS     ?= 100

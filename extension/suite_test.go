@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -20,7 +21,7 @@ var (
 
 func TestExtension(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Hook handlers on a real API server")
+	testsuite.Run(t, "Hook handlers on a real API server")
 }
 
 var _ = BeforeSuite(func() {

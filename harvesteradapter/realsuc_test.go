@@ -31,6 +31,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/test/procguard"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -71,6 +72,7 @@ func TestRealSUC(t *testing.T) {
 	cmd.Env = append(os.Environ(), "SYSTEM_UPGRADE_CONTROLLER_NAMESPACE="+sides[0].namespace,
 		"SYSTEM_UPGRADE_CONTROLLER_NAME=system-upgrade-controller", "SYSTEM_UPGRADE_CONTROLLER_NODE_NAME="+sides[0].node)
 	cmd.Stdout, cmd.Stderr = log, log
+	procguard.Guard(cmd) // SUC ends with this test binary, even a killed one
 	require(t, cmd.Start())
 	defer func() { _ = cmd.Process.Kill() }()
 	// The simulator's Jobs never run on their own here: the test finishes them.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // Two real API servers: env is the management cluster (HarvesterUpgraders, NodeUpdates,
@@ -29,7 +30,7 @@ var (
 
 func TestHarvesterAdapter(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Harvester updater on a real API server with simulated SUC, kubelets, Longhorn and repository")
+	testsuite.Run(t, "Harvester updater on a real API server with simulated SUC, kubelets, Longhorn and repository")
 }
 
 var _ = BeforeSuite(func() {

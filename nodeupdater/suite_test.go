@@ -33,6 +33,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -44,7 +45,7 @@ var (
 
 func TestNodeUpdater(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "NodeUpdate reconciler on a real API server")
+	testsuite.Run(t, "NodeUpdate reconciler on a real API server")
 }
 
 var _ = BeforeSuite(func() {

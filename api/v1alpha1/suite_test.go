@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -19,7 +20,7 @@ var (
 
 func TestAPI(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "API validation on a real API server")
+	testsuite.Run(t, "API validation on a real API server")
 }
 
 var _ = BeforeSuite(func() {

@@ -14,6 +14,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -24,7 +25,7 @@ var (
 
 func TestCascade(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Annotation cascade on a real API server")
+	testsuite.Run(t, "Annotation cascade on a real API server")
 }
 
 var _ = BeforeSuite(func() {

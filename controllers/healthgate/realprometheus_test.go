@@ -45,6 +45,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/healthgate"
+	"github.com/capi-inplace/capi-inplace/test/procguard"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -98,6 +99,7 @@ func TestRealPrometheus(t *testing.T) {
 		"--web.listen-address="+strings.TrimPrefix(address, "https://"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	procguard.Guard(cmd) // Prometheus ends with this test binary, even a killed one
 	require(t, cmd.Start())
 	defer func() {
 		_ = cmd.Process.Signal(os.Interrupt)

@@ -26,6 +26,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -36,7 +37,7 @@ var (
 
 func TestPreview(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "UpgradePreview controller on a real API server")
+	testsuite.Run(t, "UpgradePreview controller on a real API server")
 }
 
 var _ = BeforeSuite(func() {

@@ -28,6 +28,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -38,7 +39,7 @@ var (
 
 func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "UpgradeTask controller on a real API server")
+	testsuite.Run(t, "UpgradeTask controller on a real API server")
 }
 
 var _ = BeforeSuite(func() {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -29,7 +30,7 @@ var (
 
 func TestClusterUpgrade(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Harvester cluster upgrade on a real API server")
+	testsuite.Run(t, "Harvester cluster upgrade on a real API server")
 }
 
 var _ = BeforeSuite(func() {

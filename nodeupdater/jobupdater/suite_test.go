@@ -22,6 +22,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
 
@@ -35,7 +36,7 @@ var (
 
 func TestJobUpdater(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "JobUpdater on a real API server")
+	testsuite.Run(t, "JobUpdater on a real API server")
 }
 
 var _ = BeforeSuite(func() {

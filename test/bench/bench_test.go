@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // TestSmoke runs every section of `make bench` at tiny sizes, so that the harness does
@@ -17,6 +18,7 @@ import (
 // it says it measured, not how fast anything was (figures come from `make bench`, never
 // from timing assertions).
 func TestSmoke(t *testing.T) {
+	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts two test API servers, builds and runs the manager")
 	}

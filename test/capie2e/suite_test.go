@@ -23,6 +23,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/manager"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -48,7 +49,7 @@ const updaterSetting = "ExternalUpgrader/default"
 
 func TestCAPIE2E(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "capi-inplace on Cluster API's own controllers")
+	testsuite.RunWhole(t, "capi-inplace on Cluster API's own controllers")
 }
 
 var _ = BeforeSuite(func() {

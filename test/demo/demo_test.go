@@ -12,6 +12,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/scenario"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // TestDemoViaHook runs the demo's whole flow, as `make demo ARGS=--via=hook` does, on a
@@ -19,6 +20,7 @@ import (
 // that it did what it printed: every node upgraded exactly once, never more nodes down
 // than allowed.
 func TestDemoViaHook(t *testing.T) {
+	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts two API servers and the manager")
 	}
@@ -175,6 +177,7 @@ func TestConfigRefusesUnknownNodes(t *testing.T) {
 // kept and updated in place, as the demo printed. One set of Cluster API's controllers
 // runs per machine (CAPD's fixed ports): this waits for another (test/capie2e) to end.
 func TestDemoViaCAPI(t *testing.T) {
+	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts an API server, Cluster API's controllers and the manager")
 	}
@@ -265,6 +268,7 @@ func TestResolveFail(t *testing.T) {
 // first worker is upgraded, the workers' task pauses after it and starts no other node
 // while the gate is red, and resumes by itself once it is green; every node is upgraded.
 func TestDemoGateRedAt(t *testing.T) {
+	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts two API servers and the manager")
 	}
@@ -302,6 +306,7 @@ func TestDemoGateRedAt(t *testing.T) {
 // Plan gives it, the release's upgrade image it ran in with its libraries bound for the
 // release's elemental, and exactly one reboot after them.
 func TestDemoFromV16(t *testing.T) {
+	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts two API servers and the manager")
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/test/manager"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // The end-to-end suite runs the manager binary as a separate process against a real
@@ -26,7 +27,7 @@ var (
 
 func TestE2E(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "capi-inplace end to end")
+	testsuite.RunWhole(t, "capi-inplace end to end")
 }
 
 var _ = BeforeSuite(func() {

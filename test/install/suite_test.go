@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -20,7 +21,7 @@ var (
 
 func TestInstall(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Install manifests, clusterctl, image and Tilt")
+	testsuite.Run(t, "Install manifests, clusterctl, image and Tilt")
 }
 
 var _ = BeforeSuite(func() {

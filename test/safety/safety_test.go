@@ -14,6 +14,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // defaultSeeds are the seeds `make test` runs: a fixed set, so that a run of the suite is
@@ -54,6 +55,7 @@ func seeds(t *testing.T) []int64 {
 // server, each in its own namespace, and fails with the seed and the history of any
 // violation or of a seed that did not settle.
 func TestSafety(t *testing.T) {
+	testsuite.WholeRun(t)
 	if os.Getenv("SAFETY_LOG") == "" {
 		logf.SetLogger(logr.Discard())
 	}
@@ -155,6 +157,7 @@ func broken(events ...Event) []int {
 }
 
 func TestCheckerInvariants(t *testing.T) {
+	testsuite.Unit(t)
 	const v34, v35 = "v1.34.1+rke2r1", "v1.35.0+rke2r1"
 	cases := []struct {
 		name   string
@@ -324,6 +327,7 @@ func TestCheckerInvariants(t *testing.T) {
 // that is left, and only onto a node Longhorn may schedule on (seed 197 of the soak had
 // a single-replica volume "rebuilt" onto a node the updater was about to take down).
 func TestVolumesRebuildAsLonghorn(t *testing.T) {
+	testsuite.Unit(t)
 	h := &History{}
 	v := &Volumes{replicas: map[string]map[string]bool{
 		"single": {"a1": true},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 var (
@@ -25,7 +26,7 @@ var (
 
 func TestSimulators(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Simulators on a real API server")
+	testsuite.Run(t, "Simulators on a real API server")
 }
 
 var _ = BeforeSuite(func() {

@@ -1,0 +1,249 @@
+// Command testsummary reads `go test -json` on its standard input, prints the tests' output
+// as go test would, and ends with what the run cost: the slowest specs (Ginkgo specs from
+// the suites' JSON reports, and plain tests) and every package's time, so that whoever adds
+// a spec sees what it costs. make test and make test-e2e pipe into it (docs/testing.md).
+//
+//	go test ./... -json | go run ./hack/testsummary -reports bin/test-reports/unit
+//
+// It exits non-zero when a package or a test failed, or when the input holds no result.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+// ginkgoReport is the part of a Ginkgo JSON report (types.Report) the summary reads.
+type ginkgoReport struct {
+	SuitePath   string
+	SpecReports []struct {
+		ContainerHierarchyTexts []string
+		LeafNodeType            string
+		LeafNodeText            string
+		LeafNodeLocation        struct {
+			FileName   string
+			LineNumber int
+		}
+		State   string
+		RunTime time.Duration
+	}
+}
+
+// timed is a spec or a test and what it cost.
+type timed struct {
+	pkg, name, where string
+	seconds          float64
+}
+
+type pkgResult struct {
+	name    string
+	action  string
+	seconds float64
+}
+
+func main() {
+	reports := flag.String("reports", "", "directory of the Ginkgo suites' JSON reports (test/testsuite's CAPI_INPLACE_SPEC_REPORTS)")
+	module := flag.String("module", "github.com/capi-inplace/capi-inplace", "the module whose package paths the report names are relative to")
+	top := flag.Int("top", 15, "how many of the slowest specs to list")
+	flag.Parse()
+	os.Exit(run(os.Stdin, os.Stdout, *reports, *module, *top))
+}
+
+func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
+	start := time.Now()
+	var (
+		pkgs     = map[string]*pkgResult{}
+		tests    []timed
+		failed   []string
+		sawInput bool
+	)
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var e event
+		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
+			// Not an event (go vet's or the build's own words): passed on as it is.
+			fmt.Fprintln(out, string(line))
+			continue
+		}
+		sawInput = true
+		if e.Output != "" {
+			fmt.Fprint(out, e.Output)
+		}
+		switch e.Action {
+		case "pass", "fail", "skip":
+		default:
+			continue
+		}
+		if e.Test == "" {
+			pkgs[e.Package] = &pkgResult{name: e.Package, action: e.Action, seconds: e.Elapsed}
+			if e.Action == "fail" {
+				failed = append(failed, e.Package)
+			}
+			continue
+		}
+		if strings.Contains(e.Test, "/") {
+			continue // a subtest: its parent's time holds it
+		}
+		if e.Action == "fail" {
+			failed = append(failed, e.Package+"."+e.Test)
+		}
+		tests = append(tests, timed{pkg: e.Package, name: e.Test, where: e.Action, seconds: e.Elapsed})
+	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintf(out, "testsummary: reading go test's output: %v\n", err)
+		return 1
+	}
+
+	specs, suites, err := readReports(reportDir, module)
+	if err != nil {
+		fmt.Fprintf(out, "testsummary: %v\n", err)
+	}
+	passed, failedN, skipped := 0, 0, 0
+	var all []timed
+	for _, t := range tests {
+		if suites[t.pkg+"\x00"+t.name] {
+			continue // the test that ran a Ginkgo suite: its specs are counted instead
+		}
+		switch t.where {
+		case "pass":
+			passed++
+		case "fail":
+			failedN++
+		case "skip":
+			skipped++
+			continue
+		}
+		all = append(all, timed{pkg: t.pkg, name: t.name, seconds: t.seconds})
+	}
+	for _, s := range specs {
+		switch s.where {
+		case "passed":
+			passed++
+		case "skipped", "pending":
+			skipped++
+			continue
+		default:
+			failedN++
+		}
+		all = append(all, s)
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].seconds > all[j].seconds })
+
+	fmt.Fprintf(out, "\n== The %d slowest specs and tests\n", min(top, len(all)))
+	for _, t := range all[:min(top, len(all))] {
+		fmt.Fprintf(out, "%8.1fs  %s  %s\n", t.seconds, short(t.pkg, module), t.name)
+	}
+	list := make([]*pkgResult, 0, len(pkgs))
+	var sum float64
+	for _, p := range pkgs {
+		list = append(list, p)
+		sum += p.seconds
+	}
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].seconds != list[j].seconds {
+			return list[i].seconds > list[j].seconds
+		}
+		return list[i].name < list[j].name
+	})
+	fmt.Fprintf(out, "\n== Packages, slowest first (each test binary's own run; they run side by side)\n")
+	for _, p := range list {
+		if p.action == "skip" {
+			continue // no test files
+		}
+		fmt.Fprintf(out, "%8.1fs  %-4s  %s\n", p.seconds, p.action, short(p.name, module))
+	}
+	fmt.Fprintf(out, "%8.1fs  in all, over %s of wall time since the first output\n", sum, time.Since(start).Round(time.Second))
+	if len(failed) > 0 {
+		fmt.Fprintf(out, "\n== Failed\n")
+		for _, f := range failed {
+			fmt.Fprintf(out, "  %s\n", short(f, module))
+		}
+	}
+	fmt.Fprintf(out, "\ntests: %d passed, %d failed, %d skipped\n", passed, failedN, skipped)
+	switch {
+	case !sawInput:
+		fmt.Fprintln(out, "testsummary: no go test result on the input")
+		return 1
+	case len(failed) > 0 || failedN > 0:
+		return 1
+	}
+	return 0
+}
+
+// readReports reads every Ginkgo JSON report of dir: the specs that ran, and the set of
+// "<package>\x00<test>" that ran a suite (from the file names test/testsuite gives them).
+func readReports(dir, module string) ([]timed, map[string]bool, error) {
+	suites := map[string]bool{}
+	if dir == "" {
+		return nil, suites, nil
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, suites, err
+	}
+	var specs []timed
+	for _, f := range files {
+		base := strings.TrimSuffix(filepath.Base(f), ".json")
+		rel, test, ok := strings.Cut(base, "__")
+		if !ok {
+			continue
+		}
+		pkg := module
+		if rel != "root" {
+			pkg = module + "/" + strings.ReplaceAll(rel, "_", "/")
+		}
+		suites[pkg+"\x00"+test] = true
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return specs, suites, err
+		}
+		var reports []ginkgoReport
+		if err := json.Unmarshal(data, &reports); err != nil {
+			return specs, suites, fmt.Errorf("read the Ginkgo report %s: %w", f, err)
+		}
+		for _, r := range reports {
+			for _, s := range r.SpecReports {
+				name := strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")
+				if s.LeafNodeType != "It" {
+					name = strings.TrimSpace("[" + s.LeafNodeType + "] " + name)
+				}
+				loc := fmt.Sprintf(" (%s:%d)", filepath.Base(s.LeafNodeLocation.FileName), s.LeafNodeLocation.LineNumber)
+				specs = append(specs, timed{pkg: pkg, name: clip(name, 110) + loc, where: s.State, seconds: s.RunTime.Seconds()})
+			}
+		}
+	}
+	return specs, suites, nil
+}
+
+func short(pkg, module string) string {
+	if pkg == module {
+		return "."
+	}
+	return strings.TrimPrefix(pkg, module+"/")
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
