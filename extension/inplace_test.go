@@ -624,7 +624,7 @@ var _ = Describe("UpdateMachine", func() {
 			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 			Expect(resp.RetryAfterSeconds).To(BeNumerically(">", 0), resp.Message)
 		}
-		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
+		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }).WithPolling(100 * time.Millisecond).Should(Equal(1))
 		for range 20 {
 			Expect(call(req).Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
 		}
@@ -665,12 +665,12 @@ var _ = Describe("UpdateMachine", func() {
 			got := &clusterv1.Machine{}
 			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(m), got)).To(Succeed())
 			return got.Annotations
-		}, 20*time.Second, 100*time.Millisecond).Should(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, toVersion))
+		}).WithPolling(100 * time.Millisecond).Should(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, toVersion))
 
 		By("the next machine Cluster API hands over joins the same task")
 		m2 := setDesiredVersion(w.workers[2], toVersion)
 		Expect(call(updateMachineRequest(m2, nil)).RetryAfterSeconds).To(BeNumerically(">", 0))
-		Eventually(func() int { return len(w.nodeUpdatesOf(m2.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
+		Eventually(func() int { return len(w.nodeUpdatesOf(m2.Name)) }).WithPolling(100 * time.Millisecond).Should(Equal(1))
 		Expect(w.tasks()).To(HaveLen(1))
 		Expect(w.tasks()[0].Spec.Machines).To(Equal([]string{m.Name, m2.Name}))
 	})
@@ -679,7 +679,7 @@ var _ = Describe("UpdateMachine", func() {
 		m := setDesiredVersion(w.cps[0], toVersion)
 		req := updateMachineRequest(m, nil)
 		Expect(call(req).Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
-		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
+		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }).WithPolling(100 * time.Millisecond).Should(Equal(1))
 		Expect(w.tasks()[0].Spec.ControlPlaneRef).NotTo(BeNil())
 		Expect(w.tasks()[0].Spec.MaxUnavailable).To(Equal(ptr.To(intstr.FromInt32(1))), "a control plane goes one node at a time")
 		w.setNodeUpdateStatus(m.Name, running("KubernetesUpgrade"))
@@ -703,7 +703,7 @@ var _ = Describe("UpdateMachine", func() {
 		m := setDesiredVersion(w.cps[0], toVersion)
 		req := updateMachineRequest(m, nil)
 		Expect(call(req).Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
-		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
+		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }).WithPolling(100 * time.Millisecond).Should(Equal(1))
 		w.setNodeUpdateStatus(m.Name, running("KubernetesUpgrade"))
 		const blocked = "drainPolicy Skip: the drain of node cp-1 was blocked for more than 10m0s by pod default/web (PodDisruptionBudget web); the node is put back"
 		w.setNodeUpdateStatus(m.Name, func(s *inplacev1.NodeUpdateStatus) {
@@ -732,11 +732,11 @@ var _ = Describe("UpdateMachine", func() {
 			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess))
 			Expect(resp.RetryAfterSeconds).To(Equal(int32(10)))
 			return resp.Message
-		}, 20*time.Second, 200*time.Millisecond).Should(And(HavePrefix("waiting in UpgradeTask "), ContainSubstring("node "+node+" is not Ready")))
+		}).WithPolling(200 * time.Millisecond).Should(And(HavePrefix("waiting in UpgradeTask "), ContainSubstring("node "+node+" is not Ready")))
 		Consistently(func() int { return len(w.nodeUpdatesOf(m.Name)) }, time.Second, 100*time.Millisecond).Should(BeZero())
 
 		Expect(fixtures.SetNodeReady(ctx, k8s, node, true)).To(Succeed())
-		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }, 20*time.Second, 100*time.Millisecond).Should(Equal(1))
+		Eventually(func() int { return len(w.nodeUpdatesOf(m.Name)) }).WithPolling(100 * time.Millisecond).Should(Equal(1))
 		resp := call(req)
 		Expect(resp.RetryAfterSeconds).To(Equal(int32(15)))
 		Expect(resp.Message).To(ContainSubstring("is starting"))

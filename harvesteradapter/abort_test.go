@@ -26,7 +26,7 @@ func abortUntilDone(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 		done, err := c.updater.Abort(ctx, nu)
 		Expect(err).NotTo(HaveOccurred())
 		return done
-	}, 20*time.Second, 50*time.Millisecond).Should(BeTrue())
+	}).WithPolling(50 * time.Millisecond).Should(BeTrue())
 }
 
 // expectNoPlanOf asserts that no Plan of the NodeUpdate is left, by its label or by the

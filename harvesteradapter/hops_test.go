@@ -107,7 +107,7 @@ var _ = Describe("An UpgradePlan for a hop capi-inplace does not support", func(
 			Eventually(func(g Gomega) {
 				g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), c.plan)).To(Succeed())
 				g.Expect(c.plan.Status.Phase).To(Equal(harvesterv1.UpgradePlanFailed), "message: %s", c.plan.Status.Message)
-			}, 15*time.Second).Should(Succeed())
+			}).Should(Succeed())
 			Expect(c.plan.Status.Message).To(HavePrefix("UnsupportedHop: "))
 			for _, w := range append(want, fmt.Sprintf("Harvester %s -> %s", running, release)) {
 				Expect(c.plan.Status.Message).To(ContainSubstring(w))

@@ -287,11 +287,11 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 			done, err := c.updater.Abort(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
 			return done
-		}, 10*time.Second, 50*time.Millisecond).Should(BeTrue())
+		}).WithPolling(50 * time.Millisecond).Should(BeTrue())
 		Eventually(func() []kubevirtv1.VirtualMachineInstanceMigration {
 			Expect(workload.Client.List(ctx, migrations, client.InNamespace(c.ns))).To(Succeed())
 			return migrations.Items
-		}, 5*time.Second).Should(BeEmpty(), "the migration under way is deleted (KubeVirt aborts it)")
+		}).Should(BeEmpty(), "the migration under way is deleted (KubeVirt aborts it)")
 		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyAlways))
 		Expect(unschedulable(node)).To(BeFalse())
 		Eventually(c.kubevirt.NodeOf).WithArguments(p).WithTimeout(5 * time.Second).Should(Equal(node))

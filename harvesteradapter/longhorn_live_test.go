@@ -157,7 +157,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 		It("pauses Longhorn's roll, holds while it upgrades another node, goes on when that ends, and gives the setting back at Finish", func() {
 			c := rolling(3)
 			c.longhorn.HoldNode(c.nodes[0]) // until the NodeUpdate has been seen holding
-			Eventually(c.longhorn.Upgrades, 10*time.Second, 20*time.Millisecond).ShouldNot(BeEmpty())
+			Eventually(c.longhorn.Upgrades).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
 			first := c.longhorn.Upgrades()[0]
 			Expect(first.Node).To(Equal(c.nodes[0]), "Longhorn starts the smallest node name")
 			Expect(first.IMU).To(HavePrefix("upgrade-" + c.nodes[0] + "-"))
@@ -197,7 +197,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 			Expect(s.Value).To(Equal("true"), "Finish gives the setting back")
 			Expect(s.Annotations).NotTo(HaveKey(longhorn.AnnotationV2UpgradePausedBy))
 			Expect(s.Annotations).NotTo(HaveKey(longhorn.AnnotationV2UpgradePausedValue))
-			Eventually(c.longhorn.Upgraded, 20*time.Second, 50*time.Millisecond).Should(ConsistOf(c.nodes), "Longhorn's roll goes on once released")
+			Eventually(c.longhorn.Upgraded).WithPolling(50*time.Millisecond).Should(ConsistOf(c.nodes), "Longhorn's roll goes on once released")
 			Expect(c.longhorn.Violations()).To(BeEmpty(), "no node was cordoned or NotReady while an upgrade was active")
 		})
 
@@ -230,7 +230,7 @@ var _ = Describe("Longhorn v2 and Longhorn's live upgrade of v2 instance manager
 				done, err := c.updater.Abort(ctx, aborted)
 				Expect(err).NotTo(HaveOccurred())
 				return done
-			}, 20*time.Second, 100*time.Millisecond).Should(BeTrue())
+			}).WithPolling(100 * time.Millisecond).Should(BeTrue())
 			Expect(setting().Value).To(Equal("true"), "an aborted node does not leave Longhorn paused")
 			Expect(pausers()).To(BeEmpty())
 		})

@@ -137,7 +137,7 @@ var _ = Describe("One upgrader at a time", func() {
 			g.Expect(check.Result).To(Equal(harvesterv1.CheckFailed))
 			g.Expect(check.Message).To(And(ContainSubstring("upgrade-toolkit's UpgradePlan hvst-upgrade-toolkit to v1.8.1 (ClusterUpgrading)"),
 				ContainSubstring("Harvester's Upgrade harvester-system/hvst-upgrade-core to v1.8.1 (not started)")))
-		}, 20*time.Second, 50*time.Millisecond).Should(Succeed())
+		}).WithPolling(50 * time.Millisecond).Should(Succeed())
 
 		By("no node passes the preflight either")
 		checks := c.updater.Preflight(ctx, nodeupdater.PreflightTarget{Namespace: c.ns, ClusterName: c.name, MachineName: "m-" + c.nodes[0], NodeName: c.nodes[0],
@@ -156,7 +156,7 @@ var _ = Describe("One upgrader at a time", func() {
 				return wl.Client.Create(ctx, &harvesterapi.Upgrade{ObjectMeta: metav1.ObjectMeta{GenerateName: "hvst-upgrade-", Namespace: harvesterapi.UpgradeNamespace}, Spec: harvesterapi.UpgradeSpec{Version: "v1.8.1"}})
 			},
 		} {
-			Eventually(create, 10*time.Second, 100*time.Millisecond).Should(MatchError(And(
+			Eventually(create).WithPolling(100 * time.Millisecond).Should(MatchError(And(
 				ContainSubstring(fmt.Sprintf("UpgradePlan %s/%s is upgrading this cluster", c.ns, c.plan.Name)), ContainSubstring("one upgrader at a time"))))
 		}
 
@@ -181,7 +181,7 @@ var _ = Describe("One upgrader at a time", func() {
 		Eventually(func() error {
 			_, err := toolkitPlan(wl, "hvst-upgrade-after", "")
 			return err
-		}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+		}).WithPolling(100 * time.Millisecond).Should(Succeed())
 	})
 
 	It("does not cordon a node while another upgrade runs, even when the plan's own check was skipped", func() {

@@ -79,7 +79,7 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 			nu := c.nodeUpdate(node)
 			plan := harvesteradapter.PlanForNode(c.updater, c.config, nu, kind, c.repository.URL())
 			Expect(workload.Client.Create(ctx, plan)).To(Succeed())
-			Eventually(planOutcome(c, plan, node), 15*time.Second, 50*time.Millisecond).Should(Equal("done"))
+			Eventually(planOutcome(c, plan, node)).WithPolling(50 * time.Millisecond).Should(Equal("done"))
 			job := jobOf(plan, node)
 			Expect(job.Spec.ActiveDeadlineSeconds).To(HaveValue(Equal(int64(deadline.Seconds()))), "jobActiveDeadlineSecs from the step's timeout, not SUC's 600 s")
 			ran := map[string]string{}
@@ -124,11 +124,11 @@ var _ = Describe("Each Plan the updater writes, run as SUC runs it", func() {
 		nu := c.nodeUpdate(node)
 		plan := harvesteradapter.PlanForNode(c.updater, c.config, nu, "preload", c.repository.URL())
 		Expect(workload.Client.Create(ctx, plan)).To(Succeed())
-		Eventually(func() []sim.PlanRun { return runsOn(c.rec, node) }, 10*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+		Eventually(func() []sim.PlanRun { return runsOn(c.rec, node) }).WithPolling(50 * time.Millisecond).ShouldNot(BeEmpty())
 		clk.Step(11 * time.Minute)
 		Consistently(planOutcome(c, plan, node), time.Second, 50*time.Millisecond).Should(Equal("running"))
 		clk.Step(5 * time.Minute)
-		Eventually(planOutcome(c, plan, node), 10*time.Second, 50*time.Millisecond).Should(Equal("done"))
+		Eventually(planOutcome(c, plan, node)).WithPolling(50 * time.Millisecond).Should(Equal("done"))
 	})
 })
 

@@ -445,7 +445,7 @@ var _ = Describe("Aborting a node's upgrade", func() {
 			done, err := c.updater.Abort(ctx, nu)
 			Expect(err).NotTo(HaveOccurred())
 			return done
-		}, 20*time.Second, 100*time.Millisecond).Should(BeTrue())
+		}).WithPolling(100 * time.Millisecond).Should(BeTrue())
 		Expect(ourPlans(c)).To(BeEmpty())
 		n := &corev1.Node{}
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())

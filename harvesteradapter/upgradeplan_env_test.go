@@ -53,7 +53,7 @@ var _ = Describe("The UpgradePlan controller's wake", func() {
 			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
 			return string(plan.Status.Phase) + ": " + plan.Status.Message
 		}
-		Eventually(held, 10*time.Second).Should(HavePrefix("Initializing: node " + c.nodes[0] + ": the node's OS image \"SLES 15 SP6\" is not a Harvester OS image"))
+		Eventually(held).Should(HavePrefix("Initializing: node " + c.nodes[0] + ": the node's OS image \"SLES 15 SP6\" is not a Harvester OS image"))
 		// The reconciles the plan's own status writes start are over: nothing looks at it
 		// before its poll, an hour away.
 		settled := held(Default)
@@ -69,6 +69,6 @@ var _ = Describe("The UpgradePlan controller's wake", func() {
 			"the plan is looked at before its poll for a change of another cluster's node")
 
 		c.plans.Wake(cluster, c.nodes[1])
-		Eventually(held, 5*time.Second).ShouldNot(HavePrefix("Initializing"))
+		Eventually(held).ShouldNot(HavePrefix("Initializing"))
 	})
 })

@@ -437,7 +437,7 @@ func requestAbortFor(nu *inplacev1.NodeUpdate, reason string) {
 		got.Spec.Phase = inplacev1.TaskActionAbort
 		got.Spec.AbortReason = reason
 		return k8s.Update(ctx, got)
-	}, 10*time.Second).Should(Succeed())
+	}).Should(Succeed())
 }
 
 // poke changes an annotation of the NodeUpdate, which makes the reconciler look at it now.
@@ -453,7 +453,7 @@ func poke(nu *inplacev1.NodeUpdate) {
 		}
 		got.Annotations["test.inplace.cluster.x-k8s.io/poke"] = fmt.Sprint(seq.Add(1))
 		return k8s.Update(ctx, got)
-	}, 10*time.Second).Should(Succeed())
+	}).Should(Succeed())
 }
 
 // nodeUpdateGets is a reader that counts its Gets of NodeUpdates.

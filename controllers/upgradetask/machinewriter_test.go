@@ -313,7 +313,7 @@ var _ = Describe("machine writer", func() {
 		}()
 		DeferCleanup(func() {
 			cancel()
-			Eventually(done, 10*time.Second).Should(BeClosed(), "Start must return once its context is cancelled")
+			Eventually(done).Should(BeClosed(), "Start must return once its context is cancelled")
 		})
 		return cancel, done
 	}
@@ -341,7 +341,7 @@ var _ = Describe("machine writer", func() {
 		}
 		last = stored(w.machines[n].Name)
 		mw.submit(task, membersOf(busy...), waiting("busy"))
-		Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed(), "every turn is taken by a held write")
+		Eventually(patches.firstHeld).Should(BeClosed(), "every turn is taken by a held write")
 		return busy, last, release
 	}
 
@@ -378,21 +378,21 @@ var _ = Describe("machine writer", func() {
 			mw.submit(task, membersOf(read...), perMachine)
 			// submit returned, and a patch it handed over is held at the client: it did
 			// not wait for the writes.
-			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed(), "the writes begin once handed over")
+			Eventually(patches.firstHeld).Should(BeClosed(), "the writes begin once handed over")
 			held := patches.held()
 			Expect(storedClaim(held)()).To(BeEmpty(), "the held write has not reached the API server")
 			Expect(claims.all()).To(BeEmpty(), "the batch's claims are reported once all its writes ended")
 
 			release()
 			for _, name := range names {
-				Eventually(storedClaim(name), 10*time.Second, 20*time.Millisecond).Should(Equal(claimValue), "machine %s is claimed", name)
-				Eventually(storedMessage(name), 10*time.Second, 20*time.Millisecond).Should(Equal("queued: "+name), "machine %s has its own condition", name)
+				Eventually(storedClaim(name)).WithPolling(20*time.Millisecond).Should(Equal(claimValue), "machine %s is claimed", name)
+				Eventually(storedMessage(name)).WithPolling(20*time.Millisecond).Should(Equal("queued: "+name), "machine %s has its own condition", name)
 				c := meta.FindStatusCondition(stored(name).Status.Conditions, inplacev1.InPlaceUpgradeUpToDateCondition)
 				Expect(c.Status).To(Equal(metav1.ConditionFalse))
 				Expect(c.Reason).To(Equal(inplacev1.WaitingReason))
 			}
 
-			Eventually(claims.all, 10*time.Second, 10*time.Millisecond).Should(HaveLen(1))
+			Eventually(claims.all).WithPolling(10 * time.Millisecond).Should(HaveLen(1))
 			Consistently(claims.all, 300*time.Millisecond, 50*time.Millisecond).Should(HaveLen(1), "one call for the hand-over")
 			call := claims.all()[0]
 			Expect(call.task).To(Equal(key))
@@ -455,7 +455,7 @@ var _ = Describe("machine writer", func() {
 				}
 				return want(mem)
 			})
-			Eventually(storedMessage(read[1].Name), 10*time.Second, 20*time.Millisecond).Should(Equal("changed"))
+			Eventually(storedMessage(read[1].Name)).WithPolling(20 * time.Millisecond).Should(Equal("changed"))
 			settled(read...)
 			Expect(patches.patches()).To(HaveLen(1))
 			Expect(patches.patches()[0].machine).To(Equal(read[1].Name))
@@ -473,7 +473,7 @@ var _ = Describe("machine writer", func() {
 			m := stored(w.machines[0].Name)
 
 			mw.submit(task, membersOf(m), waiting("first"))
-			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed())
+			Eventually(patches.firstHeld).Should(BeClosed())
 			// Handed over with the Machine as read before the first write, as a reconcile
 			// whose cache is behind does.
 			mw.submit(task, membersOf(m.DeepCopy()), waiting("second"))
@@ -481,7 +481,7 @@ var _ = Describe("machine writer", func() {
 			Expect(storedMessage(m.Name)()).To(BeEmpty(), "nothing landed while the first write is held")
 
 			release()
-			Eventually(storedMessage(m.Name), 10*time.Second, 20*time.Millisecond).Should(Equal("third"), "the last hand-over is stored")
+			Eventually(storedMessage(m.Name)).WithPolling(20*time.Millisecond).Should(Equal("third"), "the last hand-over is stored")
 			settled(m)
 			Consistently(storedMessage(m.Name), 300*time.Millisecond, 50*time.Millisecond).Should(Equal("third"))
 			Expect(storedClaim(m.Name)()).To(Equal(claimValue))
@@ -508,7 +508,7 @@ var _ = Describe("machine writer", func() {
 			Consistently(patches.count, 300*time.Millisecond, 20*time.Millisecond).Should(Equal(n), "the last Machine waits for its turn")
 
 			release()
-			Eventually(storedMessage(last.Name), 10*time.Second, 20*time.Millisecond).Should(Equal("second"))
+			Eventually(storedMessage(last.Name)).WithPolling(20 * time.Millisecond).Should(Equal("second"))
 			settled(append(busy, last)...)
 			for _, p := range patches.patches() {
 				if p.machine == last.Name && p.status {
@@ -533,7 +533,7 @@ var _ = Describe("machine writer", func() {
 				done <- out
 			}()
 			var got []*clusterv1.Machine
-			Eventually(done, 2*time.Second).Should(Receive(&got), "settle returns while the other Machines' writes are held")
+			Eventually(done).Should(Receive(&got), "settle returns while the other Machines' writes are held")
 			Expect(got[0].ResourceVersion).To(Equal(last.ResourceVersion))
 
 			release()
@@ -555,7 +555,7 @@ var _ = Describe("machine writer", func() {
 			Expect(k8s.Patch(ctx, byOther, client.MergeFrom(m))).To(Succeed())
 
 			mw.submit(task, membersOf(m), waiting("queued"))
-			Eventually(asked.asked, 10*time.Second, 10*time.Millisecond).Should(Equal([]types.NamespacedName{key}), "a reconcile of task A is asked for")
+			Eventually(asked.asked).WithPolling(10*time.Millisecond).Should(Equal([]types.NamespacedName{key}), "a reconcile of task A is asked for")
 
 			sent := patches.patches()
 			Expect(sent).To(HaveLen(1), "the claim was sent once, and the condition never")
@@ -579,10 +579,10 @@ var _ = Describe("machine writer", func() {
 			Expect(k8s.Delete(ctx, m.DeepCopy())).To(Succeed())
 			Eventually(func() bool {
 				return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(m), &clusterv1.Machine{}))
-			}, 10*time.Second, 20*time.Millisecond).Should(BeTrue())
+			}).WithPolling(20 * time.Millisecond).Should(BeTrue())
 
 			mw.submit(task, membersOf(m), waiting("queued"))
-			Eventually(asked.asked, 10*time.Second, 10*time.Millisecond).Should(Equal([]types.NamespacedName{key}))
+			Eventually(asked.asked).WithPolling(10 * time.Millisecond).Should(Equal([]types.NamespacedName{key}))
 			sent := patches.patches()
 			Expect(sent).To(HaveLen(1))
 			Expect(apierrors.IsNotFound(sent[0].err)).To(BeTrue(), "the API server found the Machine gone: %v", sent[0].err)
@@ -609,7 +609,7 @@ var _ = Describe("machine writer", func() {
 
 			// A's reconcile read M before B's claim and hands a claim of it over.
 			mw.submit(task, membersOf(m), waiting("queued"))
-			Eventually(func() int { return len(patches.patches()) }, 10*time.Second, 10*time.Millisecond).Should(BeNumerically(">=", 2))
+			Eventually(func() int { return len(patches.patches()) }).WithPolling(10 * time.Millisecond).Should(BeNumerically(">=", 2))
 			settled(m)
 			Expect(storedClaim(m.Name)()).To(Equal(other), "task B keeps its claim; patches sent: %+v", patches.patches())
 			Expect(claims.namesClaimed()).NotTo(ContainElement(m.Name))
@@ -646,7 +646,7 @@ var _ = Describe("machine writer", func() {
 			m := stored(w.machines[0].Name)
 
 			mw.submit(task, membersOf(m), waiting("queued"))
-			Eventually(asked.asked, 10*time.Second, 10*time.Millisecond).Should(Equal([]types.NamespacedName{key}))
+			Eventually(asked.asked).WithPolling(10 * time.Millisecond).Should(Equal([]types.NamespacedName{key}))
 			err := mw.takeError(key)
 			Expect(err).To(MatchError(injected))
 			Expect(apierrors.IsConflict(err)).To(BeFalse())
@@ -660,9 +660,9 @@ var _ = Describe("machine writer", func() {
 
 			// The next reconcile hands it over again: written.
 			mw.submit(task, membersOf(stored(m.Name)), waiting("queued"))
-			Eventually(storedMessage(m.Name), 10*time.Second, 20*time.Millisecond).Should(Equal("queued"))
+			Eventually(storedMessage(m.Name)).WithPolling(20 * time.Millisecond).Should(Equal("queued"))
 			Expect(storedClaim(m.Name)()).To(Equal(claimValue))
-			Eventually(claims.namesClaimed, 10*time.Second, 10*time.Millisecond).Should(Equal([]string{m.Name}))
+			Eventually(claims.namesClaimed).WithPolling(10 * time.Millisecond).Should(Equal([]string{m.Name}))
 			Expect(mw.takeError(key)).To(Succeed())
 			Expect(asked.asked()).To(HaveLen(1))
 		})
@@ -676,7 +676,7 @@ var _ = Describe("machine writer", func() {
 			m := stored(w.machines[0].Name)
 
 			mw.submit(task, membersOf(m), waiting("in flight"))
-			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed())
+			Eventually(patches.firstHeld).Should(BeClosed())
 			mw.submit(task, membersOf(m.DeepCopy()), waiting("pending"))
 
 			type settledResult struct {
@@ -692,7 +692,7 @@ var _ = Describe("machine writer", func() {
 
 			release()
 			var res settledResult
-			Eventually(result, 10*time.Second).Should(Receive(&res))
+			Eventually(result).Should(Receive(&res))
 			Expect(res.err).NotTo(HaveOccurred())
 			Expect(res.machines).To(HaveLen(1))
 			now := stored(m.Name)
@@ -729,7 +729,7 @@ var _ = Describe("machine writer", func() {
 				others = append(others, stored(m.Name))
 			}
 			mw.submit(other, membersOf(others...), waiting("task b"))
-			Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed(), "every worker's write is held")
+			Eventually(patches.firstHeld).Should(BeClosed(), "every worker's write is held")
 			last := stored(w.machines[len(w.machines)-1].Name)
 			mw.submit(task, membersOf(last), waiting("dropped"))
 
@@ -738,10 +738,10 @@ var _ = Describe("machine writer", func() {
 			Consistently(result, 300*time.Millisecond, 20*time.Millisecond).ShouldNot(Receive(), "settleTask waits for the task's write in flight")
 
 			release()
-			Eventually(result, 10*time.Second).Should(Receive(Succeed()))
+			Eventually(result).Should(Receive(Succeed()))
 			Expect(storedMessage(inFlight.Name)()).To(Equal("in flight"))
 			for _, m := range others {
-				Eventually(storedMessage(m.Name), 10*time.Second).Should(Equal("task b"), "another task's writes go on")
+				Eventually(storedMessage(m.Name)).Should(Equal("task b"), "another task's writes go on")
 			}
 			Consistently(storedMessage(last.Name), 300*time.Millisecond, 50*time.Millisecond).Should(BeEmpty(), "the task's waiting write is never sent")
 			Expect(storedClaim(last.Name)()).To(BeEmpty())
@@ -753,7 +753,7 @@ var _ = Describe("machine writer", func() {
 	It("writes nothing once stopped", func() {
 		stop, done := startWriter(mw)
 		stop()
-		Eventually(done, 10*time.Second).Should(BeClosed(), "Start returns once its context is cancelled")
+		Eventually(done).Should(BeClosed(), "Start returns once its context is cancelled")
 
 		m := stored(w.machines[0].Name)
 		mw.submit(task, membersOf(m), waiting("queued"))
@@ -778,13 +778,13 @@ var _ = Describe("machine writer", func() {
 		}
 		queued := stored(w.machines[n].Name)
 		mw.submit(task, membersOf(busy...), waiting("busy"))
-		Eventually(patches.firstHeld, 10*time.Second).Should(BeClosed())
+		Eventually(patches.firstHeld).Should(BeClosed())
 		mw.submit(task, membersOf(queued), waiting("queued"))
 
 		stop()
 		Consistently(done, 300*time.Millisecond, 20*time.Millisecond).ShouldNot(BeClosed(), "Start waits for the writes in flight")
 		release()
-		Eventually(done, 10*time.Second).Should(BeClosed())
+		Eventually(done).Should(BeClosed())
 		Expect(patches.count()).To(Equal(n), "the write waiting for its turn was never sent")
 		for _, p := range patches.patches() {
 			Expect(p.machine).NotTo(Equal(queued.Name))

@@ -188,7 +188,7 @@ var _ = Describe("status writer", func() {
 		}()
 		DeferCleanup(func() {
 			cancel()
-			Eventually(done, 10*time.Second).Should(BeClosed(), "Start must return once its context is cancelled")
+			Eventually(done).Should(BeClosed(), "Start must return once its context is cancelled")
 		})
 	}
 	newWriter := func() *statusWriter {
@@ -221,7 +221,7 @@ var _ = Describe("status writer", func() {
 			const n = 50
 
 			w.submit(withStatus(task, progressStatus(1, n)))
-			Eventually(writes.firstHeld, 10*time.Second).Should(BeClosed(), "the first status is written at once")
+			Eventually(writes.firstHeld).Should(BeClosed(), "the first status is written at once")
 			for i := int32(2); i <= n; i++ {
 				st := progressStatus(i, n)
 				w.submit(withStatus(task, st))
@@ -281,9 +281,9 @@ var _ = Describe("status writer", func() {
 			task := stored()
 			w.track(task)
 			w.submit(withStatus(task, progressStatus(1, 3)))
-			Eventually(writes.count, 10*time.Second, 10*time.Millisecond).Should(Equal(1))
+			Eventually(writes.count).WithPolling(10 * time.Millisecond).Should(Equal(1))
 			w.submit(withStatus(task, progressStatus(2, 3)))
-			Eventually(writes.count, 10*time.Second, 10*time.Millisecond).Should(Equal(2), "the next status is written after the pause")
+			Eventually(writes.count).WithPolling(10*time.Millisecond).Should(Equal(2), "the next status is written after the pause")
 			writes.mu.Lock()
 			paused := writes.sentAt[1].Sub(writes.answeredAt[0])
 			writes.mu.Unlock()
@@ -298,7 +298,7 @@ var _ = Describe("status writer", func() {
 			task := stored()
 			w.track(task)
 			w.submit(withStatus(task, progressStatus(1, 3)))
-			Eventually(writes.count, 10*time.Second, 10*time.Millisecond).Should(Equal(1))
+			Eventually(writes.count).WithPolling(10 * time.Millisecond).Should(Equal(1))
 			// The writer now pauses for an hour; a flush (a task's last status) ends it.
 			w.submit(withStatus(task, progressStatus(3, 3)))
 			Expect(w.flush(ctx, key)).To(Succeed())
@@ -415,7 +415,7 @@ var _ = Describe("status writer", func() {
 			w.track(task)
 
 			w.submit(withStatus(task, progressStatus(1, 3)))
-			Eventually(asked.asked, 10*time.Second, 10*time.Millisecond).Should(Equal([]types.NamespacedName{key}), "a reconcile of the task is asked for")
+			Eventually(asked.asked).WithPolling(10*time.Millisecond).Should(Equal([]types.NamespacedName{key}), "a reconcile of the task is asked for")
 			err := w.takeError(key)
 			Expect(err).To(MatchError(injected))
 			Expect(apierrors.IsConflict(err) || apierrors.IsNotFound(err)).To(BeFalse())
@@ -443,7 +443,7 @@ var _ = Describe("status writer", func() {
 			w.track(task)
 
 			w.submit(withStatus(task, progressStatus(1, 3)))
-			Eventually(asked.asked, 10*time.Second, 10*time.Millisecond).Should(HaveLen(1))
+			Eventually(asked.asked).WithPolling(10 * time.Millisecond).Should(HaveLen(1))
 			Expect(w.flush(ctx, key)).To(MatchError(injected))
 			Expect(w.takeError(key)).To(Succeed(), "flush took the error")
 		})
@@ -463,7 +463,7 @@ var _ = Describe("status writer", func() {
 			// The first write fails once the second status is handed over: the second is
 			// written after it, over the same resourceVersion.
 			w.submit(withStatus(task, progressStatus(1, 3)))
-			Eventually(writes.firstHeld, 10*time.Second).Should(BeClosed())
+			Eventually(writes.firstHeld).Should(BeClosed())
 			w.submit(withStatus(task, progressStatus(2, 3)))
 			err := w.flush(&onDone{Context: ctx, f: release}, key)
 			Expect(writes.statuses()).To(Equal([]inplacev1.UpgradeTaskStatus{progressStatus(1, 3), progressStatus(2, 3)}))

@@ -66,7 +66,7 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 
 	It("after changing an enabled add-on that was deployed, goes on only once Harvester has deployed it again", func() {
 		create(monitoring, oldMonitoring, true)
-		Eventually(state(monitoring)).WithTimeout(10 * time.Second).Should(Equal(harvesterapi.AddonDeployed))
+		Eventually(state(monitoring)).Should(Equal(harvesterapi.AddonDeployed))
 		// Its new version's Helm job runs until the spec lets it end.
 		addons.HoldAddon(monitoring)
 		in := input("up-addon-wait")
@@ -82,11 +82,11 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 				StopTrying(fmt.Sprintf("UpgradeAddons ended %s while rancher-monitoring was %s: %s", s.State, addon(monitoring).Status.Status, s.Message)).Now()
 			}
 			return s
-		}).WithTimeout(25 * time.Second).Should(And(HaveField("State", clusterupgrade.StateRunning),
+		}).Should(And(HaveField("State", clusterupgrade.StateRunning),
 			HaveField("Message", ContainSubstring("for add-on cattle-monitoring-system/rancher-monitoring to be AddonDeploySuccessful again"))))
 		Expect(addon(monitoring).Spec.Version).To(Equal(in.MonitoringChartVersion))
 		By("Harvester takes the change up, and the held Helm job keeps it AddonUpdating: the Job still waits")
-		Eventually(state(monitoring)).WithTimeout(10 * time.Second).Should(Equal(harvesterapi.AddonUpdating))
+		Eventually(state(monitoring)).Should(Equal(harvesterapi.AddonUpdating))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(stepNamed(steps, clusterupgrade.StepUpgradeAddons).State).To(Equal(clusterupgrade.StateRunning))
@@ -96,7 +96,7 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 		By("Harvester deploys it: the Job goes on and says it came back")
 		addons.UnholdAddon(monitoring)
 		var runErr error
-		Eventually(done).WithTimeout(25 * time.Second).Should(Receive(&runErr))
+		Eventually(done).Should(Receive(&runErr))
 		Expect(runErr).NotTo(HaveOccurred())
 		Expect(addon(monitoring).Status.Status).To(Equal(harvesterapi.AddonDeployed))
 		s := upgradeAddons(p)
@@ -106,7 +106,7 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 
 	It("goes on without failing when a changed add-on is not deployed again within --addon-upgrade-wait, and names it", func() {
 		create(monitoring, oldMonitoring, true)
-		Eventually(state(monitoring)).WithTimeout(10 * time.Second).Should(Equal(harvesterapi.AddonDeployed))
+		Eventually(state(monitoring)).Should(Equal(harvesterapi.AddonDeployed))
 		in := input("up-addon-failed")
 		addons.FailAddon(monitoring, in.MonitoringChartVersion)
 		in.AddonUpgradeWait = time.Second
@@ -124,7 +124,7 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 			ContainSubstring("; gone on as the release's script does, recover it manually after the upgrade)")))
 		Expect(stepNamed(steps, clusterupgrade.StepWaitFleetBundles).State).To(Equal(clusterupgrade.StateDone), "the Job went on")
 		Expect(log.String()).To(ContainSubstring("add-on cattle-monitoring-system/rancher-monitoring is not AddonDeploySuccessful again after 1s"))
-		Eventually(func() bool { return addon(monitoring).Status.IsTrue(harvesterapi.AddonOperationFailed) }).WithTimeout(10*time.Second).Should(BeTrue(), "the simulated Helm job failed")
+		Eventually(func() bool { return addon(monitoring).Status.IsTrue(harvesterapi.AddonOperationFailed) }).Should(BeTrue(), "the simulated Helm job failed")
 		Expect(addon(monitoring).Status.Status).To(Equal(harvesterapi.AddonUpdating))
 	})
 
@@ -134,9 +134,9 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 		create(monitoring, oldMonitoring, true)
 		create(logging, oldLogging, false)
 		create(descheduler, "0.33.0", true)
-		Eventually(state(monitoring)).WithTimeout(10 * time.Second).Should(Equal(harvesterapi.AddonEnabling))
-		Eventually(state(logging)).WithTimeout(10 * time.Second).Should(Equal(harvesterapi.AddonDisabled))
-		Eventually(state(descheduler)).WithTimeout(10 * time.Second).Should(Equal(harvesterapi.AddonDeployed))
+		Eventually(state(monitoring)).Should(Equal(harvesterapi.AddonEnabling))
+		Eventually(state(logging)).Should(Equal(harvesterapi.AddonDisabled))
+		Eventually(state(descheduler)).Should(Equal(harvesterapi.AddonDeployed))
 		// The descheduler's new version never comes back: upgrade_addon does not wait.
 		addons.FailAddon(descheduler, "")
 		in := input("up-addon-nowait")
@@ -151,6 +151,6 @@ var _ = Describe("Run and the add-ons it changed coming back (wait_for_addon_upg
 			ContainSubstring("descheduler "+releaseAddon(descheduler.Name).Spec.Version+" (was 0.33.0)"),
 			Not(ContainSubstring("descheduler "+releaseAddon(descheduler.Name).Spec.Version+" (was 0.33.0) ("))))
 		Expect(addon(monitoring).Status.Status).To(Equal(harvesterapi.AddonEnabling))
-		Eventually(func() bool { return addon(descheduler).Status.IsTrue(harvesterapi.AddonOperationFailed) }).WithTimeout(10 * time.Second).Should(BeTrue())
+		Eventually(func() bool { return addon(descheduler).Status.IsTrue(harvesterapi.AddonOperationFailed) }).Should(BeTrue())
 	})
 })

@@ -65,14 +65,14 @@ var _ = Describe("Run and the Cluster API Cluster fleet-local/local", func() {
 			steps, err := clusterupgrade.ReadProgress(ctx, env.Client, p.ConfigMap)
 			Expect(err).NotTo(HaveOccurred())
 			return stepNamed(steps, clusterupgrade.StepUpgradeRancher).State
-		}).WithTimeout(20 * time.Second).Should(Equal(clusterupgrade.StateRunning))
+		}).Should(Equal(clusterupgrade.StateRunning))
 		// Time enough for a helm upgrade that did not wait.
 		time.Sleep(3 * time.Second)
 		Expect(serverVersion()).To(Equal(oldRelease.Rancher))
 		provisionedAt := time.Now()
 		r.SetCAPIInfrastructureProvisioned(true)
 		var at time.Time
-		Eventually(changed).WithTimeout(20 * time.Second).Should(Receive(&at))
+		Eventually(changed).Should(Receive(&at))
 		Expect(at).To(BeTemporally(">", provisionedAt), "Rancher is upgraded only once the Cluster API Cluster is Provisioned")
 		var runErr error
 		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(&runErr))
@@ -120,7 +120,7 @@ var _ = Describe("Run and the Cluster API Cluster fleet-local/local", func() {
 		r.SetCAPIInfrastructureProvisioned(true)
 
 		var at time.Time
-		Eventually(changed).WithTimeout(20 * time.Second).Should(Receive(&at))
+		Eventually(changed).Should(Receive(&at))
 		Expect(at.Sub(restarted)).To(BeNumerically(">=", in.CAPIStableFor), "the window started again when the Cluster was Provisioning")
 		var runErr error
 		Eventually(done).WithTimeout(40 * time.Second).Should(Receive(&runErr))

@@ -71,7 +71,7 @@ func runningVMs(r *sim.Rancher, n int) *sim.KubeVirt {
 		for _, vmi := range list.Items {
 			g.Expect(vmi.Status.Phase).To(Equal(kubevirtv1.Running), vmi.Name)
 		}
-	}).WithTimeout(10 * time.Second).Should(Succeed())
+	}).Should(Succeed())
 	return kv
 }
 

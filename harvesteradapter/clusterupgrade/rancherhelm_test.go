@@ -137,7 +137,7 @@ var _ = Describe("Run upgrades Rancher through Helm", func() {
 			g.Expect(cur.Spec.Replicas).To(HaveValue(BeNumerically("==", 2)))
 			g.Expect(cur.Status.ObservedGeneration).To(Equal(cur.Generation))
 			g.Expect(cur.Status.AvailableReplicas).To(BeNumerically("==", 2))
-		}).WithTimeout(10*time.Second).Should(Succeed(), "Rancher runs its two pods before the upgrade")
+		}).Should(Succeed(), "Rancher runs its two pods before the upgrade")
 
 		steps := runStates(input("up-helm-witness"), newProgress())
 

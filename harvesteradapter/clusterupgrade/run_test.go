@@ -87,7 +87,7 @@ func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher 
 	}
 	cdi := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "cdis.cdi.kubevirt.io"}}
 	Expect(client.IgnoreNotFound(env.Client.Delete(ctx, cdi))).To(Succeed())
-	Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(cdi), cdi)) }).WithTimeout(10 * time.Second).Should(BeTrue())
+	Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(cdi), cdi)) }).Should(BeTrue())
 	// RKE2's rke2-multus HelmChartConfig as a fresh cluster has it: none.
 	if cfg := multusConfig(); cfg != nil {
 		Expect(env.Client.Delete(ctx, cfg)).To(Succeed())
@@ -541,7 +541,7 @@ var _ = Describe("Run", Ordered, func() {
 				return ""
 			}
 			return msg
-		}).WithTimeout(10 * time.Second).Should(And(ContainSubstring("DeadlineExceeded"), ContainSubstring("registry.example.com/unknown:v1.6.0")))
+		}).Should(And(ContainSubstring("DeadlineExceeded"), ContainSubstring("registry.example.com/unknown:v1.6.0")))
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job-pull"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(states(steps)).To(HaveEach(HaveSuffix("=" + string(clusterupgrade.StatePending))))

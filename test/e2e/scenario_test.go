@@ -145,7 +145,7 @@ func expectAllUpgraded(s *scenario.Scenario, nu *nodeUpdateWatch) {
 	GinkgoHelper()
 	all := s.NodeNames()
 	sort.Strings(all)
-	Eventually(func() []string { return upgradedNodes(s) }, 10*time.Second, scenarioPoll).Should(Equal(all))
+	Eventually(func() []string { return upgradedNodes(s) }).WithPolling(scenarioPoll).Should(Equal(all))
 	// The updater deletes its Plans as the node's NodeUpdate ends; give the last one time.
 	Eventually(func() []scenario.Check {
 		var broken []scenario.Check
@@ -155,7 +155,7 @@ func expectAllUpgraded(s *scenario.Scenario, nu *nodeUpdateWatch) {
 			}
 		}
 		return broken
-	}, 10*time.Second, scenarioPoll).Should(BeEmpty())
+	}).WithPolling(scenarioPoll).Should(BeEmpty())
 	expectInvariants(s, all)
 
 	machines := &clusterv1.MachineList{}
@@ -167,7 +167,7 @@ func expectAllUpgraded(s *scenario.Scenario, nu *nodeUpdateWatch) {
 			got := &clusterv1.Machine{}
 			Expect(s.Management.Client.Get(ctx, client.ObjectKeyFromObject(&m), got)).To(Succeed())
 			return got.Annotations
-		}, 10*time.Second, scenarioPoll).Should(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, scenario.ToVersion), "Machine %s", m.Name)
+		}).WithPolling(scenarioPoll).Should(HaveKeyWithValue(inplacev1.UpgradeReleaseAnnotation, scenario.ToVersion), "Machine %s", m.Name)
 	}
 	nus := &inplacev1.NodeUpdateList{}
 	Expect(s.Management.Client.List(ctx, nus, client.InNamespace(s.Cluster.Namespace))).To(Succeed())

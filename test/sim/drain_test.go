@@ -101,12 +101,12 @@ var _ = Describe("The SUC simulator's kubectl drain (k8s.io/kubectl v0.36.3 pkg/
 		})).To(Succeed())
 
 		p := drainPlan(c, node, sucv1.DrainSpec{})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(podGone(db)()).To(BeTrue(), "the ReplicaSet's pod is evicted")
 		for _, kept := range []*corev1.Pod{agent, mirror, elsewhere} {
 			Expect(podGone(kept)()).To(BeFalse(), "%s stays", kept.Name)
 		}
-		Eventually(longhornVolume(volume), 5*time.Second, 50*time.Millisecond).Should(And(
+		Eventually(longhornVolume(volume)).WithPolling(50 * time.Millisecond).Should(And(
 			HaveKeyWithValue("state", "detached"), HaveKeyWithValue("engineState", "stopped"), HaveKeyWithValue("lastPodRefAt", Not(BeEmpty()))))
 	})
 
@@ -116,7 +116,7 @@ var _ = Describe("The SUC simulator's kubectl drain (k8s.io/kubectl v0.36.3 pkg/
 		lone := podOn(c.ns, "lone", node, metav1.OwnerReference{}, "", nil)
 		rs := podOn(c.ns, "web-1", node, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web", UID: "web-uid"}, "", nil)
 		p := drainPlan(c, node, sucv1.DrainSpec{})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.rec.Runs()[0].Message).To(Equal(fmt.Sprintf("container drain: error: unable to drain node %q due to error: cannot delete Pods that declare no controller (use --force to override): %s/lone, continuing command...", node, c.ns)))
 		Expect(podGone(lone)()).To(BeFalse())
 		Expect(podGone(rs)()).To(BeFalse(), "kubectl checks every pod before it evicts any")
@@ -136,9 +136,9 @@ var _ = Describe("The SUC simulator's kubectl drain (k8s.io/kubectl v0.36.3 pkg/
 		pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1}
 		Expect(env.Client.Status().Update(ctx, pdb)).To(Succeed())
 		p := drainPlan(c, node, sucv1.DrainSpec{Timeout: ptr.To(intstr.FromString("1s"))})
-		Eventually(planComplete(p), 5*time.Second, 20*time.Millisecond).Should(Equal("False/SyncJob"))
+		Eventually(planComplete(p)).WithPolling(20 * time.Millisecond).Should(Equal("False/SyncJob"))
 		Consistently(planComplete(p), 600*time.Millisecond, 50*time.Millisecond).ShouldNot(Equal("False/JobFailed"), "kubectl keeps retrying before its timeout")
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.rec.Runs()[0].Message).To(And(
 			ContainSubstring(fmt.Sprintf("unable to drain node %q", node)),
 			ContainSubstring(fmt.Sprintf("error when evicting pods/%q -n %q", guarded.Name, c.ns)),
@@ -165,7 +165,7 @@ var _ = Describe("The KubeVirt simulator and a VM's Longhorn volumes (LH fact 38
 				Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
 		}
 		Expect(env.Client.Create(ctx, vm)).To(Succeed())
-		Eventually(func() string { return kv.NodeOf(c.ns + "/vm-1") }, 5*time.Second, 20*time.Millisecond).Should(Equal(first))
+		Eventually(func() string { return kv.NodeOf(c.ns + "/vm-1") }).WithPolling(20 * time.Millisecond).Should(Equal(first))
 		volume := "pvc-vm-" + c.ns
 		Expect(sim.CreateLonghornV2Volume(ctx, env.Client, longhornNS, sim.LonghornV2Volume{
 			Name: volume, ReplicaNodes: []string{first}, EngineNode: first,
@@ -177,13 +177,13 @@ var _ = Describe("The KubeVirt simulator and a VM's Longhorn volumes (LH fact 38
 			Spec:       kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-1"},
 		})).To(Succeed())
 		second := c.pool + "-node-2"
-		Eventually(longhornVolume(volume), 5*time.Second, 20*time.Millisecond).Should(And(
+		Eventually(longhornVolume(volume)).WithPolling(20 * time.Millisecond).Should(And(
 			HaveKeyWithValue("state", "attached"), HaveKeyWithValue("node", second), HaveKeyWithValue("engineNode", second)))
 
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm)).To(Succeed())
 		vm.Spec.RunStrategy = ptr.To(kubevirtv1.RunStrategyHalted)
 		Expect(env.Client.Update(ctx, vm)).To(Succeed())
-		Eventually(longhornVolume(volume), 5*time.Second, 20*time.Millisecond).Should(And(
+		Eventually(longhornVolume(volume)).WithPolling(20 * time.Millisecond).Should(And(
 			HaveKeyWithValue("state", "detached"), HaveKeyWithValue("engineState", "stopped")))
 	})
 })

@@ -107,14 +107,14 @@ var _ = Describe("The KubeVirt simulator's workload updater (harvester-release-s
 		migratable := c.vms("vm", 7, false)
 		pinned := c.vms("gpu", 1, true)
 		all := append(append([]string(nil), migratable...), pinned...)
-		Eventually(c.launcherImages(), 20*time.Second, 50*time.Millisecond).Should(Equal(allAt(all, sim.LauncherImage("v1.5.2"))))
+		Eventually(c.launcherImages()).WithPolling(50 * time.Millisecond).Should(Equal(allAt(all, sim.LauncherImage("v1.5.2"))))
 		Expect(c.kv.WorkloadUpdateMigrations()).To(BeEmpty(), "nothing is outdated before the upgrade")
 
 		Expect(c.kv.UpgradeKubeVirt(ctx, "v1.6.0")).To(Succeed())
 		want := allAt(migratable, sim.LauncherImage("v1.6.0"))
 		want[pinned[0]] = sim.LauncherImage("v1.5.2")
-		Eventually(c.launcherImages(), 20*time.Second, 50*time.Millisecond).Should(Equal(want))
-		Eventually(c.outdated(), 5*time.Second, 50*time.Millisecond).Should(Equal(1), "the VMI with a host device stays outdated")
+		Eventually(c.launcherImages()).WithPolling(50 * time.Millisecond).Should(Equal(want))
+		Eventually(c.outdated()).WithPolling(50*time.Millisecond).Should(Equal(1), "the VMI with a host device stays outdated")
 		Consistently(func() int { return len(c.kv.WorkloadUpdateMigrations()) }, time.Second, 50*time.Millisecond).Should(Equal(len(migratable)))
 
 		perSync := map[int]int{}
@@ -147,10 +147,10 @@ var _ = Describe("The KubeVirt simulator's workload updater (harvester-release-s
 	It("with [] (as Harvester's upgrade empties it), counts the VMIs outdated after an upgrade and migrates none", func() {
 		c := newKubeVirtCluster([]kubevirtv1.WorkloadUpdateMethod{})
 		names := c.vms("vm", 4, false)
-		Eventually(c.launcherImages(), 20*time.Second, 50*time.Millisecond).Should(Equal(allAt(names, sim.LauncherImage("v1.5.2"))))
+		Eventually(c.launcherImages()).WithPolling(50 * time.Millisecond).Should(Equal(allAt(names, sim.LauncherImage("v1.5.2"))))
 
 		Expect(c.kv.UpgradeKubeVirt(ctx, "v1.6.0")).To(Succeed())
-		Eventually(c.outdated(), 5*time.Second, 50*time.Millisecond).Should(Equal(len(names)), "the updater saw them outdated")
+		Eventually(c.outdated()).WithPolling(50*time.Millisecond).Should(Equal(len(names)), "the updater saw them outdated")
 		Consistently(func(g Gomega) int {
 			list := &kubevirtv1.VirtualMachineInstanceMigrationList{}
 			g.Expect(env.Client.List(ctx, list, client.InNamespace(c.ns))).To(Succeed())

@@ -103,7 +103,7 @@ var _ = Describe("The Longhorn simulator, as released Longhorn across an upgrade
 
 		held := map[string]string{lhOldIM: "running", lhNewIM: "stopped"}
 		for _, n := range []string{a, b} {
-			Eventually(ims(ns, n, longhornv1.DataEngineTypeV2), 5*time.Second, 20*time.Millisecond).Should(Equal(held), "node %s", n)
+			Eventually(ims(ns, n, longhornv1.DataEngineTypeV2)).WithPolling(20*time.Millisecond).Should(Equal(held), "node %s", n)
 		}
 		// The old IMs list what they run, which is what the node controller reads.
 		old := &longhornv1.InstanceManager{}
@@ -119,7 +119,7 @@ var _ = Describe("The Longhorn simulator, as released Longhorn across an upgrade
 
 		Expect(sim.DetachLonghornVolume(ctx, env.Client, ns, "pvc-vm")).To(Succeed())
 		for _, n := range []string{a, b} {
-			Eventually(ims(ns, n, longhornv1.DataEngineTypeV2), 5*time.Second, 20*time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}), "node %s", n)
+			Eventually(ims(ns, n, longhornv1.DataEngineTypeV2)).WithPolling(20*time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}), "node %s", n)
 			Expect(aioWaitSatisfied(ns, n, longhornv1.DataEngineTypeV2)(Default)).To(BeTrue())
 		}
 		vol := &longhornv1.Volume{}
@@ -134,7 +134,7 @@ var _ = Describe("The Longhorn simulator, as released Longhorn across an upgrade
 		ns, nodes, lh := released(nil)
 		a, c := nodes[0], nodes[2]
 		Expect(lh.UpgradeLonghorn(ctx, lhNewIM)).To(Succeed())
-		Eventually(ims(ns, c, longhornv1.DataEngineTypeV2), 3*time.Second, 20*time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}))
+		Eventually(ims(ns, c, longhornv1.DataEngineTypeV2)).WithPolling(20 * time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}))
 		Expect(aioWaitSatisfied(ns, c, longhornv1.DataEngineTypeV2)(Default)).To(BeTrue())
 		Expect(ims(ns, a, longhornv1.DataEngineTypeV2)(Default)).To(Equal(map[string]string{lhOldIM: "running", lhNewIM: "stopped"}), "while the node with the engine still holds")
 	})
@@ -143,7 +143,7 @@ var _ = Describe("The Longhorn simulator, as released Longhorn across an upgrade
 		ns, nodes, lh := released(nil)
 		Expect(lh.UpgradeLonghorn(ctx, lhNewIM)).To(Succeed())
 		for _, n := range nodes {
-			Eventually(ims(ns, n, longhornv1.DataEngineTypeV1), 3*time.Second, 20*time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}), "node %s", n)
+			Eventually(ims(ns, n, longhornv1.DataEngineTypeV1)).WithPolling(20*time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}), "node %s", n)
 			Expect(aioWaitSatisfied(ns, n, longhornv1.DataEngineTypeV1)(Default)).To(BeTrue())
 		}
 		Expect(ims(ns, nodes[0], longhornv1.DataEngineTypeV2)(Default)).To(Equal(map[string]string{lhOldIM: "running", lhNewIM: "stopped"}))
@@ -158,8 +158,8 @@ var _ = Describe("The Longhorn simulator, as released Longhorn across an upgrade
 			DeferCleanup(func() { Expect(client.IgnoreNotFound(env.Client.Delete(ctx, node))).To(Succeed()) })
 		})
 		Expect(lh.UpgradeLonghorn(ctx, lhNewIM)).To(Succeed())
-		Eventually(ims(ns, disabled, longhornv1.DataEngineTypeV1), 3*time.Second, 20*time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}))
-		Eventually(ims(ns, disabled, longhornv1.DataEngineTypeV2), 3*time.Second, 20*time.Millisecond).Should(BeEmpty())
+		Eventually(ims(ns, disabled, longhornv1.DataEngineTypeV1)).WithPolling(20 * time.Millisecond).Should(Equal(map[string]string{lhNewIM: "running"}))
+		Eventually(ims(ns, disabled, longhornv1.DataEngineTypeV2)).WithPolling(20 * time.Millisecond).Should(BeEmpty())
 		Consistently(ims(ns, disabled, longhornv1.DataEngineTypeV2), time.Second, 50*time.Millisecond).Should(BeEmpty())
 	})
 

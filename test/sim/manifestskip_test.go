@@ -27,14 +27,14 @@ var _ = Describe("The SUC simulator keeps rke2-multus.yaml.skip of each server n
 		}
 
 		skip := c.onePlan("skip", "", func(p *sucv1.Plan) { nodeProgramPlan("rke2-manifest-skip")(p); every(p) })
-		Eventually(planComplete(skip), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(skip)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(s.ManifestSkipped(server)).To(BeTrue())
 		Expect(s.ManifestSkipped(agent)).To(BeFalse(), "an agent node has no server manifests directory: the script does nothing there")
 
 		installs := len(m.multus.Installs())
 		for _, node := range []string{server, agent} {
 			rke2 := c.onePlan("rke2-"+node, node, func(p *sucv1.Plan) { p.Spec.Version = "v1.34.1+rke2r1" })
-			Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+			Eventually(planComplete(rke2)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		}
 		got := m.multus.Installs()[installs:]
 		Expect(got).To(HaveLen(1), "the server's RKE2 restart only: an agent runs no deploy controller")
@@ -44,7 +44,7 @@ var _ = Describe("The SUC simulator keeps rke2-multus.yaml.skip of each server n
 		Expect(m.chartVersion()).To(Equal("v1.33.3+rke2r1"))
 
 		unskip := c.onePlan("unskip", "", func(p *sucv1.Plan) { nodeProgramPlan("rke2-manifest-skip", "--remove")(p); every(p) })
-		Eventually(planComplete(unskip), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(unskip)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(s.ManifestSkipped(server)).To(BeFalse())
 		got = m.multus.Installs()[installs+1:]
 		Expect(got).To(HaveLen(1), "the server's deploy controller applies the manifest once, the agent has none")
@@ -57,7 +57,7 @@ var _ = Describe("The SUC simulator keeps rke2-multus.yaml.skip of each server n
 
 		By("removed again: nothing was skipped, nothing applied")
 		again := c.onePlan("unskip-again", "", func(p *sucv1.Plan) { nodeProgramPlan("rke2-manifest-skip", "--remove")(p); every(p) })
-		Eventually(planComplete(again), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(again)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(m.multus.Installs()).To(HaveLen(installs + 2))
 	})
 })

@@ -67,7 +67,7 @@ func newPlannerCluster(mgmt, workers int, configure func(*sim.RancherPlanner)) *
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.planner.Run(runCtx) }()
 	DeferCleanup(func() { cancel(); <-done })
-	Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"), "a seeded cluster is settled")
+	Eventually(c.updated).WithPolling(20*time.Millisecond).Should(Equal("True"), "a seeded cluster is settled")
 	return c
 }
 
@@ -177,7 +177,7 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		}
 		for i, node := range order {
 			By("pre-drain of " + node)
-			Eventually(func() string { return c.secret(node).Annotations[sim.PreDrainAnnotation] }, 5*time.Second, 20*time.Millisecond).ShouldNot(BeEmpty())
+			Eventually(func() string { return c.secret(node).Annotations[sim.PreDrainAnnotation] }).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
 			Expect(c.getNode(node).Spec.Unschedulable).To(BeTrue(), "Rancher cordons before it asks for the pre-drain hook (machinedrain.go drain)")
 			for _, other := range order[i+1:] {
 				Expect(inDrain(other)).To(BeFalse(), "only one node at a time: %s", other)
@@ -187,7 +187,7 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 			c.answer(node, sim.PreDrainAnnotation, preHook)
 
 			By("post-drain of " + node)
-			Eventually(func() string { return c.secret(node).Annotations[sim.PostDrainAnnotation] }, 5*time.Second, 20*time.Millisecond).ShouldNot(BeEmpty())
+			Eventually(func() string { return c.secret(node).Annotations[sim.PostDrainAnnotation] }).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
 			Expect(c.kubeletVersion(node)).To(Equal(newRKE2))
 			restarts := c.planner.Restarts()
 			Expect(restartedNodes(restarts)).To(Equal(order[:i+1]))
@@ -200,12 +200,12 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 				Expect(inDrain(other)).To(BeFalse(), "the next node waits for this one's post-drain: %s", other)
 			}
 			c.answer(node, sim.PostDrainAnnotation, postHok)
-			Eventually(func() bool { return c.getNode(node).Spec.Unschedulable }, 5*time.Second, 20*time.Millisecond).Should(BeFalse())
-			Eventually(func() map[string]string { return c.secret(node).Annotations }, 5*time.Second, 20*time.Millisecond).ShouldNot(
+			Eventually(func() bool { return c.getNode(node).Spec.Unschedulable }).WithPolling(20 * time.Millisecond).Should(BeFalse())
+			Eventually(func() map[string]string { return c.secret(node).Annotations }).WithPolling(20*time.Millisecond).ShouldNot(
 				Or(HaveKey(sim.PreDrainAnnotation), HaveKey(sim.PostDrainAnnotation), HaveKey(sim.DrainOptionsAnnotation), HaveKey(preHook), HaveKey(postHok)),
 				"Rancher removes its drain annotations and the hooks' answers (machinedrain.go cleanSecretAnnotationsIfCheckTrue)")
 		}
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
 		Expect(c.planner.MaxRestarting()).To(Equal(1))
 		Expect(c.planner.MaxCordoned()).To(Equal(1))
 		Expect(c.rec.MaxDown()).To(Equal(1))
@@ -228,20 +228,20 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 			cl.Spec.KubernetesVersion = newRKE2
 			cl.Spec.RKEConfig.ProvisionGeneration++
 		})
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(ContainSubstring("is of type Opaque"))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(ContainSubstring("is of type Opaque"))
 		Consistently(func() string { return c.kubeletVersion(node) }, 500*time.Millisecond, 50*time.Millisecond).Should(Equal(oldRKE2))
 
 		Expect(env.Client.Delete(ctx, state)).To(Succeed())
 		state.ResourceVersion, state.UID, state.Type = "", "", rancher.RKEClusterStateType
 		Expect(env.Client.Create(ctx, state)).To(Succeed())
-		Eventually(func() string { return c.kubeletVersion(node) }, 5*time.Second, 20*time.Millisecond).Should(Equal(newRKE2))
+		Eventually(func() string { return c.kubeletVersion(node) }).WithPolling(20 * time.Millisecond).Should(Equal(newRKE2))
 	})
 
 	It("keeps a node upgraded behind Rancher's back unsettled, and downgrades it at the next plan change", func() {
 		c := newPlannerCluster(2, 0, nil)
 		ahead := c.node("m", 2)
 		Expect(c.kubelet.SetVersion(ctx, ahead, newRKE2, "")).To(Succeed()) // as SUC's rke2-upgrade would
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(
 			Equal(fmt.Sprintf("Unknown: configuring etcd node(s) %s: %s", sim.MachineName(ahead), sim.WaitingKubeletMessage)))
 		Consistently(c.updated, 400*time.Millisecond, 40*time.Millisecond).Should(HavePrefix("Unknown"))
 		cl := localCluster()
@@ -250,7 +250,7 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		Expect(c.planner.Applies()).To(BeEmpty(), "a kubelet mismatch alone delivers no plan")
 
 		updateLocalCluster(func(cl *provisioningv1.Cluster) { cl.Spec.RKEConfig.ProvisionGeneration++ })
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
 		Expect(c.kubeletVersion(ahead)).To(Equal(oldRKE2), "the plan installs the declared version")
 		downgrades := c.planner.Downgrades()
 		Expect(downgrades).To(HaveLen(1))
@@ -275,8 +275,8 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 			s.Value = "v2.12.1"
 			return env.Client.Update(ctx, s)
 		})).To(Succeed())
-		Eventually(func() int { return len(c.planner.Applies()) }, 5*time.Second, 20*time.Millisecond).Should(Equal(3))
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"))
+		Eventually(func() int { return len(c.planner.Applies()) }).WithPolling(20 * time.Millisecond).Should(Equal(3))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
 
 		Expect(restartedNodes(c.planner.Restarts())).To(Equal([]string{c.node("m", 1), c.node("w", 2)}))
 		Expect(restartedNodes(c.planner.UnguardedRestartsOutsideDrain())).To(Equal([]string{c.node("m", 1), c.node("w", 2)}))
@@ -294,8 +294,8 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 
 		By("a second re-render (Rerender) restarts the unguarded nodes again")
 		c.planner.Rerender()
-		Eventually(func() int { return len(c.planner.Restarts()) }, 5*time.Second, 20*time.Millisecond).Should(Equal(4))
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"))
+		Eventually(func() int { return len(c.planner.Restarts()) }).WithPolling(20 * time.Millisecond).Should(Equal(4))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
 		Consistently(func() int { return len(c.planner.Restarts()) }, 300*time.Millisecond, 30*time.Millisecond).Should(Equal(4))
 	})
 
@@ -307,12 +307,12 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		// Two machines of the tier wait, so Rancher names them without a detail
 		// (messages.go detailedMessage); "failure while applying plan" goes on the
 		// failing Machine's Reconciled condition, which the simulator does not keep.
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(
 			Equal(fmt.Sprintf("Unknown: configuring etcd node(s) %s,%s", sim.MachineName(failing), sim.MachineName(next))))
 		Eventually(func() int {
 			n, _ := strconv.Atoi(string(c.secret(failing).Data[sim.FailureCountKey]))
 			return n
-		}, 5*time.Second, 20*time.Millisecond).Should(BeNumerically(">=", 2), "the agent retries")
+		}).WithPolling(20*time.Millisecond).Should(BeNumerically(">=", 2), "the agent retries")
 		s := c.secret(failing)
 		Expect(s.Annotations[sim.AppliedPlanAnnotation]).NotTo(Equal(s.Annotations[sim.PlanAnnotation]))
 		Expect(c.kubeletVersion(failing)).To(Equal(oldRKE2))
@@ -326,7 +326,7 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		}
 
 		c.planner.ClearInstallFailure(failing)
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
 		Expect(restartedNodes(c.planner.Restarts())).To(Equal([]string{failing, next, c.node("w", 1)}))
 		for _, n := range []string{failing, next, c.node("w", 1)} {
 			Expect(c.kubeletVersion(n)).To(Equal(newRKE2))
@@ -339,8 +339,8 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 			cl.Spec.RKEConfig.ProvisionGeneration++
 			cl.Spec.RKEConfig.UpgradeStrategy = provisioningv1.ClusterUpgradeStrategy{WorkerConcurrency: "50%"}
 		})
-		Eventually(func() int { return len(c.planner.Restarts()) }, 5*time.Second, 20*time.Millisecond).Should(Equal(5))
-		Eventually(c.updated, 5*time.Second, 20*time.Millisecond).Should(Equal("True"))
+		Eventually(func() int { return len(c.planner.Restarts()) }).WithPolling(20 * time.Millisecond).Should(Equal(5))
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
 		Expect(c.planner.MaxRestarting()).To(Equal(2), "ceil(4 × 50 percent) workers at once")
 		Expect(c.planner.Restarts()[0].Node).To(Equal(c.node("m", 1)), "the etcd tier first")
 	})

@@ -39,7 +39,7 @@ var _ = Describe("The SUC simulator keeps the restart guard of each node (harves
 			p.Spec.Concurrency = 10
 			p.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": c.pool}}
 		})
-		Eventually(planComplete(guard), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(guard)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.suc.Guarded(node1)).To(BeTrue())
 		Expect(c.suc.Guarded(node2)).To(BeTrue())
 		// Harvester deletes the Plan once every node is done: the guard stays on the hosts.
@@ -48,20 +48,20 @@ var _ = Describe("The SUC simulator keeps the restart guard of each node (harves
 
 		// recover_rancher_system_agent on node 1 only.
 		unguard := c.onePlan("unguard-1", node1, nodeProgramPlan("rke2-restart-guard", "--remove"))
-		Eventually(planComplete(unguard), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(unguard)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.suc.Guarded(node1)).To(BeFalse())
 		Expect(c.suc.Guarded(node2)).To(BeTrue(), "the unguard Plan selects node 1 only")
 
 		// An RKE2 upgrade restarts RKE2, not the host: /run keeps the drop-in.
 		rke2 := c.onePlan("rke2-2", node2, nil)
-		Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(rke2)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.suc.Guarded(node2)).To(BeTrue(), "restarting RKE2 leaves /run as it is")
 
 		// The OS upgrade reboots node 2: /run is a tmpfs, the drop-in is gone. The Job
 		// completes first, the host reboots after it (harvester-node-upgrade.md fact 28).
 		osPlan := c.onePlan("os-2", node2, nodeProgramPlan("os-upgrade"))
-		Eventually(planComplete(osPlan), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
-		Eventually(func() []sim.Reboot { return c.rec.Reboots(node2) }, 10*time.Second, 50*time.Millisecond).Should(
+		Eventually(planComplete(osPlan)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(func() []sim.Reboot { return c.rec.Reboots(node2) }).WithPolling(50 * time.Millisecond).Should(
 			ContainElement(HaveField("End", Not(BeZero()))))
 		Expect(c.rec.Reboots(node2)).To(HaveLen(1))
 		var osRun sim.PlanRun
@@ -84,16 +84,16 @@ var _ = Describe("The SUC simulator keeps the restart guard of each node (harves
 		node := c.pool + "-node-1"
 		c.suc.FailNode("guard-failing", node, "systemctl: Failed to connect to bus")
 		failing := c.onePlan("guard-failing", node, nodeProgramPlan("rke2-restart-guard"))
-		Eventually(planComplete(failing), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(failing)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.suc.Guarded(node)).To(BeFalse())
 
 		guard := c.onePlan("guard", node, nodeProgramPlan("rke2-restart-guard"))
-		Eventually(planComplete(guard), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(guard)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.suc.Guarded(node)).To(BeTrue())
 
 		c.suc.FailNode("unguard", node, "systemctl: Failed to connect to bus")
 		unguard := c.onePlan("unguard", node, nodeProgramPlan("rke2-restart-guard", "--remove"))
-		Eventually(planComplete(unguard), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(unguard)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.suc.Guarded(node)).To(BeTrue())
 	})
 })

@@ -107,7 +107,7 @@ var _ = Describe("The SUC simulator", func() {
 	It("runs a Plan once per selected node, one node at a time, and signals completion with the plan hash label", func() {
 		c := newCluster(3)
 		p := c.plan("rke2", 1, map[string]string{"pool": c.pool})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 
 		Expect(c.rec.RunsOf("rke2")).To(Equal(map[string]int{c.pool + "-node-1": 1, c.pool + "-node-2": 1, c.pool + "-node-3": 1}))
 		Expect(c.rec.MaxConcurrentRuns()).To(Equal(1))
@@ -130,7 +130,7 @@ var _ = Describe("The SUC simulator", func() {
 	It("honours the Plan's concurrency", func() {
 		c := newCluster(4)
 		p := c.plan("rke2", 2, map[string]string{"pool": c.pool})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(c.rec.MaxConcurrentRuns()).To(Equal(2))
 		Expect(c.rec.MaxDown()).To(Equal(2))
 	})
@@ -140,7 +140,7 @@ var _ = Describe("The SUC simulator", func() {
 		node := c.pool + "-node-1"
 		c.suc.FailNode("rke2", node, "rke2 binary checksum mismatch")
 		p := c.plan("rke2", 1, map[string]string{corev1.LabelHostname: node})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 
 		jobs := &batchv1.JobList{}
 		Expect(env.Client.List(ctx, jobs, client.InNamespace(c.ns), client.MatchingLabels{sim.LabelPlan: "rke2", sim.LabelNode: node})).To(Succeed())
@@ -191,7 +191,7 @@ var _ = Describe("The SUC simulator", func() {
 			return p
 		}
 		rke2, osPlan := labelled("upgrade-rke2-"+c.pool, "rke2"), labelled("upgrade-os-"+c.pool, "os")
-		Eventually(planComplete(rke2), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
-		Eventually(planComplete(osPlan), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(rke2)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(osPlan)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 	})
 })

@@ -85,7 +85,7 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 				Volumes: []sucv1.VolumeSpec{{Name: "host-root", Source: "/", Destination: "/host"}},
 			}
 		})
-		Eventually(c.rec.Rejections, 10*time.Second, 50*time.Millisecond).ShouldNot(BeEmpty())
+		Eventually(c.rec.Rejections).WithPolling(50 * time.Millisecond).ShouldNot(BeEmpty())
 		r := c.rec.Rejections()[0]
 		Expect(r.Plan).To(Equal(p.Name))
 		Expect(r.Error).To(ContainSubstring(`spec.template.spec.volumes[2].name: Duplicate value: "host-root"`))
@@ -108,10 +108,10 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 			p.Spec.Upgrade.Env = []corev1.EnvVar{{Name: "OWN", Value: "1"}}
 		})
 		var job batchv1.Job
-		Eventually(func() []batchv1.Job { return c.jobsOf(p.Name, node) }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
+		Eventually(func() []batchv1.Job { return c.jobsOf(p.Name, node) }).WithPolling(50 * time.Millisecond).Should(HaveLen(1))
 		job = c.jobsOf(p.Name, node)[0]
 		// SUC writes the Plan's status after it applied the Job.
-		Eventually(func() string { return latestHash(p) }, 5*time.Second, 20*time.Millisecond).ShouldNot(BeEmpty())
+		Eventually(func() string { return latestHash(p) }).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
 		hash := latestHash(p)
 
 		Expect(job.Name).To(HaveLen(63), "the 56-character hash makes every name too long: cut, with a digest (fact 24)")
@@ -171,9 +171,9 @@ var _ = Describe("The SUC simulator builds each Job as SUC does", func() {
 				return ""
 			}
 			return runs[0].Message
-		}, 10*time.Second, 50*time.Millisecond).Should(Equal("container prepare: ImagePullBackOff: image ghcr.io/capi-inplace/capi-inplace:v1.33.3-rke2r1 not found"))
+		}).WithPolling(50 * time.Millisecond).Should(Equal("container prepare: ImagePullBackOff: image ghcr.io/capi-inplace/capi-inplace:v1.33.3-rke2r1 not found"))
 		clk.Step(601 * time.Second)
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		got := &sucv1.Plan{}
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
 		Expect(got.Status.Conditions).To(ContainElement(HaveField("Message", HaveSuffix("DeadlineExceeded: Job was active longer than specified deadline"))))
@@ -185,7 +185,7 @@ var _ = Describe("The SUC simulator hashes as SUC does (fact 16)", func() {
 		c := newCluster(1)
 		node := c.pool + "-node-1"
 		p := c.onePlan("rke2", node, nil)
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		first := latestHash(p)
 		Expect(nodeLabel(node, sim.NodePlanPrefix+"rke2")).To(Equal(first))
 
@@ -198,7 +198,7 @@ var _ = Describe("The SUC simulator hashes as SUC does (fact 16)", func() {
 		Expect(latestHash(p)).To(Equal(first))
 
 		updatePlan(p, func(p *sucv1.Plan) { p.Spec.ServiceAccountName = "other" })
-		Eventually(func() map[string]int { return c.rec.RunsOf("rke2") }, 10*time.Second, 50*time.Millisecond).Should(Equal(map[string]int{node: 2}))
+		Eventually(func() map[string]int { return c.rec.RunsOf("rke2") }).WithPolling(50 * time.Millisecond).Should(Equal(map[string]int{node: 2}))
 		Expect(latestHash(p)).To(Equal(sim.LatestHash("v1.33.3-rke2r1", "other", nil, nil)))
 	})
 })
@@ -210,14 +210,14 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 		node := c.pool + "-node-1"
 		c.suc.FailNode("rke2", node, "rke2 failed")
 		p := c.onePlan("rke2", node, nil)
-		Eventually(func() []sim.PlanRun { return c.rec.Runs() }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
+		Eventually(func() []sim.PlanRun { return c.rec.Runs() }).WithPolling(50 * time.Millisecond).Should(HaveLen(1))
 		clk.Step(time.Second) // the Job's work is done: it fails
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 
 		clk.Step(899 * time.Second)
 		Consistently(func() []batchv1.Job { return c.jobsOf("rke2", node) }, 500*time.Millisecond, 50*time.Millisecond).Should(HaveLen(1), "kept until its 900 s TTL")
 		clk.Step(2 * time.Second)
-		Eventually(func() []batchv1.Job { return c.jobsOf("rke2", node) }, 10*time.Second, 50*time.Millisecond).Should(BeEmpty())
+		Eventually(func() []batchv1.Job { return c.jobsOf("rke2", node) }).WithPolling(50 * time.Millisecond).Should(BeEmpty())
 
 		// A node event (a label, as a heartbeat would be) does not re-run it.
 		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -233,17 +233,17 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 
 		// An annotation on the Plan changes the object: SUC applies again.
 		updatePlan(p, func(p *sucv1.Plan) { p.Annotations = map[string]string{"example.com/retry": "1"} })
-		Eventually(func() []batchv1.Job { return c.jobsOf("rke2", node) }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
+		Eventually(func() []batchv1.Job { return c.jobsOf("rke2", node) }).WithPolling(50 * time.Millisecond).Should(HaveLen(1))
 	})
 
 	It("deletes a running Job whose version is no longer the Plan's, without labelling the node (fact 43)", func() {
 		c := newCluster(1, func(s *sim.SUC) { s.JobDuration = 2 * time.Second })
 		node := c.pool + "-node-1"
 		p := c.onePlan("rke2", node, nil)
-		Eventually(func() []sim.PlanRun { return c.rec.Runs() }, 10*time.Second, 50*time.Millisecond).Should(HaveLen(1))
+		Eventually(func() []sim.PlanRun { return c.rec.Runs() }).WithPolling(50 * time.Millisecond).Should(HaveLen(1))
 		updatePlan(p, func(p *sucv1.Plan) { p.Spec.Version = "v1.33.4+rke2r1" })
 
-		Eventually(planComplete(p), 15*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		runs := c.rec.Runs()
 		Expect(runs).To(HaveLen(2))
 		Expect(runs[0].Version).To(Equal("v1.33.3+rke2r1"))
@@ -261,7 +261,7 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 		node := c.pool + "-node-1"
 		Expect(c.kubelet.SetUnschedulable(ctx, node, true)).To(Succeed(), "an operator's cordon")
 		p := c.onePlan("rke2", node, func(p *sucv1.Plan) { p.Spec.Cordon = true })
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		n := &corev1.Node{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 		Expect(n.Spec.Unschedulable).To(BeFalse())
@@ -269,7 +269,7 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 
 		other := c.onePlan("plain", node, func(p *sucv1.Plan) { p.Spec.Version = "v1.33.4+rke2r1" })
 		Expect(c.kubelet.SetUnschedulable(ctx, node, true)).To(Succeed())
-		Eventually(planComplete(other), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(other)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 		Expect(n.Spec.Unschedulable).To(BeTrue(), "a Plan with neither cordon nor drain never uncordons")
 		Expect(c.rec.UncordonsBySUC(node)).To(HaveLen(1))
@@ -279,7 +279,7 @@ var _ = Describe("The SUC simulator after a Job ends", func() {
 		c := newCluster(1)
 		node := c.pool + "-node-1"
 		p := c.onePlan("rke2", node, func(p *sucv1.Plan) { p.Spec.Drain = &sucv1.DrainSpec{Timeout: ptr.To(intstr.FromInt32(900))} })
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.rec.Runs()[0].Message).To(Equal(fmt.Sprintf("container drain: error: unable to drain node %q due to error: global timeout reached: 900ns", node)))
 	})
 })
@@ -292,7 +292,7 @@ var _ = Describe("The SUC simulator with informers", func() {
 		// One pass at the start, before the Plan exists; the next timed one an hour later.
 		c := newCluster(2, func(s *sim.SUC) { s.Cache, s.Interval = informers, time.Hour })
 		p := c.plan("events", 1, map[string]string{"pool": c.pool})
-		Eventually(planComplete(p), 20*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		runs := c.rec.Runs()
 		Expect(runs).To(HaveLen(2))
 		for _, r := range runs {
@@ -322,7 +322,7 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 				Args: []string{"node", "remove-images", "--previous-version=v1.5.1", "--host-root=/host", "--repository-url=http://repo.example", "--version=v1.6.0"},
 			}
 		})
-		Eventually(planComplete(p), 20*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		runs := c.rec.Runs()
 		Expect(runs).To(HaveLen(3))
 		nodes := map[string]bool{}
@@ -344,7 +344,7 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 			p.Spec.Version = "v1.6.0"
 			p.Spec.Upgrade = &sucv1.ContainerSpec{Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Args: []string{"node", "remove-image"}}
 		})
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.rec.Runs()).To(HaveLen(1))
 		Expect(c.rec.Runs()[0].Message).To(Equal(`container upgrade: capi-inplace node: unknown subcommand "remove-image" (exit code 2)`))
 	})
@@ -373,12 +373,12 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		c := newCluster(1)
 		node := c.pool + "-node-1"
 		p := c.onePlan("os-hop", node, hopPlan(true))
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Eventually(func() string {
 			n := &corev1.Node{}
 			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 			return n.Status.NodeInfo.OSImage
-		}, 10*time.Second, 50*time.Millisecond).Should(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
+		}).WithPolling(50*time.Millisecond).Should(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
 		runs := c.rec.Runs()
 		Expect(runs).To(HaveLen(1))
 		Expect(runs[0].Images).To(Equal([]string{"ghcr.io/capi-inplace/capi-inplace:v0.4.0", "rancher/harvester-upgrade:v1.7.1"}))
@@ -392,7 +392,7 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		c := newCluster(1)
 		node := c.pool + "-node-1"
 		p := c.onePlan("os-hop-unplaced", node, hopPlan(false))
-		Eventually(planComplete(p), 10*time.Second, 50*time.Millisecond).Should(Equal("False/JobFailed"))
+		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("False/JobFailed"))
 		Expect(c.rec.Runs()).To(HaveLen(1))
 		Expect(c.rec.Runs()[0].Message).To(ContainSubstring(`container upgrade: StartError: `))
 		Expect(c.rec.Runs()[0].Message).To(ContainSubstring(`exec: "/host/usr/local/upgrade_tmp/capi-inplace": stat /host/usr/local/upgrade_tmp/capi-inplace: no such file or directory`))
