@@ -1,5 +1,5 @@
-// Command testsummary reads `go test -json` on its standard input, prints the tests' output
-// as go test would, and ends with what the run cost: the slowest specs (Ginkgo specs from
+// Command testsummary reads `go test -json` on its standard input, prints what plain go test
+// prints (a test's output when it failed, each package's result line), and ends with what the run cost: the slowest specs (Ginkgo specs from
 // the suites' JSON reports, and plain tests) and every package's time, so that whoever adds
 // a spec sees what it costs. make test and make test-e2e pipe into it (docs/testing.md).
 //
@@ -73,6 +73,8 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 		tests    []timed
 		failed   []string
 		sawInput bool
+		// held is each running test's output, printed if it fails.
+		held = map[string][]byte{}
 	)
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
@@ -85,8 +87,15 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 			continue
 		}
 		sawInput = true
+		// As plain go test prints: a test's output only when it failed, the package's
+		// own lines (ok, FAIL, a panic outside a test) as they come.
+		key := e.Package + "\x00" + e.Test
 		if e.Output != "" {
-			fmt.Fprint(out, e.Output)
+			if e.Test == "" {
+				fmt.Fprint(out, e.Output)
+			} else {
+				held[key] = append(held[key], e.Output...)
+			}
 		}
 		switch e.Action {
 		case "pass", "fail", "skip":
@@ -97,14 +106,25 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 			pkgs[e.Package] = &pkgResult{name: e.Package, action: e.Action, seconds: e.Elapsed}
 			if e.Action == "fail" {
 				failed = append(failed, e.Package)
+				// A test cut short (a timeout's panic) may have no result of its own.
+				for k, text := range held {
+					if strings.HasPrefix(k, e.Package+"\x00") {
+						out.Write(text) //nolint:errcheck // the terminal's
+						delete(held, k)
+					}
+				}
 			}
 			continue
 		}
+		if e.Action == "fail" {
+			out.Write(held[key]) //nolint:errcheck // the terminal's
+			if !strings.Contains(e.Test, "/") {
+				failed = append(failed, e.Package+"."+e.Test)
+			}
+		}
+		delete(held, key)
 		if strings.Contains(e.Test, "/") {
 			continue // a subtest: its parent's time holds it
-		}
-		if e.Action == "fail" {
-			failed = append(failed, e.Package+"."+e.Test)
 		}
 		tests = append(tests, timed{pkg: e.Package, name: e.Test, where: e.Action, seconds: e.Elapsed})
 	}
