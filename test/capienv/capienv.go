@@ -31,6 +31,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/capi-inplace/capi-inplace/test/manager"
+	"github.com/capi-inplace/capi-inplace/test/procguard"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -418,6 +419,9 @@ func startProcess(name, binary, kubeconfig, logPath string, args []string, healt
 	// servers on, and writes into each Cluster's control plane endpoint.
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "POD_IP=127.0.0.1", "POD_NAMESPACE=capi-system")
 	cmd.Stdout, cmd.Stderr = log, log
+	// The controller ends with the test binary (or the demo) that started it, even when
+	// that one is killed or times out before it stops the controller.
+	procguard.Guard(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

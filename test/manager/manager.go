@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/capi-inplace/capi-inplace/test/procguard"
 )
 
 // Build compiles the manager from the checkout at root into dir and returns its path.
@@ -23,6 +25,7 @@ func Build(ctx context.Context, root, dir string) (string, error) {
 	out := filepath.Join(dir, "capi-inplace")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
 	cmd.Dir = root
+	procguard.Guard(cmd)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build manager: %w: %s", err, b)
 	}
@@ -94,6 +97,9 @@ func Start(opts Options) (*Process, error) {
 	p.log = log
 	p.cmd = exec.Command(opts.Binary, args...)
 	p.cmd.Stdout, p.cmd.Stderr = log, log
+	// The manager ends with the test binary (or the demo) that started it, even when that
+	// one is killed or times out before it stops the manager.
+	procguard.Guard(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		_ = log.Close()
 		return nil, fmt.Errorf("start manager: %w", err)

@@ -42,6 +42,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhornlive"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/test/manifests"
+	"github.com/capi-inplace/capi-inplace/test/procguard"
 )
 
 // Environment is a running test API server with the project's CRDs installed.
@@ -51,6 +52,9 @@ type Environment struct {
 	// envtest, which would remove it and mint new certificates on every API server stop),
 	// so that RestartAPIServer keeps the serving and client CAs every kubeconfig trusts.
 	certDir string
+	// binDir holds the scripts envtest starts kube-apiserver and etcd through
+	// (procguard.WrapperScript), owned by the Environment like certDir.
+	binDir string
 
 	// Config reaches the API server as a member of system:masters.
 	Config *rest.Config
@@ -142,12 +146,29 @@ func StartWithOptions(opts Options) (*Environment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create the API server's certificate directory: %w", err)
 	}
-	apiServer := &envtest.APIServer{CertDir: certDir}
+	binDir, err := os.MkdirTemp("", "capi-inplace-controlplane-bin-")
+	if err != nil {
+		_ = os.RemoveAll(certDir)
+		return nil, fmt.Errorf("create the control plane's script directory: %w", err)
+	}
+	cleanup := func() { _ = os.RemoveAll(certDir); _ = os.RemoveAll(binDir) }
+	// kube-apiserver and etcd are started through scripts that give them SIGKILL as their
+	// parent-death signal: when the test binary (or the demo) is killed or times out, they
+	// end with it instead of running on. envtest starts them in a process group of their
+	// own with no such signal, and has no hook on its exec.Cmd, only their paths.
+	var paths [2]string
+	for i, bin := range []string{"kube-apiserver", "etcd"} {
+		if paths[i], err = procguard.WrapperScript(binDir, filepath.Join(assets, bin)); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
+	apiServer := &envtest.APIServer{CertDir: certDir, Path: paths[0]}
 	// On SIGTERM, end the open watches within this grace period: kube-apiserver's default
 	// (0) leaves them open until its HTTP server's shutdown times out, a minute later.
 	apiServer.Configure().Set("shutdown-watch-termination-grace-period", "2s")
 	env := &envtest.Environment{
-		ControlPlane:          envtest.ControlPlane{APIServer: apiServer},
+		ControlPlane:          envtest.ControlPlane{APIServer: apiServer, Etcd: &envtest.Etcd{Path: paths[1]}},
 		BinaryAssetsDirectory: assets,
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths:              crdDirs,
@@ -159,21 +180,21 @@ func StartWithOptions(opts Options) (*Environment, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
-		_ = os.RemoveAll(certDir)
+		cleanup()
 		return nil, fmt.Errorf("start test control plane from %s: %w", assets, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		_ = env.Stop()
-		_ = os.RemoveAll(certDir)
+		cleanup()
 		return nil, fmt.Errorf("create test client: %w", err)
 	}
 	if err := installPolicies(root, c); err != nil {
 		_ = env.Stop()
-		_ = os.RemoveAll(certDir)
+		cleanup()
 		return nil, err
 	}
-	return &Environment{env: env, certDir: certDir, Config: cfg, Client: c, Scheme: scheme, RepoRoot: root}, nil
+	return &Environment{env: env, certDir: certDir, binDir: binDir, Config: cfg, Client: c, Scheme: scheme, RepoRoot: root}, nil
 }
 
 // installPolicies creates the admission policies capi-inplace ships (config/policy), so
@@ -207,8 +228,10 @@ func installPolicies(root string, c client.Client) error {
 // Stop stops the API server and etcd.
 func (e *Environment) Stop() error {
 	err := e.env.Stop()
-	if e.certDir != "" {
-		err = errors.Join(err, os.RemoveAll(e.certDir))
+	for _, dir := range []string{e.certDir, e.binDir} {
+		if dir != "" {
+			err = errors.Join(err, os.RemoveAll(dir))
+		}
 	}
 	return err
 }
