@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/capi-inplace/capi-inplace/test/procguard"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // TestDemoKilledLeavesNoProcesses kills (SIGKILL) a running demo, as a timeout or a
 // closed terminal does, once its API servers and manager run, and checks that none of its
-// kube-apiservers, etcds and manager outlives it. A whole run: it belongs with make
-// test-e2e.
+// kube-apiservers, etcds and manager outlives it. A whole run (make test-e2e).
 func TestDemoKilledLeavesNoProcesses(t *testing.T) {
 	if os.Getenv(procguard.ChildEnv) == "demo" {
 		// The child: the demo, as make demo runs it, until it is killed mid-upgrade.
@@ -23,6 +23,7 @@ func TestDemoKilledLeavesNoProcesses(t *testing.T) {
 		fmt.Printf("the demo ended before it was killed: exit code %d, error %v\n", res.exitCode(), err)
 		os.Exit(4)
 	}
+	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts two API servers and the manager")
 	}
