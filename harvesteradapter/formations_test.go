@@ -32,6 +32,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
 // A formation is a Harvester cluster's shape: its management nodes (control plane and
@@ -52,8 +53,8 @@ func (f formation) controlPlane() int {
 // Each formation on a workload API server of its own, upgraded whole by UpgradeTasks as
 // the annotation cascade orders them (the control plane, then the workers), through the
 // UpgradePlan the first node creates: its cluster phase, the nodes, image cleanup and
-// cleanup.
-var _ = Describe("Every Harvester cluster formation", func() {
+// cleanup. Whole runs (25 to 36 s each on 2 cores): make test-e2e runs them.
+var _ = Describe("Every Harvester cluster formation", testsuite.E2E, func() {
 	DescribeTable("upgrades through the cluster phase, the nodes in Harvester's order, image cleanup and cleanup",
 		func(f formation) {
 			wl, err := testenv.Start()
