@@ -26,6 +26,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -225,25 +226,32 @@ func waitForJob(ctx context.Context, t *testing.T, c client.Client, s side, plan
 // finishJob ends a Job as the Job controller would: Complete, or Failed past its deadline.
 func finishJob(ctx context.Context, t *testing.T, c client.Client, job *batchv1.Job, failed bool) {
 	t.Helper()
-	j := &batchv1.Job{}
-	require(t, c.Get(ctx, client.ObjectKeyFromObject(job), j))
-	now := metav1.Now()
-	if j.Status.StartTime == nil {
-		j.Status.StartTime = &now
-	}
-	j.Status.Active, j.Status.Ready, j.Status.Terminating = 0, nil, nil
-	cond := func(t batchv1.JobConditionType, reason string) batchv1.JobCondition {
-		return batchv1.JobCondition{Type: t, Status: corev1.ConditionTrue, Reason: reason, LastTransitionTime: now, LastProbeTime: now}
-	}
-	if failed {
-		j.Status.Failed = 1
-		j.Status.Conditions = []batchv1.JobCondition{cond(batchv1.JobFailureTarget, "DeadlineExceeded"), cond(batchv1.JobFailed, "DeadlineExceeded")}
-	} else {
-		j.Status.Succeeded = 1
-		j.Status.CompletionTime = &now
-		j.Status.Conditions = []batchv1.JobCondition{cond(batchv1.JobSuccessCriteriaMet, ""), cond(batchv1.JobComplete, "")}
-	}
-	require(t, c.Status().Update(ctx, j))
+	// Real SUC writes the same Job (its finalizer, its labels) while the spec does: a write
+	// that loses the optimistic-lock race reads the Job again and writes the ending again,
+	// as the Job controller it stands for does.
+	require(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		j := &batchv1.Job{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(job), j); err != nil {
+			return err
+		}
+		now := metav1.Now()
+		if j.Status.StartTime == nil {
+			j.Status.StartTime = &now
+		}
+		j.Status.Active, j.Status.Ready, j.Status.Terminating = 0, nil, nil
+		cond := func(t batchv1.JobConditionType, reason string) batchv1.JobCondition {
+			return batchv1.JobCondition{Type: t, Status: corev1.ConditionTrue, Reason: reason, LastTransitionTime: now, LastProbeTime: now}
+		}
+		if failed {
+			j.Status.Failed = 1
+			j.Status.Conditions = []batchv1.JobCondition{cond(batchv1.JobFailureTarget, "DeadlineExceeded"), cond(batchv1.JobFailed, "DeadlineExceeded")}
+		} else {
+			j.Status.Succeeded = 1
+			j.Status.CompletionTime = &now
+			j.Status.Conditions = []batchv1.JobCondition{cond(batchv1.JobSuccessCriteriaMet, ""), cond(batchv1.JobComplete, "")}
+		}
+		return c.Status().Update(ctx, j)
+	}))
 }
 
 func get(ctx context.Context, t *testing.T, c client.Client, p *sucv1.Plan) *sucv1.Plan {
