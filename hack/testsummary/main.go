@@ -41,8 +41,9 @@ type ginkgoReport struct {
 			FileName   string
 			LineNumber int
 		}
-		State   string
-		RunTime time.Duration
+		State       string
+		RunTime     time.Duration
+		NumAttempts int
 	}
 }
 
@@ -122,11 +123,15 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 				failed = append(failed, e.Package+"."+e.Test)
 			}
 		}
+		action := e.Action
+		if action == "skip" && routedAway(string(held[key])) {
+			action = "routed"
+		}
 		delete(held, key)
 		if strings.Contains(e.Test, "/") {
 			continue // a subtest: its parent's time holds it
 		}
-		tests = append(tests, timed{pkg: e.Package, name: e.Test, where: e.Action, seconds: e.Elapsed})
+		tests = append(tests, timed{pkg: e.Package, name: e.Test, where: action, seconds: e.Elapsed})
 	}
 	if err := sc.Err(); err != nil {
 		fmt.Fprintf(out, "testsummary: reading go test's output: %v\n", err)
@@ -137,7 +142,7 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 	if err != nil {
 		fmt.Fprintf(out, "testsummary: %v\n", err)
 	}
-	passed, failedN, skipped := 0, 0, 0
+	passed, failedN, skipped, routed := 0, 0, 0, 0
 	var all []timed
 	for _, t := range tests {
 		if suites[t.pkg+"\x00"+t.name] {
@@ -151,6 +156,9 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 		case "skip":
 			skipped++
 			continue
+		case "routed":
+			routed++
+			continue
 		}
 		all = append(all, timed{pkg: t.pkg, name: t.name, seconds: t.seconds})
 	}
@@ -158,6 +166,9 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 		switch s.where {
 		case "passed":
 			passed++
+		case "routed":
+			routed++
+			continue
 		case "skipped", "pending":
 			skipped++
 			continue
@@ -197,6 +208,9 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 		for _, f := range failed {
 			fmt.Fprintf(out, "  %s\n", short(f, module))
 		}
+	}
+	if routed > 0 {
+		fmt.Fprintf(out, "\n%d specs and tests belong to the other target (make test or make test-e2e) and were left out\n", routed)
 	}
 	fmt.Fprintf(out, "\ntests: %d passed, %d failed, %d skipped\n", passed, failedN, skipped)
 	switch {
@@ -247,11 +261,21 @@ func readReports(dir, module string) ([]timed, map[string]bool, error) {
 					name = strings.TrimSpace("[" + s.LeafNodeType + "] " + name)
 				}
 				loc := fmt.Sprintf(" (%s:%d)", filepath.Base(s.LeafNodeLocation.FileName), s.LeafNodeLocation.LineNumber)
-				specs = append(specs, timed{pkg: pkg, name: clip(name, 110) + loc, where: s.State, seconds: s.RunTime.Seconds()})
+				state := s.State
+				if state == "skipped" && s.NumAttempts == 0 {
+					state = "routed" // filtered out by the target's label filter, never run
+				}
+				specs = append(specs, timed{pkg: pkg, name: clip(name, 110) + loc, where: state, seconds: s.RunTime.Seconds()})
 			}
 		}
 	}
 	return specs, suites, nil
+}
+
+// routedAway tells a plain test that test/testsuite skipped because the other target runs
+// it (WholeRun, Unit, RunWhole) from one skipped for a reason of its own.
+func routedAway(output string) bool {
+	return strings.Contains(output, "make test-e2e runs") || strings.Contains(output, "make test runs it")
 }
 
 func short(pkg, module string) string {
