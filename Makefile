@@ -76,8 +76,9 @@ E2E_ONLY_PKGS := ./test/e2e ./test/capie2e ./test/demo ./test/bench
 MIXED_PKGS    := ./harvesteradapter ./test/safety
 TEST_PKGS      = $(filter-out $(E2E_ONLY_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
 E2E_PKGS      := $(E2E_ONLY_PKGS) $(MIXED_PKGS)
-# Each Ginkgo suite writes its specs' times here; hack/testsummary prints the slowest specs
-# and every package's time at the end of both targets.
+# Each Ginkgo suite writes its specs' times here, and each test API server the requests it
+# served; hack/testsummary prints the slowest specs, every package's time and its requests
+# at the end of both targets.
 REPORTS       := $(BIN)/test-reports
 TESTSUMMARY   := $(BIN)/testsummary
 # How many test binaries run at once (go test's -p; its default is the number of cores).
@@ -231,14 +232,16 @@ $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 .PHONY: test
 test: test-binaries $(KUSTOMIZE) $(TESTSUMMARY) ## Unit and envtest specs, one component at a time (about 15 minutes); the slowest specs at the end.
 	@rm -rf $(REPORTS)/unit
-	CAPI_INPLACE_TEST_SCOPE=unit CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/unit \
-		$(GO) test $(TEST_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 | $(TESTSUMMARY) -reports $(REPORTS)/unit
+	CAPI_INPLACE_TEST_SCOPE=unit CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/unit/specs CAPI_INPLACE_REQUEST_COUNTS=$(REPORTS)/unit/requests \
+		$(GO) test $(TEST_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 \
+		| $(TESTSUMMARY) -reports $(REPORTS)/unit/specs -requests $(REPORTS)/unit/requests
 
 .PHONY: test-e2e
 test-e2e: test-binaries $(KUSTOMIZE) $(TESTSUMMARY) ## Whole runs: demo, e2e, CAPI's controllers, formations, bench smoke, safety seeds (about 20 minutes).
 	@rm -rf $(REPORTS)/e2e
-	CAPI_INPLACE_TEST_SCOPE=e2e CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/e2e \
-		$(GO) test $(E2E_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 | $(TESTSUMMARY) -reports $(REPORTS)/e2e
+	CAPI_INPLACE_TEST_SCOPE=e2e CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/e2e/specs CAPI_INPLACE_REQUEST_COUNTS=$(REPORTS)/e2e/requests \
+		$(GO) test $(E2E_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 \
+		| $(TESTSUMMARY) -reports $(REPORTS)/e2e/specs -requests $(REPORTS)/e2e/requests
 
 $(TESTSUMMARY): hack/testsummary/main.go
 	@mkdir -p $(BIN)

@@ -61,13 +61,14 @@ type pkgResult struct {
 
 func main() {
 	reports := flag.String("reports", "", "directory of the Ginkgo suites' JSON reports (test/testsuite's CAPI_INPLACE_SPEC_REPORTS)")
+	requests := flag.String("requests", "", "directory of the test API servers' request counts (test/testenv's CAPI_INPLACE_REQUEST_COUNTS)")
 	module := flag.String("module", "github.com/capi-inplace/capi-inplace", "the module whose package paths the report names are relative to")
 	top := flag.Int("top", 15, "how many of the slowest specs to list")
 	flag.Parse()
-	os.Exit(run(os.Stdin, os.Stdout, *reports, *module, *top))
+	os.Exit(run(os.Stdin, os.Stdout, *reports, *requests, *module, *top))
 }
 
-func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
+func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top int) int {
 	start := time.Now()
 	var (
 		pkgs     = map[string]*pkgResult{}
@@ -209,6 +210,11 @@ func run(in io.Reader, out io.Writer, reportDir, module string, top int) int {
 			fmt.Fprintf(out, "  %s\n", short(f, module))
 		}
 	}
+	if requestDir != "" {
+		if err := printRequests(out, requestDir); err != nil {
+			fmt.Fprintf(out, "testsummary: %v\n", err)
+		}
+	}
 	if routed > 0 {
 		fmt.Fprintf(out, "\n%d specs and tests belong to the other target (make test or make test-e2e) and were left out\n", routed)
 	}
@@ -270,6 +276,63 @@ func readReports(dir, module string) ([]timed, map[string]bool, error) {
 		}
 	}
 	return specs, suites, nil
+}
+
+// printRequests prints, per package, how many requests its test API servers served (the
+// files test/testenv writes when each stops), most first, with the three kinds it sent
+// most of.
+func printRequests(out io.Writer, dir string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil || len(files) == 0 {
+		return err
+	}
+	type pkgCounts struct {
+		name   string
+		total  float64
+		byKind map[string]float64
+	}
+	byPkg := map[string]*pkgCounts{}
+	var all float64
+	for _, f := range files {
+		name, _, _ := strings.Cut(strings.TrimSuffix(filepath.Base(f), ".json"), "__")
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		var counts map[string]float64
+		if err := json.Unmarshal(data, &counts); err != nil {
+			return fmt.Errorf("read the request counts %s: %w", f, err)
+		}
+		p := byPkg[name]
+		if p == nil {
+			p = &pkgCounts{name: strings.ReplaceAll(name, "_", "/"), byKind: map[string]float64{}}
+			byPkg[name] = p
+		}
+		for k, n := range counts {
+			p.byKind[k] += n
+			p.total += n
+			all += n
+		}
+	}
+	list := make([]*pkgCounts, 0, len(byPkg))
+	for _, p := range byPkg {
+		list = append(list, p)
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].total > list[j].total })
+	fmt.Fprintf(out, "\n== Requests the test API servers served, per package (%.0f in all)\n", all)
+	for _, p := range list {
+		kinds := make([]string, 0, len(p.byKind))
+		for k := range p.byKind {
+			kinds = append(kinds, k)
+		}
+		sort.Slice(kinds, func(i, j int) bool { return p.byKind[kinds[i]] > p.byKind[kinds[j]] })
+		var top []string
+		for _, k := range kinds[:min(3, len(kinds))] {
+			top = append(top, fmt.Sprintf("%s %.0f", k, p.byKind[k]))
+		}
+		fmt.Fprintf(out, "%9.0f  %s  (%s)\n", p.total, p.name, strings.Join(top, ", "))
+	}
+	return nil
 }
 
 // routedAway tells a plain test that test/testsuite skipped because the other target runs

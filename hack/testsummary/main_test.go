@@ -39,7 +39,17 @@ func TestSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	code := run(strings.NewReader(events), &out, dir, module, 2)
+	reqDir := t.TempDir()
+	for name, counts := range map[string]string{
+		"b_c__100-1.json": `{"LIST nodes": 300, "GET settings": 50}`,
+		"b_c__100-2.json": `{"LIST nodes": 100, "PATCH nodes/status": 20}`,
+		"a__200-1.json":   `{"GET pods": 10}`,
+	} {
+		if err := os.WriteFile(filepath.Join(reqDir, name), []byte(counts), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code := run(strings.NewReader(events), &out, dir, reqDir, module, 2)
 	text := out.String()
 	if code == 0 {
 		t.Errorf("a failed test must fail the run; exit code 0:\n%s", text)
@@ -53,6 +63,9 @@ func TestSummary(t *testing.T) {
 		"4.0s  fail  a",
 		"2 specs and tests belong to the other target",
 		"tests: 3 passed, 1 failed, 0 skipped",
+		"per package (480 in all)",
+		"      470  b/c  (LIST nodes 400, GET settings 50, PATCH nodes/status 20)", // both of its API servers
+		"       10  a  (GET pods 10)",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the summary lacks %q:\n%s", want, text)
@@ -66,11 +79,14 @@ func TestSummary(t *testing.T) {
 	if strings.Index(text, "Slow takes long") > strings.Index(text, "TestBroken") {
 		t.Errorf("the slowest come first:\n%s", text)
 	}
+	if lines := strings.Split(strings.TrimSpace(text), "\n"); lines[len(lines)-1] != "tests: 3 passed, 1 failed, 0 skipped" {
+		t.Errorf("the closing line is the counts, last: %q", lines[len(lines)-1])
+	}
 }
 
 func TestSummaryNeedsInput(t *testing.T) {
 	var out bytes.Buffer
-	if code := run(strings.NewReader(""), &out, "", module, 15); code == 0 {
+	if code := run(strings.NewReader(""), &out, "", "", module, 15); code == 0 {
 		t.Errorf("no go test result must fail the run:\n%s", out.String())
 	}
 }

@@ -227,6 +227,7 @@ func installPolicies(root string, c client.Client) error {
 
 // Stop stops the API server and etcd.
 func (e *Environment) Stop() error {
+	e.writeRequestCounts()
 	err := e.env.Stop()
 	for _, dir := range []string{e.certDir, e.binDir} {
 		if dir != "" {
