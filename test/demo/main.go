@@ -32,6 +32,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/procguard"
 	"github.com/capi-inplace/capi-inplace/test/scenario"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
@@ -186,6 +187,12 @@ func main() {
 	if err := cfg.validate(); err != nil {
 		_, _ = fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(2)
+	}
+	// make, or whatever started the demo, killed on its own: the demo gets SIGTERM and
+	// stops what it started, as on Ctrl-C (its API servers and manager also die with it,
+	// test/procguard).
+	if err := procguard.StopWithParent(syscall.SIGTERM); err != nil {
+		_, _ = fmt.Fprintf(os.Stderr, "demo: %v (the demo runs on if what started it dies)\n", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -47,3 +47,13 @@ func WrapperScript(dir, binary string) (string, error) {
 	}
 	return script, nil
 }
+
+// StopWithParent asks the kernel to send sig to this process when the process that
+// started it dies: for the demo, whose parent is make, so that a make killed on its own
+// stops the demo, which then stops what it started.
+func StopWithParent(sig syscall.Signal) error {
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(sig), 0); errno != 0 {
+		return fmt.Errorf("prctl PR_SET_PDEATHSIG: %w", errno)
+	}
+	return nil
+}
