@@ -85,19 +85,19 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 		var e event
 		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
 			// Not an event (go vet's or the build's own words): passed on as it is.
-			fmt.Fprintln(out, string(line))
+			say(out, string(line)+"\n")
 			continue
 		}
 		sawInput = true
 		// As plain go test prints: a test's output only when it failed, the package's
 		// own lines (ok, FAIL, a panic outside a test) as they come.
 		key := e.Package + "\x00" + e.Test
+		if e.Action == "build-output" {
+			say(out, e.Output) // the compiler's words: a package that does not build
+			continue
+		}
 		if e.Output != "" {
-			if e.Test == "" {
-				fmt.Fprint(out, e.Output)
-			} else {
-				held[key] = append(held[key], e.Output...)
-			}
+			held[key] = append(held[key], e.Output...)
 		}
 		switch e.Action {
 		case "pass", "fail", "skip":
@@ -106,20 +106,31 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 		}
 		if e.Test == "" {
 			pkgs[e.Package] = &pkgResult{name: e.Package, action: e.Action, seconds: e.Elapsed}
-			if e.Action == "fail" {
+			own := string(held[key])
+			delete(held, key)
+			switch e.Action {
+			case "fail":
 				failed = append(failed, e.Package)
 				// A test cut short (a timeout's panic) may have no result of its own.
 				for k, text := range held {
 					if strings.HasPrefix(k, e.Package+"\x00") {
-						out.Write(text) //nolint:errcheck // the terminal's
+						say(out, string(text))
 						delete(held, k)
+					}
+				}
+				say(out, own)
+			case "pass":
+				// Plain go test shows a package that passed by its result line alone.
+				for _, line := range strings.SplitAfter(own, "\n") {
+					if strings.HasPrefix(line, "ok ") {
+						say(out, line)
 					}
 				}
 			}
 			continue
 		}
 		if e.Action == "fail" {
-			out.Write(held[key]) //nolint:errcheck // the terminal's
+			say(out, string(held[key]))
 			if !strings.Contains(e.Test, "/") {
 				failed = append(failed, e.Package+"."+e.Test)
 			}
@@ -135,13 +146,13 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 		tests = append(tests, timed{pkg: e.Package, name: e.Test, where: action, seconds: e.Elapsed})
 	}
 	if err := sc.Err(); err != nil {
-		fmt.Fprintf(out, "testsummary: reading go test's output: %v\n", err)
+		sayf(out, "testsummary: reading go test's output: %v\n", err)
 		return 1
 	}
 
 	specs, suites, err := readReports(reportDir, module)
 	if err != nil {
-		fmt.Fprintf(out, "testsummary: %v\n", err)
+		sayf(out, "testsummary: %v\n", err)
 	}
 	passed, failedN, skipped, routed := 0, 0, 0, 0
 	var all []timed
@@ -180,9 +191,9 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 	}
 	sort.SliceStable(all, func(i, j int) bool { return all[i].seconds > all[j].seconds })
 
-	fmt.Fprintf(out, "\n== The %d slowest specs and tests\n", min(top, len(all)))
+	sayf(out, "\n== The %d slowest specs and tests\n", min(top, len(all)))
 	for _, t := range all[:min(top, len(all))] {
-		fmt.Fprintf(out, "%8.1fs  %s  %s\n", t.seconds, short(t.pkg, module), t.name)
+		sayf(out, "%8.1fs  %s  %s\n", t.seconds, short(t.pkg, module), t.name)
 	}
 	list := make([]*pkgResult, 0, len(pkgs))
 	var sum float64
@@ -196,32 +207,32 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 		}
 		return list[i].name < list[j].name
 	})
-	fmt.Fprintf(out, "\n== Packages, slowest first (each test binary's own run; they run side by side)\n")
+	sayf(out, "\n== Packages, slowest first (each test binary's own run; they run side by side)\n")
 	for _, p := range list {
 		if p.action == "skip" {
 			continue // no test files
 		}
-		fmt.Fprintf(out, "%8.1fs  %-4s  %s\n", p.seconds, p.action, short(p.name, module))
+		sayf(out, "%8.1fs  %-4s  %s\n", p.seconds, p.action, short(p.name, module))
 	}
-	fmt.Fprintf(out, "%8.1fs  in all, over %s of wall time since the first output\n", sum, time.Since(start).Round(time.Second))
+	sayf(out, "%8.1fs  in all, over %s of wall time since the first output\n", sum, time.Since(start).Round(time.Second))
 	if len(failed) > 0 {
-		fmt.Fprintf(out, "\n== Failed\n")
+		sayf(out, "\n== Failed\n")
 		for _, f := range failed {
-			fmt.Fprintf(out, "  %s\n", short(f, module))
+			sayf(out, "  %s\n", short(f, module))
 		}
 	}
 	if requestDir != "" {
 		if err := printRequests(out, requestDir); err != nil {
-			fmt.Fprintf(out, "testsummary: %v\n", err)
+			sayf(out, "testsummary: %v\n", err)
 		}
 	}
 	if routed > 0 {
-		fmt.Fprintf(out, "\n%d specs and tests belong to the other target (make test or make test-e2e) and were left out\n", routed)
+		sayf(out, "\n%d specs and tests belong to the other target (make test or make test-e2e) and were left out\n", routed)
 	}
-	fmt.Fprintf(out, "\ntests: %d passed, %d failed, %d skipped\n", passed, failedN, skipped)
+	sayf(out, "\ntests: %d passed, %d failed, %d skipped\n", passed, failedN, skipped)
 	switch {
 	case !sawInput:
-		fmt.Fprintln(out, "testsummary: no go test result on the input")
+		say(out, "testsummary: no go test result on the input\n")
 		return 1
 	case len(failed) > 0 || failedN > 0:
 		return 1
@@ -319,7 +330,7 @@ func printRequests(out io.Writer, dir string) error {
 		list = append(list, p)
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].total > list[j].total })
-	fmt.Fprintf(out, "\n== Requests the test API servers served, per package (%.0f in all)\n", all)
+	sayf(out, "\n== Requests the test API servers served, per package (%.0f in all)\n", all)
 	for _, p := range list {
 		kinds := make([]string, 0, len(p.byKind))
 		for k := range p.byKind {
@@ -330,10 +341,15 @@ func printRequests(out io.Writer, dir string) error {
 		for _, k := range kinds[:min(3, len(kinds))] {
 			top = append(top, fmt.Sprintf("%s %.0f", k, p.byKind[k]))
 		}
-		fmt.Fprintf(out, "%9.0f  %s  (%s)\n", p.total, p.name, strings.Join(top, ", "))
+		sayf(out, "%9.0f  %s  (%s)\n", p.total, p.name, strings.Join(top, ", "))
 	}
 	return nil
 }
+
+// say and sayf write to the terminal; what cannot be written there cannot be told anywhere.
+func say(out io.Writer, text string) { _, _ = io.WriteString(out, text) }
+
+func sayf(out io.Writer, format string, args ...any) { _, _ = fmt.Fprintf(out, format, args...) }
 
 // routedAway tells a plain test that test/testsuite skipped because the other target runs
 // it (WholeRun, Unit, RunWhole) from one skipped for a reason of its own.

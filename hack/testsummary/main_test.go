@@ -22,6 +22,7 @@ const events = `{"Action":"run","Package":"github.com/capi-inplace/capi-inplace/
 {"Action":"output","Package":"github.com/capi-inplace/capi-inplace/a","Output":"FAIL\tgithub.com/capi-inplace/capi-inplace/a\t4s\n"}
 {"Action":"fail","Package":"github.com/capi-inplace/capi-inplace/a","Elapsed":4}
 {"Action":"pass","Package":"github.com/capi-inplace/capi-inplace/b/c","Test":"TestSuite","Elapsed":90}
+{"Action":"output","Package":"github.com/capi-inplace/capi-inplace/b/c","Output":"a passing package's log line\n"}
 {"Action":"output","Package":"github.com/capi-inplace/capi-inplace/b/c","Output":"ok  \tgithub.com/capi-inplace/capi-inplace/b/c\t90s\n"}
 {"Action":"pass","Package":"github.com/capi-inplace/capi-inplace/b/c","Elapsed":90}
 `
@@ -71,7 +72,7 @@ func TestSummary(t *testing.T) {
 			t.Errorf("the summary lacks %q:\n%s", want, text)
 		}
 	}
-	for _, unwanted := range []string{"quiet words", "TestSuite", "is quick"} {
+	for _, unwanted := range []string{"quiet words", "a passing package's log line", "TestSuite", "is quick"} {
 		if strings.Contains(text, unwanted) {
 			t.Errorf("the summary shows %q (a passing test's output, the suite's own test, or a spec past the top 2):\n%s", unwanted, text)
 		}
