@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // rancherChartFiles is the simulated Rancher chart: the parts of rancher/rancher's chart
@@ -80,11 +81,16 @@ func RancherChart(version string) ([]byte, error) {
 
 // HelmBinary is the helm the simulated Rancher installer image ships: the real helm,
 // built from its Go module by `make test-binaries` into the test binaries' directory
-// (KUBEBUILDER_ASSETS), as Rancher's installer image ships the helm of Rancher's build.
+// (KUBEBUILDER_ASSETS, else the checkout's bin/k8s, as test/testenv finds kube-apiserver),
+// as Rancher's installer image ships the helm of Rancher's build.
 func HelmBinary() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
-		return "", fmt.Errorf("KUBEBUILDER_ASSETS is not set: it names bin/k8s, where make test-binaries builds helm")
+		root, err := testenv.RepoRoot()
+		if err != nil {
+			return "", fmt.Errorf("KUBEBUILDER_ASSETS is not set, and no checkout to find bin/k8s in (make test-binaries builds helm there): %w", err)
+		}
+		dir = filepath.Join(root, "bin", "k8s")
 	}
 	p := filepath.Join(dir, "helm")
 	if _, err := os.Stat(p); err != nil {
