@@ -264,7 +264,10 @@ type skipWorld struct {
 	task     *inplacev1.UpgradeTask
 }
 
-func newSkipWorld(grace time.Duration) *skipWorld {
+// newSkipWorld starts the world's task with drainPolicy Skip after grace; the task's
+// pauseNodes holds the nodes of the machines whose indexes are held (0 to 2) until the spec
+// takes them out.
+func newSkipWorld(grace time.Duration, held ...int) *skipWorld {
 	GinkgoHelper()
 	// The UpgradePlan is created once the nodes exist: it judges single-node from them.
 	c := newVMClusterWith(false, 0, nil)
@@ -290,6 +293,9 @@ func newSkipWorld(grace time.Duration) *skipWorld {
 			Version: "v1.35.6+rke2r1", UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
 			DrainPolicy: &inplacev1.DrainPolicy{Mode: inplacev1.DrainModeSkip, GracePeriod: &metav1.Duration{Duration: grace}},
 		},
+	}
+	for _, i := range held {
+		w.task.Spec.PauseNodes = append(w.task.Spec.PauseNodes, w.nodes[i])
 	}
 	Expect(env.Client.Create(ctx, w.task)).To(Succeed())
 	return w
@@ -345,13 +351,17 @@ func (w *skipWorld) expectSafeRun() {
 
 var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harvester updater", func() {
 	It("puts back the node a PodDisruptionBudget blocks, upgrades the others, comes back to it at the end and upgrades it once the budget is lifted", func() {
-		w := newSkipWorld(2 * time.Second)
+		// The third node is held (pauseNodes) until the skip's record is checked: were it
+		// upgraded meanwhile, the task would try the skipped machine again under the
+		// budget still in force, and skip it again, before the spec lifts the budget (a
+		// loaded CI machine saw the second machine Failed, skipped twice, at line 363).
+		w := newSkipWorld(2*time.Second, 2)
 		m1, m2, m3 := w.machines[0].Name, w.machines[1].Name, w.machines[2].Name
 		first := w.nodeUpdate(upgraderequest.NodeUpdateName(w.task.Name, m2))
 		Eventually(nodeUpdatePhase(first), 90*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped))
 		expectPutBack(w.harvesterCluster, first, "web", w.witness.FinalAt(first.Name))
 
-		By("the task records the skip and goes on with the third machine")
+		By("the task records the skip, and goes on with the third machine once it is no longer held")
 		Eventually(func(g Gomega) inplacev1.MachineState {
 			w.taskPhase(g)
 			for _, ms := range w.task.Status.Machines {
@@ -372,6 +382,10 @@ var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harve
 		evs := &corev1.EventList{}
 		Expect(env.Client.List(ctx, evs, client.InNamespace(w.ns))).To(Succeed())
 		Expect(evs.Items).To(ContainElement(And(HaveField("Reason", inplacev1.NodeSkippedReason), HaveField("InvolvedObject.Kind", "UpgradeTask"))))
+		Expect(w.machineStatus(m3).State).To(Equal(inplacev1.MachineStateWaiting), "the third machine is held")
+		release := w.task.DeepCopy()
+		release.Spec.PauseNodes = nil
+		Expect(env.Client.Patch(ctx, release, client.MergeFrom(w.task))).To(Succeed())
 
 		By("the budget is lifted while the third machine is upgraded")
 		Eventually(func(g Gomega) inplacev1.MachineState {
