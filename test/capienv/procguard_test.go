@@ -28,20 +28,9 @@ func TestKilledTestBinaryLeavesNoController(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "controller"), []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil { //nolint:gosec // an executable script
 		t.Fatal(err)
 	}
-	res, err := procguard.KillChild(procguard.Child{
+	procguard.ExpectNoneLeft(t, procguard.Child{
 		Test: "TestKilledTestBinaryLeavesNoController", Role: "controller", Env: []string{"CAPIENV_TEST_DIR=" + dir},
 		Want:        []string{"sleep"},
 		ReadyWithin: time.Minute, GoneWithin: 30 * time.Second,
 	})
-	if err != nil {
-		out := ""
-		if res != nil {
-			out = res.Output
-		}
-		t.Fatalf("%v; the child's output:\n%s", err, out)
-	}
-	t.Logf("the child's processes before it was killed: %v", res.Before)
-	if len(res.Left) > 0 {
-		t.Errorf("still running 30s after the test binary that started them was killed: %v (killed now)", res.Left)
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -162,4 +163,22 @@ func (w *watchWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
+}
+
+// ExpectNoneLeft runs KillChild and fails t when the child could not be run and killed,
+// or when any process it started outlived it by c.GoneWithin (those are killed then).
+func ExpectNoneLeft(t testing.TB, c Child) {
+	t.Helper()
+	res, err := KillChild(c)
+	if err != nil {
+		out := ""
+		if res != nil {
+			out = res.Output
+		}
+		t.Fatalf("%v; the child's output:\n%s", err, out)
+	}
+	t.Logf("the child's processes before it was killed: %v", res.Before)
+	if len(res.Left) > 0 {
+		t.Errorf("still running %s after the process that started them was killed: %v (killed now)", c.GoneWithin, res.Left)
+	}
 }

@@ -25,7 +25,7 @@ func TestKilledTestBinaryLeavesNoControlPlane(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a test API server")
 	}
-	res, err := procguard.KillChild(procguard.Child{
+	procguard.ExpectNoneLeft(t, procguard.Child{
 		Test: "TestKilledTestBinaryLeavesNoControlPlane", Role: "testenv",
 		// The child's directories (certificates, etcd's data), which it is killed
 		// before it removes, go where this test removes them.
@@ -33,20 +33,4 @@ func TestKilledTestBinaryLeavesNoControlPlane(t *testing.T) {
 		Want:        []string{"kube-apiserver", "etcd"},
 		ReadyWithin: 3 * time.Minute, GoneWithin: 30 * time.Second,
 	})
-	checkKilled(t, res, err)
-}
-
-func checkKilled(t *testing.T, res *procguard.Killed, err error) {
-	t.Helper()
-	if err != nil {
-		out := ""
-		if res != nil {
-			out = res.Output
-		}
-		t.Fatalf("%v; the child's output:\n%s", err, out)
-	}
-	t.Logf("the child's processes before it was killed: %v", res.Before)
-	if len(res.Left) > 0 {
-		t.Errorf("still running 30s after the test binary that started them was killed: %v (killed now)", res.Left)
-	}
 }
