@@ -17,7 +17,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/testsuite"
 )
 
-// defaultSeeds are the seeds `make test` runs: a fixed set, so that a run of the suite is
+// defaultSeeds are the seeds `make test-e2e` runs: a fixed set, so that a run of the suite is
 // the same plan every time.
 var defaultSeeds = []int64{1, 2, 3, 4, 5, 6, 7, 8}
 

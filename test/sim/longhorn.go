@@ -764,7 +764,11 @@ func CreateLonghornInstanceManager(ctx context.Context, c client.Client, namespa
 
 // SetLonghornSetting writes a Longhorn setting's value, creating it if needed.
 func SetLonghornSetting(ctx context.Context, c client.Client, namespace, name, value string) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// Another writer (longhorn-manager's setting controller, the updater giving a setting
+	// back) may create the setting between the read and the create: that is a lost race
+	// like a conflict, and the next try updates what it created.
+	lostRace := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+	return retry.OnError(retry.DefaultRetry, lostRace, func() error {
 		s := &longhornv1.Setting{}
 		err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, s)
 		if apierrors.IsNotFound(err) {
