@@ -314,7 +314,7 @@ var _ = Describe("The Harvester updater", func() {
 		step := nodeupdater.Step(nu, harvesteradapter.StepKubernetesUpgrade)
 		Expect(step.State).To(Equal(inplacev1.StepStateFailed))
 		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: Job has reached the specified backoff limit"), "the Job controller's words")
-		Expect(step.Message).To(MatchRegexp(`container upgrade of pod \S+ exited with code 1: rke2 failed to start: etcd member not healthy`), "the node's own words, from the failed pod")
+		Expect(step.Message).To(MatchRegexp(`^rke2 failed to start: etcd member not healthy \(container upgrade of pod \S+ exited with code 1\); SUC job `), "the node's own words, from the failed pod, first")
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStatePending), "nothing after the failed step runs")
 		Expect(c.rec.RunsOf(harvesteradapter.PlanName("os", nu))).To(BeEmpty())
 	})
@@ -341,7 +341,7 @@ var _ = Describe("The Harvester updater", func() {
 		step := nodeupdater.Step(nu, harvesteradapter.StepDrain)
 		Expect(step.State).To(Equal(inplacev1.StepStateFailed))
 		Expect(step.Message).To(ContainSubstring("BackoffLimitExceeded: Job has reached the specified backoff limit"))
-		Expect(step.Message).To(MatchRegexp(`container upgrade of pod \S+ exited with code 1: no termination message; its log ends: container upgrade: error: unable to drain node "%s" due to error: global timeout reached: 30s`, node))
+		Expect(step.Message).To(MatchRegexp(`^no termination message; its log ends: container upgrade: error: unable to drain node "%s" due to error: global timeout reached: 30s \(container upgrade of pod \S+ exited with code 1\); SUC job `, node))
 	})
 
 	It("holds a release the cluster's Harvester version cannot be upgraded to, before touching a node, until the plan is forced", func() {

@@ -71,8 +71,10 @@ func DoneOn(plan *sucv1.Plan, node *corev1.Node) bool {
 // node is empty), with the Job's reason; nil when none failed. A Job older than the Plan
 // belongs to an earlier Plan of the same name.
 //
-// The error carries what the Job's failed pod says (podWords); logs, when not nil, reads
-// the end of a failed container's log.
+// The error says first what the Job's failed pod says (podWords), then the Job's name and
+// reason: the node's own words are what an operator acts on, and the Job's condition only
+// says that its backoff limit was reached, so they lead even where a message is cut.
+// logs, when not nil, reads the end of a failed container's log.
 func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string, logs LogTail) error {
 	jobs, err := planJobs(ctx, wc, plan, node)
 	if err != nil {
@@ -85,8 +87,11 @@ func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node str
 				if err != nil {
 					return err
 				}
-				return nodeupdater.Permanentf("PlanJobFailed", "SUC job %s of plan %s failed on node %s: %s: %s%s",
-					job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message, words)
+				if words != "" {
+					words += "; "
+				}
+				return nodeupdater.Permanentf("PlanJobFailed", "%sSUC job %s of plan %s failed on node %s: %s: %s",
+					words, job.Name, plan.Name, job.Labels["upgrade.cattle.io/node"], c.Reason, c.Message)
 			}
 		}
 	}
@@ -105,14 +110,14 @@ const maxWords = 4096
 type LogTail func(ctx context.Context, namespace, pod, container string) (string, error)
 
 // podWords is what the failed Job's newest pod says about its failure, for the Job's
-// failure message: each container that ended in error, its exit code, its termination
-// message (the node program writes its outcome there; nodeprogram Main) and, when logs
-// is set and the log says more (kubectl writes no termination message: a drain's error
-// is in its log only), the last lines of its log. The Job controller's condition says
-// only that the backoff limit was reached, and the pod goes with the Job when its Plan is
-// removed, so this is read before any cleanup. Empty when the pod is gone or no
-// container ended in error. A log that cannot be read is said only when there is no
-// termination message.
+// failure message: for each container that ended in error, its termination message (the
+// node program writes its outcome there; nodeprogram Main) and, when logs is set and the
+// log says more (kubectl writes no termination message: a drain's error is in its log
+// only), the last lines of its log; then, in parentheses, the container, its pod and its
+// exit code. The Job controller's condition says only that the backoff limit was
+// reached, and the pod goes with the Job when its Plan is removed, so this is read
+// before any cleanup. Empty when the pod is gone or no container ended in error. A log
+// that cannot be read is said only when there is no termination message.
 func podWords(ctx context.Context, wc client.Client, job *batchv1.Job, logs LogTail) (string, error) {
 	pods := &corev1.PodList{}
 	if err := wc.List(ctx, pods, client.InNamespace(job.Namespace), client.MatchingLabels{labelJobName: job.Name}); err != nil {
@@ -156,12 +161,9 @@ func podWords(ctx context.Context, wc client.Client, job *batchv1.Job, logs LogT
 		case tail != "":
 			message += "; its log ends: " + tail
 		}
-		said = append(said, fmt.Sprintf("container %s of pod %s exited with code %d: %s", st.Name, newest.Name, t.ExitCode, message))
+		said = append(said, fmt.Sprintf("%s (container %s of pod %s exited with code %d)", message, st.Name, newest.Name, t.ExitCode))
 	}
-	if len(said) == 0 {
-		return "", nil
-	}
-	return "; " + strings.Join(said, "; "), nil
+	return strings.Join(said, "; "), nil
 }
 
 // bounded is text without its surrounding space, cut at maxWords bytes.
