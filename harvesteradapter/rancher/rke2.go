@@ -1,11 +1,13 @@
 package rancher
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -366,4 +368,62 @@ func AnyProvisioned(ctx context.Context, c client.Client, nodes []corev1.Node) (
 		}
 	}
 	return false, nil
+}
+
+// The plan Secret's data keys where Rancher delivers a node's plan and
+// rancher-system-agent writes the plan it last applied successfully: the plan is in
+// sync when the two are equal (rancher@v2.14.4 pkg/capr/planner/store.go UpdatePlan,
+// SecretToNode).
+const (
+	PlanDataKey        = "plan"
+	AppliedPlanDataKey = "appliedPlan"
+)
+
+// installerRepository is the repository of Rancher's RKE2 installer image; its tag is the
+// RKE2 version with "+" made "-" (fact 58; planner.go getInstallerImage).
+const installerRepository = "system-agent-installer-rke2"
+
+// DeliveredPlan is what a node's plan Secret says of the RKE2 that Rancher's current
+// plan installs there.
+type DeliveredPlan struct {
+	// Version is the RKE2 version the plan's install instruction installs, "" when the
+	// Secret holds no plan or none that installs RKE2.
+	Version string
+	// Applied says whether rancher-system-agent applied that plan: RKE2 Version is on the
+	// node's disk. It runs only if the install restarted RKE2, or RKE2 started since (the
+	// restart guard stops the install before the restart, fact 12).
+	Applied bool
+}
+
+// ReadDeliveredPlan reads the node's plan Secret.
+func ReadDeliveredPlan(secret *corev1.Secret) DeliveredPlan {
+	data := secret.Data[PlanDataKey]
+	if len(data) == 0 {
+		return DeliveredPlan{}
+	}
+	var plan struct {
+		Instructions []struct {
+			Image string `json:"image"`
+		} `json:"instructions"`
+	}
+	if err := json.Unmarshal(data, &plan); err != nil {
+		return DeliveredPlan{}
+	}
+	out := DeliveredPlan{Applied: bytes.Equal(data, secret.Data[AppliedPlanDataKey])}
+	for _, in := range plan.Instructions {
+		repo, tag, ok := strings.Cut(in.Image[strings.LastIndex(in.Image, "/")+1:], ":")
+		if ok && repo == installerRepository {
+			out.Version = installerTagVersion(tag)
+		}
+	}
+	return out
+}
+
+// installerTagVersion is the RKE2 version of an installer image tag: v1.35.6-rke2r1 is
+// v1.35.6+rke2r1.
+func installerTagVersion(tag string) string {
+	if i := strings.LastIndex(tag, "-rke2"); i > 0 {
+		return tag[:i] + "+" + tag[i+1:]
+	}
+	return tag
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -38,6 +39,16 @@ type Kubelet struct {
 	Logs func(namespace, pod, container string) (string, bool)
 
 	servers kubeletServers
+
+	// mu guards installed.
+	mu sync.Mutex
+	// installed is the RKE2 version on each node's disk where it differs from the one
+	// running: rancher-system-agent installed it under the restart guard, which stops
+	// system-agent-installer-rke2's run.sh after it wrote the binaries and the restart
+	// stamp and before it restarts the service (harvester-release-steps.md fact 12;
+	// rancher/system-agent-installer-rke2 package/run.sh). The next start of RKE2, a
+	// reboot or a restart of the service, runs it (InstallRKE2, Rebooted, RestartRKE2).
+	installed map[string]string
 }
 
 // DefaultNodeResources are a simulated node's capacity and allocatable: a small
@@ -107,8 +118,14 @@ func (k *Kubelet) SetReady(ctx context.Context, name string, ready bool, reason 
 }
 
 // SetVersion reports a new kubelet version (after an upgrade) and a new operating system
-// image; an empty value leaves that one as it is.
+// image; an empty value leaves that one as it is. A new kubelet version is RKE2 started
+// at that version: it is then the one installed too.
 func (k *Kubelet) SetVersion(ctx context.Context, name, version, osImage string) error {
+	if version != "" {
+		k.mu.Lock()
+		delete(k.installed, name)
+		k.mu.Unlock()
+	}
 	return k.updateStatus(ctx, name, func(st *corev1.NodeStatus) {
 		if version != "" {
 			st.NodeInfo.KubeletVersion = version
@@ -121,17 +138,77 @@ func (k *Kubelet) SetVersion(ctx context.Context, name, version, osImage string)
 
 // Rebooted reports the node back from a reboot of its host: a new boot ID (the kernel's
 // random boot_id, which the kubelet reports as status.nodeInfo.bootID), the OS image it
-// booted (empty keeps the one it had) and Ready.
+// booted (empty keeps the one it had) and Ready, at the RKE2 version installed on its
+// disk: RKE2's unit is enabled, so the boot starts whatever binaries were installed last
+// (InstallRKE2).
 func (k *Kubelet) Rebooted(ctx context.Context, name, osImage string) error {
+	k.mu.Lock()
+	version := k.installed[name]
+	delete(k.installed, name)
+	k.mu.Unlock()
 	if err := k.updateStatus(ctx, name, func(st *corev1.NodeStatus) {
 		st.NodeInfo.BootID = string(uuid.NewUUID())
 		if osImage != "" {
 			st.NodeInfo.OSImage = osImage
 		}
+		if version != "" {
+			st.NodeInfo.KubeletVersion = version
+		}
 	}); err != nil {
 		return err
 	}
 	return k.SetReady(ctx, name, true, "KubeletReady")
+}
+
+// InstallRKE2 puts RKE2 version on node's disk without starting it: what
+// system-agent-installer-rke2's run.sh leaves when INSTALL_RKE2_SKIP_ENABLE=true (the
+// restart guard, harvester-release-steps.md fact 12): the install and the restart stamp
+// are written before run.sh exits on that variable (package/run.sh). The node runs its
+// old version until RKE2 starts again (Rebooted, RestartRKE2).
+func (k *Kubelet) InstallRKE2(name, version string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.installed == nil {
+		k.installed = map[string]string{}
+	}
+	k.installed[name] = version
+}
+
+// InstalledRKE2 is the RKE2 version on node's disk that does not run yet, "" when the
+// running one is the installed one.
+func (k *Kubelet) InstalledRKE2(name string) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.installed[name]
+}
+
+// RestartRKE2 restarts rke2-server or rke2-agent on node: NotReady for down, then Ready at
+// the installed version (the running one when nothing else is installed). It says the
+// version it started.
+func (k *Kubelet) RestartRKE2(ctx context.Context, name string, down time.Duration) (string, error) {
+	if err := k.SetReady(ctx, name, false, "RKE2Restarting"); err != nil {
+		return "", err
+	}
+	t := time.NewTimer(down)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-t.C:
+	}
+	k.mu.Lock()
+	version := k.installed[name]
+	delete(k.installed, name)
+	k.mu.Unlock()
+	if version != "" {
+		if err := k.updateStatus(ctx, name, func(st *corev1.NodeStatus) { st.NodeInfo.KubeletVersion = version }); err != nil {
+			return "", err
+		}
+	}
+	if err := k.SetReady(ctx, name, true, "KubeletReady"); err != nil {
+		return "", err
+	}
+	return version, nil
 }
 
 // SetUnschedulable cordons or uncordons the node.

@@ -15,6 +15,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -28,6 +29,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/fleetv1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/rkev1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
@@ -591,7 +593,14 @@ func Seed(ctx context.Context, c client.Client, rel HarvesterRelease) error {
 	if err := c.Delete(ctx, kubeOVN); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete ManagedChart %s: %w", client.ObjectKeyFromObject(kubeOVN), err)
 	}
-	objs := []client.Object{cluster, repo, rancherRepo, setting, state}
+	// The RKEControlPlane Rancher generates from the provisioning Cluster, whose planner
+	// rolls the machine plans (RancherPlanner), not paused.
+	controlPlane := &unstructured.Unstructured{}
+	controlPlane.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
+	controlPlane.SetNamespace(rancher.FleetLocal)
+	controlPlane.SetName(rancher.LocalCluster)
+	_ = unstructured.SetNestedField(controlPlane.Object, rel.Kubernetes, "spec", "kubernetesVersion")
+	objs := []client.Object{cluster, controlPlane, repo, rancherRepo, setting, state}
 	for _, mc := range charts {
 		objs = append(objs, mc)
 	}

@@ -17,16 +17,20 @@ import (
 	"github.com/rancher/wrangler/v3/pkg/genericcondition"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/rkev1"
 )
 
 // Names Rancher v2prov uses on machine-plan Secrets and Nodes (rancher@v2.14.4
@@ -65,6 +69,13 @@ const (
 	PlanAnnotation        = "sim.capi-inplace.io/plan"
 	PlanVersionAnnotation = "sim.capi-inplace.io/plan-version"
 	AppliedPlanAnnotation = "sim.capi-inplace.io/applied-plan"
+	// PlanDataKey and AppliedPlanDataKey are the Secret's data keys where Rancher
+	// delivers the node's plan and rancher-system-agent writes the plan it last applied
+	// successfully; the plan is in sync when the two are equal (rancher@v2.14.4
+	// pkg/capr/planner/store.go UpdatePlan, SecretToNode). The simulator's plan is the
+	// install instruction alone (PlanData), as the product reads it.
+	PlanDataKey        = "plan"
+	AppliedPlanDataKey = "appliedPlan"
 	// FailureCountKey is the Secret's data key where rancher-system-agent counts the failed
 	// applications of the current plan (rancher@v2.14.4 pkg/capr/planner/store.go
 	// SecretToNode reads it).
@@ -383,6 +394,7 @@ func (p *RancherPlanner) SeedMachines(ctx context.Context) error {
 				Namespace: rancher.FleetLocal, Name: machine + "-machine-plan", Labels: lbls,
 				Annotations: map[string]string{PlanAnnotation: hash, PlanVersionAnnotation: cl.Spec.KubernetesVersion, AppliedPlanAnnotation: hash},
 			},
+			Data: map[string][]byte{PlanDataKey: PlanData(cl.Spec.KubernetesVersion, hash), AppliedPlanDataKey: PlanData(cl.Spec.KubernetesVersion, hash)},
 			Type: MachinePlanSecretType,
 		}
 		if err := recreate(ctx, p.Client, secret); err != nil {
@@ -419,7 +431,9 @@ var localClusterKey = client.ObjectKey{Namespace: rancher.FleetLocal, Name: ranc
 
 // Run plays the planner until ctx ends.
 func (p *RancherPlanner) Run(ctx context.Context) error {
-	kinds := []client.Object{&corev1.Node{}, &corev1.Secret{}, &managementv3.Setting{}, &provisioningv1.Cluster{}}
+	controlPlane := &metav1.PartialObjectMetadata{}
+	controlPlane.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
+	kinds := []client.Object{&corev1.Node{}, &corev1.Secret{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, controlPlane}
 	p.loop.run(ctx, p.Interval, p.Cache, kinds, func(ctx context.Context) { _ = p.pass(ctx) })
 	return ctx.Err()
 }
@@ -456,6 +470,25 @@ func desiredPlan(cl *provisioningv1.Cluster, render string) string {
 	}
 	_, _ = fmt.Fprintf(h, "render=%s\n", render)
 	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// InstallerImage is the repository of Rancher's RKE2 installer image; the tag is the
+// version with "+" made "-" (fact 58; planner.go getInstallerImage).
+const InstallerImage = "rancher/system-agent-installer-rke2"
+
+// PlanData is the plan the simulator delivers as the Secret's PlanDataKey: the JSON of a
+// node plan (rancher@v2.14.4 pkg/apis/rke.cattle.io/v1/plan NodePlan) holding only its
+// install instruction, which runs the installer image at version with the restart stamp
+// (planner.go addInstallInstructionWithRestartStamp; fact 58).
+func PlanData(version, stamp string) []byte {
+	b, _ := json.Marshal(map[string]any{"instructions": []any{map[string]any{
+		"name":    "install",
+		"image":   InstallerImage + ":" + strings.ReplaceAll(version, "+", "-"),
+		"command": "sh",
+		"args":    []string{"-c", "run.sh"},
+		"env":     []string{"RESTART_STAMP=" + stamp},
+	}}})
+	return b
 }
 
 func (p *RancherPlanner) nodes(ctx context.Context) ([]corev1.Node, error) {
@@ -563,7 +596,20 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 	}
 	waiting := ""
 	var errs []error
+	paused, err := p.paused(ctx)
+	if err != nil {
+		return err
+	}
+	if paused {
+		// Pausing the control plane stops machine reconciliation (planner.go Process):
+		// no drain is started, no plan delivered, no uncordon asked. The machine-drain
+		// controller and the agents are not the planner: they go on.
+		waiting = PausedMessage
+	}
 	for _, t := range tiers {
+		if paused {
+			break
+		}
 		msg, err := p.reconcileTier(ctx, cl, t.name, t.entries, desired, t.concurrency, t.drain, machines)
 		if err != nil {
 			errs = append(errs, err)
@@ -575,9 +621,41 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 			break
 		}
 	}
-	errs = append(errs, p.agents(ctx, append(append(append([]*entry{}, etcd...), cp...), workers...)))
+	all := append(append(append([]*entry{}, etcd...), cp...), workers...)
+	for _, e := range all {
+		errs = append(errs, p.machineDrain(ctx, e))
+	}
+	errs = append(errs, p.agents(ctx, all))
 	errs = append(errs, p.writeStatus(ctx, waiting))
 	return errors.Join(errs...)
+}
+
+// PausedMessage is what the planner says while the control plane or its CAPI Cluster is
+// paused (rancher@v2.14.4 pkg/capr/planner/planner.go Process).
+const PausedMessage = "CAPI cluster or RKEControlPlane is paused"
+
+// paused is Cluster API's IsPaused as the planner calls it (planner.go Process,
+// capiannotations.IsPaused(capiCluster, cp)): the RKEControlPlane fleet-local/local
+// carries cluster.x-k8s.io/paused, or the CAPI Cluster fleet-local/local has
+// spec.paused. A missing object pauses nothing.
+func (p *RancherPlanner) paused(ctx context.Context) (bool, error) {
+	cp := &metav1.PartialObjectMetadata{}
+	cp.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
+	if err := p.Client.Get(ctx, localClusterKey, cp); err != nil {
+		if !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err) {
+			return false, err
+		}
+	} else if _, ok := cp.Annotations[clusterv1.PausedAnnotation]; ok {
+		return true, nil
+	}
+	capi := &clusterv1.Cluster{}
+	if err := p.Client.Get(ctx, localClusterKey, capi); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	return ptr.Deref(capi.Spec.Paused, false), nil
 }
 
 func ptrDeref(rc *provisioningv1.RKEConfig) provisioningv1.RKEConfig {
@@ -746,15 +824,17 @@ func hooksAnswered(e *entry, hooks []provisioningv1.DrainHook, value string) boo
 	return true
 }
 
-// drain is the planner's drain (drain.go) and, in the same pass, the machine-drain
-// controller's (rancher@v2.14.4 pkg/controllers/capr/machinedrain/machinedrain.go drain):
-// it says whether the node is ready for its plan.
+// drain is the planner's drain (rancher@v2.14.4 pkg/capr/planner/drain.go drain): it
+// says whether the node is ready for its new plan. With no drain (or a single machine)
+// and no hooks there is nothing to wait for, whatever annotations a drain started under
+// another strategy left (the short circuit). Otherwise it waits only when the plan's
+// restart stamp changes (shouldDrain: the applied plan against the desired one), writes
+// the drain options into drain-options and waits until the machine-drain controller
+// (machineDrain) has set drain-done to the same value.
 func (p *RancherPlanner) drain(ctx context.Context, e *entry, desired string, opts provisioningv1.DrainOptions, machines int) (bool, error) {
-	// Nothing to do: no drain (or a single machine) and no hooks.
 	if (!opts.Enabled || machines == 1) && len(opts.PreDrainHooks) == 0 && len(opts.PostDrainHooks) == 0 {
 		return true, nil
 	}
-	// shouldDrain: only when the applied plan's drain hash is set and differs.
 	applied := e.ann(AppliedPlanAnnotation)
 	if applied == "" || applied == desired {
 		return true, nil
@@ -763,56 +843,85 @@ func (p *RancherPlanner) drain(ctx context.Context, e *entry, desired string, op
 	if e.ann(DrainOptionsAnnotation) != value {
 		return false, p.annotate(ctx, e, map[string]string{DrainOptionsAnnotation: value})
 	}
-	if e.ann(DrainDoneAnnotation) == value {
-		return true, nil
+	return e.ann(DrainDoneAnnotation) == value, nil
+}
+
+// undrain is the planner's undrain (drain.go): once the new plan is applied it asks for
+// the uncordon (uncordon set to drain-options' value) and waits until the machine-drain
+// controller has removed it with every other drain annotation.
+func (p *RancherPlanner) undrain(ctx context.Context, e *entry) (bool, error) {
+	if d := e.ann(DrainOptionsAnnotation); d != "" && d != e.ann(UnCordonAnnotation) {
+		return false, p.annotate(ctx, e, map[string]string{UnCordonAnnotation: d})
 	}
-	// machinedrain: cordon first, whatever the options (RunCordonOrUncordon), then the
-	// pre-drain hooks, then the drain when enabled, then drain-done.
+	return e.ann(UnCordonAnnotation) == "", nil
+}
+
+// machineDrain is Rancher's machine-drain controller on one plan Secret (rancher@v2.14.4
+// pkg/controllers/capr/machinedrain/machinedrain.go OnChange), which runs on every change
+// of the Secret, paused planner or not: while drain-options is set and drain-done differs
+// from it, it drains (cordon, the pre-drain hooks the options name, the drain when
+// enabled, then drain-done); only after that, when uncordon is set, it undrains
+// (post-drain hooks, uncordon, every drain annotation removed). The hooks are those the
+// drain-options value names, not the cluster's current strategy: a drain started under
+// our hooks waits for our hooks even after the strategy lost them.
+func (p *RancherPlanner) machineDrain(ctx context.Context, e *entry) error {
+	value := e.ann(DrainOptionsAnnotation)
+	switch {
+	case value != "" && e.ann(DrainDoneAnnotation) != value:
+		return p.drainMachine(ctx, e, value)
+	case e.ann(UnCordonAnnotation) != "":
+		return p.undrainMachine(ctx, e, value)
+	}
+	return nil
+}
+
+// drainMachine is machinedrain.go drain: cordon first, whatever the options
+// (RunCordonOrUncordon), then the pre-drain hooks, then the drain when enabled, then
+// drain-done.
+func (p *RancherPlanner) drainMachine(ctx context.Context, e *entry, value string) error {
+	var opts provisioningv1.DrainOptions
+	if err := json.Unmarshal([]byte(value), &opts); err != nil {
+		return err
+	}
 	if err := p.cordon(ctx, e.node, true); err != nil {
-		return false, err
+		return err
 	}
 	if len(opts.PreDrainHooks) > 0 {
 		if e.ann(PreDrainAnnotation) != value {
 			p.event(e.node.Name, PreDrainAnnotation)
-			return false, p.annotate(ctx, e, map[string]string{PreDrainAnnotation: value})
+			return p.annotate(ctx, e, map[string]string{PreDrainAnnotation: value})
 		}
 		if !hooksAnswered(e, opts.PreDrainHooks, value) {
-			return false, nil
+			return nil
 		}
 	}
-	if opts.Enabled && machines > 1 {
+	if opts.Enabled {
 		// kubectl drain's eviction is not played: the simulator has no pods to evict.
 		p.event(e.node.Name, "drain")
 	}
-	return false, p.annotate(ctx, e, map[string]string{DrainDoneAnnotation: value})
+	return p.annotate(ctx, e, map[string]string{DrainDoneAnnotation: value})
 }
 
-// undrain is the planner's undrain and the machine-drain controller's unDrain: post-drain
-// hooks, uncordon, then every drain annotation and the hooks' own answers removed
-// (machinedrain.go cleanSecretAnnotationsIfCheckTrue). It says whether the node is done.
-func (p *RancherPlanner) undrain(ctx context.Context, e *entry) (bool, error) {
-	value := e.ann(DrainOptionsAnnotation)
-	if value == "" {
-		return e.ann(UnCordonAnnotation) == "", nil
-	}
-	if e.ann(UnCordonAnnotation) != value {
-		return false, p.annotate(ctx, e, map[string]string{UnCordonAnnotation: value})
-	}
+// undrainMachine is machinedrain.go unDrain: the post-drain hooks the drain-options value
+// names, then the uncordon, then every drain annotation and the hooks' own answers
+// removed (cleanSecretAnnotationsIfCheckTrue). drain-options empty is an error there
+// (its JSON does not parse): the Secret is left as it is.
+func (p *RancherPlanner) undrainMachine(ctx context.Context, e *entry, value string) error {
 	var opts provisioningv1.DrainOptions
 	if err := json.Unmarshal([]byte(value), &opts); err != nil {
-		return false, err
+		return err
 	}
 	if len(opts.PostDrainHooks) > 0 {
 		if e.ann(PostDrainAnnotation) != value {
 			p.event(e.node.Name, PostDrainAnnotation)
-			return false, p.annotate(ctx, e, map[string]string{PostDrainAnnotation: value})
+			return p.annotate(ctx, e, map[string]string{PostDrainAnnotation: value})
 		}
 		if !hooksAnswered(e, opts.PostDrainHooks, value) {
-			return false, nil
+			return nil
 		}
 	}
 	if err := p.cordon(ctx, e.node, false); err != nil {
-		return false, err
+		return err
 	}
 	clear := map[string]string{PreDrainAnnotation: "", PostDrainAnnotation: "", DrainOptionsAnnotation: "", DrainDoneAnnotation: "", UnCordonAnnotation: ""}
 	for _, h := range append(append([]provisioningv1.DrainHook{}, opts.PreDrainHooks...), opts.PostDrainHooks...) {
@@ -820,7 +929,7 @@ func (p *RancherPlanner) undrain(ctx context.Context, e *entry) (bool, error) {
 			clear[h.Annotation] = ""
 		}
 	}
-	return true, p.annotate(ctx, e, clear)
+	return p.annotate(ctx, e, clear)
 }
 
 func (p *RancherPlanner) cordon(ctx context.Context, n *corev1.Node, on bool) error {
@@ -896,6 +1005,10 @@ func (p *RancherPlanner) deliver(ctx context.Context, e *entry, cl *provisioning
 		}
 		s.Annotations[PlanAnnotation] = desired
 		s.Annotations[PlanVersionAnnotation] = cl.Spec.KubernetesVersion
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		s.Data[PlanDataKey] = PlanData(cl.Spec.KubernetesVersion, desired)
 		delete(s.Data, FailureCountKey)
 	})
 }
@@ -977,7 +1090,13 @@ func (p *RancherPlanner) install(ctx context.Context, key client.ObjectKey, a Pl
 		})
 		return
 	}
-	if !a.Guarded {
+	if a.Guarded {
+		// run.sh installed the binaries and wrote the restart stamp, then exited on
+		// INSTALL_RKE2_SKIP_ENABLE=true: the new RKE2 starts at the next reboot or
+		// restart of the service (Kubelet.InstallRKE2), and the agent counts the plan
+		// as applied.
+		p.Kubelet.InstallRKE2(a.Node, a.To)
+	} else {
 		a.Restarted = true
 		p.mu.Lock()
 		p.restarting++
@@ -1012,6 +1131,10 @@ func (p *RancherPlanner) install(ctx context.Context, key client.ObjectKey, a Pl
 			s.Annotations = map[string]string{}
 		}
 		s.Annotations[AppliedPlanAnnotation] = a.Plan
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		s.Data[AppliedPlanDataKey] = PlanData(a.To, a.Plan)
 		delete(s.Data, FailureCountKey)
 	})
 }
