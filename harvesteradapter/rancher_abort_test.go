@@ -5,15 +5,19 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
 // Where Rancher provisions RKE2, a node's RemoveRestartGuard takes the restart guard off
@@ -63,5 +67,38 @@ var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is
 			}
 			return restarts
 		}, 3*time.Second, 100*time.Millisecond).Should(BeEmpty(), "an RKE2 restart after the NodeUpdate ended")
+		expectRancherSettled(wl, c)
 	})
 })
+
+// expectRancherSettled asserts that Rancher's roll of c's nodes is handed back settled:
+// no node cordoned, no plan Secret in a drain that names our hooks (Rancher's
+// machine-drain controller would wait at it for good, machinedrain.go OnChange), no tier
+// waiting on a drain or an uncordon, the planner not paused by us, and every node either
+// running the RKE2 that fleet-local/local declares or not yet given it.
+func expectRancherSettled(wl *testenv.Environment, c *harvesterCluster) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		for _, name := range c.nodes {
+			node := &corev1.Node{}
+			g.Expect(wl.Client.Get(ctx, client.ObjectKey{Name: name}, node)).To(Succeed())
+			g.Expect(node.Spec.Unschedulable).To(BeFalse(), "node %s left cordoned", name)
+			secret, err := rancher.MachinePlan(ctx, wl.Client, node)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(secret).NotTo(BeNil())
+			for _, key := range []string{sim.DrainOptionsAnnotation, sim.PreDrainAnnotation, sim.PostDrainAnnotation, sim.UnCordonAnnotation} {
+				g.Expect(secret.Annotations).NotTo(HaveKey(key), "node %s's plan Secret left in a drain", name)
+			}
+		}
+		pause, err := rancher.ReadPlannerPause(ctx, wl.Client)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(pause.By).To(BeEmpty(), "Rancher's planner left paused by an UpgradePlan")
+		cl := &provisioningv1.Cluster{}
+		g.Expect(wl.Client.Get(ctx, rancher.LocalClusterKey, cl)).To(Succeed())
+		for _, cond := range cl.Status.Conditions {
+			if cond.Type == "Updated" {
+				g.Expect(cond.Message).NotTo(Or(ContainSubstring("draining"), ContainSubstring("uncordoning")), "a tier waits on a drain nobody finishes")
+			}
+		}
+	}).WithPolling(100 * time.Millisecond).Should(Succeed())
+}

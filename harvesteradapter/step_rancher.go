@@ -14,6 +14,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -77,7 +78,24 @@ func (u *Updater) skipRancherTurn(ctx context.Context, r *nodeRun) (string, erro
 	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" && releases.SameVersion(node.Status.NodeInfo.KubeletVersion, r.nu.Spec.Version) {
 		return fmt.Sprintf("node %s runs Kubernetes %s already: Rancher has nothing to restart there", node.Name, r.nu.Spec.Version), nil
 	}
+	if installedNotRunning(owner, r.nu.Spec.Version) {
+		return fmt.Sprintf("Rancher's plan for node %s is applied at RKE2 %s already, under the restart guard, and Rancher will not restart it: KubernetesUpgrade restarts RKE2 on the drained node", node.Name, r.nu.Spec.Version), nil
+	}
 	return "", nil
+}
+
+// installedNotRunning says whether Rancher's plan for the node is applied at version
+// while Rancher asks for no drain hook: rancher-system-agent installed that RKE2 under
+// the restart guard (a roll handed back settled, or a plan ended early), and counts the
+// plan as applied, so Rancher never restarts it and waits for the node's kubelet for
+// good (harvester-release-steps.md facts 12 and 61). The node's own update restarts it
+// (suc.PlanRKE2Restart).
+func installedNotRunning(owner *rancher.Owner, version string) bool {
+	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) != "" {
+		return false
+	}
+	d := rancher.ReadDeliveredPlan(owner.Secret)
+	return d.Applied && releases.SameVersion(d.Version, version)
 }
 
 // runRancherPreDrain waits for Rancher's pre-drain request on the node's plan Secret.
@@ -106,6 +124,13 @@ func (u *Updater) rancherKubernetes(ctx context.Context, r *nodeRun, owner *ranc
 	if rancher.Asked(owner.Secret, rancher.PreDrainRequest) == "" {
 		if at {
 			return true, fmt.Sprintf("node %s runs Kubernetes %s", node.Name, r.nu.Spec.Version), nil
+		}
+		if installedNotRunning(owner, r.nu.Spec.Version) || nodeupdater.StepState(r.nu, StepRancherPreDrain) == inplacev1.StepStateSkipped {
+			done, message, err := u.applyPlan(ctx, r, suc.PlanRKE2Restart)
+			if err != nil || !done {
+				return false, "RKE2 " + r.nu.Spec.Version + " is installed on node " + node.Name + " but not running (Rancher's plan was applied under the restart guard): restarting it; " + message, err
+			}
+			return false, fmt.Sprintf("RKE2 restarted on node %s; waiting for its kubelet to report %s and Ready (it reports %s)", node.Name, r.nu.Spec.Version, node.Status.NodeInfo.KubeletVersion), nil
 		}
 		return false, fmt.Sprintf("waiting for Rancher to ask for node %s's pre-drain hook again", node.Name), nil
 	}
@@ -161,32 +186,62 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 }
 
 // rancherAbortReady says whether an abort may end the node's update with respect to
-// Rancher: once the pre-drain hook is answered Rancher restarts RKE2 on the node, which
-// must not happen after the NodeUpdate ended; so the abort waits until Rancher asks for
-// the post-drain hook (the plan is applied), which it answers, or until
-// rancher-system-agent has failed to apply the plan (it retries, but the old RKE2 runs
-// on). Before the answer Rancher keeps waiting at the hook, and nothing runs; but once
-// RemoveRestartGuard has taken the restart guard off, it is put back first (PlanReguard):
-// when the plan ends its hooks go (the strategy it replaced is restored), Rancher then
-// gives the node the release's plan without asking, and only the guard keeps
-// rancher-system-agent from restarting RKE2 there, outside any NodeUpdate (fact 12).
+// Rancher, and settles Rancher's turn of the node on the way (every ending of a
+// NodeUpdate comes through Abort: failure, timeout, skip, abort, deletion):
+//
+//   - Before our pre-drain answer nothing of the new plan reached the node. The restart
+//     guard, if RemoveRestartGuard took it off, is put back first (PlanReguard): a plan
+//     given to the node later, once the plan's hooks are gone, would otherwise restart
+//     RKE2 outside any NodeUpdate (fact 12). Then Rancher's drain of the node is
+//     withdrawn: its planner paused (rancher.PausePlanner), so that it takes no node
+//     nobody asked for, its drain annotations removed and the node it cordoned
+//     uncordoned (rancher.Withdraw). The abort ends once a look finds nothing to
+//     withdraw.
+//   - Our pre-drain answered, Rancher restarts RKE2 at the declared version: the abort
+//     holds until the plan is applied and Rancher asks for the post-drain hook, which
+//     it answers; Rancher then uncordons the node.
+//   - Unless rancher-system-agent fails to apply the plan: it retries without limit
+//     (rancher@v2.14.4 pkg/capr/planner/store.go, maxFailures -1), and a retry that
+//     succeeds later would restart RKE2 on a node whose update ended. The guard is put
+//     back, so that such a retry installs without a restart, and the node, cordoned by
+//     Rancher until its plan is applied, is uncordoned (the machine-drain controller
+//     does not cordon it again: its drain is done). The UpgradePlan answers the
+//     post-drain request that comes once the install succeeds (settleRancherTurns).
 func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, error) {
 	owner, err := u.rancherOwner(ctx, r)
 	if err != nil || owner == nil {
 		return true, err
 	}
 	s := owner.Secret
+	node := r.nu.Spec.NodeName
 	if !rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) {
-		if st := nodeupdater.StepState(r.nu, StepRemoveRestartGuard); st == inplacev1.StepStatePending || st == inplacev1.StepStateSkipped {
-			return true, nil // the guard was never taken off
+		if st := nodeupdater.StepState(r.nu, StepRemoveRestartGuard); st != inplacev1.StepStatePending && st != inplacev1.StepStateSkipped {
+			if done, _, err := u.applyPlan(ctx, r, suc.PlanReguard); err != nil || !done {
+				return false, err
+			}
 		}
-		done, _, err := u.applyPlan(ctx, r, suc.PlanReguard)
-		return done, err
+		if !rancher.InOurDrain(s) && rancher.Asked(s, rancher.PreDrainRequest) == "" {
+			return true, nil
+		}
+		pause, err := rancher.PausePlanner(ctx, r.wc, upgradeplan.Name(r.nu.Spec.ClusterName, r.cfg.Spec.Release.Version))
+		if err != nil || !pause.Served {
+			// No RKEControlPlane to pause: Rancher keeps waiting at the hook.
+			return err == nil, err
+		}
+		changed, err := rancher.Withdraw(ctx, r.wc, s, node)
+		return err == nil && !changed, err
 	}
 	if rancher.Asked(s, rancher.PostDrainRequest) != "" {
 		return true, rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook)
 	}
-	return planFailures(s) != "", nil
+	if planFailures(s) == "" {
+		return false, nil // RKE2 restarts now: the abort waits for the plan to be applied
+	}
+	if done, _, err := u.applyPlan(ctx, r, suc.PlanReguard); err != nil || !done {
+		return false, err
+	}
+	_, err = rancher.Uncordon(ctx, r.wc, node)
+	return err == nil, err
 }
 
 // removeGuardStep takes the restart guard off the node before Rancher is let restart its

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 )
 
 // The steps of one node's upgrade, in the order they run; each shows in
@@ -20,7 +21,7 @@ const (
 	StepOSUpgrade          = "OSUpgrade"
 	StepLonghornDataEngine = "LonghornDataEngine"
 	StepLonghornPause      = "LonghornPause"
-	StepRancherPreDrain    = "RancherPreDrain"
+	StepRancherPreDrain    = upgradeplan.StepRancherPreDrain
 	StepRancherPostDrain   = "RancherPostDrain"
 	StepRemoveRestartGuard = "RemoveRestartGuard"
 	StepRestoreVMs         = "RestoreVMs"

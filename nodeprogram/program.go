@@ -97,6 +97,7 @@ func commands() []command {
 		{name: "remove-archives", summary: "after the RKE2 upgrade, remove the RKE2 image archives preload placed for RKE2 to import", run: runRemoveArchives},
 		{name: "remove-images", summary: "once every node runs the release, remove the previous release's images it no longer lists from the node's containerd", run: runRemoveImages},
 		{name: "rke2-restart-guard", summary: "place (or with --remove take away) the runtime drop-in that stops rancher-system-agent from restarting RKE2 when it installs a new machine plan", run: runRestartGuard},
+		{name: "rke2-restart", summary: "take the restart guard off and restart rke2-server or rke2-agent, starting the RKE2 that rancher-system-agent installed under the guard", run: runRKE2Restart},
 		{name: "rke2-manifest-skip", summary: "place (or with --remove take away) rke2-multus.yaml.skip in RKE2's server manifests, so that RKE2 restarting at a new version does not re-deploy multus", run: runManifestSkip},
 		{name: "rke2-settings", summary: "write the release's RKE2 and kubelet settings of one stage of the node's upgrade (--stage pre-drain or post-drain)", run: runRKE2Settings},
 		{name: "os-upgrade", summary: "install the release's operating system from the repository and schedule the reboot", run: runOSUpgrade},

@@ -153,3 +153,46 @@ func TestRestartGuardFailingSystemctl(t *testing.T) {
 func TestRestartGuardRefusesArguments(t *testing.T) {
 	runNode(t, guardNode(t), nil, "rke2-restart-guard", "remove").expect(t, ExitUsage, `unexpected arguments ["remove"]`)
 }
+
+func TestRKE2RestartTakesTheGuardOffAndRestartsTheActiveService(t *testing.T) {
+	host := guardNode(t)
+	runNode(t, host, nil, "rke2-restart-guard").expect(t, ExitOK)
+	systemctl := host.tools["systemctl"]
+	host.tools["systemctl"] = func(c Command, in []byte) ([]byte, error) {
+		if len(c.Args) > 0 && c.Args[0] == "is-active" && slices.Contains(c.Args, "rke2-server.service") {
+			return nil, errors.New("exit status 3") // a worker: rke2-agent runs
+		}
+		return systemctl(c, in)
+	}
+	before := len(host.commandLines())
+	r := runNode(t, host, nil, "rke2-restart", "--repository-url=http://repo.example", "--version=v1.8.1")
+	r.expect(t, ExitOK, "capi-inplace node rke2-restart: done")
+	if !strings.Contains(r.stdout, "restarted rke2-agent.service") {
+		t.Errorf("stdout %q does not say what it restarted", r.stdout)
+	}
+	if _, err := os.Stat(host.Path(restartGuardDropIn)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the restart guard is still there: %v", err)
+	}
+	want := append(append([]string{}, agentRestart...),
+		"systemctl is-active --quiet rke2-server.service", "systemctl is-active --quiet rke2-agent.service", "systemctl restart rke2-agent.service")
+	if lines := host.commandLines()[before:]; !slices.Equal(lines, want) {
+		t.Fatalf("host commands %q, want %q", lines, want)
+	}
+}
+
+func TestRKE2RestartFailsWhereNoRKE2Runs(t *testing.T) {
+	host := guardNode(t)
+	host.tools["systemctl"] = func(c Command, _ []byte) ([]byte, error) {
+		if len(c.Args) > 0 && c.Args[0] == "is-active" {
+			return nil, errors.New("exit status 3")
+		}
+		return nil, nil
+	}
+	r := runNode(t, host, nil, "rke2-restart")
+	if r.code == ExitOK {
+		t.Fatalf("rke2-restart succeeded on a node where no RKE2 service is active: %s", r.stdout)
+	}
+	if !strings.Contains(r.termination, "neither rke2-server.service nor rke2-agent.service is active") {
+		t.Errorf("termination message %q does not say why", r.termination)
+	}
+}

@@ -339,6 +339,12 @@ func Waiting(ctx context.Context, c client.Client, nodes []corev1.Node) ([]strin
 	return out, nil
 }
 
+// PlanSecrets maps machine names (a Node's NodeMachineAnnotation) to their machine-plan
+// Secrets in FleetLocal.
+func PlanSecrets(ctx context.Context, c client.Client) (map[string]*corev1.Secret, error) {
+	return planSecrets(ctx, c)
+}
+
 // planSecrets maps machine names to their machine-plan Secrets in FleetLocal.
 func planSecrets(ctx context.Context, c client.Client) (map[string]*corev1.Secret, error) {
 	list := &corev1.SecretList{}

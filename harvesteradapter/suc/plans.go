@@ -43,6 +43,13 @@ const (
 	// restart RKE2 there: with the guard off, the machine plan Rancher gives the node
 	// once the plan's hooks are gone would restart RKE2 outside any NodeUpdate.
 	PlanReguard PlanKind = "reguard"
+	// PlanRKE2Restart starts the RKE2 that rancher-system-agent installed on the node
+	// under the restart guard (`rke2-restart`: the guard taken off, rke2-server or
+	// rke2-agent restarted), for a node whose Rancher plan is applied at the target while
+	// its kubelet still runs the old version: Rancher counts that plan as applied and
+	// never restarts it (harvester-release-steps.md facts 12 and 61). As for
+	// PlanUnguard, the release's pre-drain settings come first.
+	PlanRKE2Restart PlanKind = "rke2-restart"
 )
 
 // Labels the adapter puts on what it creates in the workload cluster, so that it finds
@@ -50,7 +57,8 @@ const (
 const (
 	// LabelNodeUpdate is the UID of the NodeUpdate a Plan belongs to.
 	LabelNodeUpdate = "harvester.inplace.cluster.x-k8s.io/node-update"
-	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os, unguard or reguard for
+	// LabelPlanKind is the kind of Plan: preload, drain, rke2, os, unguard, reguard or
+	// rke2-restart for
 	// a node's Plans; image-cleanup, restart-guard, manifest-skip or manifest-unskip for
 	// the Plans of every node.
 	LabelPlanKind = "harvester.inplace.cluster.x-k8s.io/plan-kind"
@@ -196,6 +204,10 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 	case PlanReguard:
 		plan.Spec.Version = release
 		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-restart-guard"}, repositoryURL, release, PrivilegedRoot())
+	case PlanRKE2Restart:
+		plan.Spec.Version = release
+		plan.Spec.Prepare = NodeProgram(harvesterImage, []string{"rke2-settings", "--stage=pre-drain"}, repositoryURL, release, HostRootUser())
+		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-restart"}, repositoryURL, release, PrivilegedRoot())
 	}
 	return plan
 }
@@ -244,7 +256,7 @@ func PlanTimeout(kind PlanKind, t harvesterv1.Timeouts) time.Duration {
 		return harvesterv1.DurationOr(t.ImagePreload, harvesterv1.DefaultImagePreloadTimeout)
 	case PlanDrain:
 		return harvesterv1.DurationOr(t.Drain, harvesterv1.DefaultDrainTimeout)
-	case PlanKubernetes:
+	case PlanKubernetes, PlanRKE2Restart:
 		return harvesterv1.DurationOr(t.KubernetesUpgrade, harvesterv1.DefaultKubernetesUpgradeTimeout)
 	case PlanUnguard, PlanReguard:
 		return restartGuardTimeout

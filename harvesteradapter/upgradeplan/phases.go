@@ -22,6 +22,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -231,10 +232,15 @@ func (r *PlanReconciler) upgradeNodes(ctx context.Context, pr *PlanRun) (bool, s
 	if err != nil {
 		return false, "", err
 	}
-	handOver, err := r.rollThroughRancher(ctx, pr, nodes, nus)
+	handOver, err := r.rollThroughRancher(ctx, pr, nodes)
 	if err != nil {
 		return false, "", err
 	}
+	steer, err := r.steerRancher(ctx, pr, nodes, nus)
+	if err != nil {
+		return false, "", err
+	}
+	handOver += steer
 	pr.Plan.Status.Nodes = r.nodeStatuses(nodes, nil, NodeStateImagePreloaded, pr, nus)
 	at, running := 0, 0
 	for _, n := range pr.Plan.Status.Nodes {
@@ -381,6 +387,10 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 			return "", err
 		}
 	}
+	handing, behind, err := handBackRancher(ctx, pr)
+	if err != nil || handing != "" {
+		return handing, err
+	}
 	keep, waiting, unskipErr := unskipMultusManifest(ctx, pr)
 	if unskipErr != nil && keep == "" {
 		return "", unskipErr // not known whether a removal Plan must stay: delete nothing yet
@@ -392,8 +402,53 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	if err := removeLabelled(ctx, pr.Workload, pr.Plan.Name, keeping...); err != nil {
 		return "", err
 	}
+	if err := r.resumeRancher(ctx, pr, behind); err != nil {
+		return "", err
+	}
 	return waiting, unskipErr
 }
+
+// resumeRancher lets Rancher's planner go once the roll is handed back
+// (handBackRancher) and the strategy restored, and names the nodes left behind the
+// declared version, once: an event on the plan and the plan's RancherHandedBack
+// condition.
+func (r *PlanReconciler) resumeRancher(ctx context.Context, pr *PlanRun, behind []string) error {
+	pause, err := rancher.ReadPlannerPause(ctx, pr.Workload)
+	if err != nil {
+		return err
+	}
+	if pause.By == pr.Plan.Name {
+		if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+			return err
+		}
+	}
+	message := "Rancher's roll of fleet-local/local handed back settled: every node runs the RKE2 it declares"
+	if len(behind) > 0 {
+		cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
+		if err != nil {
+			return err
+		}
+		declared := ""
+		if cl != nil {
+			declared = cl.Spec.KubernetesVersion
+		}
+		message = fmt.Sprintf("fleet-local/local declares RKE2 %s and node(s) %s do not run it yet: each carries the restart guard, so Rancher installs %s there without restarting it (rancher-system-agent then counts the plan applied and Rancher waits for their kubelets); to finish, run an UpgradeTask to %s again: each of those nodes' NodeUpdates restarts RKE2 on the drained node (a reboot of the node starts it too)",
+			declared, strings.Join(behind, ", "), declared, pr.Plan.Spec.Version)
+	}
+	if c := meta.FindStatusCondition(pr.Plan.Status.Conditions, ConditionRancherHandedBack); c == nil || c.Message != message {
+		if len(behind) > 0 {
+			r.event(pr.Plan, corev1.EventTypeWarning, "RKE2NotRestarted", "HandBack", "%s", message)
+		}
+		meta.SetStatusCondition(&pr.Plan.Status.Conditions, metav1.Condition{Type: ConditionRancherHandedBack, Status: metav1.ConditionTrue,
+			Reason: "HandedBack", Message: message, ObservedGeneration: pr.Plan.Generation})
+	}
+	return nil
+}
+
+// ConditionRancherHandedBack, on an UpgradePlan whose nodes' RKE2 Rancher provisions,
+// says that its end handed fleet-local/local back settled, and names the nodes that do
+// not run the version it declares.
+const ConditionRancherHandedBack = "RancherHandedBack"
 
 // removeLabelled deletes the Plans, Jobs and ConfigMaps labelled with the plan's name,
 // in every namespace, and last the admission policy that kept other upgraders off the

@@ -10,10 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
@@ -30,13 +30,15 @@ import (
 // takes one node after the other and waits at each node's pre-drain request until its
 // NodeUpdate has made it safe and answers. The strategy it had is recorded first in the
 // progress ConfigMap and given back when the plan ends (clusterupgrade.Restore); the
-// version stays the release's then, as Harvester's cleanup leaves it (fact 59). Its
-// concurrency follows the running tasks' maxUnavailable (the largest; 1 when none runs);
-// it only bounds how many nodes Rancher cordons and asks at once, each node still waits
-// for its own NodeUpdate. Harvester also raises provisionGeneration (fact 11.4): not
-// done, the version change alone changes every node's plan (fact 58). It says what it
-// did, for the phase's message; nothing when Rancher provisions no node of the cluster.
-func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, nodes []clusterNode, nus map[string]*inplacev1.NodeUpdate) (string, error) {
+// version stays the release's then, as Harvester's cleanup leaves it (fact 59). Rancher's
+// planner is paused before the version is declared (rancher.PausePlanner), and from then
+// on steerRancher lets it go only for the node a running NodeUpdate waits for; the
+// concurrency is 1, as Harvester's (upgrade_controller.go@v1.8.2), whatever the tasks'
+// maxUnavailable: Rancher never has two nodes cordoned at once. Harvester also raises
+// provisionGeneration (fact 11.4): not done, the version change alone changes every
+// node's plan (fact 58). It says what it did, for the phase's message; nothing when
+// Rancher provisions no node of the cluster.
+func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, nodes []clusterNode) (string, error) {
 	release := pr.Plan.Status.ReleaseMetadata
 	if release == nil {
 		return "", nil
@@ -49,11 +51,7 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 	if any, err := rancher.AnyProvisioned(ctx, pr.Workload, provisioned); err != nil || !any {
 		return "", err // Rancher provisions none of these nodes: SUC upgrades RKE2
 	}
-	concurrency, err := r.taskConcurrency(ctx, pr, nus, len(nodes))
-	if err != nil {
-		return "", err
-	}
-	want := rancher.Strategy(concurrency)
+	want := rancher.Strategy(1)
 	if cl.Spec.KubernetesVersion == release.Kubernetes && rancher.HasOurHooks(cl) &&
 		cl.Spec.RKEConfig.UpgradeStrategy.WorkerConcurrency == want["workerConcurrency"] {
 		turns, err := markTurns(ctx, pr.Workload, provisioned)
@@ -77,6 +75,9 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 	if err != nil {
 		return "", err
 	}
+	if _, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+		return "", err
+	}
 	if err := rancher.SetRoll(ctx, pr.Workload, release.Kubernetes, raw); err != nil {
 		return "", err
 	}
@@ -84,39 +85,9 @@ func (r *PlanReconciler) rollThroughRancher(ctx context.Context, pr *PlanRun, no
 		return "", err
 	}
 	r.event(pr.Plan, corev1.EventTypeNormal, "RKE2ThroughRancher", "DeclareKubernetesVersion",
-		"declared RKE2 %s on provisioning Cluster %s with our drain hooks (concurrency %d); Rancher restarts each node's RKE2 once its NodeUpdate answers",
-		release.Kubernetes, rancher.LocalClusterKey, concurrency)
+		"declared RKE2 %s on provisioning Cluster %s with our drain hooks (concurrency 1); Rancher restarts each node's RKE2 once its NodeUpdate answers",
+		release.Kubernetes, rancher.LocalClusterKey)
 	return fmt.Sprintf("; RKE2 %s declared on fleet-local/local, Rancher rolls it behind our drain hooks", release.Kubernetes), nil
-}
-
-// taskConcurrency is the largest maxUnavailable of the UpgradeTasks whose NodeUpdates
-// of this cluster run now, resolved against the cluster's node count; 1 when none runs
-// or none says.
-func (r *PlanReconciler) taskConcurrency(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1.NodeUpdate, total int) (int, error) {
-	most := 1
-	seen := map[string]bool{}
-	for _, nu := range nus {
-		task := nu.Labels[inplacev1.UpgradeTaskLabel]
-		if task == "" || seen[task] || nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded || nu.Status.Phase == inplacev1.NodeUpdatePhaseFailed {
-			continue
-		}
-		seen[task] = true
-		t := &inplacev1.UpgradeTask{}
-		if err := r.Env.Client.Get(ctx, client.ObjectKey{Namespace: pr.Plan.Namespace, Name: task}, t); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return 0, fmt.Errorf("read UpgradeTask %s: %w", task, err)
-		}
-		if t.Spec.MaxUnavailable == nil {
-			continue
-		}
-		n, err := intstr.GetScaledValueFromIntOrPercent(t.Spec.MaxUnavailable, total, true)
-		if err == nil && n > most {
-			most = n
-		}
-	}
-	return most, nil
 }
 
 // markTurns sets UpgradeTurnAnnotation on the nodes Rancher rolls now (it cordoned them

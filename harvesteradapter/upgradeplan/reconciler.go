@@ -309,6 +309,10 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		// Shown at once, before the preflight runs.
 		r.enter(plan, harvesterv1.UpgradePlanInitializing)
 		result.RequeueAfter = time.Millisecond
+	case plan.Status.Phase == harvesterv1.UpgradePlanFailed && meta.IsStatusConditionFalse(plan.Status.Conditions, ConditionCleanedUp):
+		if !r.cleanUpFailed(ctx, plan) {
+			result.RequeueAfter = r.poll()
+		}
 	case !terminal(plan.Status.Phase):
 		// One phase per reconcile, its status written before the next begins, so that
 		// every phase shows (kubectl get, watches) however fast it goes.
@@ -341,6 +345,9 @@ func (r *PlanReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		var held *errHeld
 		if reason, permanent := nodeupdater.AsPermanent(runErr); permanent {
 			r.fail(ctx, plan, reason.Reason, runErr.Error())
+			if meta.IsStatusConditionFalse(plan.Status.Conditions, ConditionCleanedUp) {
+				result.RequeueAfter = r.poll()
+			}
 		} else if errors.As(runErr, &held) {
 			degraded = held.msg
 			plan.Status.Message = held.msg
@@ -386,12 +393,37 @@ func (r *PlanReconciler) enter(plan *harvesterv1.UpgradePlan, p harvesterv1.Upgr
 // removing rke2-multus.yaml.skip is created and left to SUC: the failed plan is not
 // looked at again, and its finalizer waits for that Plan when it is deleted (fact 34).
 func (r *PlanReconciler) fail(ctx context.Context, plan *harvesterv1.UpgradePlan, reason, message string) {
-	if pr, err := r.prepare(ctx, plan); err == nil {
-		_, _ = r.removeClusterObjects(ctx, pr)
-	}
 	plan.Status.Message = fmt.Sprintf("%s: %s; delete the UpgradePlan to start again", reason, message)
 	r.event(plan, corev1.EventTypeWarning, reason, "Fail", "%s", message)
 	r.enter(plan, harvesterv1.UpgradePlanFailed)
+	r.cleanUpFailed(ctx, plan)
+}
+
+// ConditionCleanedUp, on a Failed UpgradePlan, says whether what the plan changed on the
+// workload cluster is given back: False, with what it waits for, while the end goes on
+// (Rancher's roll handed back, the restart guard placed, the multus skip file removed).
+const ConditionCleanedUp = "CleanedUp"
+
+// cleanUpFailed removes what a Failed plan created and gives back what it changed
+// (removeClusterObjects), and records in ConditionCleanedUp whether that is done: a
+// Failed plan is looked at again until it is (Reconcile), so that an end that must wait
+// (Rancher restarting a node's RKE2, the restart guard being placed) still ends settled.
+func (r *PlanReconciler) cleanUpFailed(ctx context.Context, plan *harvesterv1.UpgradePlan) bool {
+	waiting := ""
+	pr, err := r.prepare(ctx, plan)
+	if err == nil {
+		waiting, err = r.removeClusterObjects(ctx, pr)
+	}
+	c := metav1.Condition{Type: ConditionCleanedUp, Status: metav1.ConditionTrue, Reason: "CleanedUp",
+		Message: "what the plan changed on the workload cluster is given back", ObservedGeneration: plan.Generation}
+	switch {
+	case err != nil:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "CleanUpFailed", "giving back what the plan changed failed, trying again: "+err.Error()
+	case waiting != "":
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "CleaningUp", waiting
+	}
+	meta.SetStatusCondition(&plan.Status.Conditions, c)
+	return c.Status == metav1.ConditionTrue
 }
 
 func (r *PlanReconciler) event(plan *harvesterv1.UpgradePlan, kind, reason, action, format string, args ...any) {

@@ -101,6 +101,9 @@ type SUC struct {
 	// node before the node goes down (harvester-node-upgrade.md fact 28: "the Job
 	// therefore completes before the reboot"). Scaled down for tests. Default 300ms.
 	RebootDelay time.Duration
+	// RestartDuration is how long a node is NotReady while the node program's
+	// rke2-restart restarts its RKE2 service. Default 100ms.
+	RestartDuration time.Duration
 	// RebootDuration is how long, on Clock, a rebooting node is down before its kubelet
 	// reports Ready again on the new boot. Default 200ms.
 	RebootDuration time.Duration
@@ -222,6 +225,10 @@ func ServerNode(node *corev1.Node) bool {
 //   - a Plan whose upgrade container runs the node program's rke2-restart-guard guards
 //     the node (harvester-release-steps.md fact 12, skip_restart_rancher_system_agent);
 //     with --remove it unguards it (fact 44, recover_rancher_system_agent);
+//   - a Plan whose upgrade container runs the node program's rke2-restart unguards the
+//     node and restarts its RKE2 service, which starts the RKE2 installed on its disk
+//     (Kubelet.RestartRKE2: rancher-system-agent's install under the guard,
+//     Kubelet.InstallRKE2); the node is NotReady for RestartDuration meanwhile;
 //   - a Plan whose upgrade container runs the node program's rke2-manifest-skip puts
 //     rke2-multus.yaml.skip on a server node (fact 34), and with --remove takes it off;
 //     on an agent node it does nothing. When the file goes from a node while RKE2 runs,
@@ -246,11 +253,13 @@ func (s *SUC) playHost(ctx context.Context, job *batchv1.Job) error {
 	}
 	// Decided without the lock: s.OSImage is the test's function.
 	up := run.plan.Spec.Upgrade
-	guard, unguard, skip, unskip := false, false, false, false
+	guard, unguard, skip, unskip, restart := false, false, false, false, false
 	var node *corev1.Node
 	switch {
 	case up != nil && nodeSubcommand(up.Image, up.Args) == RestartGuardSubcommand:
 		guard, unguard = !removesGuard(up.Args), removesGuard(up.Args)
+	case up != nil && nodeSubcommand(up.Image, up.Args) == RKE2RestartSubcommand:
+		unguard, restart = true, true
 	case up != nil && nodeSubcommand(up.Image, up.Args) == ManifestSkipSubcommand:
 		node = &corev1.Node{}
 		if err := s.cached().Get(ctx, client.ObjectKey{Name: run.node}, node); err != nil {
@@ -277,11 +286,20 @@ func (s *SUC) playHost(ctx context.Context, job *batchv1.Job) error {
 		delete(s.skipped, run.node)
 	}
 	s.mu.Unlock()
+	if restart {
+		if _, err := s.Kubelet.RestartRKE2(ctx, run.node, orDefault(s.RestartDuration, 100*time.Millisecond)); err != nil {
+			return fmt.Errorf("restart RKE2 on node %s: %w", run.node, err)
+		}
+	}
 	if removed && s.Multus != nil {
 		return s.Multus.SkipRemoved(ctx, run.node, node.Status.NodeInfo.KubeletVersion)
 	}
 	return nil
 }
+
+// RKE2RestartSubcommand is the node program subcommand that takes the restart guard off
+// and restarts RKE2's service (nodeprogram/rke2restart.go).
+const RKE2RestartSubcommand = "rke2-restart"
 
 // removesGuard tells whether the node program's arguments say --remove (a Go boolean
 // flag: --remove, -remove, or either with =true).

@@ -1,0 +1,114 @@
+package rancher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Rancher's drain of a node, as its planner and machine-drain controller keep it on the
+// node's plan Secret (rancher@v2.14.4 pkg/capr/common.go; pkg/capr/planner/drain.go;
+// pkg/controllers/capr/machinedrain/machinedrain.go): the planner writes the drain
+// options into DrainOptionsAnnotation when it takes the node; the machine-drain
+// controller cordons the node, asks for the pre-drain hooks the options name, drains
+// when enabled and sets DrainDoneAnnotation to the same value; the planner delivers the
+// plan and, once it is applied, asks for the uncordon (UnCordonAnnotation); the
+// machine-drain controller asks for the post-drain hooks, uncordons and removes every
+// one of these annotations. The controller keeps working from the options the drain
+// started with, whatever the strategy says later: a drain that names our hooks waits for
+// our answers for good.
+const (
+	DrainOptionsAnnotation = "rke.cattle.io/drain-options"
+	DrainDoneAnnotation    = "rke.cattle.io/drain-done"
+	UnCordonAnnotation     = "rke.cattle.io/uncordon"
+)
+
+// InOurDrain says whether Rancher drains the node under options that name our hooks.
+func InOurDrain(secret *corev1.Secret) bool {
+	return strings.Contains(secret.Annotations[DrainOptionsAnnotation], PreDrainHook) ||
+		strings.Contains(secret.Annotations[DrainOptionsAnnotation], PostDrainHook)
+}
+
+// Withdraw takes back Rancher's drain of a node whose pre-drain hook we have not
+// answered, while the planner is paused (PausePlanner): its drain annotations and
+// requests go, and the node Rancher cordoned for it is uncordoned. Nothing was delivered
+// yet (the planner delivers only after drain-done), so the node is where it was before
+// Rancher took it; resumed, the planner takes it again from the start (drain.go: no
+// drain-options, so it writes them). It does nothing once our pre-drain hook answered.
+// It says whether it changed anything.
+func Withdraw(ctx context.Context, c client.Client, secret *corev1.Secret, node string) (bool, error) {
+	a := secret.Annotations
+	if Answered(secret, PreDrainRequest, PreDrainHook) || a[DrainDoneAnnotation] != "" {
+		return false, nil
+	}
+	changed := false
+	if a[DrainOptionsAnnotation] != "" || a[PreDrainRequest] != "" || a[PreDrainHook] != "" {
+		remove := map[string]any{DrainOptionsAnnotation: nil, PreDrainRequest: nil, PreDrainHook: nil, PostDrainHook: nil}
+		if err := patchSecretAnnotations(ctx, c, secret, remove); err != nil {
+			return false, fmt.Errorf("withdraw Rancher's drain of node %s: %w", node, err)
+		}
+		changed = true
+	}
+	uncordoned, err := Uncordon(ctx, c, node)
+	return changed || uncordoned, err
+}
+
+// PreAnswer answers, ahead of Rancher's requests, both of our hooks that a drain of the
+// node names, so that the machine-drain controller finishes it by itself however the
+// strategy changes: drain-done, then, once the plan is applied and the planner asks for
+// the uncordon, the uncordon (machinedrain.go checkHookAnnotations compares each hook's
+// annotation with the drain options' value, asked or not). Only where the restart guard
+// keeps RKE2 from restarting when the plan is delivered. It says whether it changed
+// anything.
+func PreAnswer(ctx context.Context, c client.Client, secret *corev1.Secret) (bool, error) {
+	value := secret.Annotations[DrainOptionsAnnotation]
+	if value == "" || !InOurDrain(secret) {
+		return false, nil
+	}
+	set := map[string]any{}
+	for _, hook := range []string{PreDrainHook, PostDrainHook} {
+		if secret.Annotations[hook] != value {
+			set[hook] = value
+		}
+	}
+	if len(set) == 0 {
+		return false, nil
+	}
+	return true, patchSecretAnnotations(ctx, c, secret, set)
+}
+
+// Uncordon makes the node schedulable; it says whether it was cordoned.
+func Uncordon(ctx context.Context, c client.Client, name string) (bool, error) {
+	node := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if !node.Spec.Unschedulable {
+		return false, nil
+	}
+	patch := []byte(`{"spec":{"unschedulable":null}}`)
+	if err := c.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("uncordon node %s: %w", name, err)
+	}
+	return true, nil
+}
+
+func patchSecretAnnotations(ctx context.Context, c client.Client, secret *corev1.Secret, annotations map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"annotations":     annotations,
+		"resourceVersion": secret.ResourceVersion,
+	}})
+	if err != nil {
+		return err
+	}
+	if err := c.Patch(ctx, secret, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("annotate machine-plan Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,238 @@
+package upgradeplan
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+)
+
+// StepRancherPreDrain is the NodeUpdate step at which a node waits for Rancher to take it
+// (harvesteradapter.StepRancherPreDrain): the plan lets Rancher's planner go when the
+// node Rancher takes next waits there.
+const StepRancherPreDrain = "RancherPreDrain"
+
+// Rancher never gets ahead of the NodeUpdates. Left alone, Rancher's planner takes the
+// next node of the roll as soon as the one before is done: it cordons it and asks for
+// its pre-drain hook (harvester-release-steps.md fact 60) whether or not an UpgradeTask
+// wants that node now: with the window closed, a gate red, the node in pauseNodes, the
+// task aborted or ended. steerRancher keeps the planner paused (rancher.PausePlanner)
+// except while it has work a running NodeUpdate asked for:
+//
+//   - the node Rancher takes next (rancher.RolloutOrder) has a running NodeUpdate
+//     waiting at RancherPreDrain: the planner writes its drain options, and its
+//     machine-drain controller cordons it and asks for the pre-drain hook;
+//   - a node's pre-drain hook is answered and Rancher has not asked for its post-drain
+//     hook yet: the planner delivers the plan and, once it is applied, asks for the
+//     uncordon.
+//
+// Paused, the planner starts nothing; the machine-drain controller, which is not the
+// planner, still finishes the cordon, drain-done and uncordon that a Secret asks for. And
+// with concurrency 1 (rancher.Strategy), at most one node is ever in Rancher's hands: no
+// two cordoned nodes can hold each other in their Longhorn or budget checks.
+//
+// It also settles the turns of nodes whose NodeUpdate no longer runs, so that no tier
+// waits at a hook nobody answers: a drain Rancher started on such a node before the pause
+// took is withdrawn (rancher.Withdraw, the node uncordoned), and a post-drain request
+// that comes after the node's update ended (its plan failed to apply while it ran, its
+// abort put the restart guard back, and a retry of rancher-system-agent since installed
+// the plan without a restart) is answered, so that Rancher uncordons it. It says what
+// holds Rancher, for the phase's message.
+func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []clusterNode, nus map[string]*inplacev1.NodeUpdate) (string, error) {
+	cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
+	if err != nil || cl == nil || !rancher.HasOurHooks(cl) {
+		return "", err
+	}
+	secrets, err := rancher.PlanSecrets(ctx, pr.Workload)
+	if err != nil {
+		return "", err
+	}
+	declared := cl.Spec.KubernetesVersion
+	want := ""
+	var withdraw []string
+	for _, n := range nodes {
+		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
+		if s == nil {
+			continue
+		}
+		running := nodeUpdateRunning(nus[n.node.Name])
+		answered := rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook)
+		switch {
+		case answered && rancher.Asked(s, rancher.PostDrainRequest) == "":
+			want = fmt.Sprintf("Rancher restarts RKE2 on node %s", n.node.Name)
+		case answered && !running && !rancher.Answered(s, rancher.PostDrainRequest, rancher.PostDrainHook):
+			if err := rancher.Answer(ctx, pr.Workload, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil {
+				return "", err
+			}
+		case !answered && !running && (rancher.InOurDrain(s) || rancher.Asked(s, rancher.PreDrainRequest) != ""):
+			withdraw = append(withdraw, n.node.Name)
+		}
+	}
+	if want == "" {
+		next, err := rancherNext(ctx, pr, nodes, secrets, declared)
+		if err != nil {
+			return "", err
+		}
+		if nu := nus[next]; next != "" && nodeUpdateRunning(nu) && nodeupdater.StepState(nu, StepRancherPreDrain) == inplacev1.StepStateRunning {
+			want = fmt.Sprintf("Rancher takes node %s, whose NodeUpdate %s waits for it", next, nu.Name)
+		}
+	}
+	if want != "" {
+		if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+			return "", err
+		}
+		return "; " + want, nil
+	}
+	pause, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name)
+	if err != nil || !pause.Served {
+		return "", err
+	}
+	for _, name := range withdraw {
+		node := nodeNamed(nodes, name)
+		s := secrets[node.Annotations[rancher.NodeMachineAnnotation]]
+		if _, err := rancher.Withdraw(ctx, pr.Workload, s, name); err != nil {
+			return "", err
+		}
+		r.event(pr.Plan, corev1.EventTypeNormal, "RancherDrainWithdrawn", "Withdraw",
+			"Rancher had taken node %s, which no running NodeUpdate waits for: its drain withdrawn and the node uncordoned; Rancher takes it again when its NodeUpdate runs", name)
+	}
+	return "; Rancher's planner is paused until the node it takes next is asked for (RKEControlPlane fleet-local/local, cluster.x-k8s.io/paused)", nil
+}
+
+// rancherNext is the node Rancher's planner takes next (rancher.RolloutOrder), "" when
+// it has none to take: the first node whose kubelet is not at the declared version,
+// unless Rancher's plan is applied there already (installed under the restart guard:
+// the node's own NodeUpdate restarts it, Rancher takes nothing).
+func rancherNext(ctx context.Context, pr *PlanRun, nodes []clusterNode, secrets map[string]*corev1.Secret, declared string) (string, error) {
+	order, err := rancher.RolloutOrder(ctx, pr.Workload, asNodes(nodes), declared)
+	if err != nil || len(order) == 0 {
+		return "", err
+	}
+	node := nodeNamed(nodes, order[0])
+	if s := secrets[node.Annotations[rancher.NodeMachineAnnotation]]; s != nil {
+		if d := rancher.ReadDeliveredPlan(s); d.Applied && releases.SameVersion(d.Version, declared) {
+			return "", nil
+		}
+	}
+	return order[0], nil
+}
+
+// nodeUpdateRunning says whether a NodeUpdate is running: created or in progress, not
+// aborting, not being deleted.
+func nodeUpdateRunning(nu *inplacev1.NodeUpdate) bool {
+	return nu != nil && nu.DeletionTimestamp.IsZero() && nu.Status.AbortStartTime == nil &&
+		(nu.Status.Phase == inplacev1.NodeUpdatePhaseInProgress || nu.Status.Phase == inplacev1.NodeUpdatePhasePending || nu.Status.Phase == "")
+}
+
+func nodeNamed(nodes []clusterNode, name string) *corev1.Node {
+	for _, n := range nodes {
+		if n.node.Name == name {
+			return n.node
+		}
+	}
+	return &corev1.Node{}
+}
+
+// handBackRancher, at every end of the plan (success, failure, deletion), gives
+// fleet-local/local back settled before the strategy it had is restored
+// (removeLabelled): no tier waiting at a hook nobody answers, no node cordoned for the
+// roll, no RKE2 restarting outside a NodeUpdate. The release's version stays declared,
+// as Harvester's cleanup leaves it (fact 59): once a node runs it, declaring the old one
+// again would make Rancher downgrade that node (fact 62). So:
+//
+//  1. while Rancher restarts RKE2 on a node (our pre-drain hook answered, the plan
+//     applying and not failing) the end waits, the planner let go, until it asks for the
+//     post-drain hook;
+//  2. every node whose kubelet is not at the declared version gets the restart guard
+//     (a SUC Plan of the plan's own on those nodes): once the strategy loses our hooks,
+//     Rancher gives them the release's plan without asking, and only the guard keeps
+//     rancher-system-agent from restarting RKE2 there (fact 12); it installs the new RKE2
+//     on their disks, to be started by a later NodeUpdate (suc.PlanRKE2Restart) or a
+//     reboot;
+//  3. our hooks are answered ahead on every drain that names them (rancher.PreAnswer),
+//     so that Rancher's machine-drain controller finishes each by itself, and a node whose
+//     plan fails to apply, cordoned by Rancher until it is applied, is uncordoned.
+//
+// The planner is let go after the strategy is restored (resumeRancher). It says what it
+// waits for, and names the nodes left behind the declared version (behind).
+func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind []string, err error) {
+	cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
+	if err != nil || cl == nil {
+		return "", nil, err
+	}
+	pause, err := rancher.ReadPlannerPause(ctx, pr.Workload)
+	if err != nil {
+		return "", nil, err
+	}
+	secrets, err := rancher.PlanSecrets(ctx, pr.Workload)
+	if err != nil {
+		return "", nil, err
+	}
+	inDrain := false
+	for _, s := range secrets {
+		inDrain = inDrain || rancher.InOurDrain(s)
+	}
+	if !rancher.HasOurHooks(cl) && pause.By != pr.Plan.Name && !inDrain {
+		return "", nil, nil // never handed to Rancher, or handed back
+	}
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return "", nil, err
+	}
+	declared := cl.Spec.KubernetesVersion
+	var behindNodes []clusterNode
+	for _, n := range nodes {
+		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
+		if s == nil || rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) {
+			continue
+		}
+		if rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && rancher.Asked(s, rancher.PostDrainRequest) == "" && !planFailing(s) {
+			if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+				return "", nil, err
+			}
+			return fmt.Sprintf("waiting for Rancher to finish restarting RKE2 %s on node %s (its pre-drain hook was answered) before the roll is handed back", declared, n.node.Name), nil, nil
+		}
+		behindNodes = append(behindNodes, n)
+		behind = append(behind, n.node.Name)
+	}
+	if len(behindNodes) > 0 {
+		want := suc.RestartGuardPlan(pr.Config, ObjectName("reguard", pr.Plan), pr.repo)
+		want.Labels[LabelUpgradePlan] = pr.Plan.Name
+		want.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpIn, Values: slices.Sorted(slices.Values(behind))}}}
+		done, message, _, err := applyClusterPlan(ctx, pr, want, behindNodes)
+		if err != nil || !done {
+			return fmt.Sprintf("placing the restart guard on node(s) %s before Rancher gets the roll back: %s", strings.Join(behind, ", "), message), nil, err
+		}
+	}
+	for _, n := range nodes {
+		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
+		if s == nil {
+			continue
+		}
+		if _, err := rancher.PreAnswer(ctx, pr.Workload, s); err != nil {
+			return "", nil, err
+		}
+		if s.Annotations[rancher.DrainDoneAnnotation] != "" && planFailing(s) {
+			if _, err := rancher.Uncordon(ctx, pr.Workload, n.node.Name); err != nil {
+				return "", nil, err
+			}
+		}
+	}
+	return "", behind, nil
+}
+
+// planFailing says whether rancher-system-agent failed to apply the node's current plan.
+func planFailing(s *corev1.Secret) bool {
+	v := string(s.Data[rancher.FailureCountKey])
+	return v != "" && v != "0" && !rancher.ReadDeliveredPlan(s).Applied
+}
