@@ -26,7 +26,9 @@ var _ = Describe("The Rancher planner simulator when a roll behind hooks ends ea
 		Eventually(func() string { return c.secret(first).Annotations[sim.PreDrainAnnotation] }).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
 
 		By("the strategy loses its hooks: the planner's drain short-circuits and delivers the plan (drain.go), the guarded agent installs it without a restart")
-		updateLocalCluster(func(cl *provisioningv1.Cluster) { cl.Spec.RKEConfig.UpgradeStrategy = provisioningv1.ClusterUpgradeStrategy{} })
+		updateLocalCluster(func(cl *provisioningv1.Cluster) {
+			cl.Spec.RKEConfig.UpgradeStrategy = provisioningv1.ClusterUpgradeStrategy{}
+		})
 		Eventually(func() rancher.DeliveredPlan { return rancher.ReadDeliveredPlan(c.secret(first)) }).WithPolling(20 * time.Millisecond).
 			Should(Equal(rancher.DeliveredPlan{Version: newRKE2, Applied: true}))
 		Expect(c.kubelet.InstalledRKE2(first)).To(Equal(newRKE2), "run.sh installs the binaries before it exits on INSTALL_RKE2_SKIP_ENABLE")
@@ -81,7 +83,7 @@ var _ = Describe("The Rancher planner simulator when a roll behind hooks ends ea
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("Unknown: " + sim.PausedMessage))
 		c.answer(node, sim.PreDrainAnnotation, preHook)
-		Eventually(func() map[string]string { return c.secret(node).Annotations }).WithPolling(20*time.Millisecond).Should(HaveKey(sim.DrainOptionsAnnotation))
+		Eventually(func() map[string]string { return c.secret(node).Annotations }).WithPolling(20 * time.Millisecond).Should(HaveKey(sim.DrainOptionsAnnotation))
 		Eventually(func() bool {
 			a := c.secret(node).Annotations
 			return a[sim.DrainDoneAnnotation] == a[sim.DrainOptionsAnnotation]
