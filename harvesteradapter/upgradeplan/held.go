@@ -50,10 +50,13 @@ func (r *PlanReconciler) heldByFailedNodes(ctx context.Context, pr *PlanRun, nus
 
 // retryOf is how the failed NodeUpdate nu is asked for again, by the path its UpgradeTask
 // came from: under Cluster API's hooks (pacing External) Cluster API asks again once the
-// NodeUpdate is gone (extension.UpdateMachine's answer says the same); a task of the
+// NodeUpdate is gone (extension.UpdateMachine's answer says the same), and a deleted
+// NodeUpdate no longer counts against the Cluster's failure budget; a task of the
 // annotation cascade or of an ExternalUpgradeRequest has ended Failed for good, and the
 // same request again makes a new task (<task>-2) that upgrades the node again and the
-// machines its task did not start (docs/upgradetask.md, failure budget).
+// machines its task did not start, once the failure budget is lifted: with the default
+// budget of 1 the new task waits Paused (FailureBudgetExhausted) until then
+// (docs/upgradetask.md, failure budget).
 func (r *PlanReconciler) retryOf(ctx context.Context, nu *inplacev1.NodeUpdate) string {
 	if nu == nil {
 		return "ask for its upgrade again, as it was asked for"
@@ -61,8 +64,8 @@ func (r *PlanReconciler) retryOf(ctx context.Context, nu *inplacev1.NodeUpdate) 
 	task := &inplacev1.UpgradeTask{}
 	owner := metav1.GetControllerOf(nu)
 	if owner == nil || owner.Kind != "UpgradeTask" || r.Env.Client.Get(ctx, client.ObjectKey{Namespace: nu.Namespace, Name: owner.Name}, task) != nil {
-		return fmt.Sprintf("ask again for the upgrade of machine %s to %s, as it was asked for (the in-place-upgrade-to annotation, an ExternalUpgradeRequest, or, under Cluster API's hooks, kubectl delete nodeupdate -n %s %s)",
-			nu.Spec.MachineName, nu.Spec.Version, nu.Namespace, nu.Name)
+		return fmt.Sprintf("%s, then ask again for the upgrade of machine %s to %s as it was asked for (the in-place-upgrade-to annotation, an ExternalUpgradeRequest, or, under Cluster API's hooks, kubectl delete nodeupdate -n %s %s)",
+			liftFailureBudget(nu.Namespace, nu.Spec.ClusterName), nu.Spec.MachineName, nu.Spec.Version, nu.Namespace, nu.Name)
 	}
 	return retryCommand(task, nu)
 }
@@ -81,8 +84,15 @@ func retryCommand(task *inplacev1.UpgradeTask, nu *inplacev1.NodeUpdate) string 
 	default:
 		kind, name = "machine", nu.Spec.MachineName
 	}
-	return fmt.Sprintf("kubectl annotate %s -n %s %s %s=%s --overwrite, or the same ExternalUpgradeRequest again: a new UpgradeTask upgrades it and the machines UpgradeTask %s did not start",
-		kind, task.Namespace, name, inplacev1.UpgradeToAnnotation, task.Spec.Version, task.Name)
+	return fmt.Sprintf("%s, then kubectl annotate %s -n %s %s %s=%s --overwrite, or the same ExternalUpgradeRequest again: a new UpgradeTask upgrades it and the machines UpgradeTask %s did not start",
+		liftFailureBudget(task.Namespace, task.Spec.ClusterName), kind, task.Namespace, name, inplacev1.UpgradeToAnnotation, task.Spec.Version, task.Name)
+}
+
+// liftFailureBudget is the command that stops the failures so far from counting against
+// the Cluster's failure budget (controllers/upgradetask, failurebudget.go says the same).
+func liftFailureBudget(namespace, cluster string) string {
+	return fmt.Sprintf("kubectl annotate cluster -n %s %s %s=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) --overwrite (the failure no longer counts against the Cluster's failure budget)",
+		namespace, cluster, inplacev1.FailureBudgetResetAnnotation)
 }
 
 // heldMessage is the text of heldByFailedNodes: "node X failed at <step>: <its words>;

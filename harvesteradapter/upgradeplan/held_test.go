@@ -78,9 +78,10 @@ func TestHeldMessage(t *testing.T) {
 	}
 }
 
-// The retry is the path the node's task came from: the same request again for a task of
-// the annotation cascade or of an ExternalUpgradeRequest (its target, its version), the
-// NodeUpdate deleted for Cluster API's hooks; read through the NodeUpdate's owner.
+// The retry is the path the node's task came from: for a task of the annotation cascade
+// or of an ExternalUpgradeRequest, the Cluster's failure budget lifted (a new task waits
+// Paused until then) and the same request again (its target, its version); for Cluster
+// API's hooks, the NodeUpdate deleted. Read through the NodeUpdate's owner.
 func TestHeldByFailedNodesNamesTheRetryOfEachPath(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := inplacev1.AddToScheme(scheme); err != nil {
@@ -88,7 +89,7 @@ func TestHeldByFailedNodesNamesTheRetryOfEachPath(t *testing.T) {
 	}
 	task := func(name string, pacing inplacev1.Pacing, cp bool) *inplacev1.UpgradeTask {
 		task := &inplacev1.UpgradeTask{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name, UID: types.UID("uid-" + name)},
-			Spec: inplacev1.UpgradeTaskSpec{Version: "v1.35.6+rke2r1", Pacing: pacing}}
+			Spec: inplacev1.UpgradeTaskSpec{ClusterName: "harvester", Version: "v1.35.6+rke2r1", Pacing: pacing}}
 		if cp {
 			task.Spec.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
 		} else {
@@ -98,7 +99,7 @@ func TestHeldByFailedNodesNamesTheRetryOfEachPath(t *testing.T) {
 	}
 	nodeUpdate := func(name, machine string, owner *inplacev1.UpgradeTask) *inplacev1.NodeUpdate {
 		nu := &inplacev1.NodeUpdate{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name},
-			Spec: inplacev1.NodeUpdateSpec{MachineName: machine, Version: "v1.35.6+rke2r1"}}
+			Spec: inplacev1.NodeUpdateSpec{ClusterName: "harvester", MachineName: machine, Version: "v1.35.6+rke2r1"}}
 		if owner != nil {
 			nu.OwnerReferences = []metav1.OwnerReference{{APIVersion: inplacev1.GroupVersion.String(), Kind: "UpgradeTask", Name: owner.Name, UID: owner.UID, Controller: ptr.To(true)}}
 		}
@@ -114,13 +115,13 @@ func TestHeldByFailedNodesNamesTheRetryOfEachPath(t *testing.T) {
 		want string
 	}{
 		{"a MachineDeployment's task", nodeUpdate("workers-v1-workers-2", "workers-2", workers),
-			"kubectl annotate machinedeployment -n demo workers inplace.cluster.x-k8s.io/in-place-upgrade-to=v1.35.6+rke2r1 --overwrite, or the same ExternalUpgradeRequest again: a new UpgradeTask upgrades it and the machines UpgradeTask workers-v1 did not start"},
+			"kubectl annotate cluster -n demo harvester inplace.cluster.x-k8s.io/failure-budget-reset=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite (the failure no longer counts against the Cluster's failure budget), then kubectl annotate machinedeployment -n demo workers inplace.cluster.x-k8s.io/in-place-upgrade-to=v1.35.6+rke2r1 --overwrite, or the same ExternalUpgradeRequest again: a new UpgradeTask upgrades it and the machines UpgradeTask workers-v1 did not start"},
 		{"a control plane's task", nodeUpdate("cp-v1-cp-2", "cp-2", cp),
-			"kubectl annotate kubeadmcontrolplane -n demo cp inplace.cluster.x-k8s.io/in-place-upgrade-to=v1.35.6+rke2r1 --overwrite, or the same ExternalUpgradeRequest again: a new UpgradeTask upgrades it and the machines UpgradeTask cp-v1 did not start"},
+			"kubectl annotate cluster -n demo harvester inplace.cluster.x-k8s.io/failure-budget-reset=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite (the failure no longer counts against the Cluster's failure budget), then kubectl annotate kubeadmcontrolplane -n demo cp inplace.cluster.x-k8s.io/in-place-upgrade-to=v1.35.6+rke2r1 --overwrite, or the same ExternalUpgradeRequest again: a new UpgradeTask upgrades it and the machines UpgradeTask cp-v1 did not start"},
 		{"Cluster API's hooks", nodeUpdate("workers-capi-workers-1", "workers-1", capi),
 			"kubectl delete nodeupdate -n demo workers-capi-workers-1: Cluster API asks again with UpdateMachine and a new NodeUpdate upgrades it"},
 		{"a task that is gone", nodeUpdate("gone-workers-1", "workers-1", task("gone", "", false)),
-			"ask again for the upgrade of machine workers-1 to v1.35.6+rke2r1, as it was asked for (the in-place-upgrade-to annotation, an ExternalUpgradeRequest, or, under Cluster API's hooks, kubectl delete nodeupdate -n demo gone-workers-1)"},
+			"kubectl annotate cluster -n demo harvester inplace.cluster.x-k8s.io/failure-budget-reset=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite (the failure no longer counts against the Cluster's failure budget), then ask again for the upgrade of machine workers-1 to v1.35.6+rke2r1 as it was asked for (the in-place-upgrade-to annotation, an ExternalUpgradeRequest, or, under Cluster API's hooks, kubectl delete nodeupdate -n demo gone-workers-1)"},
 	} {
 		plan := heldPlan()
 		pr := &PlanRun{Plan: plan}
