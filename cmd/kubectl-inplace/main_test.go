@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -137,6 +138,7 @@ func TestPlugin(t *testing.T) {
 	})
 
 	createUpgrade(ctx, t, env.Client, ns)
+	createHeldPlans(ctx, t, env.Client, ns)
 
 	t.Run("status shows tasks, machines, steps and failures", func(t *testing.T) {
 		code, out, stderr := plugin("status", "harvester")
@@ -149,6 +151,8 @@ func TestPlugin(t *testing.T) {
 			"Degraded (NodeFailed): node w-2 failed",
 			"OSUpgrade (2/3)", "held: Availability: 1 of 3 nodes down",
 			"machine workers-2 (node w-2) of MachineDeployment/workers: StepFailed: elemental upgrade failed with return code: 33",
+			// The Cluster's UpgradePlan, held by the failed node, in the plan's own words.
+			"\nUpgradePlan harvester-v1-8-1: Harvester v1.8.1: NodeUpgrading, 1/3 nodes run the release\n  held in NodeUpgrading: " + heldPlanMessage + "\n",
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("the output does not say %q:\n%s", want, out)
@@ -156,6 +160,9 @@ func TestPlugin(t *testing.T) {
 		}
 		if strings.Contains(out, "workers-old") {
 			t.Errorf("the superseded task is shown:\n%s", out)
+		}
+		if strings.Contains(out, "other-v1-8-1") {
+			t.Errorf("another Cluster's UpgradePlan is shown:\n%s", out)
 		}
 	})
 
@@ -280,6 +287,28 @@ func createUpgrade(ctx context.Context, t *testing.T, c client.Client, ns string
 		must(t, c.Create(ctx, nu))
 		nu.Status = st
 		must(t, c.Status().Update(ctx, nu))
+	}
+}
+
+// heldPlanMessage is what the UpgradePlan's Degraded condition says when a failed node
+// holds it (upgradeplan's heldByFailedNodes).
+const heldPlanMessage = "node w-2 failed at OSUpgrade: elemental upgrade failed with return code: 33; the cluster keeps the roll's settings (the descheduler add-on off) until the plan ends; " +
+	"to go on: retry the node (kubectl annotate cluster -n demo harvester inplace.cluster.x-k8s.io/failure-budget-reset=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite, then kubectl annotate machinedeployment -n demo workers inplace.cluster.x-k8s.io/in-place-upgrade-to=v1.35.6+rke2r1 --overwrite) " +
+	"or end the plan (kubectl annotate upgradeplan -n demo harvester-v1-8-1 harvester.inplace.cluster.x-k8s.io/allow-deletion=true, then kubectl delete upgradeplan -n demo harvester-v1-8-1), which gives every setting back"
+
+// createHeldPlans writes the Cluster's UpgradePlan as the Harvester adapter leaves it when
+// a failed node holds it in NodeUpgrading, and an UpgradePlan of another Cluster.
+func createHeldPlans(ctx context.Context, t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	for _, cluster := range []string{"harvester", "other"} {
+		plan := &harvesterv1.UpgradePlan{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cluster + "-v1-8-1"},
+			Spec:       harvesterv1.UpgradePlanSpec{ClusterName: cluster, UpgraderName: "default", Version: "v1.8.1"},
+		}
+		must(t, c.Create(ctx, plan))
+		plan.Status = harvesterv1.UpgradePlanStatus{Phase: harvesterv1.UpgradePlanNodeUpgrading, Upgraded: "1/3", Message: heldPlanMessage,
+			Conditions: []metav1.Condition{{Type: harvesterv1.UpgradePlanDegraded, Status: metav1.ConditionTrue, Reason: "Held", Message: heldPlanMessage, LastTransitionTime: metav1.Now()}}}
+		must(t, c.Status().Update(ctx, plan))
 	}
 }
 

@@ -2,12 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
+	"sort"
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/internal/inplacectl"
 )
 
@@ -26,7 +35,9 @@ func newStatusCommand(conn *connection, stdout io.Writer) *cobra.Command {
 		Long: "status shows the Cluster's in-place-upgrade-* annotations, each of its UpgradeTasks (the newest\n" +
 			"per control plane and MachineDeployment) with its phase, progress and Paused or Degraded\n" +
 			"condition, each machine in order with its NodeUpdate's current step and how long it has run,\n" +
-			"what holds the waiting ones, and each failure with the node's own error.",
+			"what holds the waiting ones, and each failure with the node's own error; then the Cluster's\n" +
+			"Harvester UpgradePlans, and what holds one that waits (a failed node, in its own words, and the\n" +
+			"ways on).",
 		Example: "  kubectl inplace status -n demo harvester\n  kubectl inplace status -n demo harvester -w",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -58,6 +69,11 @@ func (o *statusOptions) run(cmd *cobra.Command, conn *connection, cluster string
 		if err := inplacectl.PrintStatus(&screen, st); err != nil {
 			return err
 		}
+		plans, err := clusterPlans(ctx, c, namespace, cluster)
+		if err != nil {
+			_, _ = fmt.Fprintf(&screen, "\nUpgradePlans: %v\n", err)
+		}
+		printPlans(&screen, plans)
 		if err := o.draw(stdout, screen.Bytes(), tty); err != nil {
 			return err
 		}
@@ -86,4 +102,58 @@ func (o *statusOptions) draw(w io.Writer, screen []byte, tty bool) error {
 	}
 	_, err := w.Write(screen)
 	return err
+}
+
+// clusterPlans are the Harvester adapter's UpgradePlans of cluster in namespace, oldest
+// first. They are read as unstructured objects: the plugin's client knows capi-inplace's
+// own kinds and Cluster API's, and a management cluster without the Harvester adapter
+// serves no UpgradePlan (then there are none).
+func clusterPlans(ctx context.Context, c client.Client, namespace, cluster string) ([]harvesterv1.UpgradePlan, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(harvesterv1.GroupVersion.WithKind("UpgradePlanList"))
+	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("cannot list the UpgradePlans in namespace %s: %w", namespace, err)
+	}
+	var out []harvesterv1.UpgradePlan
+	for _, u := range list.Items {
+		plan := harvesterv1.UpgradePlan{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &plan); err != nil {
+			return out, fmt.Errorf("UpgradePlan %s/%s is not what this plugin reads: %w", u.GetNamespace(), u.GetName(), err)
+		}
+		if plan.Spec.ClusterName == cluster {
+			out = append(out, plan)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreationTimestamp.Before(&out[j].CreationTimestamp) })
+	return out, nil
+}
+
+// printPlans prints each UpgradePlan: its release, phase and nodes at the release, then,
+// while it runs, what holds it, in its own words (its Degraded condition: a failed node
+// in the node's words first, the settings the cluster keeps for the roll until the plan
+// ends, and the ways on), or, once it failed, why.
+func printPlans(w io.Writer, plans []harvesterv1.UpgradePlan) {
+	for _, p := range plans {
+		phase := string(p.Status.Phase)
+		if phase == "" {
+			phase = "not started"
+		}
+		line := fmt.Sprintf("\nUpgradePlan %s: Harvester %s: %s", p.Name, p.Spec.Version, phase)
+		if p.Status.Upgraded != "" {
+			line += ", " + p.Status.Upgraded + " nodes run the release"
+		}
+		_, _ = fmt.Fprintln(w, line)
+		switch p.Status.Phase {
+		case harvesterv1.UpgradePlanSucceeded:
+		case harvesterv1.UpgradePlanFailed:
+			_, _ = fmt.Fprintf(w, "  failed: %s\n", p.Status.Message)
+		default:
+			if c := meta.FindStatusCondition(p.Status.Conditions, harvesterv1.UpgradePlanDegraded); c != nil && c.Status == metav1.ConditionTrue {
+				_, _ = fmt.Fprintf(w, "  held in %s: %s\n", phase, c.Message)
+			}
+		}
+	}
 }

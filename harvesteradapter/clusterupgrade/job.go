@@ -279,8 +279,13 @@ func rancherInstallerCopy(image, installer, dir string) ([]corev1.Container, []c
 }
 
 // JobState reads a cluster upgrade Job: done when it completed, failed (with the Job
-// controller's reason and message, which the simulator and the termination message carry
-// the error in) when it failed; neither while it runs or has not started.
+// controller's reason and message) when it failed; neither while it runs or has not
+// started. A failed Job's condition says only what the Job controller says
+// (BackoffLimitExceeded, "Job has reached the specified backoff limit"; DeadlineExceeded,
+// "Job was active longer than specified deadline": kubernetes
+// pkg/controller/job/job_controller.go): what failed is in its pod, the apply container's
+// termination message (the node program's outcome, nodeprogram Main) and log, which
+// suc.FailedContainers reads.
 func JobState(job *batchv1.Job) (done bool, failed bool, message string) {
 	if job == nil {
 		return false, false, "the cluster upgrade Job does not exist yet"

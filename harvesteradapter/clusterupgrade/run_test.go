@@ -26,6 +26,8 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -236,7 +238,8 @@ func runJob(jobs *sim.ClusterUpgradeJobs, plan string) []string {
 	Eventually(func() bool {
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(job), job)).To(Succeed())
 		done, failed, msg := clusterupgrade.JobState(job)
-		Expect(failed).To(BeFalse(), msg)
+		ended, _ := jobs.Ended(job.Namespace, job.Name)
+		Expect(failed).To(BeFalse(), "%s; the program ended: %s", msg, ended)
 		return done
 	}).WithTimeout(30 * time.Second).Should(BeTrue())
 	steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", plan))
@@ -507,7 +510,8 @@ var _ = Describe("Run", Ordered, func() {
 		Expect(runJob(jobs, "up-job")).To(Equal(want(clusterupgrade.StateDone, nil)))
 		Expect(chart(rancher.HarvesterChart).Annotations).To(HaveKeyWithValue("upgrade.harvesterhci.io/last-upgrade-name", "up-job"))
 
-		// A Job with arguments the program refuses fails with its usage message.
+		// A Job with arguments the program refuses fails with its usage message: the Job
+		// says only what the Job controller says, the failed pod the program's own words.
 		bad := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-bad", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0", Input: clusterupgrade.Input{HarvesterVersion: "v1.6.0"}})
 		Expect(env.Client.Create(ctx, bad)).To(Succeed())
 		Eventually(func() string {
@@ -517,7 +521,13 @@ var _ = Describe("Run", Ordered, func() {
 				return ""
 			}
 			return msg
-		}).Should(ContainSubstring("--rancher-version"))
+		}).Should(Equal("Job harvester-system/up-job-bad-cluster-upgrade failed (BackoffLimitExceeded): Job has reached the specified backoff limit"))
+		failures, err := suc.FailedContainers(ctx, env.Client, bad, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(failures).To(HaveLen(1))
+		Expect(failures[0].Container).To(Equal("apply"))
+		Expect(failures[0].ExitCode).To(BeEquivalentTo(nodeprogram.ExitUsage))
+		Expect(failures[0].Words()).To(And(HavePrefix("capi-inplace node cluster-upgrade: "), ContainSubstring("--rancher-version")))
 		Expect(jobs.Runs()).To(Equal(2))
 	})
 
@@ -526,7 +536,8 @@ var _ = Describe("Run", Ordered, func() {
 		settle()
 		jobCtx, cancel := context.WithCancel(ctx)
 		DeferCleanup(cancel)
-		(&sim.ClusterUpgradeJobs{Kubeconfig: env.Kubeconfig, Client: env.Client}).Start(jobCtx)
+		jobs := &sim.ClusterUpgradeJobs{Kubeconfig: env.Kubeconfig, Client: env.Client}
+		jobs.Start(jobCtx)
 		in := input("")
 		in.Timeout, in.ReleaseFiles = 0, ""
 		job := clusterupgrade.Job(clusterupgrade.JobInput{Plan: "up-job-pull", Image: "ghcr.io/capi-inplace/capi-inplace:v0.4.0",
@@ -541,7 +552,15 @@ var _ = Describe("Run", Ordered, func() {
 				return ""
 			}
 			return msg
-		}).Should(And(ContainSubstring("DeadlineExceeded"), ContainSubstring("registry.example.com/unknown:v1.6.0")))
+		}).Should(Equal("Job harvester-system/up-job-pull-cluster-upgrade failed (DeadlineExceeded): Job was active longer than specified deadline"))
+		// The Job controller deleted the pod that waited for the image (a real cluster shows
+		// why on that pod while it waits, and in its events); the simulator saw why.
+		ended, ok := jobs.Ended(job.Namespace, job.Name)
+		Expect(ok).To(BeTrue())
+		Expect(ended).To(And(ContainSubstring("ErrImagePull"), ContainSubstring("registry.example.com/unknown:v1.6.0")))
+		failures, err := suc.FailedContainers(ctx, env.Client, job, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(failures).To(BeEmpty(), "no pod is left of a Job past its deadline")
 		steps, err := clusterupgrade.ReadProgress(ctx, env.Client, clusterupgrade.ProgressKey("", "up-job-pull"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(states(steps)).To(HaveEach(HaveSuffix("=" + string(clusterupgrade.StatePending))))

@@ -78,7 +78,8 @@ func rancherInstallerImage(image, rancherVersion string) string {
 }
 
 // upgradeCluster runs the cluster upgrade Job and copies its sub-steps' progress into the
-// plan's status. A failed Job fails the plan (fact 51); the sub-steps are resumable, so a
+// plan's status. A failed Job fails the plan (fact 51) with its pod's own words, kept in
+// the plan's job-logs ConfigMap (keepFailedJobLogs); the sub-steps are resumable, so a
 // plan created again continues where this one stopped.
 func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool, string, error) {
 	rel := pr.Plan.Status.ReleaseMetadata
@@ -118,10 +119,18 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 			current = append(current, fmt.Sprintf("%s: %s", s.Name, s.Message))
 		}
 	}
-	done, failed, message := clusterupgrade.JobState(job)
+	done, failed, _ := clusterupgrade.JobState(job)
 	switch {
 	case failed:
-		return false, "", nodeupdater.Permanentf("ClusterUpgradeFailed", "the cluster upgrade Job %s/%s failed: %s", job.Namespace, job.Name, message)
+		// The Job's condition says only the Job controller's reason; what failed is on the
+		// Job's pod, which the plan's cleanup deletes with the Job: it is kept first. Not
+		// kept (an error) holds the plan here, the Job still there, and is tried again.
+		kept, err := r.keepFailedJobLogs(ctx, pr)
+		if err != nil {
+			return false, "", err
+		}
+		return false, "", nodeupdater.Permanentf("ClusterUpgradeFailed", "%s",
+			jobFailure("the cluster upgrade Job", job, kept[client.ObjectKeyFromObject(job)], jobLogsKey(pr.Plan.Name)))
 	case done:
 		return r.afterClusterUpgradeJob(ctx, pr, job.Name)
 	}

@@ -353,3 +353,79 @@ func TestDemoFromV16(t *testing.T) {
 		}
 	}
 }
+
+// A failed node's line says the node's own words first: the NodeUpdate's message without
+// the nodeupdater's "step S: " (the line names the step), then its reason.
+func TestFailureText(t *testing.T) {
+	for _, tc := range []struct{ reason, message, want string }{
+		{"PlanJobFailed", "step OSUpgrade: elemental upgrade failed with return code: 33 (container upgrade of pod p exited with code 1); SUC job j ...",
+			"elemental upgrade failed with return code: 33 (container upgrade of pod p exited with code 1); SUC job j ... (PlanJobFailed)"},
+		{"Timeout", "the node did not come back: step Drain: x", "the node did not come back: step Drain: x (Timeout)"},
+		{"", "step Drain: x", "x"},
+		{"Aborted", "", "Aborted"},
+	} {
+		if got := failureText(tc.reason, tc.message); got != tc.want {
+			t.Errorf("failureText(%q, %q) = %q, want %q", tc.reason, tc.message, got, tc.want)
+		}
+	}
+}
+
+// A run that ends with the UpgradePlan held says what holds the cluster in the plan's own
+// words, and why the settings are not back: the plan has not ended. Nothing when nothing
+// holds it.
+func TestPlanHeld(t *testing.T) {
+	var out bytes.Buffer
+	v := newView(&out, false)
+	v.planHeld(&outcome{})
+	if out.Len() != 0 {
+		t.Errorf("nothing holds the plan, yet:\n%s", out.String())
+	}
+	hold := "node demo-workers-2 failed at OSUpgrade: elemental upgrade failed with return code: 33; to go on: retry the node (...) or end the plan (...), which gives every setting back"
+	v.planHeld(&outcome{planHold: hold, planStanding: "UpgradePlan demo/harvester-v1-8-1 is held in NodeUpgrading"})
+	want := "\nWhat holds the cluster: UpgradePlan demo/harvester-v1-8-1 is held in NodeUpgrading; it has not ended, so the settings above keep the roll's values until it does. The plan says:\n  " + hold + "\n"
+	if out.String() != want {
+		t.Errorf("got:\n%q\nwant:\n%q", out.String(), want)
+	}
+}
+
+// TestDemoFailureHeld runs `make demo ARGS="--via=hook --fail demo-workers-2"` as a new
+// user would: the OS upgrade of demo-workers-2 fails. The demo exits non-zero, every
+// safety check still holds, the failure says the node's own words first, and the end
+// says what holds the cluster (the UpgradePlan, held in NodeUpgrading, in its own words)
+// and that the settings are not restored yet because the plan has not ended.
+func TestDemoFailureHeld(t *testing.T) {
+	testsuite.WholeRun(t)
+	if testing.Short() {
+		t.Skip("starts two API servers and the manager")
+	}
+	cfg := defaultConfig()
+	cfg.via, cfg.fail = viaHook, "demo-workers-2"
+	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
+
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 1 || res.upgraded {
+		t.Fatalf("the demo ended with exit code %d, error %v, every node upgraded %t; want exit code 1; its output:\n%s", res.exitCode(), err, res.upgraded, out.String())
+	}
+	words := "elemental upgrade failed with return code: 33 (failure injected by --fail) (container upgrade of pod "
+	plan := "UpgradePlan demo/harvester-v1-8-1 is held in NodeUpgrading"
+	for _, want := range []string{
+		"demo-workers-2     FAILED at OSUpgrade: " + words,
+		"\ndemo-workers-2 failed at OSUpgrade: " + words,
+		scenario.SettingWorkloadUpdateMethods + `: before ["LiveMigrate"], during the run [], at the end [] (not restored yet: ` + plan + ", and gives it back when it ends)",
+		scenario.SettingReplicaReplenishment + ": before 600, during the run 1800, at the end 1800 (not restored yet: " + plan,
+		"What holds the cluster: " + plan + "; it has not ended, so the settings above keep the roll's values until it does. The plan says:\n  " + res.planHold + "\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.HasPrefix(res.planHold, "node demo-workers-2 failed") || !strings.Contains(res.planHold, "elemental upgrade failed with return code: 33") {
+		t.Errorf("the plan's Degraded condition does not name the failed node in its own words: %q", res.planHold)
+	}
+	for _, c := range res.checks {
+		if !c.OK {
+			t.Errorf("invariant broken: %s: %s", c.Name, c.Detail)
+		}
+	}
+}

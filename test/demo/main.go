@@ -230,6 +230,10 @@ type outcome struct {
 	// settings are the settings the release changes for the nodes: before, during, at the
 	// end (the scenario's settings watch).
 	settings []scenario.SettingStory
+	// planHold is what holds the cluster's UpgradePlan at the end, in its own words (its
+	// Degraded condition), and planStanding where it stands; empty when it has ended or
+	// nothing holds it.
+	planHold, planStanding string
 }
 
 func (o *outcome) ok() bool {
@@ -427,5 +431,8 @@ func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *
 	}
 	res.checks = s.Invariants(sampleCtx, upgraded)
 	res.settings = s.SettingStories(sampleCtx)
+	if plan := s.UpgradePlan(sampleCtx); plan != nil {
+		res.planHold, res.planStanding = scenario.PlanHold(plan), scenario.PlanStanding(plan)
+	}
 	return res
 }

@@ -191,13 +191,26 @@ func (t *tracker) readNodeUpdate(n *nodeState, nu *inplacev1.NodeUpdate, now tim
 			n.stepIndex = i + 1
 		}
 	}
-	n.failure = ""
-	if nu.Status.FailureMessage != "" || nu.Status.FailureReason != "" {
-		n.failure = strings.TrimPrefix(nu.Status.FailureReason+": "+nu.Status.FailureMessage, ": ")
-	}
+	n.failure = failureText(nu.Status.FailureReason, nu.Status.FailureMessage)
 	if n.phase.IsFinal() && n.ended.IsZero() {
 		n.ended = now
 	}
+}
+
+// failureText is a NodeUpdate's failure, the node's own words first: its failureMessage
+// without the "step S: " the nodeupdater puts before it (the demo's lines say "FAILED at
+// S"), then its failureReason in parentheses.
+func failureText(reason, message string) string {
+	if step, rest, ok := strings.Cut(message, ": "); ok && strings.HasPrefix(step, "step ") && !strings.Contains(strings.TrimPrefix(step, "step "), " ") {
+		message = rest
+	}
+	switch {
+	case reason == "":
+		return message
+	case message == "":
+		return reason
+	}
+	return fmt.Sprintf("%s (%s)", message, reason)
 }
 
 // notePlans records each UpgradePlan's phase changes: the cluster-level work (the
@@ -354,7 +367,8 @@ func (t *tracker) snapshot() []nodeState {
 type summaryRow struct {
 	node, role, from, to, steps, duration, result string
 	reached                                       bool
-	failure                                       string
+	// failure is the node's failure, its own words first, and failedAt its step.
+	failure, failedAt string
 }
 
 // summary builds the final table and says whether every node reached the target.
@@ -383,7 +397,7 @@ func (t *tracker) summary() ([]summaryRow, bool) {
 			r.result = "upgraded"
 		case n.phase == inplacev1.NodeUpdatePhaseFailed:
 			r.result = "FAILED at " + n.failedStepOr()
-			r.failure = n.failure
+			r.failure, r.failedAt = n.failure, n.failedStepOr()
 		case n.done():
 			r.result = fmt.Sprintf("NOT at target (%s, %s)", n.kubelet, n.osImage)
 		case n.nodeUpdate == "":

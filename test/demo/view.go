@@ -385,7 +385,7 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 	for _, r := range res.rows {
 		if r.failure != "" {
 			v.println("")
-			v.println(v.style(red, fmt.Sprintf("%s: %s", r.node, r.failure)))
+			v.println(v.style(red, fmt.Sprintf("%s failed at %s: %s", r.node, r.failedAt, r.failure)))
 		}
 	}
 	if journeys := s.VMJourneys(); len(journeys) > 0 {
@@ -409,6 +409,7 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 			v.println("  " + st.String())
 		}
 	}
+	v.planHeld(res)
 	v.println("")
 	v.println("Safety, from the simulators' records:")
 	for _, c := range res.checks {
@@ -442,6 +443,20 @@ func (v *view) summary(s *scenario.Scenario, cfg config, res *outcome) {
 		verdict += " Manager log: " + s.ManagerLog
 	}
 	v.println(v.style(red+bold, verdict))
+}
+
+// planHeld says, when the run ends with the UpgradePlan held, what holds the cluster, in
+// the plan's own words (its Degraded condition: the failed node's words first, the
+// settings it keeps for the roll, the two ways on), and why the settings above are not
+// back: the plan has not ended.
+func (v *view) planHeld(res *outcome) {
+	if res.planHold == "" {
+		return
+	}
+	v.println("")
+	v.println(v.style(yellow+bold, "What holds the cluster:") + " " + res.planStanding +
+		"; it has not ended, so the settings above keep the roll's values until it does. The plan says:")
+	v.println("  " + res.planHold)
 }
 
 // keep tells how to look at what keeps running.

@@ -12,6 +12,8 @@ import (
 
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -245,6 +247,10 @@ type SettingStory struct {
 	Before  string
 	During  []string
 	End     string
+	// PlanRuns, when the UpgradePlan that gives the settings back has not ended, says
+	// which plan and where it stands ("UpgradePlan demo/x is held in NodeUpgrading"): a
+	// setting not back at its value before is then still at the roll's value, not lost.
+	PlanRuns string
 }
 
 // Restored says whether the setting changed and is back to its value before.
@@ -262,11 +268,15 @@ func (st SettingStory) String() string {
 	case st.Before == absent:
 		return fmt.Sprintf("%s: before %s, during the run %s, at the end %s (created by the upgrade)", st.Setting, st.Before, strings.Join(st.During, ", "), st.End)
 	}
+	if st.PlanRuns != "" {
+		return fmt.Sprintf("%s: before %s, during the run %s, at the end %s (not restored yet: %s, and gives it back when it ends)", st.Setting, st.Before, strings.Join(st.During, ", "), st.End, st.PlanRuns)
+	}
 	return fmt.Sprintf("%s: before %s, during the run %s, at the end %s (not restored)", st.Setting, st.Before, strings.Join(st.During, ", "), st.End)
 }
 
 // SettingStories tell, per watched setting, what the watch saw, with its value at the
-// end read now from the workload cluster itself (not the cache).
+// end read now from the workload cluster itself (not the cache), and, while the
+// cluster's UpgradePlan has not ended, that it has not (PlanRuns).
 func (s *Scenario) SettingStories(ctx context.Context) []SettingStory {
 	if s.Settings == nil || s.Workload == nil {
 		return nil
@@ -275,7 +285,60 @@ func (s *Scenario) SettingStories(ctx context.Context) []SettingStory {
 	if err != nil {
 		end = map[string]string{}
 	}
-	return stories(s.Settings.History(), end)
+	out := stories(s.Settings.History(), end)
+	if plan := s.UpgradePlan(ctx); plan != nil && !PlanEnded(plan) {
+		for i := range out {
+			out[i].PlanRuns = PlanStanding(plan)
+		}
+	}
+	return out
+}
+
+// UpgradePlan is the cluster's UpgradePlan of the hop's release as the management
+// cluster has it now; nil when there is none or it cannot be read.
+func (s *Scenario) UpgradePlan(ctx context.Context) *harvesterv1.UpgradePlan {
+	if s.Management == nil {
+		return nil
+	}
+	plan := &harvesterv1.UpgradePlan{}
+	key := client.ObjectKey{Namespace: s.Options.Namespace, Name: upgradeplan.Name(s.Options.ClusterName, s.Options.Hop.ToRelease)}
+	if err := s.Management.Client.Get(ctx, key, plan); err != nil {
+		return nil
+	}
+	return plan
+}
+
+// PlanEnded says whether an UpgradePlan has ended (Succeeded or Failed): every end gives
+// back what it changed for the roll (fact 37).
+func PlanEnded(plan *harvesterv1.UpgradePlan) bool {
+	return plan.Status.Phase == harvesterv1.UpgradePlanSucceeded || plan.Status.Phase == harvesterv1.UpgradePlanFailed
+}
+
+// PlanHold is the message of a running UpgradePlan's Degraded condition, what holds it
+// (the plan's own words: a failed node and the ways on); empty when nothing holds it.
+func PlanHold(plan *harvesterv1.UpgradePlan) string {
+	if PlanEnded(plan) {
+		return ""
+	}
+	if c := meta.FindStatusCondition(plan.Status.Conditions, harvesterv1.UpgradePlanDegraded); c != nil && c.Status == metav1.ConditionTrue {
+		return c.Message
+	}
+	return ""
+}
+
+// PlanStanding says where a running UpgradePlan stands, for a setting it has not given
+// back yet: "UpgradePlan demo/x is held in NodeUpgrading" (or "is in" when nothing holds
+// it).
+func PlanStanding(plan *harvesterv1.UpgradePlan) string {
+	how := "is in"
+	if PlanHold(plan) != "" {
+		how = "is held in"
+	}
+	phase := string(plan.Status.Phase)
+	if phase == "" {
+		phase = "its first phase"
+	}
+	return fmt.Sprintf("UpgradePlan %s/%s %s %s", plan.Namespace, plan.Name, how, phase)
 }
 
 // stories are SettingStories of a watch's history and the values at the end (a setting
@@ -443,9 +506,7 @@ func (s *Scenario) settingsRestored(ctx context.Context) Check {
 		c.OK, c.Detail = false, "the settings were not watched"
 		return c
 	}
-	plan := &harvesterv1.UpgradePlan{}
-	key := client.ObjectKey{Namespace: s.Options.Namespace, Name: upgradeplan.Name(s.Options.ClusterName, s.Options.Hop.ToRelease)}
-	if err := s.Management.Client.Get(ctx, key, plan); err != nil || (plan.Status.Phase != harvesterv1.UpgradePlanSucceeded && plan.Status.Phase != harvesterv1.UpgradePlanFailed) {
+	if plan := s.UpgradePlan(ctx); plan == nil || !PlanEnded(plan) {
 		c.Name += " (the plan has not ended: not judged)"
 		return c
 	}

@@ -4,6 +4,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
 
 // history builds a watch's history: each value at its offset from t0.
@@ -107,5 +111,33 @@ func TestStories(t *testing.T) {
 	if changedForRoll(SettingDescheduler, absent) || changedForRoll(SettingDescheduler, "false") || !changedForRoll(SettingDescheduler, "true") ||
 		changedForRoll(SettingReplicaReplenishment, absent) || !changedForRoll(SettingWorkloadUpdateMethods, absent) {
 		t.Error("changedForRoll does not follow what the upgrade changes for the roll")
+	}
+}
+
+// A setting not back at its value before while the UpgradePlan runs is said to be not
+// restored yet, naming the plan and where it stands: the plan gives it back when it ends.
+// Once the plan has ended, or without one, it is plainly not restored.
+func TestStoryWhileThePlanRuns(t *testing.T) {
+	plan := &harvesterv1.UpgradePlan{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "harvester-v1-8-1"},
+		Status: harvesterv1.UpgradePlanStatus{Phase: harvesterv1.UpgradePlanNodeUpgrading}}
+	if PlanHold(plan) != "" || PlanStanding(plan) != "UpgradePlan demo/harvester-v1-8-1 is in NodeUpgrading" {
+		t.Errorf("a plan nothing holds: hold %q, standing %q", PlanHold(plan), PlanStanding(plan))
+	}
+	held := "node demo-workers-2 failed at OSUpgrade: elemental upgrade failed with return code: 33; to go on: retry the node (...) or end the plan (...), which gives every setting back"
+	plan.Status.Conditions = []metav1.Condition{{Type: harvesterv1.UpgradePlanDegraded, Status: metav1.ConditionTrue, Reason: "Held", Message: held}}
+	if PlanHold(plan) != held || PlanStanding(plan) != "UpgradePlan demo/harvester-v1-8-1 is held in NodeUpgrading" {
+		t.Errorf("a held plan: hold %q, standing %q", PlanHold(plan), PlanStanding(plan))
+	}
+	st := SettingStory{Setting: SettingWorkloadUpdateMethods, Before: `["LiveMigrate"]`, During: []string{"[]"}, End: "[]", PlanRuns: PlanStanding(plan)}
+	if want := SettingWorkloadUpdateMethods + `: before ["LiveMigrate"], during the run [], at the end [] (not restored yet: UpgradePlan demo/harvester-v1-8-1 is held in NodeUpgrading, and gives it back when it ends)`; st.String() != want {
+		t.Errorf("while the plan runs:\n got %q\nwant %q", st.String(), want)
+	}
+	st.End = st.Before
+	if !strings.HasSuffix(st.String(), "(restored)") {
+		t.Errorf("a setting back while the plan runs: %q", st.String())
+	}
+	plan.Status.Phase = harvesterv1.UpgradePlanFailed
+	if !PlanEnded(plan) || PlanHold(plan) != "" {
+		t.Errorf("a failed plan has ended and nothing holds it: ended %t, hold %q", PlanEnded(plan), PlanHold(plan))
 	}
 }

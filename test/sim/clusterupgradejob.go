@@ -1,8 +1,8 @@
 package sim
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -21,24 +21,36 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 )
 
 // ClusterUpgradeJobs plays the Job controller and the pod for the Jobs that run the
 // capi-inplace node program's `node cluster-upgrade` (harvesteradapter/clusterupgrade
 // Job): it recognises them as the SUC Job runner recognises the node program
-// (nodeSubcommand, jobrunner.go), parses the container's arguments with the subcommand's
-// own flag parsing (clusterupgrade.ParseArgs) and runs the real clusterupgrade.Run
-// in-process against Client, the workload cluster, within the Job's
-// activeDeadlineSeconds (the Job of fact 51, harvester-node-upgrade.md, whose work is
-// fact 41's script). Its init container that copies the release upgrade image's files
+// (nodeSubcommand, jobrunner.go) and runs the container's program in-process: the real
+// `node cluster-upgrade` (clusterupgrade.Run) against Client, the workload cluster,
+// within the Job's activeDeadlineSeconds (the Job of fact 51, harvester-node-upgrade.md,
+// whose work is fact 41's script). Its init container that copies the release upgrade image's files
 // (clusterupgrade.ReleaseFilesContainer) is played too (releaseFiles): the image is
 // pulled from ReleaseImages, and one that cannot be pulled keeps the pod waiting until
-// the Job's deadline. The Job then gets the conditions the Job controller sets, as the
-// SUC simulator's Jobs do (jobrunner.go):
-// Complete, or Failed with the error as its message (what the termination message
-// carries on a real cluster). A Job whose arguments do not parse fails as the program
-// would, with exit code 2's message. One pod is run per Job: backoffLimit retries are
-// not played (a test runs the Job again by deleting and re-creating it).
+// the Job's deadline. The program runs as in its container: nodeprogram.Main, with the
+// pod's termination message file (--termination-log) and its stdout and stderr as the
+// container's log, so that its exit code (2 for arguments it refuses), its termination
+// message and its log are the program's own. The Job then gets the conditions the Job
+// controller sets, as the SUC simulator's Jobs do (jobrunner.go, sucpods.go): Complete;
+// or, for a container that exited non-zero, Failed with reason BackoffLimitExceeded and
+// only the Job controller's words ("Job has reached the specified backoff limit"), the
+// failure's own words being on the failed pod it leaves (leaveFailedPod: the container's
+// exit code and termination message; its log through PodLog); or, past the Job's
+// activeDeadlineSeconds, Failed with reason DeadlineExceeded ("Job was active longer
+// than specified deadline"), and no pod: the Job controller deletes the active pods
+// (kubernetes pkg/controller/job/job_controller.go, syncJob and deleteActivePods). The
+// pod is placed on the first Ready, schedulable node by name, standing for the
+// scheduler's pick. Ended records how each run ended as the simulator saw it, for tests.
+// One pod is run per Job: the backoffLimit retries a real Job controller makes first
+// (shared/facts/harvester-release-steps.md fact 6 for Harvester's own Job,
+// clusterupgrade.DefaultBackoffLimit for this one) are not played; a test runs the Job
+// again by deleting and re-creating it.
 type ClusterUpgradeJobs struct {
 	// Client reaches the workload cluster.
 	Client client.Client
@@ -73,6 +85,10 @@ type ClusterUpgradeJobs struct {
 	mu      sync.Mutex
 	started map[types.UID]bool
 	runs    int
+	// ended is how the run of each Job (namespace/name) ended; podLogs the logs of the
+	// failed pods' containers (namespace/pod/container).
+	ended   map[string]string
+	podLogs map[string]string
 }
 
 // Runs is how many Jobs were started.
@@ -80,6 +96,26 @@ func (j *ClusterUpgradeJobs) Runs() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.runs
+}
+
+// Ended is how the last run of the Job namespace/name ended, as the simulator saw it: the
+// program's termination message, or why its pod never ran the program (an image that
+// could not be pulled); false while it runs or before it started. A real cluster shows
+// the latter only on the pod while it waits, and in its events.
+func (j *ClusterUpgradeJobs) Ended(namespace, name string) (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	message, ok := j.ended[namespace+"/"+name]
+	return message, ok
+}
+
+// PodLog is the log of a container of a failed pod the simulator left, and whether it
+// knows that container (Kubelet.Logs fits).
+func (j *ClusterUpgradeJobs) PodLog(namespace, pod, container string) (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	log, ok := j.podLogs[namespace+"/"+pod+"/"+container]
+	return log, ok
 }
 
 // Start runs the Jobs until ctx ends.
@@ -136,39 +172,86 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 	}
 	runCtx, cancel := jobDeadline(ctx, job)
 	defer cancel()
+	failing := clusterupgrade.ReleaseFilesContainer
 	args, cleanup, err := j.releaseFiles(runCtx, job, args)
 	defer cleanup()
 	if err == nil {
 		var cleanupInstaller func()
+		failing = clusterupgrade.RancherInstallerContainer
 		args, cleanupInstaller, err = j.rancherInstaller(runCtx, job, args)
 		defer cleanupInstaller()
 	}
-	if err != nil {
-		if ctx.Err() == nil {
-			j.finish(ctx, job, err)
-		}
+	switch {
+	case ctx.Err() != nil:
+		return // the test ended
+	case err != nil && runCtx.Err() != nil:
+		j.finish(ctx, job, start, err.Error(), nil, true) // an image never pulled, until the deadline
+		return
+	case err != nil:
+		// What the simulator could not do in the init container's stead fails that
+		// container, its error in the log (cp and copy-files write to stderr).
+		j.finish(ctx, job, start, err.Error(), &containerExit{container: failing, code: 1, log: err.Error() + "\n"}, false)
 		return
 	}
-	in, p, err := clusterupgrade.ParseArgs(args)
-	if err != nil {
-		j.finish(ctx, job, fmt.Errorf("capi-inplace node cluster-upgrade: %w (exit code 2)", err))
-		return
-	}
-	err = clusterupgrade.Run(runCtx, j.Client, in, p)
-	if rest := j.MinDuration - time.Since(start.Time); rest > 0 && err == nil {
+	exit := j.program(runCtx, args)
+	if rest := j.MinDuration - time.Since(start.Time); rest > 0 && exit.code == 0 {
 		select {
 		case <-runCtx.Done():
-			err = runCtx.Err()
 		case <-time.After(rest):
 		}
 	}
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		return // the test ended
+	case runCtx.Err() != nil:
+		j.finish(ctx, job, start, exit.termination, nil, true) // the pod was still active at the deadline
+	case exit.code != 0:
+		j.finish(ctx, job, start, exit.termination, exit, false)
+	default:
+		j.finish(ctx, job, start, exit.termination, nil, false)
 	}
+}
+
+// program runs the pod's apply container: the node program's `node cluster-upgrade`
+// with args, through nodeprogram.Main as the image's entrypoint runs it, its termination
+// message written to a file of its own (the container's terminationMessagePath) and its
+// stdout and stderr to its log. The program reaches the API server through Client.
+func (j *ClusterUpgradeJobs) program(ctx context.Context, args []string) *containerExit {
+	exit := &containerExit{container: "apply"}
+	dir, err := os.MkdirTemp("", "cluster-upgrade-pod-")
 	if err != nil {
-		err = fmt.Errorf("capi-inplace node cluster-upgrade: failed: %w", err)
+		exit.code, exit.log = 1, err.Error()
+		return exit
 	}
-	j.finish(ctx, job, err)
+	defer func() { _ = os.RemoveAll(dir) }()
+	terminationLog := filepath.Join(dir, "termination-log")
+	log := &lockedBuffer{}
+	env := &nodeprogram.Env{Stdout: log, Stderr: log, Client: func() (client.Client, error) { return j.Client, nil }}
+	argv := append([]string{"--termination-log=" + terminationLog, "cluster-upgrade"}, args...)
+	exit.code = int32(nodeprogram.Main(ctx, argv, env))
+	if message, err := os.ReadFile(terminationLog); err == nil {
+		exit.termination = string(message)
+	}
+	exit.log = log.String()
+	return exit
+}
+
+// lockedBuffer is a container's log, written by the program's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // jobDeadline is ctx bounded by the Job's activeDeadlineSeconds, counted from now (the pod's
@@ -304,19 +387,45 @@ func (j *ClusterUpgradeJobs) rancherInstaller(ctx context.Context, job *batchv1.
 	return out, cleanup, nil
 }
 
-func (j *ClusterUpgradeJobs) finish(ctx context.Context, job *batchv1.Job, runErr error) {
+// finish ends the Job as the kubelet and the Job controller do (see ClusterUpgradeJobs):
+// past the Job's deadline, Failed with DeadlineExceeded and no pod; else with exit set,
+// a container that failed: its failed pod is left first, as the kubelet reports it before
+// the Job controller counts it, then the Job is Failed with BackoffLimitExceeded; else
+// Complete. ended is what Ended reports.
+func (j *ClusterUpgradeJobs) finish(ctx context.Context, job *batchv1.Job, start metav1.Time, ended string, exit *containerExit, deadline bool) {
 	now := metav1.Now()
+	if exit != nil && !deadline {
+		pod, err := leaveFailedPod(ctx, j.Client, job, j.podNode(ctx), exit, start, now)
+		if err != nil {
+			return
+		}
+		j.mu.Lock()
+		if j.podLogs == nil {
+			j.podLogs = map[string]string{}
+		}
+		j.podLogs[job.Namespace+"/"+pod+"/"+exit.container] = exit.log
+		j.mu.Unlock()
+	}
+	j.mu.Lock()
+	if j.ended == nil {
+		j.ended = map[string]string{}
+	}
+	j.ended[job.Namespace+"/"+job.Name] = ended
+	j.mu.Unlock()
 	_ = j.updateStatus(ctx, job, func(st *batchv1.JobStatus) {
 		st.Active, st.Ready = 0, ptr.To[int32](0)
-		if runErr != nil {
-			reason := batchv1.JobReasonBackoffLimitExceeded
-			if errors.Is(runErr, context.DeadlineExceeded) {
-				reason = batchv1.JobReasonDeadlineExceeded
-			}
+		reason, message := "", ""
+		switch {
+		case deadline:
+			reason, message = batchv1.JobReasonDeadlineExceeded, "Job was active longer than specified deadline"
+		case exit != nil:
+			reason, message = batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage
+		}
+		if reason != "" {
 			st.Failed = 1
 			st.Conditions = append(st.Conditions,
-				batchv1.JobCondition{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: reason, Message: runErr.Error(), LastProbeTime: now, LastTransitionTime: now},
-				batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: reason, Message: runErr.Error(), LastProbeTime: now, LastTransitionTime: now})
+				batchv1.JobCondition{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: reason, Message: message, LastProbeTime: now, LastTransitionTime: now},
+				batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: reason, Message: message, LastProbeTime: now, LastTransitionTime: now})
 			return
 		}
 		st.Succeeded = 1
@@ -325,6 +434,22 @@ func (j *ClusterUpgradeJobs) finish(ctx context.Context, job *batchv1.Job, runEr
 			batchv1.JobCondition{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now},
 			batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonCompletionsReached, LastProbeTime: now, LastTransitionTime: now})
 	})
+}
+
+// podNode is where the scheduler would have put the Job's pod: the first Ready,
+// schedulable node by name; "" when there is none (the pod stays unscheduled).
+func (j *ClusterUpgradeJobs) podNode(ctx context.Context) string {
+	nodes := &corev1.NodeList{}
+	if err := j.Client.List(ctx, nodes); err != nil {
+		return ""
+	}
+	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	for i := range nodes.Items {
+		if n := &nodes.Items[i]; NodeReady(n) && !n.Spec.Unschedulable {
+			return n.Name
+		}
+	}
+	return ""
 }
 
 func (j *ClusterUpgradeJobs) updateStatus(ctx context.Context, job *batchv1.Job, mutate func(*batchv1.JobStatus)) error {

@@ -1,0 +1,113 @@
+package harvesteradapter_test
+
+import (
+	"context"
+	"regexp"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/rancher/wrangler/v3/pkg/name"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+)
+
+var _ = Describe("An UpgradePlan whose cluster upgrade Job fails", func() {
+	It("fails with the Job's pod's own words first, then the Job and its reason, and keeps the pod's words in a ConfigMap its cleanup leaves", func() {
+		// A workload API server of its own: the suite's runs every cluster upgrade Job with
+		// Rancher's installer image as it is, and this one's image is broken.
+		wl, err := testenv.Start()
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(wl.Stop)
+		// Rancher's installer image holds neither helm nor Rancher's chart: the real
+		// program fails at its Rancher step with its own words, as on a cluster whose
+		// images.rancherInstaller names a wrong image.
+		emptyInstaller := GinkgoT().TempDir()
+		jobs := startRancherWithJobs(wl, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1"}, func(j *sim.ClusterUpgradeJobs) {
+			j.RancherInstallers = func(string) (string, bool) { return emptyInstaller, true }
+		})
+		addr, err := sim.NonLoopbackIPv4()
+		Expect(err).NotTo(HaveOccurred())
+		c := newClusterWith(wl, true, 1, "Harvester v1.7.1", nil, func(s *sim.SUC) {
+			// The nodes' kubelets serve the logs of the pods the simulators left, behind
+			// the API server's pods/log.
+			s.Kubelet.ServeAddress = addr
+			s.Kubelet.Logs = func(namespace, pod, container string) (string, bool) {
+				if log, ok := jobs.PodLog(namespace, pod, container); ok {
+					return log, true
+				}
+				return s.PodLog(namespace, pod, container)
+			}
+		})
+		DeferCleanup(c.kubelet.Close)
+		Expect(c.kubelet.StartServing(ctx, c.nodes[0])).To(Succeed())
+
+		plan := &harvesterv1.UpgradePlan{}
+		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
+			return plan.Status.Phase
+		}).WithTimeout(2*time.Minute).WithPolling(100*time.Millisecond).Should(Equal(harvesterv1.UpgradePlanFailed), func() string { return plan.Status.Message })
+
+		job := clusterupgrade.JobName(plan.Name)
+		ended, ok := jobs.Ended(repository.Namespace, job)
+		Expect(ok).To(BeTrue(), "the cluster upgrade Job ran")
+		Expect(ended).To(HavePrefix("capi-inplace node cluster-upgrade: failed: cluster upgrade step %s: no helm in ", clusterupgrade.StepUpgradeRancher), "the program's termination message")
+		logs := name.SafeConcatName(plan.Name, "job-logs")
+		Expect(plan.Status.Message).To(MatchRegexp(`^ClusterUpgradeFailed: %s \(container apply of pod %s-\w+ exited with code 1\); the cluster upgrade Job %s/%s failed: BackoffLimitExceeded: Job has reached the specified backoff limit; its pod's termination message and log are kept in ConfigMap %s/%s; delete the UpgradePlan to start again$`,
+			regexp.QuoteMeta(ended), regexp.QuoteMeta(job), repository.Namespace, regexp.QuoteMeta(job), repository.Namespace, regexp.QuoteMeta(logs)),
+			"the pod's own words first, then where they come from, the Job and the Job controller's reason, and where they are kept")
+		Expect(meta.FindStatusCondition(plan.Status.Conditions, harvesterv1.UpgradePlanDegraded)).To(HaveField("Message", plan.Status.Message))
+
+		// The failed plan's cleanup deleted the Job (and a real cluster's garbage collector
+		// its pod with it); the plan deleted as its message says, its finalizer cleans up
+		// again. The ConfigMap with the pod's words stays through both.
+		Eventually(func() bool {
+			return apierrors.IsNotFound(wl.Client.Get(ctx, client.ObjectKey{Namespace: repository.Namespace, Name: job}, &batchv1.Job{}))
+		}).WithTimeout(30*time.Second).Should(BeTrue(), "the failed plan's cleanup deletes its Job")
+		Expect(env.Client.Delete(ctx, plan)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+		}).WithTimeout(30*time.Second).Should(BeTrue(), "the plan's finalizer has cleaned up")
+		cm := &corev1.ConfigMap{}
+		Expect(wl.Client.Get(ctx, client.ObjectKey{Namespace: repository.Namespace, Name: logs}, cm)).To(Succeed())
+		Expect(cm.Labels).NotTo(HaveKey(upgradeplan.LabelUpgradePlan), "not the plan's label: cleanup deletes what carries it")
+		Expect(cm.Annotations).To(HaveKeyWithValue(upgradeplan.LabelUpgradePlan, plan.Name))
+		Expect(cm.Data).To(HaveKeyWithValue(job+".apply.termination-message", ended))
+		Expect(cm.Data).To(HaveKeyWithValue(job+".apply.failure", MatchRegexp(`^Job %s/%s failed: BackoffLimitExceeded: Job has reached the specified backoff limit; container apply of pod %s-\w+ exited with code 1$`,
+			repository.Namespace, regexp.QuoteMeta(job), regexp.QuoteMeta(job))))
+		// The log, read through pods/log from the node's kubelet: the program's progress,
+		// then its error, which the termination message alone does not show.
+		Expect(cm.Data).To(HaveKeyWithValue(job+".apply.log", And(
+			ContainSubstring(clusterupgrade.StepUpgradeRancher+": started"),
+			ContainSubstring(clusterupgrade.StepUpgradeRancher+": failed: no helm in "),
+			HaveSuffix(ended))))
+	})
+})
+
+// startRancherWithJobs is startRancherAt without Rancher's simulator changed, running the
+// cluster upgrade Jobs with a simulator changed by mutate, which it returns.
+func startRancherWithJobs(wl *testenv.Environment, release sim.HarvesterRelease, mutate func(*sim.ClusterUpgradeJobs)) *sim.ClusterUpgradeJobs {
+	GinkgoHelper()
+	Expect(sim.Seed(ctx, wl.Client, release)).To(Succeed())
+	rctx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	cache, err := wl.StartCache(rctx)
+	Expect(err).NotTo(HaveOccurred())
+	(&sim.Rancher{Client: wl.Client, Cache: cache, ChartDelay: 50 * time.Millisecond, DownloadDelay: 20 * time.Millisecond, RolloutDelay: 20 * time.Millisecond}).Start(rctx)
+	jobs := &sim.ClusterUpgradeJobs{Client: wl.Client, Kubeconfig: wl.Kubeconfig, Cache: cache}
+	mutate(jobs)
+	jobs.Start(rctx)
+	simCaches[wl] = cache
+	DeferCleanup(func() { delete(simCaches, wl) })
+	return jobs
+}
