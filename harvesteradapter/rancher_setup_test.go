@@ -78,8 +78,17 @@ func rancherMachines(c *harvesterCluster, cps, workers int) []string {
 // RKE2 restart.
 func startPlanner(wl *testenv.Environment, c *harvesterCluster, multus *sim.Multus) *sim.RancherPlanner {
 	GinkgoHelper()
+	return startPlannerWith(wl, c, multus, nil)
+}
+
+// startPlannerWith is startPlanner with the simulator configured first.
+func startPlannerWith(wl *testenv.Environment, c *harvesterCluster, multus *sim.Multus, configure func(*sim.RancherPlanner)) *sim.RancherPlanner {
+	GinkgoHelper()
 	planner := &sim.RancherPlanner{Client: wl.Client, Cache: simCache(wl), Kubelet: c.kubelet, NodeSelector: map[string]string{labelTestCluster: c.name},
 		RestartDuration: 150 * time.Millisecond, RetryDelay: 100 * time.Millisecond, Guarded: c.suc.Guarded, Multus: multus}
+	if configure != nil {
+		configure(planner)
+	}
 	Expect(planner.SeedMachines(ctx)).To(Succeed())
 	pctx, pcancel := context.WithCancel(ctx)
 	pdone := make(chan struct{})

@@ -202,7 +202,7 @@ func applyClusterPlan(ctx context.Context, pr *PlanRun, want *sucv1.Plan, nodes 
 	if current == nil || err != nil {
 		return false, message, nil, err
 	}
-	if err := suc.FailedJob(ctx, pr.Workload, current, "", nil); err != nil {
+	if err := suc.FailedJob(ctx, pr.Workload, current, "", pr.logs); err != nil {
 		return false, "", nil, err
 	}
 	states := map[string]string{}
@@ -398,6 +398,9 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	var keeping []string
 	if keep != "" {
 		keeping = append(keeping, keep)
+	}
+	if _, err := r.keepFailedJobLogs(ctx, pr); err != nil {
+		return "", err
 	}
 	if err := removeLabelled(ctx, pr.Workload, pr.Plan.Name, keeping...); err != nil {
 		return "", err

@@ -35,6 +35,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
@@ -174,6 +175,10 @@ type PlanRun struct {
 	Cluster types.NamespacedName
 	// repo is the repository's in-cluster base URL.
 	repo string
+	// logs reads the end of a container's log in the workload cluster, for the words of
+	// a failed Job of the plan's own Plans; nil when the workload clients give no REST
+	// configuration.
+	logs suc.LogTail
 }
 
 // SetupWithManager registers the reconciler: UpgradePlans, and the NodeUpdates of their
@@ -486,7 +491,7 @@ func (r *PlanReconciler) prepare(ctx context.Context, plan *harvesterv1.UpgradeP
 	if err != nil {
 		return nil, fmt.Errorf("reach the workload cluster %s: %w", plan.Spec.ClusterName, err)
 	}
-	pr := &PlanRun{Plan: plan, Config: cfg, Workload: wc, Cluster: cluster, repo: cfg.Spec.Release.RepositoryURL}
+	pr := &PlanRun{Plan: plan, Config: cfg, Workload: wc, Cluster: cluster, repo: cfg.Spec.Release.RepositoryURL, logs: r.logTail(cluster)}
 	if pr.repo == "" {
 		pr.repo = repository.ServiceURL(cfg.Spec.Release.Version)
 	}

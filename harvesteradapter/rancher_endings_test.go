@@ -1,0 +1,243 @@
+package harvesteradapter_test
+
+import (
+	"strconv"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/sim"
+	"github.com/capi-inplace/capi-inplace/test/testenv"
+	"github.com/capi-inplace/capi-inplace/test/testsuite"
+)
+
+// Every ending of a node's Rancher route leaves the cluster settled (issue #52): at each
+// point of the route, a NodeUpdate that ends (failure, timeout, abort and deletion all
+// come through the updater's Abort) or an UpgradePlan that ends (deleted with its
+// allow-deletion annotation) leaves no node cordoned for the roll, no drain of Rancher's
+// waiting on a hook nobody answers, no RKE2 restarted by Rancher after the node's update
+// ended, and a next NodeUpdate that finishes the node. Rancher is played by the
+// RancherPlanner simulator, which does what Rancher v2.14.4 does on these paths (the
+// machine-drain controller stays in a drain until drain-done, the planner's pause,
+// rancher-system-agent's unlimited retries, the install under the restart guard).
+var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func() {
+	It("withdraws Rancher's drain of a node aborted at its pre-drain hook, takes no other node, and lets the node's next update go through the hooks", func() {
+		wl, c, planner := rancherRoute(nil)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
+		})).To(Succeed())
+		Expect(rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest)).NotTo(BeEmpty(), "Rancher took the node")
+		Expect(nodeOf(wl, node).Spec.Unschedulable).To(BeTrue(), "Rancher cordons the node it takes (machinedrain.go drain)")
+
+		By("ended before its pre-drain hook is answered")
+		ended := endNodeUpdate(c, nu)
+		expectNodeSettled(wl, node)
+		Consistently(func(g Gomega) {
+			for _, n := range c.nodes {
+				g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
+				g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
+			}
+		}, 3*time.Second, 100*time.Millisecond).Should(Succeed())
+		pause, err := rancher.ReadPlannerPause(ctx, wl.Client)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pause.By).To(Equal(upgradeplan.Name(c.name, "v1.8.1")), "the plan holds Rancher's planner while no NodeUpdate waits for it")
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
+
+		By("the node's next NodeUpdate: Rancher takes it again and restarts RKE2 behind its hooks")
+		next := renewNodeUpdate(c, nu)
+		Expect(drive(c.updater, next, 180*time.Second)).To(Succeed())
+		Expect(nodeOf(wl, node).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2))
+		restarts := planner.Restarts()
+		Expect(restarts).To(HaveLen(1))
+		Expect(restarts[0].Node).To(Equal(node))
+		Expect(restarts[0].InHooks).To(BeTrue(), "restarted between its answered pre-drain hook and its post-drain request")
+		Expect(planner.MaxCordoned()).To(Equal(1))
+	})
+
+	It("puts the restart guard back on a node whose plan keeps failing when its update ends, so that the agent's later success restarts nothing, and restarts RKE2 in the node's next update", func() {
+		wl, c, planner := rancherRoute(nil)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
+		})).To(Succeed())
+		planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:v1.35.6-rke2r1")
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
+			s := planSecret(wl, node)
+			n, _ := strconv.Atoi(string(s.Data[rancher.FailureCountKey]))
+			return rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && n >= 2
+		})).To(Succeed())
+		Expect(c.suc.Guarded(node)).To(BeFalse(), "RemoveRestartGuard took the guard off before the pre-drain hook was answered")
+
+		By("ended while rancher-system-agent retries the plan")
+		ended := endNodeUpdate(c, nu)
+		Expect(c.suc.Guarded(node)).To(BeTrue(), "node %s left without its restart guard while the agent retries", node)
+		Expect(nodeOf(wl, node).Spec.Unschedulable).To(BeFalse(), "node %s left cordoned by Rancher while its plan fails", node)
+
+		By("the install succeeds later: under the guard, without a restart; the plan answers the post-drain request and Rancher uncordons")
+		planner.ClearInstallFailure(node)
+		Eventually(func() rancher.DeliveredPlan { return rancher.ReadDeliveredPlan(planSecret(wl, node)) }).WithPolling(100 * time.Millisecond).
+			Should(Equal(rancher.DeliveredPlan{Version: rancherNewRKE2, Applied: true}))
+		Expect(c.kubelet.InstalledRKE2(node)).To(Equal(rancherNewRKE2))
+		expectNodeSettled(wl, node)
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
+
+		By("the plan deleted: the roll is handed back settled, the node named as not running the declared RKE2")
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
+		deleteRunningPlan(plan)
+		Eventually(func() bool {
+			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+		}).WithPolling(100 * time.Millisecond).Should(BeTrue())
+		expectRancherSettled(wl, c)
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
+
+		By("the node's next NodeUpdate restarts the RKE2 installed under the guard, inside its own update")
+		next := renewNodeUpdate(c, nu)
+		Expect(drive(c.updater, next, 240*time.Second)).To(Succeed())
+		Expect(nodeOf(wl, node).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2))
+		Expect(c.kubelet.InstalledRKE2(node)).To(BeEmpty())
+		Expect(nodeupdater.StepState(next, harvesteradapter.StepRancherPreDrain)).To(Equal(inplacev1.StepStateSkipped))
+		Expect(stepMessage(next, harvesteradapter.StepKubernetesUpgrade)).To(ContainSubstring("runs Kubernetes " + rancherNewRKE2))
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty(), "Rancher restarted nothing: the node's own update did")
+	})
+
+	It("holds a node's ending while Rancher restarts its RKE2 after the pre-drain answer, then answers the post-drain hook", func() {
+		wl, c, planner := rancherRoute(func(p *sim.RancherPlanner) { p.InstallDuration = 3 * time.Second })
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
+			return rancher.Answered(planSecret(wl, node), rancher.PreDrainRequest, rancher.PreDrainHook)
+		})).To(Succeed())
+
+		By("ended while the plan's install runs")
+		ended := endNodeUpdate(c, nu)
+		restarts := planner.Restarts()
+		Expect(restarts).To(HaveLen(1), "the ending waited for the restart")
+		Expect(restarts[0].End).To(BeTemporally("<=", ended))
+		expectNodeSettled(wl, node)
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
+	})
+
+	It("hands the roll back settled when the plan is deleted while Rancher waits at a node's pre-drain hook: the node's drain finished under the guard, nothing restarted", func() {
+		wl, c, planner := rancherRoute(nil)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
+		})).To(Succeed())
+		Expect(rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest)).NotTo(BeEmpty())
+
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
+		deleted := time.Now()
+		deleteRunningPlan(plan)
+		Eventually(func() bool {
+			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+		}).WithPolling(100 * time.Millisecond).Should(BeTrue())
+		expectRancherSettled(wl, c)
+		for _, n := range c.nodes {
+			Expect(c.suc.Guarded(n)).To(BeTrue(), "node %s, behind the declared RKE2, left without the guard", n)
+		}
+		Eventually(func() string { return c.kubelet.InstalledRKE2(node) }).WithPolling(100*time.Millisecond).Should(Equal(rancherNewRKE2),
+			"Rancher installs the declared RKE2 under the guard")
+		Consistently(func() []sim.PlanApply { return rancherRestartsAfter(planner, deleted) }, 2*time.Second, 100*time.Millisecond).Should(BeEmpty())
+	})
+})
+
+// rancherRoute is a Harvester cluster whose RKE2 Rancher provisions, with a management
+// node (etcd and control plane: Rancher's first) and a worker, and the planner simulator
+// running, configured first by configure.
+func rancherRoute(configure func(*sim.RancherPlanner)) (*testenv.Environment, *harvesterCluster, *sim.RancherPlanner) {
+	GinkgoHelper()
+	wl := startRancherWorkload()
+	c := newRancherCluster(wl, func(s *sim.SUC) { s.JobDuration = 300 * time.Millisecond })
+	for i, roles := range []map[string]string{serverRoles, nil} {
+		name := c.name + "-node-" + string(rune('1'+i))
+		_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)
+		Expect(err).NotTo(HaveOccurred())
+		c.nodes = append(c.nodes, name)
+	}
+	return wl, c, startPlannerWith(wl, c, nil, configure)
+}
+
+// endNodeUpdate ends nu as the NodeUpdate reconciler does after a failure, a timeout, an
+// abort or a deletion: abortStartTime set, the updater's Abort called until it is done,
+// then the phase Failed. It returns when it ended.
+func endNodeUpdate(c *harvesterCluster, nu *inplacev1.NodeUpdate) time.Time {
+	GinkgoHelper()
+	Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+	nu.Status.AbortStartTime = &metav1.MicroTime{Time: time.Now()}
+	Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+	abortUntilDone(c, nu)
+	nu.Status.Phase = inplacev1.NodeUpdatePhaseFailed
+	Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+	return time.Now()
+}
+
+// renewNodeUpdate replaces an ended NodeUpdate by a new one for its node, as a task's
+// retry does.
+func renewNodeUpdate(c *harvesterCluster, nu *inplacev1.NodeUpdate) *inplacev1.NodeUpdate {
+	GinkgoHelper()
+	Expect(env.Client.Delete(ctx, nu)).To(Succeed())
+	Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), &inplacev1.NodeUpdate{}))
+	}).WithPolling(50 * time.Millisecond).Should(BeTrue())
+	return c.nodeUpdate(nu.Spec.NodeName)
+}
+
+// rancherRestartsAfter are the RKE2 restarts by Rancher's planner that were still going
+// at t or came later.
+func rancherRestartsAfter(planner *sim.RancherPlanner, t time.Time) []sim.PlanApply {
+	var out []sim.PlanApply
+	for _, a := range planner.Restarts() {
+		if a.End.After(t) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func planSecret(wl *testenv.Environment, node string) *corev1.Secret {
+	GinkgoHelper()
+	s, err := rancher.MachinePlan(ctx, wl.Client, nodeOf(wl, node))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(s).NotTo(BeNil())
+	return s
+}
+
+func nodeOf(wl *testenv.Environment, name string) *corev1.Node {
+	GinkgoHelper()
+	n := &corev1.Node{}
+	Expect(wl.Client.Get(ctx, client.ObjectKey{Name: name}, n)).To(Succeed())
+	return n
+}
+
+// expectNodeSettled asserts that the node comes out of Rancher's drain: uncordoned, and
+// its plan Secret without drain annotations or requests.
+func expectNodeSettled(wl *testenv.Environment, node string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		n := &corev1.Node{}
+		g.Expect(wl.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		g.Expect(n.Spec.Unschedulable).To(BeFalse(), "node %s left cordoned", node)
+		s, err := rancher.MachinePlan(ctx, wl.Client, n)
+		g.Expect(err).NotTo(HaveOccurred())
+		for _, key := range []string{rancher.DrainOptionsAnnotation, rancher.PreDrainRequest, rancher.PostDrainRequest, rancher.UnCordonAnnotation} {
+			g.Expect(s.Annotations).NotTo(HaveKey(key), "node %s's plan Secret left in a drain", node)
+		}
+	}).WithPolling(100 * time.Millisecond).Should(Succeed())
+}
