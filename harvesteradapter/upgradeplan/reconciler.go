@@ -35,8 +35,8 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
