@@ -257,6 +257,9 @@ func (r *PlanReconciler) upgradeNodes(ctx context.Context, pr *PlanRun) (bool, s
 	if at == len(nodes) && running == 0 {
 		return true, fmt.Sprintf("all %d nodes run Harvester %s", len(nodes), pr.Plan.Spec.Version), nil
 	}
+	if held := r.heldByFailedNodes(ctx, pr, nus); held != "" {
+		return false, "", heldf("%s%s", held, handOver)
+	}
 	return false, fmt.Sprintf("%d of %d nodes run Harvester %s; %d upgrading%s", at, len(nodes), pr.Plan.Spec.Version, running, handOver), nil
 }
 

@@ -423,6 +423,11 @@ func TestDemoFailureHeld(t *testing.T) {
 	if !strings.HasPrefix(res.planHold, "node demo-workers-2 failed") || !strings.Contains(res.planHold, "elemental upgrade failed with return code: 33") {
 		t.Errorf("the plan's Degraded condition does not name the failed node in its own words: %q", res.planHold)
 	}
+	for _, want := range []string{"until the plan ends; to go on: retry the node (", "harvester.inplace.cluster.x-k8s.io/allow-deletion=true", "which gives every setting back"} {
+		if !strings.Contains(res.planHold, want) {
+			t.Errorf("the plan's Degraded condition does not say the ways on (%q): %q", want, res.planHold)
+		}
+	}
 	for _, c := range res.checks {
 		if !c.OK {
 			t.Errorf("invariant broken: %s: %s", c.Name, c.Detail)
