@@ -434,3 +434,37 @@ func TestDemoFailureHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoAbortAtPreDrain runs the demo with --abort-at on the second control plane node:
+// the task is aborted once Rancher has taken the node (cordoned it and asked for its
+// pre-drain hook), and the run ends settled, as its safety checks say: Rancher's drain of
+// the node withdrawn, no node cordoned, no RKE2 restart outside a NodeUpdate (issue #52).
+func TestDemoAbortAtPreDrain(t *testing.T) {
+	testsuite.WholeRun(t)
+	if testing.Short() {
+		t.Skip("starts two API servers and the manager")
+	}
+	cfg := defaultConfig()
+	cfg.via, cfg.abortAt = viaHook, "demo-cp-2"
+	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
+
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 1 || res.upgraded {
+		t.Fatalf("the demo ended with exit code %d, error %v, every node upgraded %t; want exit code 1; its output:\n%s", res.exitCode(), err, res.upgraded, out.String())
+	}
+	for _, want := range []string{
+		"aborted (spec.phase Abort) while Rancher waits at demo-cp-2's pre-drain hook",
+		"✔ Rancher's roll settled: no node left cordoned, no drain of Rancher's waiting at a hook nobody answers",
+		"✔ the abort at demo-cp-2's pre-drain hook ended settled",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
+	for _, c := range res.checks {
+		if !c.OK {
+			t.Errorf("invariant broken: %s: %s", c.Name, c.Detail)
+		}
+	}
+}

@@ -10,7 +10,7 @@
 // spec.topology.version bump Cluster API rolls out through capi-inplace's hooks. Without
 // them it plays Cluster API's hook calls in-process (capi.go) and says it is a fallback.
 //
-//	go run ./test/demo [--via=annotation|hook|capi] [--from v1.6.1] [--nodes N] [--fail NODE] [--step-delay D] [--keep] [--preview]
+//	go run ./test/demo [--via=annotation|hook|capi] [--from v1.6.1] [--nodes N] [--fail NODE] [--abort-at NODE] [--step-delay D] [--keep] [--preview]
 package main
 
 import (
@@ -64,6 +64,8 @@ type config struct {
 	previewWait time.Duration
 	// gateRedAt names the node while whose upgrade a health gate turns red (redGate).
 	gateRedAt string
+	// abortAt names the node at whose pre-drain hook the upgrade is aborted (aborter).
+	abortAt string
 	// from is the Harvester release the cluster runs at first, which names the hop
 	// (scenario.HopFrom).
 	from string
@@ -92,6 +94,7 @@ func (c *config) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.preview, "preview", c.preview, "before the upgrade, ask for an UpgradePreview of the Cluster at the target version, wait for the manager to compute it and print it as `kubectl inplace preview` does; the upgrade runs either way")
 	fs.DurationVar(&c.previewWait, "preview-wait", c.previewWait, "how long --preview waits for the manager to compute the preview (a manager without the UpgradePreview controller never does: the demo then says so and goes on)")
 	fs.StringVar(&c.from, "from", c.from, "the Harvester release the cluster runs at first, which says the hop: "+hopsUsage()+". Not with --via=capi on Cluster API's own controllers")
+	fs.StringVar(&c.abortAt, "abort-at", c.abortAt, "abort the upgrade (the UpgradeTask's spec.phase Abort) once Rancher has taken this node (or machine): cordoned it and asked for its pre-drain hook; the demo shows how the abort ends (Rancher's drain withdrawn, the node uncordoned, no RKE2 restart) and exits non-zero. Not with --via=capi")
 	fs.StringVar(&c.gateRedAt, "gate-red-at", c.gateRedAt, "give every task of the Cluster a health gate (a CEL expression over a ConfigMap of the workload cluster, by the Cluster's gates annotation) that turns red while this node (or machine) is upgraded and green again a few seconds after the task shows the pause; not the last node of its control plane or MachineDeployment (after it no node is left to hold). Not with --via=capi")
 }
 
@@ -112,6 +115,12 @@ func (c *config) validate() error {
 	}
 	if c.fail != "" && !c.knows(c.fail) {
 		return fmt.Errorf("--fail=%s: no such node or machine; the nodes are %s", c.fail, strings.Join(c.nodeNames(), ", "))
+	}
+	if c.abortAt != "" && !c.knows(c.abortAt) {
+		return fmt.Errorf("--abort-at=%s: no such node or machine; the nodes are %s", c.abortAt, strings.Join(c.nodeNames(), ", "))
+	}
+	if c.abortAt != "" && c.via == viaCAPI {
+		return errors.New("--abort-at works with --via=annotation or --via=hook; with --via=capi, Cluster API's controllers name the machines only once they run")
 	}
 	if c.gateRedAt != "" && !c.knows(c.gateRedAt) {
 		return fmt.Errorf("--gate-red-at=%s: no such node or machine; the nodes are %s", c.gateRedAt, strings.Join(c.nodeNames(), ", "))
@@ -337,11 +346,28 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		close(gateDone)
 	}
 
+	var abort *aborter
+	abortDone := make(chan struct{})
+	if cfg.abortAt != "" {
+		if abort, err = newAborter(s, view, cfg.abortAt); err != nil {
+			return &outcome{}, err
+		}
+		go func() { defer close(abortDone); abort.run(gateCtx) }()
+	} else {
+		close(abortDone)
+	}
+
 	res := follow(ctx, s, cfg, view)
 	stopGate()
 	<-gateDone
+	<-abortDone
 	if gate != nil {
 		res.checks = append(res.checks, gate.check())
+	}
+	if abort != nil {
+		checkCtx, cancelCheck := context.WithTimeout(context.Background(), 10*time.Second)
+		res.checks = append(res.checks, abort.check(checkCtx))
+		cancelCheck()
 	}
 	keepWorkDir = !res.ok() && !res.interrupted
 	view.summary(s, cfg, res)

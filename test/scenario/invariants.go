@@ -8,11 +8,13 @@ import (
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	corev1 "k8s.io/api/core/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -124,7 +126,7 @@ func (s *Scenario) Invariants(ctx context.Context, upgraded []string) []Check {
 		checks = append(checks, longhornLiveUpgradeLeftAlone(s.Longhorn))
 	}
 	if s.Planner != nil {
-		checks = append(checks, rancherRestarts(s.Planner, s.NodeNames(), done, s.Options.Hop.ToKubernetes))
+		checks = append(checks, rancherRestarts(s.Planner, s.NodeNames(), done, s.Options.Hop.ToKubernetes), s.rancherSettled(ctx))
 	}
 	if s.Multus != nil {
 		checks = append(checks, s.multusLeftAlone(ctx))
@@ -224,6 +226,51 @@ func rancherRestarts(p *sim.RancherPlanner, nodes []string, done map[string]bool
 	}
 	for _, a := range p.Downgrades() {
 		problems = append(problems, fmt.Sprintf("%s downgraded from %s to %s", a.Node, a.From, a.To))
+	}
+	if len(problems) > 0 {
+		c.OK, c.Detail = false, strings.Join(problems, "; ")
+	}
+	return c
+}
+
+// rancherSettled checks that Rancher's roll of the nodes is settled at the end, however
+// the run ended: no node cordoned, no plan Secret in a drain (drain options, a hook
+// request or an uncordon asked) that Rancher's machine-drain controller would wait at for
+// good (rancher v2.14.4 machinedrain.go OnChange). Rancher's last uncordon may trail the
+// end of the run by a moment: it is looked at for up to 10 s.
+func (s *Scenario) rancherSettled(ctx context.Context) Check {
+	c := Check{Name: "Rancher's roll settled: no node left cordoned, no drain of Rancher's waiting at a hook nobody answers", OK: true}
+	var problems []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		problems = problems[:0]
+		secrets, err := rancher.PlanSecrets(ctx, s.Workload.Client)
+		if err != nil {
+			problems = append(problems, err.Error())
+		}
+		for _, name := range s.NodeNames() {
+			node := &corev1.Node{}
+			if err := s.Workload.Client.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+				problems = append(problems, fmt.Sprintf("read node %s: %v", name, err))
+				continue
+			}
+			if node.Spec.Unschedulable {
+				problems = append(problems, name+" is cordoned")
+			}
+			secret := secrets[node.Annotations[rancher.NodeMachineAnnotation]]
+			if secret == nil {
+				continue
+			}
+			for _, key := range []string{rancher.DrainOptionsAnnotation, rancher.PreDrainRequest, rancher.PostDrainRequest, rancher.UnCordonAnnotation} {
+				if v := secret.Annotations[key]; v != "" {
+					problems = append(problems, fmt.Sprintf("%s's plan Secret still has %s", name, key))
+				}
+			}
+		}
+		if len(problems) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	if len(problems) > 0 {
 		c.OK, c.Detail = false, strings.Join(problems, "; ")
