@@ -27,15 +27,7 @@ import (
 // restarting RKE2 there (fact 12), outside any NodeUpdate.
 var _ = Describe("Aborting a Rancher-provisioned node while its restart guard is being taken off", func() {
 	It("puts the guard back before the abort ends, so that Rancher restarts nothing there once the plan's hooks are gone", func() {
-		wl := startRancherWorkload()
-		c := newRancherCluster(wl, func(s *sim.SUC) { s.JobDuration = 500 * time.Millisecond })
-		for i, roles := range []map[string]string{serverRoles, nil} {
-			name := c.name + "-node-" + string(rune('1'+i))
-			_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)
-			Expect(err).NotTo(HaveOccurred())
-			c.nodes = append(c.nodes, name)
-		}
-		planner := startPlanner(wl, c, nil)
+		wl, c, planner := rancherRoute(500*time.Millisecond, nil)
 
 		By("the etcd node, Rancher's first, runs up to RemoveRestartGuard")
 		node := c.nodes[0]

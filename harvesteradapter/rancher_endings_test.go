@@ -33,12 +33,10 @@ import (
 // rancher-system-agent's unlimited retries, the install under the restart guard).
 var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func() {
 	It("withdraws Rancher's drain of a node aborted at its pre-drain hook, takes no other node, and lets the node's next update go through the hooks", func() {
-		wl, c, planner := rancherRoute(nil)
+		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
-		})).To(Succeed())
+		driveToRancherTurn(c, nu)
 		Expect(rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest)).NotTo(BeEmpty(), "Rancher took the node")
 		Expect(nodeOf(wl, node).Spec.Unschedulable).To(BeTrue(), "Rancher cordons the node it takes (machinedrain.go drain)")
 
@@ -68,12 +66,10 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 	})
 
 	It("puts the restart guard back on a node whose plan keeps failing when its update ends, so that the agent's later success restarts nothing, and restarts RKE2 in the node's next update", func() {
-		wl, c, planner := rancherRoute(nil)
+		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
-		})).To(Succeed())
+		driveToRancherTurn(c, nu)
 		planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:v1.35.6-rke2r1")
 		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
 			s := planSecret(wl, node)
@@ -116,7 +112,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 	})
 
 	It("holds a node's ending while Rancher restarts its RKE2 after the pre-drain answer, then answers the post-drain hook", func() {
-		wl, c, planner := rancherRoute(func(p *sim.RancherPlanner) { p.InstallDuration = 3 * time.Second })
+		wl, c, planner := rancherRoute(300*time.Millisecond, func(p *sim.RancherPlanner) { p.InstallDuration = 3 * time.Second })
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
@@ -133,12 +129,10 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 	})
 
 	It("hands the roll back settled when the plan is deleted while Rancher waits at a node's pre-drain hook: the node's drain finished under the guard, nothing restarted", func() {
-		wl, c, planner := rancherRoute(nil)
+		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
-		})).To(Succeed())
+		driveToRancherTurn(c, nu)
 		Expect(rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest)).NotTo(BeEmpty())
 
 		plan := &harvesterv1.UpgradePlan{}
@@ -158,13 +152,22 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 	})
 })
 
+// driveToRancherTurn drives nu until Rancher took its node: its pre-drain request came
+// (RancherPreDrain done).
+func driveToRancherTurn(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
+	GinkgoHelper()
+	Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+		return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
+	})).To(Succeed())
+}
+
 // rancherRoute is a Harvester cluster whose RKE2 Rancher provisions, with a management
-// node (etcd and control plane: Rancher's first) and a worker, and the planner simulator
-// running, configured first by configure.
-func rancherRoute(configure func(*sim.RancherPlanner)) (*testenv.Environment, *harvesterCluster, *sim.RancherPlanner) {
+// node (etcd and control plane: Rancher's first) and a worker, SUC's Jobs taking
+// jobDuration, and the planner simulator running, configured first by configure.
+func rancherRoute(jobDuration time.Duration, configure func(*sim.RancherPlanner)) (*testenv.Environment, *harvesterCluster, *sim.RancherPlanner) {
 	GinkgoHelper()
 	wl := startRancherWorkload()
-	c := newRancherCluster(wl, func(s *sim.SUC) { s.JobDuration = 300 * time.Millisecond })
+	c := newRancherCluster(wl, func(s *sim.SUC) { s.JobDuration = jobDuration })
 	for i, roles := range []map[string]string{serverRoles, nil} {
 		name := c.name + "-node-" + string(rune('1'+i))
 		_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)

@@ -9,10 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -312,42 +309,13 @@ func notDrain(plans []sucv1.Plan) []sucv1.Plan {
 	return out
 }
 
-// restConfigs is what workload clients that also give REST configurations offer
-// (workloadcluster.Clients): a client-go clientset where a controller-runtime client has
-// no API, such as a pod's log.
-type restConfigs interface {
-	RESTConfig(ctx context.Context, cluster types.NamespacedName) (*rest.Config, error)
-}
-
 // logTail reads the end of a container's log in the node's workload cluster through the
-// API server's pods/log, for the words of a failed Job's pod; nil when the workload
-// clients give no REST configuration.
+// API server's pods/log, for the words of a failed Job's pod (suc.PodLogTail); nil when
+// the workload clients give no REST configuration.
 func (u *Updater) logTail(r *nodeRun) suc.LogTail {
-	configs, ok := u.Workloads.(restConfigs)
+	configs, ok := u.Workloads.(suc.RESTConfigs)
 	if !ok {
 		return nil
 	}
-	cluster := types.NamespacedName{Namespace: r.nu.Namespace, Name: r.nu.Spec.ClusterName}
-	return func(ctx context.Context, namespace, pod, container string) (string, error) {
-		cfg, err := configs.RESTConfig(ctx, cluster)
-		if err != nil {
-			return "", err
-		}
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return "", err
-		}
-		opts := &corev1.PodLogOptions{Container: container, TailLines: ptr.To[int64](logTailLines), LimitBytes: ptr.To[int64](logTailBytes)}
-		raw, err := cs.CoreV1().Pods(namespace).GetLogs(pod, opts).DoRaw(ctx)
-		if err != nil {
-			return "", fmt.Errorf("read the log of container %s of pod %s/%s: %w", container, namespace, pod, err)
-		}
-		return string(raw), nil
-	}
+	return suc.PodLogTail(configs, types.NamespacedName{Namespace: r.nu.Namespace, Name: r.nu.Spec.ClusterName})
 }
-
-// How much of a failed container's log goes into the NodeUpdate's failure message.
-const (
-	logTailLines = 20
-	logTailBytes = 4096
-)

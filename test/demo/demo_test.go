@@ -400,13 +400,7 @@ func TestDemoFailureHeld(t *testing.T) {
 	}
 	cfg := defaultConfig()
 	cfg.via, cfg.fail = viaHook, "demo-workers-2"
-	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
-
-	var out bytes.Buffer
-	res, err := run(context.Background(), cfg, &out, false)
-	if err != nil || res.exitCode() != 1 || res.upgraded {
-		t.Fatalf("the demo ended with exit code %d, error %v, every node upgraded %t; want exit code 1; its output:\n%s", res.exitCode(), err, res.upgraded, out.String())
-	}
+	res, out := runEndingEarly(t, cfg)
 	words := "elemental upgrade failed with return code: 33 (failure injected by --fail) (container upgrade of pod "
 	plan := "UpgradePlan demo/harvester-v1-8-1 is held in NodeUpgrading"
 	for _, want := range []string{
@@ -446,13 +440,7 @@ func TestDemoAbortAtPreDrain(t *testing.T) {
 	}
 	cfg := defaultConfig()
 	cfg.via, cfg.abortAt = viaHook, "demo-cp-2"
-	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
-
-	var out bytes.Buffer
-	res, err := run(context.Background(), cfg, &out, false)
-	if err != nil || res.exitCode() != 1 || res.upgraded {
-		t.Fatalf("the demo ended with exit code %d, error %v, every node upgraded %t; want exit code 1; its output:\n%s", res.exitCode(), err, res.upgraded, out.String())
-	}
+	res, out := runEndingEarly(t, cfg)
 	for _, want := range []string{
 		"aborted (spec.phase Abort) while Rancher waits at demo-cp-2's pre-drain hook",
 		"✔ Rancher's roll settled: no node left cordoned, no drain of Rancher's waiting at a hook nobody answers",
@@ -467,4 +455,17 @@ func TestDemoAbortAtPreDrain(t *testing.T) {
 			t.Errorf("invariant broken: %s: %s", c.Name, c.Detail)
 		}
 	}
+}
+
+// runEndingEarly runs the demo with cfg at quick steps and wants it to end early: exit
+// code 1, not every node upgraded. It returns the outcome and the output.
+func runEndingEarly(t *testing.T, cfg config) (*outcome, *bytes.Buffer) {
+	t.Helper()
+	cfg.stepDelay, cfg.pollInterval, cfg.timeout = 300*time.Millisecond, 100*time.Millisecond, 3*time.Minute
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 1 || res.upgraded {
+		t.Fatalf("the demo ended with exit code %d, error %v, every node upgraded %t; want exit code 1; its output:\n%s", res.exitCode(), err, res.upgraded, out.String())
+	}
+	return res, &out
 }
