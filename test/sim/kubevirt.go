@@ -10,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
@@ -24,10 +22,10 @@ import (
 //   - a VirtualMachine whose run strategy is Always or RerunOnFailure (or running: true)
 //     gets a VirtualMachineInstance of the same name, owned by it, built from its
 //     template, Running on a node: the one PlaceOn named if it can take it, else the
-//     schedulable node that satisfies its nodeSelector and required node affinity and
-//     has room for its requests, with the fewest PreferNoSchedule taints it does not
-//     tolerate, then the fewest VMIs (pick); with no such node it stays Scheduling and is placed once
-//     one is. KubeVirt labels the VMI kubevirt.io/nodeName and sets status.nodeName
+//     node kube-scheduler would bind its virt-launcher pod to, with the default
+//     profile's filters and weighted scores (pick, kubevirt_scheduler.go); with no
+//     node that passes the filters it stays Scheduling and is placed once one does.
+//     KubeVirt labels the VMI kubevirt.io/nodeName and sets status.nodeName
 //     (types.go NodeNameLabel); a VMI with host devices or GPUs is LiveMigratable False
 //     with reason HostDeviceNotLiveMigratable, any other True;
 //   - a VirtualMachine that is Halted (or running: false) loses its VMI: the VM
@@ -36,10 +34,11 @@ import (
 //     mutating webhook, MigrationSelectorLabel), goes Pending, then Running (KubeVirt's
 //     migration controller goes through Scheduling, Scheduled, PreparingTarget and
 //     TargetReady to Running; VirtualMachineInstanceMigration.IsRunning counts all of them
-//     but Pending), and after MigrationDelay from its creation moves its VMI to another
-//     schedulable, Ready, non-witness node that its nodeSelector and required node affinity
-//     allow and that has room, chosen as pick says: the VMI's node, label, migrationState and launcher image (the target pod's,
-//     see WorkloadUpdater) change, and the migration goes Succeeded with the same
+//     but Pending), and after MigrationDelay from its creation moves its VMI to the node
+//     kube-scheduler would bind the migration's target pod to (pick: never the source
+//     node, and within the migration's spec.addedNodeSelector): the VMI's node, label,
+//     migrationState and launcher image (the target pod's, see WorkloadUpdater) change,
+//     and the migration goes Succeeded with the same
 //     migrationState. The migration controller's own limits (parallelMigrationsPerCluster,
 //     parallelOutboundMigrationsPerNode) are not played: every migration runs at once. It fails (phase
 //     Failed, migrationState.failed, failureReason) when FailMigrations names the VMI,
@@ -53,9 +52,10 @@ import (
 // With KubeVirtCR set it also plays virt-operator's deployed version and virt-controller's
 // workload updater (see kubevirt_updater.go).
 //
-// The simulator records which VMI ran on which node when (History), so a test can check
-// over the whole run that no VMI ran on a node while it was drained, and that none was
-// migrated or started more often than it should.
+// The simulator records which VMI ran on which node when, and how the scheduler scored
+// the nodes when it chose that one (History), so a test can check over the whole run that
+// no VMI ran on a node while it was drained, and that none was migrated or started more
+// often than it should, and a failure says why a VMI went where it went.
 type KubeVirt struct {
 	// Client reaches the workload cluster.
 	Client client.Client
@@ -99,6 +99,20 @@ type VMIPlacement struct {
 	// How is "started" or "migrated".
 	How        string
 	Start, End time.Time
+	// Scores are the scheduler's scores of the feasible nodes when it chose Node, best
+	// first; none when a test's PlaceOn chose it or it was the only feasible node.
+	Scores []NodeScore
+}
+
+func (p VMIPlacement) String() string {
+	out := fmt.Sprintf("%s %s on %s at %s", p.VMI, p.How, p.Node, p.Start.Format("15:04:05.000"))
+	if !p.End.IsZero() {
+		out += " until " + p.End.Format("15:04:05.000")
+	}
+	if len(p.Scores) > 0 {
+		out += ", scored " + describeScores(p.Scores)
+	}
+	return out
 }
 
 // PlaceOn says on which node the VMI of a VirtualMachine starts when that node can take
@@ -184,10 +198,10 @@ func (k *KubeVirt) RunningWhileDrained(rec *Record) []string {
 	return out
 }
 
-func (k *KubeVirt) arrive(vmi, node, how string, at time.Time) {
+func (k *KubeVirt) arrive(vmi string, p Placement, how string, at time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.history = append(k.history, VMIPlacement{VMI: vmi, Node: node, How: how, Start: at})
+	k.history = append(k.history, VMIPlacement{VMI: vmi, Node: p.Node, How: how, Start: at, Scores: p.Scores})
 }
 
 func (k *KubeVirt) leave(vmi string, at time.Time) {
@@ -298,8 +312,8 @@ func (k *KubeVirt) syncVMs(ctx context.Context) error {
 				return err
 			}
 		case vmi != nil && vmi.Status.Phase == kubevirtv1.Scheduling:
-			if node := k.pick(vm, &vmi.Spec, nodes.Items, byKey, ""); node != "" {
-				if err := k.run(ctx, vmi, node); err != nil {
+			if p := k.pick(vm, vmi, nil, nodes.Items, byKey, ""); p.Node != "" {
+				if err := k.run(ctx, vmi, p); err != nil {
 					return err
 				}
 			}
@@ -334,10 +348,10 @@ func (k *KubeVirt) startVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 			{Type: kubevirtv1.VirtualMachineInstanceIsMigratable, Status: migratable, Reason: reason},
 		},
 	}
-	node := k.pick(vm, &vmi.Spec, nodes, others, "")
-	if node != "" {
-		vmi.Labels[kubevirtv1.NodeNameLabel] = node
-		vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, node
+	p := k.pick(vm, vmi, nil, nodes, others, "")
+	if p.Node != "" {
+		vmi.Labels[kubevirtv1.NodeNameLabel] = p.Node
+		vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, p.Node
 		vmi.Status.LauncherContainerImageVersion = k.launcherImage()
 	}
 	// VirtualMachineInstance has no status subresource in KubeVirt's CRD: the status is
@@ -349,92 +363,48 @@ func (k *KubeVirt) startVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 		return fmt.Errorf("start VMI %s/%s: %w", vm.Namespace, vm.Name, err)
 	}
 	awaitCached(ctx, k.Cache, vmi)
-	if node != "" {
-		k.arrive(vm.Namespace+"/"+vm.Name, node, "started", time.Now())
+	if p.Node != "" {
+		k.arrive(vm.Namespace+"/"+vm.Name, p, "started", time.Now())
 	}
 	return nil
 }
 
-// run puts a Scheduling VMI on node.
-func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, node string) error {
+// run puts a Scheduling VMI on the node p chose.
+func (k *KubeVirt) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, p Placement) error {
 	if vmi.Labels == nil {
 		vmi.Labels = map[string]string{}
 	}
-	vmi.Labels[kubevirtv1.NodeNameLabel] = node
-	vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, node
+	vmi.Labels[kubevirtv1.NodeNameLabel] = p.Node
+	vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, p.Node
 	vmi.Status.LauncherContainerImageVersion = k.launcherImage()
 	if err := k.Client.Update(ctx, vmi); err != nil {
 		return err
 	}
 	awaitCached(ctx, k.Cache, vmi)
-	k.arrive(vmi.Namespace+"/"+vmi.Name, node, "started", time.Now())
+	k.arrive(vmi.Namespace+"/"+vmi.Name, p, "started", time.Now())
 	return nil
 }
 
-// pick chooses a node for a VMI as kube-scheduler places its virt-launcher pod (for a
-// migration, the target pod, rendered from the same VMI: KubeVirt's
-// pkg/virt-controller/services template.go copies the VMI's spec.tolerations, node
-// selector and affinity onto it): the VM's PlaceOn node if it can take it (a test's
-// placement), else among the nodes that pass the filters (canHost, and roomFor:
-// NodeResourcesFit rejects a node whose allocatable, less the requests already bound
-// there, cannot hold the pod's requests) the one with the fewest PreferNoSchedule taints
-// the VMI does not tolerate (TaintToleration's score, k8s.io/kubernetes v1.36.3
-// pkg/scheduler/framework/plugins/tainttoleration countIntolerableTaintsPreferNoSchedule,
-// normalized reversed and weighed 3 in apis/config/v1/default_plugins.go: it outweighs
-// the resource scores, weight 1, between a node with such a taint and one without), then
-// the one with the fewest VMIs (then the first by name), never exclude.
-func (k *KubeVirt) pick(vm *kubevirtv1.VirtualMachine, spec *kubevirtv1.VirtualMachineInstanceSpec, nodes []corev1.Node, vmis map[string]*kubevirtv1.VirtualMachineInstance, exclude string) string {
-	fits := map[string]bool{}
-	for i := range nodes {
-		if n := &nodes[i]; n.Name != exclude && canHost(n, spec) && roomFor(n, spec, vmis) {
-			fits[n.Name] = true
-		}
-	}
+// pick chooses the node for a VMI's virt-launcher pod (for a migration, its target pod,
+// rendered from the same VMI with the migration's addedNodeSelector): the VM's PlaceOn
+// node if that node passes the scheduler's filters (a test's placement), else the node
+// kube-scheduler would bind the pod to (schedule, kubevirt_scheduler.go), never exclude.
+func (k *KubeVirt) pick(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, added map[string]string, nodes []corev1.Node, vmis map[string]*kubevirtv1.VirtualMachineInstance, exclude string) Placement {
+	pod := launcherOf(vmi, added)
+	bound := boundLaunchers(vmis)
 	if vm != nil {
 		k.mu.Lock()
 		want := k.places[vm.Namespace+"/"+vm.Name]
 		k.mu.Unlock()
-		if fits[want] {
-			return want
+		byName := map[string]*corev1.Node{}
+		for i := range nodes {
+			byName[nodes[i].Name] = &nodes[i]
+		}
+		if n := byName[want]; n != nil && want != exclude && passesFilters(n, pod, bound, byName) {
+			return Placement{Node: want}
 		}
 	}
-	load := map[string]int{}
-	for _, v := range vmis {
-		if v.Status.NodeName != "" {
-			load[v.Status.NodeName]++
-		}
-	}
-	avoid := map[string]int{}
-	for i := range nodes {
-		avoid[nodes[i].Name] = intolerablePreferNoSchedule(&nodes[i], spec.Tolerations)
-	}
-	best := ""
-	for name := range fits {
-		switch {
-		case best == "":
-		case avoid[name] != avoid[best]:
-			if avoid[name] > avoid[best] {
-				continue
-			}
-		case load[name] > load[best] || (load[name] == load[best] && name > best):
-			continue
-		}
-		best = name
-	}
-	return best
-}
-
-// intolerablePreferNoSchedule counts the node's PreferNoSchedule taints that tolerations
-// do not tolerate, as TaintToleration's Score does.
-func intolerablePreferNoSchedule(node *corev1.Node, tolerations []corev1.Toleration) int {
-	n := 0
-	for i := range node.Spec.Taints {
-		t := &node.Spec.Taints[i]
-		if t.Effect == corev1.TaintEffectPreferNoSchedule && !corev1helpers.TolerationsTolerateTaint(klog.Background(), tolerations, t, false) {
-			n++
-		}
-	}
-	return n
+	return schedule(pod, nodes, bound, exclude)
 }
 
 // vmiRequests is what a VMI's virt-launcher pod requests, as KubeVirt renders it
@@ -463,55 +433,6 @@ func vmiRequests(spec *kubevirtv1.VirtualMachineInstanceSpec) (cpuMilli, mem int
 		}
 	}
 	return vcpus * 1000 / 10, mem
-}
-
-// roomFor says whether node's allocatable, less the requests of the VMIs running there,
-// holds a VMI of spec: NodeResourcesFit's filter on the launcher pods, the only pods with
-// requests the simulated cluster runs. A node that reports no allocatable is not
-// counted (a test node made by hand): the scheduler would find no room there, but
-// the simulated kubelet always reports it (nodes.go).
-func roomFor(node *corev1.Node, spec *kubevirtv1.VirtualMachineInstanceSpec, vmis map[string]*kubevirtv1.VirtualMachineInstance) bool {
-	alloc := node.Status.Allocatable
-	if len(alloc) == 0 {
-		return true
-	}
-	cpu, mem := vmiRequests(spec)
-	for _, v := range vmis {
-		if v.Status.NodeName != node.Name || v.Status.Phase == kubevirtv1.Succeeded || v.Status.Phase == kubevirtv1.Failed {
-			continue
-		}
-		c, m := vmiRequests(&v.Spec)
-		cpu, mem = cpu+c, mem+m
-	}
-	return cpu <= alloc.Cpu().MilliValue() && mem <= alloc.Memory().Value()
-}
-
-// canHost says whether the scheduler would bind a VMI's pod to node: Ready, not
-// cordoned, not a witness (Harvester taints those for etcd only), and within the VMI's
-// nodeSelector and required node affinity.
-func canHost(node *corev1.Node, spec *kubevirtv1.VirtualMachineInstanceSpec) bool {
-	if node.Spec.Unschedulable || node.Labels["node-role.harvesterhci.io/witness"] == "true" {
-		return false
-	}
-	ready := false
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			ready = c.Status == corev1.ConditionTrue
-		}
-	}
-	if !ready {
-		return false
-	}
-	for key, v := range spec.NodeSelector {
-		if node.Labels[key] != v {
-			return false
-		}
-	}
-	if a := spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-		ok, err := corev1helpers.MatchNodeSelectorTerms(node, a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
-		return err == nil && ok
-	}
-	return true
 }
 
 func (k *KubeVirt) syncMigrations(ctx context.Context) error {
@@ -588,7 +509,8 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 	for i := range vmis.Items {
 		others[vmis.Items[i].Namespace+"/"+vmis.Items[i].Name] = &vmis.Items[i]
 	}
-	target := k.pick(nil, &vmi.Spec, nodes.Items, others, source)
+	placed := k.pick(nil, vmi, m.Spec.AddedNodeSelector, nodes.Items, others, source)
+	target := placed.Node
 	if target == "" {
 		return k.endMigration(ctx, m, state, "the migration target pod could not be scheduled: no other node can run the VMI")
 	}
@@ -613,7 +535,7 @@ func (k *KubeVirt) migrate(ctx context.Context, m *kubevirtv1.VirtualMachineInst
 	}
 	key := vmi.Namespace + "/" + vmi.Name
 	k.leave(key, now.Time)
-	k.arrive(key, target, "migrated", now.Time)
+	k.arrive(key, placed, "migrated", now.Time)
 	m.Status.Phase, m.Status.MigrationState = kubevirtv1.MigrationSucceeded, state
 	m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
 		kubevirtv1.VirtualMachineInstanceMigrationPhaseTransitionTimestamp{Phase: kubevirtv1.MigrationSucceeded, PhaseTransitionTimestamp: now})
