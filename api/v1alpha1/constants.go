@@ -79,8 +79,9 @@ const (
 	// as its value, is on the workload Node of every machine an UpgradeTask has
 	// still to upgrade, from the task's first reconcile until the machine's NodeUpdate
 	// ends or the task does (any outcome, or deletion). kube-scheduler then prefers other
-	// nodes for new pods, so a VM evacuated off one node does not land on the next node
-	// to go and move twice.
+	// nodes for new pods, so a VM evacuated off one node is steered away from the next
+	// node to go, to be moved again: a preference, which a VM's own preferred affinities
+	// can outweigh (TaintToleration weighs 3, NodeAffinity and InterPodAffinity 2 each).
 	UpgradePendingTaint = AnnotationPrefix + "upgrade-pending"
 )
 

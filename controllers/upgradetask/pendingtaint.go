@@ -41,7 +41,9 @@ func stillToGo(s *taskScope, mem *member, phase inplacev1.TaskPhase) bool {
 // machines it has still to upgrade and takes it off every other node of the workload
 // cluster: kube-scheduler then prefers the nodes that stay (or are done) for new pods,
 // and a VM evacuated off one node (its migration target pod is scheduled like any pod)
-// does not land on the next node to go, to be moved again. It runs before the task's
+// is steered away from the next node to go, to be moved again; a preference that a VM's
+// own preferred node or pod affinities can outweigh in kube-scheduler's sum of weighted
+// scores (docs/upgradetask.md#vms-move-once). It runs before the task's
 // status is written, so that a task that ended has no taint left on any node.
 func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, phase inplacev1.TaskPhase) error {
 	want := map[string]bool{}
