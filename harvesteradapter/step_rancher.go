@@ -206,7 +206,7 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 //     back, so that such a retry installs without a restart, and the node, cordoned by
 //     Rancher until its plan is applied, is uncordoned (the machine-drain controller
 //     does not cordon it again: its drain is done). The UpgradePlan answers the
-//     post-drain request that comes once the install succeeds (settleRancherTurns).
+//     post-drain request that comes once the install succeeds (upgradeplan steerRancher).
 func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, error) {
 	owner, err := u.rancherOwner(ctx, r)
 	if err != nil || owner == nil {
