@@ -128,6 +128,24 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
 	})
 
+	It("holds a node's ending while its OS Job runs after Rancher restarted RKE2, and its reboot, then answers the post-drain hook", func() {
+		wl, c, planner := rancherRoute(2*time.Second, nil)
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 180*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning && len(plansOf(nu)) > 0
+		})).To(Succeed())
+		Expect(rancher.Asked(planSecret(wl, node), rancher.PostDrainRequest)).NotTo(BeEmpty(), "Rancher restarted RKE2 and waits at the post-drain hook")
+		Expect(nodeOf(wl, node).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2))
+
+		By("ended while the OS Job runs")
+		ended := endNodeUpdate(c, nu)
+		Expect(c.suc.RebootArmed(node)).To(BeFalse(), "the ending waited for the OS Job and the reboot it armed")
+		expectNodeSettled(wl, node)
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
+		Expect(planner.Restarts()).To(HaveLen(1), "Rancher restarted RKE2 once, inside the node's update")
+	})
+
 	It("hands the roll back settled when the plan is deleted while Rancher waits at a node's pre-drain hook: the node's drain finished under the guard, nothing restarted", func() {
 		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]

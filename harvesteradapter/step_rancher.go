@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
@@ -229,10 +230,19 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 			return err == nil, err
 		}
 		changed, err := rancher.Withdraw(ctx, r.wc, s, node)
+		if apierrors.IsConflict(err) {
+			return false, nil // Rancher wrote the Secret meanwhile: look again
+		}
 		return err == nil && !changed, err
 	}
 	if rancher.Asked(s, rancher.PostDrainRequest) != "" {
-		return true, rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook)
+		if err := rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil {
+			if apierrors.IsConflict(err) {
+				return false, nil
+			}
+			return false, err
+		}
+		return true, nil
 	}
 	if planFailures(s) == "" {
 		return false, nil // RKE2 restarts now: the abort waits for the plan to be applied

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -70,8 +71,8 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		case answered && rancher.Asked(s, rancher.PostDrainRequest) == "":
 			want = fmt.Sprintf("Rancher restarts RKE2 on node %s", n.node.Name)
 		case answered && !running && !rancher.Answered(s, rancher.PostDrainRequest, rancher.PostDrainHook):
-			if err := rancher.Answer(ctx, pr.Workload, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil {
-				return "", err
+			if err := rancher.Answer(ctx, pr.Workload, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil && !apierrors.IsConflict(err) {
+				return "", err // a conflict: Rancher wrote the Secret meanwhile, the next pass answers
 			}
 		case !answered && !running && (rancher.InOurDrain(s) || rancher.Asked(s, rancher.PreDrainRequest) != ""):
 			withdraw = append(withdraw, n.node.Name)
@@ -99,8 +100,15 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 	for _, name := range withdraw {
 		node := nodeNamed(nodes, name)
 		s := secrets[node.Annotations[rancher.NodeMachineAnnotation]]
-		if _, err := rancher.Withdraw(ctx, pr.Workload, s, name); err != nil {
+		changed, err := rancher.Withdraw(ctx, pr.Workload, s, name)
+		if err != nil {
+			if apierrors.IsConflict(err) {
+				continue // Rancher wrote the Secret meanwhile: the next pass looks again
+			}
 			return "", err
+		}
+		if !changed {
+			continue
 		}
 		r.event(pr.Plan, corev1.EventTypeNormal, "RancherDrainWithdrawn", "Withdraw",
 			"Rancher had taken node %s, which no running NodeUpdate waits for: its drain withdrawn and the node uncordoned; Rancher takes it again when its NodeUpdate runs", name)
@@ -220,6 +228,9 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 			continue
 		}
 		if _, err := rancher.PreAnswer(ctx, pr.Workload, s); err != nil {
+			if apierrors.IsConflict(err) {
+				return fmt.Sprintf("answering our hooks ahead on node %s's plan Secret, which Rancher wrote meanwhile", n.node.Name), nil, nil
+			}
 			return "", nil, err
 		}
 		if s.Annotations[rancher.DrainDoneAnnotation] != "" && planFailing(s) {
