@@ -119,49 +119,24 @@ type LogTail func(ctx context.Context, namespace, pod, container string) (string
 // before any cleanup. Empty when the pod is gone or no container ended in error. A log
 // that cannot be read is said only when there is no termination message.
 func podWords(ctx context.Context, wc client.Client, job *batchv1.Job, logs LogTail) (string, error) {
-	pods := &corev1.PodList{}
-	if err := wc.List(ctx, pods, client.InNamespace(job.Namespace), client.MatchingLabels{labelJobName: job.Name}); err != nil {
-		return "", fmt.Errorf("list the pods of job %s: %w", job.Name, err)
+	failures, err := FailedContainers(ctx, wc, job, logs)
+	if err != nil {
+		return "", err
 	}
-	var newest *corev1.Pod
-	for i := range pods.Items {
-		if p := &pods.Items[i]; newest == nil || newest.CreationTimestamp.Before(&p.CreationTimestamp) {
-			newest = p
-		}
-	}
-	if newest == nil {
-		return "", nil
-	}
-	var said []string
-	for _, st := range append(append([]corev1.ContainerStatus(nil), newest.Status.InitContainerStatuses...), newest.Status.ContainerStatuses...) {
-		t := st.State.Terminated
-		if t == nil {
-			t = st.LastTerminationState.Terminated
-		}
-		if t == nil || t.ExitCode == 0 {
-			continue
-		}
-		message := bounded(t.Message)
-		var tail string
-		var logErr error
-		if logs != nil {
-			var log string
-			log, logErr = logs(ctx, newest.Namespace, newest.Name, st.Name)
-			if tail = bounded(log); tail == message {
-				tail = ""
-			}
-		}
+	said := make([]string, 0, len(failures))
+	for _, f := range failures {
+		message := f.Message
 		switch {
-		case message == "" && tail == "" && logErr != nil:
-			message = fmt.Sprintf("no termination message, and its log could not be read: %v", logErr)
-		case message == "" && tail == "":
+		case message == "" && f.Log == "" && f.LogError != nil:
+			message = fmt.Sprintf("no termination message, and its log could not be read: %v", f.LogError)
+		case message == "" && f.Log == "":
 			message = "no termination message (see the pod's log)"
 		case message == "":
-			message = "no termination message; its log ends: " + tail
-		case tail != "":
-			message += "; its log ends: " + tail
+			message = "no termination message; its log ends: " + f.Log
+		case f.Log != "":
+			message += "; its log ends: " + f.Log
 		}
-		said = append(said, fmt.Sprintf("%s (container %s of pod %s exited with code %d)", message, st.Name, newest.Name, t.ExitCode))
+		said = append(said, fmt.Sprintf("%s (%s)", message, f.Where()))
 	}
 	return strings.Join(said, "; "), nil
 }

@@ -8,8 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilrand "k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -37,69 +35,16 @@ const LabelJobName = "batch.kubernetes.io/job-name"
 // the failing container terminated with its exit code and termination message, the init
 // containers before it Completed; its log is kept for PodLog.
 func (s *SUC) failedPod(ctx context.Context, job *batchv1.Job, run *podRun, now metav1.Time) error {
-	tmpl := job.Spec.Template
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        job.Name + "-" + utilrand.String(5),
-			Namespace:   job.Namespace,
-			Labels:      copyMap(tmpl.Labels),
-			Annotations: copyMap(tmpl.Annotations),
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID,
-				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
-			}},
-		},
-		Spec: *tmpl.Spec.DeepCopy(),
-	}
-	if pod.Labels == nil {
-		pod.Labels = map[string]string{}
-	}
-	pod.Labels[LabelJobName] = job.Name
-	pod.Spec.NodeName = run.node
-	if err := s.Client.Create(ctx, pod); err != nil {
-		return fmt.Errorf("create the failed pod of job %s: %w", job.Name, err)
-	}
 	exit := run.exit
-	started := metav1.NewTime(run.start)
-	status := func(c corev1.Container, failing, reached bool) corev1.ContainerStatus {
-		st := corev1.ContainerStatus{Name: c.Name, Image: c.Image}
-		switch {
-		case failing:
-			st.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: exit.code, Reason: "Error", Message: exit.termination, StartedAt: started, FinishedAt: now}
-		case reached:
-			st.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: now}
-		default:
-			st.State.Waiting = &corev1.ContainerStateWaiting{Reason: "PodInitializing"}
-		}
-		return st
-	}
-	inInit := false
-	for _, c := range pod.Spec.InitContainers {
-		if c.Name == exit.container {
-			inInit = true
-		}
-	}
-	reached := true
-	for _, c := range pod.Spec.InitContainers {
-		failing := c.Name == exit.container
-		pod.Status.InitContainerStatuses = append(pod.Status.InitContainerStatuses, status(c, failing, reached && !failing))
-		if failing {
-			reached = false
-		}
-	}
-	for _, c := range pod.Spec.Containers {
-		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, status(c, !inInit && c.Name == exit.container, false))
-	}
-	pod.Status.Phase = corev1.PodFailed
-	pod.Status.StartTime = &started
-	if err := s.Client.Status().Update(ctx, pod); err != nil {
-		return fmt.Errorf("report the failed pod %s: %w", pod.Name, err)
+	name, err := leaveFailedPod(ctx, s.Client, job, run.node, exit, metav1.NewTime(run.start), now)
+	if err != nil {
+		return err
 	}
 	s.mu.Lock()
 	if s.podLogs == nil {
 		s.podLogs = map[string]string{}
 	}
-	s.podLogs[job.Namespace+"/"+pod.Name+"/"+exit.container] = exit.log
+	s.podLogs[job.Namespace+"/"+name+"/"+exit.container] = exit.log
 	s.mu.Unlock()
 	return nil
 }
