@@ -261,16 +261,25 @@ bench: test-binaries ## Measure the hook server, orchestration, API writes per n
 	@$(GO) build -o $(BIN)/capi-inplace-bench ./test/bench
 	$(BIN)/capi-inplace-bench --out docs/benchmarks.md $(ARGS)
 
-# The randomized safety test (test/safety): make test-e2e runs its fixed seeds; make soak runs
-# SEEDS seeds (from SEED_BASE), printing a line per seed and a summary. A violation prints
-# the seed, SAFETY_SEED=<seed> replays it.
+# The randomized safety tests: make test-e2e runs their fixed seeds; make soak runs SEEDS
+# seeds (from SEED_BASE) of each, printing a line per seed and a summary. A violation prints
+# the seed and its history, SAFETY_SEED=<seed> replays it. test/safety runs the task
+# controllers over a test updater; the Rancher route's soak (harvesteradapter, label
+# rancher-soak) runs a Harvester cluster whose RKE2 Rancher provisions under randomized
+# endings, in SOAK_JOBS processes (hack/rancher-soak.sh). SOAK=safety or SOAK=rancher runs
+# one of them.
 SEEDS     ?= 100
 SEED_BASE ?= 1
+SOAK      ?= safety rancher
+SOAK_JOBS ?= 2
 
 .PHONY: soak
-soak: test-binaries ## Run the randomized safety test for SEEDS seeds (default 100) from SEED_BASE; a violation prints its seed and history.
-	SAFETY_SEEDS=$(SEEDS) SAFETY_SEED_BASE=$(SEED_BASE) $(GO) test ./test/safety -run '^TestSafety$$' -count=1 -v -timeout 0 \
-		| grep -v -e '^=== RUN' -e '^E[0-9]\{4\} '
+soak: test-binaries ## Run the randomized safety tests (test/safety, the Rancher route's) for SEEDS seeds (default 100) from SEED_BASE; a violation prints its seed and history.
+	@if echo "$(SOAK)" | grep -qw safety; then \
+		SAFETY_SEEDS=$(SEEDS) SAFETY_SEED_BASE=$(SEED_BASE) $(GO) test ./test/safety -run '^TestSafety$$' -count=1 -v -timeout 0 \
+			| grep -v -e '^=== RUN' -e '^E[0-9]\{4\} '; fi
+	@if echo "$(SOAK)" | grep -qw rancher; then \
+		SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE) JOBS=$(SOAK_JOBS) GO=$(GO) bash hack/rancher-soak.sh; fi
 
 REAL_SUC_SRC ?=
 .PHONY: check-real-suc

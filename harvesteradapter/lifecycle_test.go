@@ -2,6 +2,7 @@ package harvesteradapter_test
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -29,8 +30,15 @@ import (
 
 // startLifecycle runs the real NodeUpdate reconciler, with the Harvester updater
 // registered, on the cluster's namespace, as the manager does; withTasks adds the
-// UpgradeTask controller.
+// UpgradeTask controller. It stops when the spec ends.
 func startLifecycle(c *harvesterCluster, withTasks ...bool) {
+	GinkgoHelper()
+	DeferCleanup(runLifecycle(c, len(withTasks) > 0 && withTasks[0]))
+}
+
+// runLifecycle is startLifecycle that returns how to stop it (once; a manager restart
+// stops one and runs another).
+func runLifecycle(c *harvesterCluster, withTasks bool) (stop func()) {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:     env.Scheme,
@@ -43,14 +51,20 @@ func startLifecycle(c *harvesterCluster, withTasks ...bool) {
 	Expect(registry.Register(c.updater.Registration())).To(Succeed())
 	r := &nodeupdater.Reconciler{Registry: registry, PollInterval: 50 * time.Millisecond, RetryBaseDelay: 50 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
-	if len(withTasks) > 0 && withTasks[0] {
+	if withTasks {
 		tasks := &upgradetask.Reconciler{Registry: registry, Workload: c.updater.Workloads.(*workloadcluster.Clients), PollInterval: 100 * time.Millisecond}
 		Expect(tasks.SetupWithManager(ctx, mgr, controller.Options{})).To(Succeed())
 	}
+	return runManager(mgr)
+}
+
+// runManager starts mgr and returns how to stop it: once, waiting for it to end.
+func runManager(mgr ctrl.Manager) (stop func()) {
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = mgr.Start(mctx) }()
-	DeferCleanup(func() { cancel(); <-done })
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); <-done }) }
 }
 
 var _ = Describe("The Harvester updater under the NodeUpdate lifecycle", func() {

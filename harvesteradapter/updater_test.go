@@ -61,6 +61,8 @@ type harvesterCluster struct {
 	// the cluster's UpgradePlan, created ahead of the nodes as an operator may.
 	plans *upgradeplan.PlanReconciler
 	plan  *harvesterv1.UpgradePlan
+	// stopPlans stops plans (once): a manager restart stops it and runs another.
+	stopPlans func()
 }
 
 var clusterSeq int
@@ -143,7 +145,8 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 		NodeImage:     managerNodeImage,
 		Version:       managerVersion,
 	}
-	c.plans = startPlans(c.ns, c.updater)
+	c.plans, c.stopPlans = runPlans(c.ns, c.updater)
+	DeferCleanup(func() { c.stopPlans() })
 	if !planByHand {
 		return c
 	}

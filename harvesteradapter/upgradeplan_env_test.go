@@ -1,7 +1,6 @@
 package harvesteradapter_test
 
 import (
-	"context"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -27,6 +26,15 @@ var planPoll = 50 * time.Millisecond
 // with the updater's clients; it stops when the spec ends.
 func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconciler {
 	GinkgoHelper()
+	r, stop := runPlans(ns, u)
+	DeferCleanup(stop)
+	return r
+}
+
+// runPlans is startPlans that returns how to stop it (once; a manager restart stops one
+// and runs another).
+func runPlans(ns string, u *harvesteradapter.Updater) (*upgradeplan.PlanReconciler, func()) {
+	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:     env.Scheme,
 		Cache:      cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
@@ -36,11 +44,7 @@ func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconci
 	Expect(err).NotTo(HaveOccurred())
 	r := &upgradeplan.PlanReconciler{Env: u.PlanEnv(), PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond, ClusterUpgradeCAPIStableFor: 300 * time.Millisecond}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = mgr.Start(mctx) }()
-	DeferCleanup(func() { cancel(); <-done })
-	return r
+	return r, runManager(mgr)
 }
 
 var _ = Describe("The UpgradePlan controller's wake", func() {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The Rancher route under randomized endings (harvesteradapter, Ginkgo label rancher-soak)
+# for SEEDS seeds from SEED_BASE, split over JOBS test processes (each starts its own API
+# servers; one seed uses about two thirds of a core). Each process's whole output goes to
+# bin/rancher-soak/<job>.log; a line per seed and a summary are printed; a failed seed's
+# history is in its process's log and in $TMPDIR/rancher-soak/seed-<seed>.log.
+set -uo pipefail
+seeds=${SEEDS:-100}
+base=${SEED_BASE:-1}
+jobs=${JOBS:-2}
+go=${GO:-go}
+out=bin/rancher-soak
+mkdir -p "$out"
+"$go" test -c -o "$out/harvesteradapter.test" ./harvesteradapter || exit 1
+per=$(( (seeds + jobs - 1) / jobs ))
+end=$(( base + seeds ))
+pids=()
+for (( j = 0; j < jobs; j++ )); do
+	from=$(( base + j * per ))
+	(( from >= end )) && break
+	n=$per
+	(( from + n > end )) && n=$(( end - from ))
+	( cd harvesteradapter && SAFETY_SEEDS=$n SAFETY_SEED_BASE=$from \
+		"../$out/harvesteradapter.test" -test.run '^TestHarvesterAdapter$' -test.v -test.timeout 0 \
+		-ginkgo.label-filter=rancher-soak ) > "$out/$j.log" 2>&1 &
+	pids+=("$!")
+	echo "rancher-soak: seeds $from to $(( from + n - 1 )) in $out/$j.log"
+done
+rc=0
+for p in "${pids[@]}"; do
+	wait "$p" || rc=1
+done
+grep -h '^rancher-soak seed ' "$out"/[0-9]*.log | sort -k3,3n
+passed=$(grep -h '^rancher-soak seed .* passed' "$out"/[0-9]*.log | wc -l)
+failed=$(grep -h '^rancher-soak seed .* failed' "$out"/[0-9]*.log | wc -l)
+echo "rancher-soak: $passed seed(s) passed, $failed failed, of $seeds"
+if (( failed > 0 || passed != seeds )); then
+	rc=1
+fi
+exit $rc
