@@ -46,7 +46,11 @@ const (
 // was:
 //   - a VMI that can be live-migrated (whyNotMigratable) gets one
 //     VirtualMachineInstanceMigration of a deterministic name, and the step waits until
-//     it runs on another node;
+//     it runs on another node; its addedNodeSelector confines it to the nodes no running
+//     roll has still to upgrade, labelled for this NodeUpdate while the step runs
+//     (landingFor: where none qualifies, they lack room, or KubeVirt is older than
+//     v1.6.0, the upgrade-pending taint's preference alone steers it, and the step says
+//     why);
 //   - one that cannot is stopped through its VirtualMachine and recorded on it
 //     (stopVM), and the step waits until its VMI is gone. A paused one is stopped and
 //     not recorded: Harvester leaves paused VMs out of what it restores (fact 32);
@@ -100,6 +104,10 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 		hold := u.holdOnce(r, EventVMsLackRoom, short)
 		return u.evacuationHeld(r, []string{hold}, nil)
 	}
+	land, err := u.landingFor(ctx, r, nodes.Items, targets, pending, ours)
+	if err != nil {
+		return false, "", err
+	}
 
 	var waiting, holds []string
 	var failed []failedMigration
@@ -120,7 +128,7 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 			}
 		case vmiMigrate:
 			m := ours[kubevirt.MigrationName(r.nu, vmi)]
-			if hold, err = u.migrateOff(ctx, r, vmi, m); err == nil && hold == "" {
+			if hold, err = u.migrateOff(ctx, r, vmi, m, land, nonWitness); err == nil && hold == "" {
 				waiting = append(waiting, kubevirt.VMKey(vmi)+" is migrating")
 			}
 			if hold == "" || kubevirt.VMIOwnerVM(vmi) == "" {
@@ -162,7 +170,15 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 		return false, "", err
 	}
 	if len(waiting) > 0 {
-		return false, fmt.Sprintf("evacuating node %s: %s", node, strings.Join(waiting, ", ")), nil
+		msg := fmt.Sprintf("evacuating node %s: %s", node, strings.Join(waiting, ", "))
+		if note := land.note(); note != "" {
+			msg += "; " + note
+		}
+		return false, msg, nil
+	}
+	// No VMI is left to land anywhere: the landing label goes.
+	if err := kubevirt.RemoveLanding(ctx, r.wc, kubevirt.LandingLabel(r.nu.UID)); err != nil {
+		return false, "", err
 	}
 	return true, u.evacuationSummary(ctx, r, ours), nil
 }
@@ -333,8 +349,11 @@ func (u *Updater) holdOnce(r *nodeRun, reason, hold string) string {
 }
 
 // migrateOff creates the VMI's migration if it has none yet, and reports what holds the
-// node when the migration failed.
-func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.VirtualMachineInstance, m *kubevirtv1.VirtualMachineInstanceMigration) (string, error) {
+// node when the migration failed. The migration is confined to the landing nodes
+// (landing.selector) where it can be; where it cannot, or where KubeVirt older than
+// v1.6.0 drops the addedNodeSelector (the migration read back from the API server has
+// none), a VMMayMoveTwice event says why.
+func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.VirtualMachineInstance, m *kubevirtv1.VirtualMachineInstanceMigration, land landing, nonWitness int) (string, error) {
 	if m != nil {
 		if m.Status.Phase == kubevirtv1.MigrationFailed {
 			hold := fmt.Sprintf("the live migration %s of VM %s off node %s failed: %s; fix the cause and delete the migration to try again, or migrate or stop the VM yourself",
@@ -346,13 +365,19 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 	if migrationRuns(vmi) {
 		return "", nil // someone else's migration runs: wait for it
 	}
+	added, why := land.selector(vmi, nonWitness)
 	m = &kubevirtv1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: kubevirt.MigrationName(r.nu, vmi), Namespace: vmi.Namespace,
 			Labels:      map[string]string{suc.LabelNodeUpdate: string(r.nu.UID)},
 			Annotations: map[string]string{suc.AnnotationNode: r.nu.Spec.NodeName},
 		},
-		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
+		Spec: kubevirtv1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name, AddedNodeSelector: added},
+	}
+	if added != nil {
+		m.Annotations[kubevirt.AnnotationLandingLabel] = land.label
+	} else {
+		m.Annotations[kubevirt.AnnotationUnconfined] = why
 	}
 	if err := r.wc.Create(ctx, m); err != nil {
 		if apierrors.IsAlreadyExists(err) {
@@ -360,7 +385,17 @@ func (u *Updater) migrateOff(ctx context.Context, r *nodeRun, vmi *kubevirtv1.Vi
 		}
 		return "", fmt.Errorf("create the migration of VMI %s off node %s: %w", kubevirt.VMKey(vmi), r.nu.Spec.NodeName, err)
 	}
-	u.event(r, corev1.EventTypeNormal, EventVMMigrationStarted, "Evacuate", fmt.Sprintf("live-migrating VM %s off node %s (migration %s)", kubevirt.VMKey(vmi), r.nu.Spec.NodeName, m.Name))
+	// m is now what the API server stored.
+	where := "to a node no running roll has still to upgrade"
+	if kubevirt.AddedSelectorPruned(m) {
+		why = "KubeVirt dropped the migration's addedNodeSelector, so it is older than v1.6.0"
+	}
+	if why != "" {
+		where = "to any node, by the upgrade-pending taint's preference"
+		u.event(r, corev1.EventTypeNormal, EventVMMayMoveTwice, "Evacuate", fmt.Sprintf("the live migration %s of VM %s off node %s is not confined to the nodes no running roll has still to upgrade (%s): the VM may land on a node still to go and move again at its turn",
+			m.Name, kubevirt.VMKey(vmi), r.nu.Spec.NodeName, why))
+	}
+	u.event(r, corev1.EventTypeNormal, EventVMMigrationStarted, "Evacuate", fmt.Sprintf("live-migrating VM %s off node %s (migration %s), %s", kubevirt.VMKey(vmi), r.nu.Spec.NodeName, m.Name, where))
 	return "", nil
 }
 
@@ -423,6 +458,9 @@ func (u *Updater) evacuationSummary(ctx context.Context, r *nodeRun, ours map[st
 	msg := fmt.Sprintf("no virtual machine runs on node %s", r.nu.Spec.NodeName)
 	if len(migrated) > 0 {
 		msg += fmt.Sprintf("; live-migrated %s", strings.Join(migrated, ", "))
+		if note := unconfinedNote(ours); note != "" {
+			msg += "; " + note
+		}
 	}
 	if len(stopped) > 0 {
 		msg += fmt.Sprintf("; stopped %s", strings.Join(stopped, ", "))

@@ -33,7 +33,7 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 }
 
 // cleanup removes what the updater created for the node (its Plans, the migrations
-// still under way), starts again the VMs it stopped (unless restoreVM is false or the
+// still under way, the landing label of its evacuation on other nodes), starts again the VMs it stopped (unless restoreVM is false or the
 // node is a witness: the node goes back into service, at the end or on an abort), gives
 // back its pause of Longhorn's live upgrade of v2 instance managers (runDataEngine), and
 // lifts the cordon the updater set, if it set one (runCordon). The Plans go whether or
@@ -41,6 +41,9 @@ func (u *Updater) runFinish(ctx context.Context, r *nodeRun) (bool, string, erro
 // fails, so no node that has ended leaves Longhorn paused.
 func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 	if err := u.deleteUnfinishedMigrations(ctx, r); err != nil {
+		return err
+	}
+	if err := kubevirt.RemoveLanding(ctx, r.wc, kubevirt.LandingLabel(r.nu.UID)); err != nil {
 		return err
 	}
 	node := &corev1.Node{}

@@ -16,6 +16,7 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -245,7 +246,15 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 	r, err := u.prepare(ctx, nu, false)
 	if err != nil {
 		if _, permanent := nodeupdater.AsPermanent(err); permanent {
-			return true, nil // no configuration: nothing of ours can exist
+			// No configuration: no Plan of ours can exist. The landing label of an
+			// evacuation needs only the workload cluster to go; one that cannot be
+			// reached does not keep the NodeUpdate.
+			if wc, werr := u.Workloads.Client(ctx, types.NamespacedName{Namespace: nu.Namespace, Name: nu.Spec.ClusterName}); werr == nil {
+				if err := kubevirt.RemoveLanding(ctx, wc, kubevirt.LandingLabel(nu.UID)); err != nil {
+					return false, err
+				}
+			}
+			return true, nil
 		}
 		return false, err
 	}

@@ -16,9 +16,11 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 // vmRoll is a vmCluster with a MachineDeployment of workers nodes, each running one VM,
@@ -39,6 +41,13 @@ func newVMRoll(workers, load int) *vmRoll {
 
 func newVMRollOn(c *vmCluster, workers, load int) *vmRoll {
 	GinkgoHelper()
+	return newVMRollShaped(c, workers, load, nil)
+}
+
+// newVMRollShaped is newVMRollOn with every VM, the workers' and the load, shaped by
+// shape (nil: plain VMs).
+func newVMRollShaped(c *vmCluster, workers, load int, shape func(*kubevirtv1.VirtualMachine)) *vmRoll {
+	GinkgoHelper()
 	_, err := fixtures.Cluster(ctx, env.Client, c.ns, c.name, "cp", map[string]string{inplacev1.UpdaterAnnotation: "HarvesterUpgrader/default"})
 	Expect(err).NotTo(HaveOccurred())
 	_, machines, err := fixtures.MachineDeployment(ctx, env.Client, c.ns, c.name, "workers", "v1.34.3+rke2r3", workers)
@@ -56,10 +65,15 @@ func newVMRollOn(c *vmCluster, workers, load int) *vmRoll {
 	_, err = c.kubelet.CreateNode(ctx, r.spare, "v1.34.3+rke2r3", nil)
 	Expect(err).NotTo(HaveOccurred())
 	for i := 0; i < load; i++ {
-		c.vm("load-"+string(rune('a'+i)), r.spare, pinned(r.spare))
+		c.vm("load-"+string(rune('a'+i)), r.spare, func(vm *kubevirtv1.VirtualMachine) {
+			if shape != nil {
+				shape(vm)
+			}
+			pinned(r.spare)(vm)
+		})
 	}
 	for i, node := range r.workers {
-		r.vms = append(r.vms, c.vm("vm-"+string(rune('a'+i)), node, nil))
+		r.vms = append(r.vms, c.vm("vm-"+string(rune('a'+i)), node, shape))
 	}
 	startLifecycle(c.harvesterCluster, true)
 	return r
@@ -130,10 +144,185 @@ var _ = Describe("VMs move once over a roll", func() {
 		Expect(tainted).To(HaveKey(r.workers[2]))
 		Expect(tainted).NotTo(HaveKey(r.spare))
 		Expect(r.kubevirt.RunningWhileDrained(r.rec)).To(BeEmpty())
-		By("no node carries the taint once the task is done")
+		By("no node carries the taint, nor a landing label, once the task is done")
 		Expect(pendingTainted()).To(BeEmpty())
+		Expect(landingLabelled()).To(BeEmpty())
 	})
 })
+
+// harvesterVM shapes a VM as Harvester's VM builder makes it (harvester v1.8.2
+// pkg/builder/vm.go: the creator label, DefaultPodAntiAffinity's preferred anti-affinity
+// of weight 100 to every other VM, per host) and gives it a preferred node affinity of
+// weight 50 for nodes labelled disk=ssd.
+func harvesterVM(vm *kubevirtv1.VirtualMachine) {
+	vm.Spec.Template.ObjectMeta.Labels["harvesterhci.io/creator"] = "harvester"
+	vm.Spec.Template.Spec.Affinity = &corev1.Affinity{
+		NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
+			Weight:     50,
+			Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "disk", Operator: corev1.NodeSelectorOpIn, Values: []string{"ssd"}}}},
+		}}},
+		PodAntiAffinity: &corev1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+			Weight: 100,
+			PodAffinityTerm: corev1.PodAffinityTerm{
+				LabelSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "harvesterhci.io/creator", Operator: metav1.LabelSelectorOpExists}}},
+				TopologyKey:   corev1.LabelHostname,
+			},
+		}}},
+	}
+}
+
+// labelNode sets a label on a workload node.
+func labelNode(name, key, value string) {
+	GinkgoHelper()
+	node := &corev1.Node{}
+	Expect(workload.Client.Get(ctx, client.ObjectKey{Name: name}, node)).To(Succeed())
+	orig := node.DeepCopy()
+	if node.Labels == nil {
+		node.Labels = map[string]string{}
+	}
+	node.Labels[key] = value
+	Expect(workload.Client.Patch(ctx, node, client.MergeFrom(orig))).To(Succeed())
+}
+
+var _ = Describe("VMs move once: a rule, not only a preference", func() {
+	It("evacuates each VM once even when its own preferences outweigh the upgrade-pending taint", func() {
+		c := newVMCluster(0, nil)
+		// Every VM is Harvester's (anti-affinity between VMs) and prefers SSDs; the
+		// workers have them, the spare does not and runs two VMs already. For the first
+		// worker's VM, kube-scheduler's sum favours the next worker to go: NodeAffinity
+		// 100*2 and InterPodAffinity 100*2 there against TaintToleration 100*3 on the
+		// spare (test/sim/kubevirt_scheduler.go).
+		r := newVMRollShaped(c, 3, 2, harvesterVM)
+		for _, w := range r.workers {
+			labelNode(w, "disk", "ssd")
+		}
+		t := r.task(nil)
+		landed := map[string]bool{}
+		var both []string
+		Eventually(func(g Gomega) inplacev1.TaskPhase {
+			pending := map[string]bool{}
+			for _, n := range pendingTainted() {
+				pending[n] = true
+			}
+			for n := range landingLabelled() {
+				landed[n] = true
+				if pending[n] {
+					both = append(both, n)
+				}
+			}
+			return r.phase(t)(g)
+		}, 180*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.TaskPhaseCompleted), func() string { return describe(t) })
+		for _, key := range r.vms {
+			Expect(r.kubevirt.Migrations(key)).To(Equal(1), "%s migrated once over the roll (history %v)", key, r.kubevirt.History())
+		}
+		Expect(r.kubevirt.NodeOf(r.vms[0])).To(Equal(r.spare), "the first node's VM went to the only node outside the roll")
+		Expect(r.kubevirt.RunningWhileDrained(r.rec)).To(BeEmpty())
+		By("every migration asked KubeVirt for the nodes no running roll has still to upgrade, and only such nodes were labelled")
+		for key, ms := range migrationsOf(r.ns) {
+			for _, m := range ms {
+				Expect(m.Spec.AddedNodeSelector).To(HaveLen(1), "%s: %s", key, m.Name)
+				for k, v := range m.Spec.AddedNodeSelector {
+					Expect(k).To(HavePrefix(kubevirt.LandingLabelPrefix), "%s: %s", key, m.Name)
+					Expect(v).To(Equal("true"))
+				}
+				Expect(m.Annotations).NotTo(HaveKey(kubevirt.AnnotationUnconfined), "%s: %s", key, m.Name)
+			}
+		}
+		Expect(landed).To(HaveKey(r.spare))
+		Expect(both).To(BeEmpty(), "no node was a landing node while still to be upgraded")
+		By("nothing is left: no taint, no landing label")
+		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task is done")
+		Expect(landingLabelled()).To(BeEmpty(), "no landing label once the task is done")
+	})
+
+	It("leaves a VM to the taint's preference when no node outside the rolls can take it, and the roll goes on", func() {
+		c := newVMCluster(0, nil)
+		r := newVMRollShaped(c, 3, 0, nil)
+		// The spare is still to go in another running roll (its task's taint, which this
+		// task leaves alone): for the first worker, every other node is pending.
+		other := corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: r.ns + ".other-roll", Effect: corev1.TaintEffectPreferNoSchedule}
+		node := &corev1.Node{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: r.spare}, node)).To(Succeed())
+		orig := node.DeepCopy()
+		node.Spec.Taints = append(node.Spec.Taints, other)
+		Expect(workload.Client.Patch(ctx, node, client.MergeFrom(orig))).To(Succeed())
+		DeferCleanup(func() {
+			n := &corev1.Node{}
+			if workload.Client.Get(ctx, client.ObjectKey{Name: r.spare}, n) == nil {
+				o := n.DeepCopy()
+				n.Spec.Taints = nil
+				_ = workload.Client.Patch(ctx, n, client.MergeFrom(o))
+			}
+		})
+
+		t := r.task(nil)
+		untilPhaseNotingTaints(r, t, inplacev1.TaskPhaseCompleted)
+		ms := migrationsOf(r.ns)
+		By("the first worker's VM: no node qualified, so its migration carries no addedNodeSelector, and says why")
+		var first *kubevirtv1.VirtualMachineInstanceMigration
+		for i, m := range ms[r.vms[0]] {
+			if m.Annotations[suc.AnnotationNode] == r.workers[0] {
+				first = &ms[r.vms[0]][i]
+			}
+		}
+		Expect(first).NotTo(BeNil(), "the migration off the first worker (history %v)", r.kubevirt.History())
+		Expect(first.Spec.AddedNodeSelector).To(BeEmpty())
+		Expect(first.Annotations).To(HaveKeyWithValue(kubevirt.AnnotationUnconfined, ContainSubstring("every other node that can take VMs is still to be upgraded")))
+		By("the later workers' VMs land on the nodes already upgraded")
+		for _, key := range r.vms[1:] {
+			Expect(ms[key]).NotTo(BeEmpty(), key)
+			Expect(ms[key][0].Spec.AddedNodeSelector).To(HaveLen(1), key)
+			Expect(r.kubevirt.Migrations(key)).To(Equal(1), "%s migrated once (history %v)", key, r.kubevirt.History())
+		}
+		Expect(r.kubevirt.RunningWhileDrained(r.rec)).To(BeEmpty())
+		Expect(landingLabelled()).To(BeEmpty(), "no landing label once the task is done")
+		Expect(pendingTainted()).To(ConsistOf(r.spare), "only the other roll's taint is left")
+	})
+
+	It("takes the landing label off when the task is aborted while a confined migration runs", func() {
+		c := newVMCluster(0, nil, func(k *sim.KubeVirt) { k.MigrationDelay = time.Hour })
+		r := newVMRollShaped(c, 2, 0, nil)
+		t := r.task(nil)
+		Eventually(landingLabelled, 90*time.Second, 50*time.Millisecond).Should(HaveKey(r.spare), func() string { return describe(t) })
+		Expect(landingLabelled()).NotTo(HaveKey(r.workers[1]), "the node still to go is no landing node")
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(t), t)).To(Succeed())
+		orig := t.DeepCopy()
+		t.Spec.Phase = inplacev1.TaskActionAbort
+		Expect(env.Client.Patch(ctx, t, client.MergeFrom(orig))).To(Succeed())
+		Eventually(r.phase(t), 120*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.TaskPhaseAborted), func() string { return describe(t) })
+		Expect(landingLabelled()).To(BeEmpty(), "no landing label once the task was aborted")
+		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task was aborted")
+	})
+})
+
+// landingLabelled lists the nodes of the workload cluster that carry an evacuation's
+// landing label, each with the NodeUpdate UIDs of its labels.
+func landingLabelled() map[string][]string {
+	GinkgoHelper()
+	nodes := &corev1.NodeList{}
+	Expect(workload.Client.List(ctx, nodes)).To(Succeed())
+	out := map[string][]string{}
+	for i := range nodes.Items {
+		for k := range nodes.Items[i].Labels {
+			if uid, ok := strings.CutPrefix(k, kubevirt.LandingLabelPrefix); ok {
+				out[nodes.Items[i].Name] = append(out[nodes.Items[i].Name], uid)
+			}
+		}
+	}
+	return out
+}
+
+// migrationsOf lists the live migrations of the namespace by the VMI they moved.
+func migrationsOf(ns string) map[string][]kubevirtv1.VirtualMachineInstanceMigration {
+	GinkgoHelper()
+	list := &kubevirtv1.VirtualMachineInstanceMigrationList{}
+	Expect(workload.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+	out := map[string][]kubevirtv1.VirtualMachineInstanceMigration{}
+	for _, m := range list.Items {
+		out[ns+"/"+m.Spec.VMIName] = append(out[ns+"/"+m.Spec.VMIName], m)
+	}
+	return out
+}
 
 // untilPhaseNotingTaints waits until task t reaches phase and returns the nodes seen
 // carrying the upgrade-pending taint at any look on the way.
@@ -165,6 +354,7 @@ var _ = Describe("VMs move once: the taint ends with the task", func() {
 		tainted := untilPhaseNotingTaints(r, t, inplacev1.TaskPhaseFailed)
 		Expect(tainted).To(HaveKey(r.workers[2]), "the last node carried the taint while the task ran")
 		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task failed")
+		Expect(landingLabelled()).To(BeEmpty(), "no landing label once the task failed")
 	})
 
 	It("takes the taint off every node when the task is aborted, and when it is deleted", func() {
@@ -187,6 +377,7 @@ var _ = Describe("VMs move once: the taint ends with the task", func() {
 			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(t2), &inplacev1.UpgradeTask{}))
 		}, 120*time.Second, 100*time.Millisecond).Should(BeTrue(), "the deleted task is gone")
 		Expect(pendingTainted()).To(BeEmpty(), "no taint once the task was deleted")
+		Expect(landingLabelled()).To(BeEmpty(), "no landing label once the task was deleted")
 	})
 })
 

@@ -78,10 +78,13 @@ const (
 	// UpgradePendingTaint, with effect PreferNoSchedule and the task's <namespace>.<name>
 	// as its value, is on the workload Node of every machine an UpgradeTask has
 	// still to upgrade, from the task's first reconcile until the machine's NodeUpdate
-	// ends or the task does (any outcome, or deletion). kube-scheduler then prefers other
-	// nodes for new pods, so a VM evacuated off one node is steered away from the next
-	// node to go, to be moved again: a preference, which a VM's own preferred affinities
-	// can outweigh (TaintToleration weighs 3, NodeAffinity and InterPodAffinity 2 each).
+	// ends or the task does (any outcome, or deletion). For pods, kube-scheduler then
+	// prefers other nodes: a preference, which a pod's own preferred affinities can
+	// outweigh (TaintToleration weighs 3, NodeAffinity and InterPodAffinity 2 each). It
+	// is also what marks a node as still to go in a running roll: the Harvester updater
+	// confines the live migrations of its evacuation (KubeVirt's addedNodeSelector,
+	// v1.6.0 on) to nodes without it, a rule, so that an evacuated VM moves once; where
+	// no such node can take the VM, or KubeVirt is older, the preference alone steers it.
 	UpgradePendingTaint = AnnotationPrefix + "upgrade-pending"
 )
 

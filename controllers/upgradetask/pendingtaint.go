@@ -43,7 +43,9 @@ func stillToGo(s *taskScope, mem *member, phase inplacev1.TaskPhase) bool {
 // and a VM evacuated off one node (its migration target pod is scheduled like any pod)
 // is steered away from the next node to go, to be moved again; a preference that a VM's
 // own preferred node or pod affinities can outweigh in kube-scheduler's sum of weighted
-// scores (docs/upgradetask.md#vms-move-once). It runs before the task's
+// scores. The Harvester updater makes it a rule for the VMs it evacuates: it confines
+// their migrations to nodes without this taint (harvesteradapter/evacuate_landing.go;
+// docs/upgradetask.md#vms-move-once). It runs before the task's
 // status is written, so that a task that ended has no taint left on any node.
 func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, phase inplacev1.TaskPhase) error {
 	want := map[string]bool{}
