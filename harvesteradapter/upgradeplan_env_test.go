@@ -24,8 +24,32 @@ import (
 var planPoll = 50 * time.Millisecond
 
 // startPlans runs the real UpgradePlan controller on namespace ns, as the manager does,
-// with the updater's clients; it stops when the spec ends.
+// with the updater's clients; it stops when the spec ends, or at cellStopPlans (a
+// manager that went away: startPlans again is the restarted one).
 func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconciler {
+	GinkgoHelper()
+	r, stop := cellStartPlans(ns, u)
+	cellPlanStops[ns] = stop
+	return r
+}
+
+// cellPlanStops stops the UpgradePlan controller startPlans runs on a
+// namespace (each spec's cluster has its own).
+var cellPlanStops = map[string]func(){}
+
+// cellStopPlans stops the UpgradePlan controller running on namespace ns, as a manager
+// that went away, and waits until it stopped.
+func cellStopPlans(ns string) {
+	GinkgoHelper()
+	stop := cellPlanStops[ns]
+	Expect(stop).NotTo(BeNil(), "no UpgradePlan controller runs on namespace %s", ns)
+	stop()
+	delete(cellPlanStops, ns)
+}
+
+// cellStartPlans starts the UpgradePlan controller on namespace ns and returns a stop
+// that waits until it stopped; the spec's end stops it too.
+func cellStartPlans(ns string, u *harvesteradapter.Updater) (*upgradeplan.PlanReconciler, func()) {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:     env.Scheme,
@@ -39,8 +63,9 @@ func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconci
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = mgr.Start(mctx) }()
-	DeferCleanup(func() { cancel(); <-done })
-	return r
+	stop := func() { cancel(); <-done }
+	DeferCleanup(stop)
+	return r, stop
 }
 
 var _ = Describe("The UpgradePlan controller's wake", func() {
