@@ -1,12 +1,15 @@
 package harvesteradapter_test
 
 import (
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -204,6 +207,77 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 			func(wl *testenv.Environment, nu *inplacev1.NodeUpdate) bool {
 				return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning && cellPlanKinds(wl, nu)[string(suc.PlanOS)]
 			}),
+	)
+
+	DescribeTable("reverses a node's ending once rancher-system-agent stays silent after the pre-drain answer for the KubernetesUpgrade timeout: guard back, drain withdrawn, node uncordoned and named; the agent's late install restarts nothing and the next update restarts RKE2",
+		func(end func(c *harvesterCluster, nu *inplacev1.NodeUpdate) time.Time) {
+			const bound = 12 * time.Second
+			wl, c, planner := cellRancherRoute(func(s *sim.SUC) { s.JobDuration = 300 * time.Millisecond }, func(h *harvesterv1.HarvesterUpgrader) {
+				h.Spec.Timeouts.KubernetesUpgrade = &metav1.Duration{Duration: bound}
+			}, nil)
+			recorder := events.NewFakeRecorder(100)
+			c.updater.Recorder = recorder
+			node := c.nodes[0]
+			nu := c.nodeUpdate(node)
+			driveToRancherTurn(c, nu)
+			planner.StopAgent(node)
+			Expect(driveUntil(c.updater, nu, 60*time.Second, func(*inplacev1.NodeUpdate) bool {
+				s := planSecret(wl, node)
+				return rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) &&
+					rancher.ReadDeliveredPlan(s) == rancher.DeliveredPlan{Version: rancherNewRKE2}
+			})).To(Succeed())
+			Expect(c.suc.Guarded(node)).To(BeFalse(), "RemoveRestartGuard took the guard off before the pre-drain hook was answered")
+			Expect(nodeOf(wl, node).Spec.Unschedulable).To(BeTrue(), "Rancher cordoned the node it took")
+			answered := nodeupdater.Step(nu, harvesteradapter.StepKubernetesUpgrade).StartTime.Time
+
+			By("ended while the agent is silent")
+			ended := end(c, nu)
+			Expect(ended.Sub(answered)).To(BeNumerically(">=", bound), "the ending held while the restart could still come")
+			Expect(c.suc.Guarded(node)).To(BeTrue(), "node %s left without its restart guard while the agent may still apply the plan", node)
+			expectNodeSettled(wl, node)
+			Expect(strings.Join(drainEvents(recorder), "\n")).To(And(ContainSubstring(node), ContainSubstring("rancher-system-agent")),
+				"the NodeUpdate's event names the node and the silent agent")
+			Eventually(func(g Gomega) string {
+				plan := &harvesterv1.UpgradePlan{}
+				g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
+				return plan.Status.Message
+			}).WithPolling(100*time.Millisecond).Should(And(ContainSubstring(node), ContainSubstring("rancher-system-agent")),
+				"the plan's status names the node and what to do")
+			Consistently(func(g Gomega) {
+				for _, n := range c.nodes {
+					g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
+					g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
+				}
+			}, 2*time.Second, 100*time.Millisecond).Should(Succeed())
+
+			By("the agent starts again: it installs the plan under the guard, restarting nothing")
+			planner.StartAgent(node)
+			Eventually(func() rancher.DeliveredPlan { return rancher.ReadDeliveredPlan(planSecret(wl, node)) }).WithPolling(100*time.Millisecond).
+				Should(Equal(rancher.DeliveredPlan{Version: rancherNewRKE2, Applied: true}), "the agent applied the plan")
+			Expect(c.kubelet.InstalledRKE2(node)).To(Equal(rancherNewRKE2), "installed, not started")
+			Consistently(func() []sim.PlanApply { return planner.Restarts() }, 2*time.Second, 100*time.Millisecond).Should(BeEmpty(),
+				"an RKE2 restart after the node's update ended")
+			expectNodeSettled(wl, node)
+
+			By("the node's next NodeUpdate restarts the RKE2 installed under the guard, inside its own update")
+			next := renewNodeUpdate(c, nu)
+			Expect(drive(c.updater, next, 240*time.Second)).To(Succeed())
+			Expect(nodeOf(wl, node).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2))
+			Expect(nodeupdater.StepState(next, harvesteradapter.StepRancherPreDrain)).To(Equal(inplacev1.StepStateSkipped), "Rancher takes nothing: its plan is applied")
+			Expect(planner.Restarts()).To(BeEmpty(), "Rancher restarted nothing: the node's own update did")
+			expectNodeSettled(wl, node)
+		},
+		Entry("aborted soon after the answer: held until the bound, then reversed", func(c *harvesterCluster, nu *inplacev1.NodeUpdate) time.Time {
+			return endNodeUpdate(c, nu)
+		}),
+		Entry("KubernetesUpgrade timed out: reversed at once", func(c *harvesterCluster, nu *inplacev1.NodeUpdate) time.Time {
+			err := drive(c.updater, nu, 60*time.Second)
+			perm, ok := nodeupdater.AsPermanent(err)
+			Expect(ok).To(BeTrue(), "the step times out: %v", err)
+			Expect(perm.Reason).To(Equal("StepTimedOut"))
+			Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStateFailed))
+			return endNodeUpdate(c, nu)
+		}),
 	)
 })
 
