@@ -30,7 +30,7 @@ var _ = Describe("The Rancher planner simulator with rancher-system-agent stoppe
 
 		By("started again, the agent applies the plan and RKE2 restarts at the declared version")
 		c.planner.StartAgent(node)
-		Eventually(func() rancher.DeliveredPlan { return rancher.ReadDeliveredPlan(c.secret(node)) }).WithPolling(20*time.Millisecond).
+		Eventually(func() rancher.DeliveredPlan { return rancher.ReadDeliveredPlan(c.secret(node)) }).WithPolling(20 * time.Millisecond).
 			Should(Equal(rancher.DeliveredPlan{Version: newRKE2, Applied: true}))
 		Eventually(func() string { return c.kubeletVersion(node) }).WithPolling(20 * time.Millisecond).Should(Equal(newRKE2))
 		Expect(c.planner.Restarts()).To(HaveLen(1))
