@@ -15,6 +15,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
@@ -133,8 +134,10 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		Expect(driveUntil(c.updater, nu, 180*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning && len(plansOf(nu)) > 0
+			return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning && cellPlanKinds(wl, nu)[string(suc.PlanOS)]
 		})).To(Succeed())
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStateRunning), "the update finished before its OS Job ran")
+		Expect(c.suc.RebootArmed(node)).To(BeFalse(), "the OS Job had armed the reboot already")
 		Expect(rancher.Asked(planSecret(wl, node), rancher.PostDrainRequest)).NotTo(BeEmpty(), "Rancher restarted RKE2 and waits at the post-drain hook")
 		Expect(nodeOf(wl, node).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2))
 

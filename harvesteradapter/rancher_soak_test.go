@@ -493,11 +493,11 @@ func (r *soakRun) fire(ending, node string, nu *inplacev1.NodeUpdate) {
 		}
 	case soakRestartManager:
 		r.stopLifecycle()
-		r.c.stopPlans()
+		cellStopPlans(r.c.ns)
 		down := time.Duration(r.rng.Intn(2000)) * time.Millisecond
 		r.log("manager stopped for %s", down)
 		time.Sleep(down)
-		r.c.plans, r.c.stopPlans = runPlans(r.c.ns, r.c.updater)
+		r.c.plans = startPlans(r.c.ns, r.c.updater)
 		r.stopLifecycle = runLifecycle(r.c, true)
 		r.log("manager started")
 	case soakFailInstall:

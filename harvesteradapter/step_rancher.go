@@ -208,6 +208,17 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 //     Rancher until its plan is applied, is uncordoned (the machine-drain controller
 //     does not cordon it again: its drain is done). The UpgradePlan answers the
 //     post-drain request that comes once the install succeeds (upgradeplan steerRancher).
+//   - Unless rancher-system-agent stays silent: no applied plan, no failure counted, no
+//     restart (the agent not running on the node: nothing of Rancher's ends that wait,
+//     rancher@v2.14.4 pkg/capr/planner/store.go "waiting for plan to be applied"). The
+//     hold is bounded by the time the KubernetesUpgrade step itself waits for Rancher's
+//     restart (timeouts.kubernetesUpgrade from the step's start, when the hook was
+//     answered; agentSilent): past it, the ending is reversed. The guard is put back, so
+//     that the agent, once it runs, installs without a restart; Rancher's drain is
+//     withdrawn (rancher.WithdrawUnapplied: the planner delivered the plan already and
+//     drains no node for a plan it delivered) and the node uncordoned; an event names
+//     the node and what to do, and the UpgradePlan's message says it while the plan is
+//     not applied (upgradeplan steerRancher).
 func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, error) {
 	owner, err := u.rancherOwner(ctx, r)
 	if err != nil || owner == nil {
@@ -244,14 +255,49 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 		}
 		return true, nil
 	}
-	if planFailures(s) == "" {
+	failing := planFailures(s) != ""
+	silent := !failing && agentSilent(r, time.Now())
+	if !failing && !silent {
 		return false, nil // RKE2 restarts now: the abort waits for the plan to be applied
 	}
 	if done, _, err := u.applyPlan(ctx, r, suc.PlanReguard); err != nil || !done {
 		return false, err
 	}
+	if silent {
+		changed, err := rancher.WithdrawUnapplied(ctx, r.wc, s, node)
+		if apierrors.IsConflict(err) {
+			return false, nil // Rancher wrote the Secret meanwhile: look again
+		}
+		if err != nil || !changed {
+			return err == nil, err
+		}
+		u.event(r, corev1.EventTypeWarning, "RancherAgentSilent", "Withdraw", fmt.Sprintf(
+			"rancher-system-agent on node %s has not applied Rancher's plan (RKE2 %s) within %s of the pre-drain answer (timeouts.kubernetesUpgrade): the restart guard is back, Rancher's drain withdrawn and the node uncordoned. "+
+				"Check the agent on the node (systemctl status rancher-system-agent; journalctl -u rancher-system-agent): once it runs it installs RKE2 without restarting it, and a new NodeUpdate of the node restarts RKE2 inside it",
+			node, rancher.ReadDeliveredPlan(s).Version, suc.PlanTimeout(suc.PlanKubernetes, r.cfg.Spec.Timeouts)))
+		return false, nil // a next look finds nothing left to withdraw
+	}
 	_, err = rancher.Uncordon(ctx, r.wc, node)
 	return err == nil, err
+}
+
+// agentSilent says whether an ending has waited long enough for rancher-system-agent to
+// apply the plan our answered pre-drain hook let Rancher deliver: as long as the
+// KubernetesUpgrade step itself waits for Rancher's restart (timeouts.kubernetesUpgrade,
+// from the step's start, when it answered the hook). An ending that comes from that
+// step's own timeout finds it passed at once; an earlier abort holds until then, while
+// a restart may still come.
+func agentSilent(r *nodeRun, now time.Time) bool {
+	var since time.Time
+	switch st := nodeupdater.Step(r.nu, StepKubernetesUpgrade); {
+	case st != nil && st.StartTime != nil:
+		since = st.StartTime.Time
+	case r.nu.Status.AbortStartTime != nil:
+		since = r.nu.Status.AbortStartTime.Time
+	default:
+		return false
+	}
+	return now.Sub(since) >= suc.PlanTimeout(suc.PlanKubernetes, r.cfg.Spec.Timeouts)
 }
 
 // removeGuardStep takes the restart guard off the node before Rancher is let restart its

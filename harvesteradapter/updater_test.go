@@ -61,8 +61,6 @@ type harvesterCluster struct {
 	// the cluster's UpgradePlan, created ahead of the nodes as an operator may.
 	plans *upgradeplan.PlanReconciler
 	plan  *harvesterv1.UpgradePlan
-	// stopPlans stops plans (once): a manager restart stops it and runs another.
-	stopPlans func()
 }
 
 var clusterSeq int
@@ -145,8 +143,7 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 		NodeImage:     managerNodeImage,
 		Version:       managerVersion,
 	}
-	c.plans, c.stopPlans = runPlans(c.ns, c.updater)
-	DeferCleanup(func() { c.stopPlans() })
+	c.plans = startPlans(c.ns, c.updater)
 	if !planByHand {
 		return c
 	}

@@ -23,16 +23,32 @@ import (
 var planPoll = 50 * time.Millisecond
 
 // startPlans runs the real UpgradePlan controller on namespace ns, as the manager does,
-// with the updater's clients; it stops when the spec ends.
+// with the updater's clients; it stops when the spec ends, or at cellStopPlans (a
+// manager that went away: startPlans again is the restarted one).
 func startPlans(ns string, u *harvesteradapter.Updater) *upgradeplan.PlanReconciler {
 	GinkgoHelper()
 	r, stop := runPlans(ns, u)
 	DeferCleanup(stop)
+	cellPlanStops[ns] = stop
 	return r
 }
 
-// runPlans is startPlans that returns how to stop it (once; a manager restart stops one
-// and runs another).
+// cellPlanStops stops the UpgradePlan controller startPlans runs on a
+// namespace (each spec's cluster has its own).
+var cellPlanStops = map[string]func(){}
+
+// cellStopPlans stops the UpgradePlan controller running on namespace ns, as a manager
+// that went away, and waits until it stopped.
+func cellStopPlans(ns string) {
+	GinkgoHelper()
+	stop := cellPlanStops[ns]
+	Expect(stop).NotTo(BeNil(), "no UpgradePlan controller runs on namespace %s", ns)
+	stop()
+	delete(cellPlanStops, ns)
+}
+
+// runPlans starts the UpgradePlan controller on namespace ns and returns how to stop it
+// (once, waiting until it stopped).
 func runPlans(ns string, u *harvesteradapter.Updater) (*upgradeplan.PlanReconciler, func()) {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{

@@ -59,6 +59,34 @@ func Withdraw(ctx context.Context, c client.Client, secret *corev1.Secret, node 
 	return changed || uncordoned, err
 }
 
+// WithdrawUnapplied takes back Rancher's drain of a node whose pre-drain hook we answered
+// but whose plan rancher-system-agent has not applied (the agent silent, the node's
+// update ended): every drain annotation, hook request and answer goes, and the node
+// Rancher cordoned is uncordoned. The planner delivers the plan once the drain is done
+// and never drains a node again for a plan it delivered (rancher@v2.14.4
+// pkg/capr/planner/planner.go reconcile: p.drain only for a changing plan, r.change); with no
+// drain-options its undrain asks for no uncordon (drain.go undrain), and the
+// machine-drain controller has nothing to do (machinedrain.go OnChange). So when the
+// agent applies the plan later, Rancher waits at no hook. Only where the restart guard
+// keeps that application from restarting RKE2. It says whether it changed anything.
+func WithdrawUnapplied(ctx context.Context, c client.Client, secret *corev1.Secret, node string) (bool, error) {
+	remove := map[string]any{}
+	for _, key := range []string{DrainOptionsAnnotation, DrainDoneAnnotation, UnCordonAnnotation, PreDrainRequest, PreDrainHook, PostDrainRequest, PostDrainHook} {
+		if _, ok := secret.Annotations[key]; ok {
+			remove[key] = nil
+		}
+	}
+	changed := false
+	if len(remove) > 0 {
+		if err := patchSecretAnnotations(ctx, c, secret, remove); err != nil {
+			return false, fmt.Errorf("withdraw Rancher's drain of node %s: %w", node, err)
+		}
+		changed = true
+	}
+	uncordoned, err := Uncordon(ctx, c, node)
+	return changed || uncordoned, err
+}
+
 // PreAnswer answers, ahead of Rancher's requests, both of our hooks that a drain of the
 // node names, so that the machine-drain controller finishes it by itself however the
 // strategy changes: drain-done, then, once the plan is applied and the planner asks for

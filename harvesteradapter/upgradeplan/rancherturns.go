@@ -59,7 +59,7 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 	}
 	declared := cl.Spec.KubernetesVersion
 	want := ""
-	var withdraw []string
+	var withdraw, silent []string
 	for _, n := range nodes {
 		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
 		if s == nil {
@@ -67,6 +67,9 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		}
 		running := nodeUpdateRunning(nus[n.node.Name])
 		answered := rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook)
+		if !running && !answered && !rancher.InOurDrain(s) && agentNotApplying(s, declared) && !rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) {
+			silent = append(silent, n.node.Name)
+		}
 		switch {
 		case answered && rancher.Asked(s, rancher.PostDrainRequest) == "":
 			want = fmt.Sprintf("Rancher restarts RKE2 on node %s", n.node.Name)
@@ -91,7 +94,7 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
 			return "", err
 		}
-		return "; " + want, nil
+		return "; " + want + silentAgents(silent, declared), nil
 	}
 	pause, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name)
 	if err != nil || !pause.Served {
@@ -113,7 +116,28 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		r.event(pr.Plan, corev1.EventTypeNormal, "RancherDrainWithdrawn", "Withdraw",
 			"Rancher had taken node %s, which no running NodeUpdate waits for: its drain withdrawn and the node uncordoned; Rancher takes it again when its NodeUpdate runs", name)
 	}
-	return "; Rancher's planner is paused until the node it takes next is asked for (RKEControlPlane fleet-local/local, cluster.x-k8s.io/paused)", nil
+	return "; Rancher's planner is paused until the node it takes next is asked for (RKEControlPlane fleet-local/local, cluster.x-k8s.io/paused)" + silentAgents(silent, declared), nil
+}
+
+// agentNotApplying says whether Rancher delivered the node the plan of the declared
+// RKE2 and rancher-system-agent neither applied it nor failed to: under our hooks Rancher
+// delivers a plan only after our pre-drain answer, so with no drain left and no
+// NodeUpdate running this is an update that ended waiting for a silent agent
+// (harvesteradapter rancherAbortReady withdrew the drain).
+func agentNotApplying(s *corev1.Secret, declared string) bool {
+	d := rancher.ReadDeliveredPlan(s)
+	return d.Version != "" && releases.SameVersion(d.Version, declared) && !d.Applied && !planFailing(s)
+}
+
+// silentAgents says, for the plan's message, which nodes wait for rancher-system-agent
+// to apply Rancher's plan after their update ended, and what to do.
+func silentAgents(nodes []string, declared string) string {
+	if len(nodes) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; rancher-system-agent has not applied Rancher's plan (RKE2 %s) on node(s) %s, whose NodeUpdate ended waiting for it: their restart guard is back, so the agent installs RKE2 without restarting it once it runs. "+
+		"Check the agent there (systemctl status rancher-system-agent; journalctl -u rancher-system-agent); then a new NodeUpdate of each node restarts RKE2 inside it",
+		declared, strings.Join(nodes, ", "))
 }
 
 // rancherNext is the node Rancher's planner takes next (rancher.RolloutOrder), "" when

@@ -214,6 +214,8 @@ type RancherPlanner struct {
 	// retryAt is when a failed node's plan is applied again.
 	retryAt map[string]time.Time
 	fails   map[string]string
+	// stopped holds the nodes whose rancher-system-agent does not run (StopAgent).
+	stopped map[string]bool
 	// delivered is what was known at delivery of a node's plan (for its PlanApply).
 	delivered  map[string]PlanApply
 	applies    []PlanApply
@@ -256,6 +258,34 @@ func (p *RancherPlanner) FailInstall(node, message string) {
 func (p *RancherPlanner) ClearInstallFailure(node string) {
 	p.mu.Lock()
 	delete(p.fails, node)
+	p.mu.Unlock()
+	p.loop.wake()
+}
+
+// StopAgent stops rancher-system-agent on node, as when its systemd unit
+// (rancher-system-agent.service) is stopped or cannot start: nothing reads the node's
+// plan Secret, so a plan delivered there is neither applied (no applied plan, no
+// checksum) nor counted as failed (no failure-count), and RKE2 is not restarted. Rancher
+// shows the machine as "waiting for plan to be applied" for as long as it lasts: the
+// plan is there, the agent applied an older one and no failure is counted
+// (rancher@v2.14.4 pkg/capr/planner/store.go getPlanStatusReasonMessage, default case;
+// SecretToNode); no timeout of Rancher's ends that wait. A run of the install already
+// going when the agent stops finishes. StartAgent starts it again.
+func (p *RancherPlanner) StopAgent(node string) {
+	p.mu.Lock()
+	if p.stopped == nil {
+		p.stopped = map[string]bool{}
+	}
+	p.stopped[node] = true
+	p.mu.Unlock()
+}
+
+// StartAgent starts rancher-system-agent on node again: it applies the plan it finds
+// delivered, as on its first run after any start (it compares the plan with the one it
+// last applied).
+func (p *RancherPlanner) StartAgent(node string) {
+	p.mu.Lock()
+	delete(p.stopped, node)
 	p.mu.Unlock()
 	p.loop.wake()
 }
@@ -1014,7 +1044,8 @@ func (p *RancherPlanner) deliver(ctx context.Context, e *entry, cl *provisioning
 }
 
 // agents plays rancher-system-agent on every node: a delivered plan not yet applied is
-// run, one run at a time per node, again after RetryDelay when it failed.
+// run, one run at a time per node, again after RetryDelay when it failed; nothing runs
+// on a node whose agent is stopped (StopAgent).
 func (p *RancherPlanner) agents(ctx context.Context, entries []*entry) error {
 	for _, e := range entries {
 		if e.inSync() {
@@ -1022,7 +1053,7 @@ func (p *RancherPlanner) agents(ctx context.Context, entries []*entry) error {
 		}
 		node := e.node.Name
 		p.mu.Lock()
-		busy := p.applying[node] || p.appliedBy[node] == e.ann(PlanAnnotation)
+		busy := p.applying[node] || p.appliedBy[node] == e.ann(PlanAnnotation) || p.stopped[node]
 		retryAt := p.retryAt[node]
 		p.mu.Unlock()
 		if busy {
