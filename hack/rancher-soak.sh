@@ -3,7 +3,7 @@
 # for SEEDS seeds from SEED_BASE, split over JOBS test processes (each starts its own API
 # servers; one seed uses about two thirds of a core). Each process's whole output goes to
 # bin/rancher-soak/<job>.log; a line per seed and a summary are printed; a failed seed's
-# history is in its process's log and in $TMPDIR/rancher-soak/seed-<seed>.log.
+# history is in its process's log and in $TMPDIR/rancher-soak/seed-<seed>-failed-<start>.log.
 set -uo pipefail
 seeds=${SEEDS:-100}
 base=${SEED_BASE:-1}

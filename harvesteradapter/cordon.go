@@ -10,6 +10,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/disruption"
+	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
 // AnnotationCordonedBy is set on a node the updater cordoned, to the UID of the
@@ -37,7 +38,11 @@ func (u *Updater) cordonAsOurs(ctx context.Context, r *nodeRun) (held string, er
 				node.Name, disruption.HarvesterMaintainStatusAnnotation, status)
 			return nil
 		}
-		if node.Spec.Unschedulable && node.Annotations[inplacev1.UpgradeTurnAnnotation] == "" {
+		// Rancher cordons a node before it asks for its pre-drain hook: once this
+		// NodeUpdate saw it ask (RancherPreDrain), the cordon is the turn's, as the
+		// plan's UpgradeTurnAnnotation will say on its next pass.
+		rancherTurn := nodeupdater.StepState(r.nu, StepRancherPreDrain) == inplacev1.StepStateSucceeded
+		if node.Spec.Unschedulable && node.Annotations[inplacev1.UpgradeTurnAnnotation] == "" && !rancherTurn {
 			held = fmt.Sprintf("holding: node %s is cordoned by someone else; uncordon it to let it be upgraded", node.Name)
 			return nil
 		}

@@ -54,7 +54,8 @@ import (
 //
 // make test-e2e runs the fixed seeds; make soak runs SAFETY_SEEDS seeds from
 // SAFETY_SEED_BASE (the test/safety variables), SAFETY_SEED one; a failing seed writes
-// its whole history to GinkgoWriter and to $TMPDIR/rancher-soak/seed-<seed>.log.
+// its whole history to GinkgoWriter, and every seed to
+// $TMPDIR/rancher-soak/seed-<seed>-<passed|failed>-<start>.log.
 var _ = Describe("The Rancher route under randomized endings", testsuite.E2E, Label("rancher-soak"), func() {
 	for _, seed := range rancherSoakSeeds() {
 		It(fmt.Sprintf("seed %d: settles the cluster after every ending and finishes the job, one node down at a time, nothing restarted outside a NodeUpdate", seed), func() {
@@ -115,6 +116,10 @@ type soakRun struct {
 	// tasks are the tasks created, in order; pending counts those still to be created.
 	tasks   []string
 	pending int
+	// createMu orders the creation of a task still to come with the faulty phase's end
+	// (noMoreTasks).
+	createMu    sync.Mutex
+	noMoreTasks bool
 }
 
 type soakWindow struct {
@@ -235,8 +240,13 @@ func runRancherSoak(seed int64) {
 	for i := 0; i < faults; i++ {
 		r.strike(r.soakEnding(), i)
 	}
-	// An operator ends what the endings left running (a workers' task waits for the
-	// management nodes an aborted control plane task left, by the plan's order).
+	// The endings play out until the tasks ended or no node moved for a while; then an
+	// operator ends what they left running (a workers' task waits for the control plane
+	// nodes an aborted control plane task left) and starts no task still to come.
+	r.waitQuiet(240 * time.Second)
+	r.createMu.Lock()
+	r.noMoreTasks = true
+	r.createMu.Unlock()
 	r.fire(soakAbortTask, "", nil)
 	r.waitTasksEnded(300 * time.Second)
 	r.clearFailures()
@@ -244,6 +254,9 @@ func runRancherSoak(seed int64) {
 
 	By("the finishing phase: the failure budget lifted, new tasks finish every node not at the target")
 	r.liftFailureBudget()
+	r.createMu.Lock()
+	r.noMoreTasks = false
+	r.createMu.Unlock()
 	if nodeTimeout > 0 {
 		patch := client.MergeFrom(r.c.config.DeepCopy())
 		r.c.config.Spec.Timeouts.Node = nil
@@ -331,7 +344,15 @@ func (r *soakRun) startTasks(together bool, suffix string) {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		workers()
+		// Under createMu: the faulty phase's end either finds the task created, and
+		// aborts it, or keeps it from being created.
+		r.createMu.Lock()
+		defer r.createMu.Unlock()
+		if r.noMoreTasks {
+			r.log("the workers' task is not created: the faulty phase ended")
+		} else {
+			workers()
+		}
 		r.mu.Lock()
 		r.pending--
 		r.mu.Unlock()
@@ -391,6 +412,37 @@ func (r *soakRun) waitTasksEnded(limit time.Duration) {
 		}
 	}, limit, 100*time.Millisecond).Should(Succeed())
 	r.log("every task ended")
+}
+
+// waitQuiet waits, at most limit, until every task ended or no NodeUpdate ran for 10 s.
+func (r *soakRun) waitQuiet(limit time.Duration) {
+	deadline, idleSince := time.Now().Add(limit), time.Now()
+	for time.Now().Before(deadline) && time.Since(idleSince) < 10*time.Second {
+		if r.allEnded() {
+			return
+		}
+		if _, _, running := r.nodeAt(soakPoint{at: func(*soakRun, *inplacev1.NodeUpdate, *corev1.Node, *corev1.Secret) bool { return false }}); running {
+			idleSince = time.Now()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.log("the endings played out")
+}
+
+// allEnded says whether every task ended and none is still to be created.
+func (r *soakRun) allEnded() bool {
+	r.mu.Lock()
+	tasks, pending := slices.Clone(r.tasks), r.pending
+	r.mu.Unlock()
+	if pending > 0 {
+		return false
+	}
+	for _, t := range tasks {
+		if !r.taskEnded(t) {
+			return false
+		}
+	}
+	return true
 }
 
 // strike waits for the seed's point of a node's route (or a random moment), then ends
@@ -721,7 +773,8 @@ func (r *soakRun) report() {
 	}
 	dir := filepath.Join(os.TempDir(), "rancher-soak")
 	if os.MkdirAll(dir, 0o755) == nil {
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d.log", r.seed)), []byte(text), 0o644)
+		// Named by its outcome and start too: a replay, or another process, keeps it.
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d-%s-%d.log", r.seed, outcome, r.start.Unix())), []byte(text), 0o644)
 	}
 }
 

@@ -62,3 +62,14 @@ func RestartGuardPlan(cfg *harvesterv1.HarvesterUpgrader, name, repositoryURL st
 		},
 	}
 }
+
+// UnguardPlan is RestartGuardPlan's counterpart: each node it selects runs the node
+// program's rke2-restart-guard --remove (PlanUnguard's program, without the release's
+// pre-drain settings, which belong to a node's own turn), taking the guard off. Named
+// name, labelled PlanUnguard; the caller sets the NodeSelector and adds its own labels.
+func UnguardPlan(cfg *harvesterv1.HarvesterUpgrader, name, repositoryURL string) *sucv1.Plan {
+	plan := RestartGuardPlan(cfg, name, repositoryURL)
+	plan.Labels[LabelPlanKind] = string(PlanUnguard)
+	plan.Spec.Upgrade = NodeProgram(cfg.Spec.Images.Node, []string{"rke2-restart-guard", "--remove"}, repositoryURL, cfg.Spec.Release.Version, PrivilegedRoot())
+	return plan
+}

@@ -88,3 +88,24 @@ func TestUnguardPlan(t *testing.T) {
 		t.Errorf("PlanTimeout(unguard) = %s, want 10m whatever the step timeouts", got)
 	}
 }
+
+func TestUnguardClusterPlan(t *testing.T) {
+	cfg := fixtures.Upgrader()
+	p := UnguardPlan(cfg, "capi-inplace-unguard-v1-6-0-abc", "http://repo.example")
+	if p.Name != "capi-inplace-unguard-v1-6-0-abc" || p.Labels[LabelPlanKind] != string(PlanUnguard) {
+		t.Errorf("name %q labels %v", p.Name, p.Labels)
+	}
+	if p.Spec.NodeSelector != nil {
+		t.Errorf("selector %v: the caller names the nodes", p.Spec.NodeSelector)
+	}
+	if p.Spec.Prepare != nil || p.Spec.Cordon || p.Spec.Drain != nil {
+		t.Errorf("prepare %+v cordon %v drain %+v: taking the guard off is all it does", p.Spec.Prepare, p.Spec.Cordon, p.Spec.Drain)
+	}
+	want := "node rke2-restart-guard --remove --host-root=/host --repository-url=http://repo.example --version=v1.6.0"
+	if up := p.Spec.Upgrade; up == nil || strings.Join(up.Args, " ") != want {
+		t.Fatalf("upgrade %+v, want args %s", up, want)
+	}
+	if guard := RestartGuardPlan(cfg, "x", "http://repo.example"); guard.Labels[LabelPlanKind] != string(PlanRestartGuard) {
+		t.Errorf("RestartGuardPlan's labels changed by UnguardPlan: %v", guard.Labels)
+	}
+}

@@ -394,6 +394,13 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	if err != nil || handing != "" {
 		return handing, err
 	}
+	nus, err := r.nodeUpdatesOf(ctx, pr)
+	if err != nil {
+		return "", err
+	}
+	if releasing, err := releaseGuards(ctx, pr, nus); err != nil || releasing != "" {
+		return releasing, err
+	}
 	keep, waiting, unskipErr := unskipMultusManifest(ctx, pr)
 	if unskipErr != nil && keep == "" {
 		return "", unskipErr // not known whether a removal Plan must stay: delete nothing yet

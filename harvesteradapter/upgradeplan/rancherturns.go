@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -264,6 +265,62 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 		}
 	}
 	return "", behind, nil
+}
+
+// releaseGuards, at the end of a plan that reached its node phase, takes the restart
+// guard off the nodes that run the declared RKE2 and that no NodeUpdate took through its
+// steps since the plan placed the guard (the plan's cluster step guards every node,
+// fact 12; a node's own update takes it off, fact 44): a node upgraded before this plan
+// (by a plan deleted before it, say) or never given a NodeUpdate of it. Left on, the
+// guard would keep rancher-system-agent from restarting RKE2 for every later plan
+// change of Rancher's there (a registry, a new RKE2) until the node reboots. A node whose
+// delivered plan is not applied yet keeps it: taken off then, the agent's install would
+// restart RKE2 outside any NodeUpdate. A plan that failed in its cluster step leaves the
+// guard where it is (Rancher's re-render may still come). It says what it waits for.
+func releaseGuards(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1.NodeUpdate) (string, error) {
+	switch pr.Plan.Status.Phase {
+	case harvesterv1.UpgradePlanNodeUpgrading, harvesterv1.UpgradePlanImageCleaning, harvesterv1.UpgradePlanCleaningUp, harvesterv1.UpgradePlanSucceeded:
+	default:
+		return "", nil
+	}
+	cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
+	if err != nil || cl == nil {
+		return "", err
+	}
+	secrets, err := rancher.PlanSecrets(ctx, pr.Workload)
+	if err != nil {
+		return "", err
+	}
+	nodes, err := clusterNodes(ctx, pr)
+	if err != nil {
+		return "", err
+	}
+	declared := cl.Spec.KubernetesVersion
+	var release []clusterNode
+	var names []string
+	for _, n := range nodes {
+		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
+		if s == nil || !rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) || !rancher.ReadDeliveredPlan(s).Applied {
+			continue
+		}
+		if nu := nus[n.node.Name]; nu != nil && !nu.CreationTimestamp.Before(&pr.Plan.CreationTimestamp) {
+			continue // its own update took the guard off (RemoveRestartGuard, rke2-restart)
+		}
+		release = append(release, n)
+		names = append(names, n.node.Name)
+	}
+	if len(release) == 0 {
+		return "", nil
+	}
+	want := suc.UnguardPlan(pr.Config, ObjectName("unguard", pr.Plan), pr.repo)
+	want.Labels[LabelUpgradePlan] = pr.Plan.Name
+	want.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: corev1.LabelHostname, Operator: metav1.LabelSelectorOpIn, Values: slices.Sorted(slices.Values(names))}}}
+	done, message, _, err := applyClusterPlan(ctx, pr, want, release)
+	if err != nil || done {
+		return "", err
+	}
+	return fmt.Sprintf("taking the restart guard off node(s) %s, which run the declared RKE2 %s and had no update of their own since the guard was placed: %s", strings.Join(names, ", "), declared, message), nil
 }
 
 // planFailing says whether rancher-system-agent failed to apply the node's current plan.
