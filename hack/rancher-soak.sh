@@ -30,9 +30,11 @@ rc=0
 for p in "${pids[@]}"; do
 	wait "$p" || rc=1
 done
-grep -h '^rancher-soak seed ' "$out"/[0-9]*.log | sort -k3,3n
-passed=$(grep -h '^rancher-soak seed .* passed' "$out"/[0-9]*.log | wc -l)
-failed=$(grep -h '^rancher-soak seed .* failed' "$out"/[0-9]*.log | wc -l)
+# Ginkgo's progress marks may precede a seed's line: its words are taken wherever they are.
+lines=$(grep -aoh 'rancher-soak seed [0-9]* \(passed\|failed\) .*' "$out"/[0-9]*.log | sort -k3,3n)
+echo "$lines"
+passed=$(grep -c ' passed ' <<<"$lines")
+failed=$(grep -c ' failed ' <<<"$lines")
 echo "rancher-soak: $passed seed(s) passed, $failed failed, of $seeds"
 if (( failed > 0 || passed != seeds )); then
 	rc=1

@@ -232,6 +232,7 @@ func runRancherSoak(seed int64) {
 	rancherMachines(r.c, cps, workers)
 	r.planner = startPlannerWith(r.wl, r.c, nil, func(p *sim.RancherPlanner) { p.InstallDuration = install })
 	r.watch()
+	r.copyNodeInfo()
 	r.stopLifecycle = runLifecycle(r.c, true)
 	DeferCleanup(func() { r.stopLifecycle() })
 
@@ -635,6 +636,43 @@ func (r *soakRun) watch() {
 	}()
 }
 
+// copyNodeInfo plays Cluster API's Machine controller for the seed's Machines: each
+// Machine's status.nodeInfo follows its Node's (cluster-api v1.14.2
+// core/reconcilers/machine/machine_controller_noderef.go:119), which the task controller
+// reads as the machine's version. Without it a node upgraded by a NodeUpdate whose task
+// was deleted meanwhile (no release annotation written) would look behind for good, and
+// the workers' task wait for a control plane that is done.
+func (r *soakRun) copyNodeInfo() {
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	DeferCleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for cctx.Err() == nil {
+			machines := &clusterv1.MachineList{}
+			if env.Client.List(cctx, machines, client.InNamespace(r.c.ns)) == nil {
+				for i := range machines.Items {
+					m := &machines.Items[i]
+					node := &corev1.Node{}
+					if !m.Status.NodeRef.IsDefined() || r.wl.Client.Get(cctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node) != nil {
+						continue
+					}
+					if m.Status.NodeInfo != nil && *m.Status.NodeInfo == node.Status.NodeInfo {
+						continue
+					}
+					patch := client.MergeFrom(m.DeepCopy())
+					m.Status.NodeInfo = &node.Status.NodeInfo
+					_ = env.Client.Status().Patch(cctx, m, patch)
+				}
+			}
+			select {
+			case <-cctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+}
+
 func (r *soakRun) observeNode(t watch.EventType, n *corev1.Node) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -767,7 +805,7 @@ func (r *soakRun) report() {
 		r.seed, outcome, time.Since(r.start).Seconds(), r.setup, strings.Join(r.struck, "; "), len(r.violations))
 	r.mu.Unlock()
 	// A line per seed on the test's output, for make soak's summary.
-	fmt.Println(summary)
+	fmt.Println("\n" + summary)
 	if failed {
 		GinkgoWriter.Print(text)
 	}
