@@ -3,13 +3,13 @@
 # for SEEDS seeds from SEED_BASE, split over JOBS test processes (each starts its own API
 # servers; one seed uses about two thirds of a core). Each process's whole output goes to
 # bin/rancher-soak/<job>.log; a line per seed and a summary are printed; a failed seed's
-# history is in its process's log and in $TMPDIR/rancher-soak/seed-<seed>-failed-<start>.log.
+# history is in its process's log (SOAK_OUT sets the directory) and in $TMPDIR/rancher-soak/seed-<seed>-failed-<start>.log.
 set -uo pipefail
 seeds=${SEEDS:-100}
 base=${SEED_BASE:-1}
 jobs=${JOBS:-2}
 go=${GO:-go}
-out=bin/rancher-soak
+out=${SOAK_OUT:-bin/rancher-soak}
 mkdir -p "$out"
 "$go" test -c -o "$out/harvesteradapter.test" ./harvesteradapter || exit 1
 per=$(( (seeds + jobs - 1) / jobs ))
