@@ -271,14 +271,27 @@ func readAddon(path string) (*harvesterapi.Addon, error) {
 // bringAddon is upgrade_addon for one add-on and the release's file of it: an add-on that
 // exists gets the file's spec.version and spec.valuesContent by merge patch (enabled
 // stays), a missing one is created as the file says. It says what it did, or what was
-// already there.
+// already there. An add-on created by someone else between the read and the create (the
+// Job of a plan deleted a moment before, whose pod still runs until it is terminated; the
+// release's kubectl apply does not mind either) is read again and brought as one that
+// exists.
 func (r *runner) bringAddon(ctx context.Context, key client.ObjectKey, want *harvesterapi.Addon) (did, kept string, err error) {
 	a := &harvesterapi.Addon{}
 	err = r.c.Get(ctx, key, a)
 	switch {
 	case apierrors.IsNotFound(err):
 		want.Namespace, want.Name, want.ResourceVersion = key.Namespace, key.Name, ""
-		if err := r.c.Create(ctx, want); err != nil {
+		err := r.c.Create(ctx, want)
+		if apierrors.IsAlreadyExists(err) {
+			err = r.c.Get(ctx, key, a)
+			if err == nil {
+				if a.Spec.Version == want.Spec.Version && a.Spec.ValuesContent == want.Spec.ValuesContent {
+					return "", fmt.Sprintf("%s at %s", key.Name, a.Spec.Version), nil
+				}
+				return r.patchAddon(ctx, a, want.Spec.Version, want.Spec.ValuesContent)
+			}
+		}
+		if err != nil {
 			return "", "", fmt.Errorf("install add-on %s from the release's %s/%s.yaml: %w", key, addonsDir, key.Name, err)
 		}
 		return fmt.Sprintf("%s installed at %s (enabled %t)", key.Name, want.Spec.Version, want.Spec.Enabled), "", nil
