@@ -271,7 +271,9 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 // guard off the nodes that run the declared RKE2 and that no NodeUpdate took through its
 // steps since the plan placed the guard (the plan's cluster step guards every node,
 // fact 12; a node's own update takes it off, fact 44): a node upgraded before this plan
-// (by a plan deleted before it, say) or never given a NodeUpdate of it. Left on, the
+// (by a plan deleted before it, say), never given a NodeUpdate of it, or whose update
+// ended without succeeding after Rancher restarted its RKE2 (an abort puts the guard
+// back where the node might still restart). Left on, the
 // guard would keep rancher-system-agent from restarting RKE2 for every later plan
 // change of Rancher's there (a registry, a new RKE2) until the node reboots. A node whose
 // delivered plan is not applied yet keeps it: taken off then, the agent's install would
@@ -303,8 +305,11 @@ func releaseGuards(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1.N
 		if s == nil || !rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) || !rancher.ReadDeliveredPlan(s).Applied {
 			continue
 		}
-		if nu := nus[n.node.Name]; nu != nil && !nu.CreationTimestamp.Before(&pr.Plan.CreationTimestamp) {
-			continue // its own update took the guard off (RemoveRestartGuard, rke2-restart)
+		if nu := nus[n.node.Name]; nu != nil && !nu.CreationTimestamp.Before(&pr.Plan.CreationTimestamp) &&
+			(!nu.Status.Phase.IsFinal() || nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded) {
+			// Its own update took the guard off (RemoveRestartGuard, rke2-restart), or
+			// still runs; an update that ended otherwise may have put it back (its abort).
+			continue
 		}
 		release = append(release, n)
 		names = append(names, n.node.Name)
