@@ -237,6 +237,15 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 		behindNodes = append(behindNodes, n)
 		behind = append(behind, n.node.Name)
 	}
+	// No restart in flight: the planner is held from here until the strategy has lost our
+	// hooks (resumeRancher, after removeLabelled restored it). Let go, it would take the
+	// next node with our hooks as soon as the last one's post-drain hook is answered
+	// (below, or by that node's ending), cordoning a node no NodeUpdate asked for while
+	// the guard is placed; held, the node waiting at its post-drain hook is uncordoned
+	// once the planner runs again, the hook answered ahead.
+	if _, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+		return "", nil, err
+	}
 	if len(behindNodes) > 0 {
 		want := suc.RestartGuardPlan(pr.Config, ObjectName("reguard", pr.Plan), pr.repo)
 		want.Labels[LabelUpgradePlan] = pr.Plan.Name
