@@ -88,7 +88,12 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 			return "", err
 		}
 		if nu := nus[next]; next != "" && nodeUpdateRunning(nu) && nodeupdater.StepState(nu, StepRancherPreDrain) == inplacev1.StepStateRunning {
-			want = fmt.Sprintf("Rancher takes node %s, whose NodeUpdate %s waits for it", next, nu.Name)
+			// Rancher cordons the node it takes before our own one-node-at-a-time check
+			// (Cordon) runs: it takes none while another node's update is past its turn
+			// (restarting RKE2 without Rancher, in its OS step, or ending).
+			if pastTurn(nus, next) == "" {
+				want = fmt.Sprintf("Rancher takes node %s, whose NodeUpdate %s waits for it", next, nu.Name)
+			}
 		}
 	}
 	if want != "" {
@@ -161,6 +166,33 @@ func rancherNext(ctx context.Context, pr *PlanRun, nodes []clusterNode, secrets 
 
 // nodeUpdateRunning says whether a NodeUpdate is running: created or in progress, not
 // aborting, not being deleted.
+// pastTurn names a node other than next whose NodeUpdate has not ended and is past its
+// turn at Rancher's hooks (RancherPreDrain done or skipped): that node is being
+// disrupted, or its ending waits for it to be back.
+func pastTurn(nus map[string]*inplacev1.NodeUpdate, next string) string {
+	for node, nu := range nus {
+		if node == next || nu == nil || nu.Status.Phase.IsFinal() || stepsEnded(nu) {
+			continue
+		}
+		switch nodeupdater.StepState(nu, StepRancherPreDrain) {
+		case inplacev1.StepStateSucceeded, inplacev1.StepStateSkipped:
+			return node
+		}
+	}
+	return ""
+}
+
+// stepsEnded says whether every step of nu has ended: its updater is done with the node,
+// whatever its phase says yet.
+func stepsEnded(nu *inplacev1.NodeUpdate) bool {
+	for _, st := range nu.Status.Steps {
+		if st.State == inplacev1.StepStatePending || st.State == inplacev1.StepStateRunning {
+			return false
+		}
+	}
+	return len(nu.Status.Steps) > 0
+}
+
 func nodeUpdateRunning(nu *inplacev1.NodeUpdate) bool {
 	return nu != nil && nu.DeletionTimestamp.IsZero() && nu.Status.AbortStartTime == nil &&
 		(nu.Status.Phase == inplacev1.NodeUpdatePhaseInProgress || nu.Status.Phase == inplacev1.NodeUpdatePhasePending || nu.Status.Phase == "")
