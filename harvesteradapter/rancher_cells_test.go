@@ -15,7 +15,6 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
-	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
@@ -290,8 +289,7 @@ func cellRancherRoute(sucOptions func(*sim.SUC), mutate func(*harvesterv1.Harves
 	if sucOptions != nil {
 		options = append(options, sucOptions)
 	}
-	c := newClusterWith(wl, false, 0, "Harvester v1.7.1", mutate, options...)
-	Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
+	c := newRancherClusterWith(wl, mutate, options...)
 	for i, roles := range []map[string]string{serverRoles, nil} {
 		name := c.name + "-node-" + string(rune('1'+i))
 		_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)

@@ -187,15 +187,7 @@ func driveToRancherTurn(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 // jobDuration, and the planner simulator running, configured first by configure.
 func rancherRoute(jobDuration time.Duration, configure func(*sim.RancherPlanner)) (*testenv.Environment, *harvesterCluster, *sim.RancherPlanner) {
 	GinkgoHelper()
-	wl := startRancherWorkload()
-	c := newRancherCluster(wl, func(s *sim.SUC) { s.JobDuration = jobDuration })
-	for i, roles := range []map[string]string{serverRoles, nil} {
-		name := c.name + "-node-" + string(rune('1'+i))
-		_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)
-		Expect(err).NotTo(HaveOccurred())
-		c.nodes = append(c.nodes, name)
-	}
-	return wl, c, startPlannerWith(wl, c, nil, configure)
+	return cellRancherRoute(func(s *sim.SUC) { s.JobDuration = jobDuration }, nil, configure)
 }
 
 // endNodeUpdate ends nu as the NodeUpdate reconciler does after a failure, a timeout, an

@@ -42,7 +42,14 @@ func startRancherWorkload() *testenv.Environment {
 // replenishment wait at its default.
 func newRancherCluster(wl *testenv.Environment, simOptions ...func(*sim.SUC)) *harvesterCluster {
 	GinkgoHelper()
-	c := newClusterWith(wl, false, 0, "Harvester v1.7.1", nil, simOptions...)
+	return newRancherClusterWith(wl, nil, simOptions...)
+}
+
+// newRancherClusterWith is newRancherCluster with the HarvesterUpgrader changed by mutate
+// (when set) first.
+func newRancherClusterWith(wl *testenv.Environment, mutate func(*harvesterv1.HarvesterUpgrader), simOptions ...func(*sim.SUC)) *harvesterCluster {
+	GinkgoHelper()
+	c := newClusterWith(wl, false, 0, "Harvester v1.7.1", mutate, simOptions...)
 	Expect(sim.SetLonghornSetting(ctx, wl.Client, longhorn.Namespace, "replica-replenishment-wait-interval", "600")).To(Succeed())
 	return c
 }
