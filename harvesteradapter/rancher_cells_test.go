@@ -278,6 +278,51 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 			return endNodeUpdate(c, nu)
 		}),
 	)
+
+	DescribeTable("pauses Rancher's planner before a node's post-drain hook is answered, so that Rancher takes no node that no NodeUpdate waits for, however late the plan's own pass comes",
+		func(ending bool) {
+			wl, c, planner := rancherRoute(300*time.Millisecond, nil)
+			node, worker := c.nodes[0], c.nodes[1]
+			nu := c.nodeUpdate(node)
+			Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
+				return rancher.Answered(planSecret(wl, node), rancher.PreDrainRequest, rancher.PreDrainHook)
+			})).To(Succeed())
+			Eventually(func() (bool, error) {
+				p, err := rancher.ReadPlannerPause(ctx, wl.Client)
+				return p.Paused, err
+			}).WithPolling(50*time.Millisecond).Should(BeFalse(), "the plan let the planner go for the node's RKE2 restart")
+
+			By("the plan's controller looks no more (as a pass that comes late), and the node's post-drain hook is answered by " + map[bool]string{false: "its RancherPostDrain step", true: "its ending"}[ending])
+			cellStopPlans(c.ns)
+			if ending {
+				endNodeUpdate(c, nu)
+			} else {
+				Expect(drive(c.updater, nu, 180*time.Second)).To(Succeed())
+			}
+			answered := time.Now()
+			expectNodeSettled(wl, node)
+			Consistently(func(g Gomega) {
+				g.Expect(planSecret(wl, worker).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took the worker, which no NodeUpdate waits for")
+				g.Expect(nodeOf(wl, worker).Spec.Unschedulable).To(BeFalse(), "Rancher cordoned the worker, which no NodeUpdate waits for")
+			}, 3*time.Second, 100*time.Millisecond).Should(Succeed())
+			pause, err := rancher.ReadPlannerPause(ctx, wl.Client)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(pause.By).To(Equal(upgradeplan.Name(c.name, "v1.8.1")), "the planner paused, for the plan, before the answer")
+
+			By("the plan's controller back, the worker's NodeUpdate: Rancher takes the worker then, behind its hooks")
+			c.plans = startPlans(c.ns, c.updater)
+			Expect(drive(c.updater, c.nodeUpdate(worker), 240*time.Second)).To(Succeed())
+			restarts := planner.Restarts()
+			Expect(restarts).To(HaveLen(2), "one RKE2 restart per node")
+			Expect(restarts[1].Node).To(Equal(worker))
+			Expect(restarts[1].InHooks).To(BeTrue(), "the worker restarted between its answered pre-drain hook and its post-drain request")
+			Expect(restarts[1].Start).To(BeTemporally(">", answered), "the worker restarted before its NodeUpdate")
+			Expect(planner.MaxCordoned()).To(Equal(1), "Rancher held one node at a time")
+			expectNodeSettled(wl, worker)
+		},
+		Entry("answered by the node's RancherPostDrain step", false),
+		Entry("answered by the node's ending while Rancher restarts its RKE2", true),
+	)
 })
 
 // cellRancherRoute is rancherRoute with the SUC simulator, the HarvesterUpgrader and the

@@ -180,10 +180,28 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 	if rancher.Asked(owner.Secret, rancher.PostDrainRequest) == "" {
 		return false, fmt.Sprintf("waiting for Rancher to ask for node %s's post-drain hook", r.nu.Spec.NodeName), nil
 	}
-	if err := rancher.Answer(ctx, r.wc, owner.Secret, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil {
+	if err := u.answerPostDrain(ctx, r, owner.Secret); err != nil {
 		return false, "", err
 	}
-	return true, fmt.Sprintf("post-drain hook answered; Rancher uncordons node %s and takes the next node", r.nu.Spec.NodeName), nil
+	return true, fmt.Sprintf("post-drain hook answered; Rancher uncordons node %s and takes the next node once its NodeUpdate waits for it", r.nu.Spec.NodeName), nil
+}
+
+// answerPostDrain answers the node's post-drain hook, Rancher's planner held first
+// (rancher.HoldPlanner: paused, and the pause written again so that the UpgradePlan
+// cannot lift it on what it read before).
+// The answer ends the node's turn: Rancher's machine-drain controller, which is not the
+// planner, uncordons it and clears its drain (the planner asked for the uncordon before
+// the post-drain hook was asked, rancher@v2.14.4 pkg/controllers/capr/machinedrain
+// unDrain), and a running planner would then take the next node of the roll at once,
+// cordoning it whether or not a NodeUpdate waits for it (fact 60). Paused, it takes
+// none until the UpgradePlan lets it go for a NodeUpdate waiting at RancherPreDrain
+// (upgradeplan steerRancher).
+func (u *Updater) answerPostDrain(ctx context.Context, r *nodeRun, s *corev1.Secret) error {
+	reason := fmt.Sprintf("post-drain hook of node %s answered by NodeUpdate %s", r.nu.Spec.NodeName, r.nu.Name)
+	if _, err := rancher.HoldPlanner(ctx, r.wc, upgradeplan.Name(r.nu.Spec.ClusterName, r.cfg.Spec.Release.Version), reason); err != nil {
+		return err
+	}
+	return rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook)
 }
 
 // rancherAbortReady says whether an abort may end the node's update with respect to
@@ -247,7 +265,7 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 		return err == nil && !changed, err
 	}
 	if rancher.Asked(s, rancher.PostDrainRequest) != "" {
-		if err := rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil {
+		if err := u.answerPostDrain(ctx, r, s); err != nil {
 			if apierrors.IsConflict(err) {
 				return false, nil
 			}

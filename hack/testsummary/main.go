@@ -44,6 +44,13 @@ type ginkgoReport struct {
 		State       string
 		RunTime     time.Duration
 		NumAttempts int
+		Failure     struct {
+			Message  string
+			Location struct {
+				FileName   string
+				LineNumber int
+			}
+		}
 	}
 }
 
@@ -51,6 +58,8 @@ type ginkgoReport struct {
 type timed struct {
 	pkg, name, where string
 	seconds          float64
+	// why is a failed spec's failure: where it failed and the first lines of its message.
+	why string
 }
 
 type pkgResult struct {
@@ -174,7 +183,11 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 		}
 		all = append(all, timed{pkg: t.pkg, name: t.name, seconds: t.seconds})
 	}
+	var why []timed
 	for _, s := range specs {
+		if s.why != "" && s.where != "passed" {
+			why = append(why, s)
+		}
 		switch s.where {
 		case "passed":
 			passed++
@@ -215,10 +228,14 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 		sayf(out, "%8.1fs  %-4s  %s\n", p.seconds, p.action, short(p.name, module))
 	}
 	sayf(out, "%8.1fs  in all, over %s of wall time since the first output\n", sum, time.Since(start).Round(time.Second))
-	if len(failed) > 0 {
+	if len(failed) > 0 || len(why) > 0 {
 		sayf(out, "\n== Failed\n")
 		for _, f := range failed {
 			sayf(out, "  %s\n", short(f, module))
+		}
+		// A failed spec's reason here too: a long run's log is often seen by its end only.
+		for _, s := range why {
+			sayf(out, "  %s  %s\n    %s\n", short(s.pkg, module), s.name, strings.ReplaceAll(s.why, "\n", "\n    "))
 		}
 	}
 	if requestDir != "" {
@@ -282,7 +299,11 @@ func readReports(dir, module string) ([]timed, map[string]bool, error) {
 				if state == "skipped" && s.NumAttempts == 0 {
 					state = "routed" // filtered out by the target's label filter, never run
 				}
-				specs = append(specs, timed{pkg: pkg, name: clip(name, 110) + loc, where: state, seconds: s.RunTime.Seconds()})
+				t := timed{pkg: pkg, name: clip(name, 110) + loc, where: state, seconds: s.RunTime.Seconds()}
+				if f := s.Failure; f.Message != "" {
+					t.why = fmt.Sprintf("failed at %s:%d: %s", filepath.Base(f.Location.FileName), f.Location.LineNumber, firstLines(f.Message, failureLines))
+				}
+				specs = append(specs, t)
 			}
 		}
 	}
@@ -362,6 +383,18 @@ func short(pkg, module string) string {
 		return "."
 	}
 	return strings.TrimPrefix(pkg, module+"/")
+}
+
+// failureLines is how many lines of a failed spec's message the summary prints.
+const failureLines = 12
+
+// firstLines is s cut to its first n lines, saying how many more there were.
+func firstLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) <= n {
+		return strings.Join(lines, "\n")
+	}
+	return strings.Join(lines[:n], "\n") + fmt.Sprintf("\n(%d more lines in the spec's output above)", len(lines)-n)
 }
 
 func clip(s string, n int) string {

@@ -43,6 +43,9 @@ type PlannerPause struct {
 	Paused bool
 	// By is the UpgradePlan that paused it, "" when it was not us.
 	By string
+	// ResourceVersion is the RKEControlPlane's as read: ResumeSeenPlanner lifts a pause
+	// only if nothing wrote the object since.
+	ResourceVersion string
 }
 
 func controlPlaneMeta() *metav1.PartialObjectMetadata {
@@ -67,7 +70,7 @@ func ReadPlannerPause(ctx context.Context, c client.Client) (PlannerPause, error
 	if !paused {
 		by = ""
 	}
-	return PlannerPause{Served: true, Paused: paused, By: by}, nil
+	return PlannerPause{Served: true, Paused: paused, By: by, ResourceVersion: cp.ResourceVersion}, nil
 }
 
 // PausePlanner pauses fleet-local/local's planner for the UpgradePlan by (nothing when
@@ -84,6 +87,29 @@ func PausePlanner(ctx context.Context, c client.Client, by string) (PlannerPause
 	return PlannerPause{Served: true, Paused: true, By: by}, nil
 }
 
+// HeldForAnnotation says, on the RKEControlPlane, why a NodeUpdate last held the planner
+// (HoldPlanner).
+const HeldForAnnotation = "harvester.inplace.cluster.x-k8s.io/held-for"
+
+// HoldPlanner pauses fleet-local/local's planner for the UpgradePlan by, as PausePlanner
+// does, and writes why (HeldForAnnotation) even when it is paused already: the write
+// changes the RKEControlPlane's resourceVersion, so that a decision to let the planner
+// go made from what was read before the hold cannot lift it (ResumeSeenPlanner). A
+// pause someone else set stays theirs, untouched.
+func HoldPlanner(ctx context.Context, c client.Client, by, reason string) (PlannerPause, error) {
+	p, err := ReadPlannerPause(ctx, c)
+	if err != nil || !p.Served || (p.Paused && p.By != by) {
+		return p, err
+	}
+	annotations := map[string]any{HeldForAnnotation: reason}
+	if !p.Paused {
+		annotations[clusterv1.PausedAnnotation] = "true"
+		annotations[PausedByAnnotation] = by
+		p = PlannerPause{Served: true, Paused: true, By: by}
+	}
+	return p, patchControlPlane(ctx, c, annotations)
+}
+
 // ResumePlanner lifts the pause of fleet-local/local's planner when the UpgradePlan by
 // set it; a pause of someone else's stays.
 func ResumePlanner(ctx context.Context, c client.Client, by string) (PlannerPause, error) {
@@ -91,14 +117,44 @@ func ResumePlanner(ctx context.Context, c client.Client, by string) (PlannerPaus
 	if err != nil || !p.Paused || p.By != by {
 		return p, err
 	}
-	if err := patchControlPlane(ctx, c, map[string]any{clusterv1.PausedAnnotation: nil, PausedByAnnotation: nil}); err != nil {
+	if err := patchControlPlane(ctx, c, map[string]any{clusterv1.PausedAnnotation: nil, PausedByAnnotation: nil, HeldForAnnotation: nil}); err != nil {
 		return p, err
 	}
 	return PlannerPause{Served: true}, nil
 }
 
+// ResumeSeenPlanner lifts the pause seen, read before what the decision to let the
+// planner go was made from, when it is the UpgradePlan by's and nothing wrote the
+// RKEControlPlane since (the patch carries the resourceVersion seen: a conflict, and the
+// pause stays). A NodeUpdate holds the planner before it answers a post-drain hook
+// (harvesteradapter answerPostDrain); a decision made from plan Secrets read before
+// that answer must not lift that pause, or Rancher takes the next node, cordoning it,
+// as soon as the answered node is uncordoned: the NodeUpdate holds it with HoldPlanner,
+// which writes the object whether or not it was paused. It says whether the pause was
+// lifted.
+func ResumeSeenPlanner(ctx context.Context, c client.Client, by string, seen PlannerPause) (bool, error) {
+	if !seen.Paused || seen.By != by {
+		return false, nil
+	}
+	err := patchControlPlaneAt(ctx, c, seen.ResourceVersion, map[string]any{clusterv1.PausedAnnotation: nil, PausedByAnnotation: nil, HeldForAnnotation: nil})
+	if apierrors.IsConflict(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 func patchControlPlane(ctx context.Context, c client.Client, annotations map[string]any) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	return patchControlPlaneAt(ctx, c, "", annotations)
+}
+
+// patchControlPlaneAt patches the RKEControlPlane's annotations; with a resourceVersion
+// the patch applies only to that version of it (a conflict otherwise).
+func patchControlPlaneAt(ctx context.Context, c client.Client, resourceVersion string, annotations map[string]any) error {
+	md := map[string]any{"annotations": annotations}
+	if resourceVersion != "" {
+		md["resourceVersion"] = resourceVersion
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": md})
 	if err != nil {
 		return err
 	}

@@ -54,13 +54,19 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 	if err != nil || cl == nil || !rancher.HasOurHooks(cl) {
 		return "", err
 	}
+	// The pause as it is before the Secrets are read: only that pause is lifted below, so
+	// that a pause a NodeUpdate set since, before answering a post-drain hook, stays.
+	seen, err := rancher.ReadPlannerPause(ctx, pr.Workload)
+	if err != nil {
+		return "", err
+	}
 	secrets, err := rancher.PlanSecrets(ctx, pr.Workload)
 	if err != nil {
 		return "", err
 	}
 	declared := cl.Spec.KubernetesVersion
 	want := ""
-	var withdraw, silent []string
+	var withdraw, silent, postDrain []string
 	for _, n := range nodes {
 		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
 		if s == nil {
@@ -75,14 +81,16 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		case answered && rancher.Asked(s, rancher.PostDrainRequest) == "":
 			want = fmt.Sprintf("Rancher restarts RKE2 on node %s", n.node.Name)
 		case answered && !running && !rancher.Answered(s, rancher.PostDrainRequest, rancher.PostDrainHook):
-			if err := rancher.Answer(ctx, pr.Workload, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil && !apierrors.IsConflict(err) {
-				return "", err // a conflict: Rancher wrote the Secret meanwhile, the next pass answers
-			}
+			postDrain = append(postDrain, n.node.Name)
 		case !answered && !running && (rancher.InOurDrain(s) || rancher.Asked(s, rancher.PreDrainRequest) != ""):
 			withdraw = append(withdraw, n.node.Name)
 		}
 	}
-	if want == "" {
+	if len(postDrain) > 0 {
+		// Answered below, once the planner is paused: a node's answered post-drain hook
+		// ends its turn, and a running planner would take the next node at once.
+		want = ""
+	} else if want == "" {
 		next, err := rancherNext(ctx, pr, nodes, secrets, declared)
 		if err != nil {
 			return "", err
@@ -97,7 +105,7 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		}
 	}
 	if want != "" {
-		if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+		if _, err := rancher.ResumeSeenPlanner(ctx, pr.Workload, pr.Plan.Name, seen); err != nil {
 			return "", err
 		}
 		return "; " + want + silentAgents(silent, declared), nil
@@ -105,6 +113,13 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 	pause, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name)
 	if err != nil || !pause.Served {
 		return "", err
+	}
+	for _, name := range postDrain {
+		node := nodeNamed(nodes, name)
+		s := secrets[node.Annotations[rancher.NodeMachineAnnotation]]
+		if err := rancher.Answer(ctx, pr.Workload, s, rancher.PostDrainRequest, rancher.PostDrainHook); err != nil && !apierrors.IsConflict(err) {
+			return "", err // a conflict: Rancher wrote the Secret meanwhile, the next pass answers
+		}
 	}
 	for _, name := range withdraw {
 		node := nodeNamed(nodes, name)
@@ -261,7 +276,7 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 			continue
 		}
 		if rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && rancher.Asked(s, rancher.PostDrainRequest) == "" && !planFailing(s) {
-			if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+			if _, err := rancher.ResumeSeenPlanner(ctx, pr.Workload, pr.Plan.Name, pause); err != nil {
 				return "", nil, err
 			}
 			return fmt.Sprintf("waiting for Rancher to finish restarting RKE2 %s on node %s (its pre-drain hook was answered) before the roll is handed back", declared, n.node.Name), nil, nil
