@@ -11,7 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
@@ -25,7 +28,7 @@ type blockage struct {
 	what string
 	// evict acts on the blockers under drainPolicy Evict, once the grace period has
 	// passed, and says what it did; it says "" when it can do nothing about them, and the
-	// node then holds as under Hold.
+	// node then holds as under Hold. Nil: nothing it may act on, the node holds at once.
 	evict func(blockedFor, grace time.Duration) (string, error)
 	// evicts says what evict will do, for the message before the grace period ends.
 	evicts string
@@ -41,11 +44,14 @@ type blockage struct {
 // and applies the NodeUpdate's drain policy to it (applyBlockPolicy). Under Evict the
 // blocking pods are deleted (a delete, not an eviction: the budgets are not asked), one
 // Warning event per pod; kubectl drain's next retry finds them gone and the drain ends.
+// Longhorn's pods are never deleted (longhornHold): Longhorn keeps an instance manager's
+// budget exactly while deleting its pod would crash attached volumes or lose the only
+// good copy of a volume's data, so the node holds, with Longhorn's reason, as under Hold.
 //
 // It returns what the drain step's message should add, empty when nothing blocks.
 func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun) (string, error) {
 	node := r.nu.Spec.NodeName
-	blocking, err := previewPods(ctx, r.wc, node, r.cfg.Spec.Drain, nil)
+	blocking, err := blockingPods(ctx, r.wc, node, r.cfg.Spec.Drain, nil)
 	if err != nil {
 		return "", err
 	}
@@ -53,25 +59,64 @@ func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun) (string, err
 		return u.applyBlockPolicy(r, nil)
 	}
 	names := make([]string, 0, len(blocking))
+	var deletable []blockingPod
+	var kept []string
 	for _, p := range blocking {
 		names = append(names, fmt.Sprintf("pod %s/%s (PodDisruptionBudget %s)", p.Namespace, p.Name, p.PodDisruptionBudget))
+		if p.longhorn {
+			kept = append(kept, p.Namespace+"/"+p.Name)
+		} else {
+			deletable = append(deletable, p)
+		}
 	}
-	return u.applyBlockPolicy(r, &blockage{of: "the drain", what: strings.Join(names, ", "), evicts: "they are deleted, their budgets ignored",
-		evicted: inplacev1.BlockingPodsDeletedReason,
-		evict: func(blockedFor, grace time.Duration) (string, error) {
-			var deleted []string
-			for _, p := range blocking {
-				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-				if err := r.wc.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
-					return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
-				}
-				deleted = append(deleted, p.Namespace+"/"+p.Name)
-				u.event(r, corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
-					fmt.Sprintf("deleted pod %s/%s on node %s, ignoring PodDisruptionBudget %s: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
-						p.Namespace, p.Name, node, p.PodDisruptionBudget, blockedFor.Round(time.Second), grace, p.Reason))
+	b := &blockage{of: "the drain", what: strings.Join(names, ", "), evicts: "they are deleted, their budgets ignored",
+		evicted: inplacev1.BlockingPodsDeletedReason}
+	if len(kept) > 0 {
+		if b.cannotEvict, err = longhornHold(ctx, r.wc, node, kept); err != nil {
+			return "", err
+		}
+		b.evicts = "the pods other than Longhorn's are deleted, their budgets ignored (Longhorn's never are)"
+	}
+	if len(deletable) == 0 {
+		return u.applyBlockPolicy(r, b) // nothing Evict may delete: the node holds at once
+	}
+	b.evict = func(blockedFor, grace time.Duration) (string, error) {
+		var deleted []string
+		for _, p := range deletable {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+			if err := r.wc.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+				return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
 			}
-			return fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace), nil
-		}})
+			deleted = append(deleted, p.Namespace+"/"+p.Name)
+			u.event(r, corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
+				fmt.Sprintf("deleted pod %s/%s on node %s, ignoring PodDisruptionBudget %s: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
+					p.Namespace, p.Name, node, p.PodDisruptionBudget, blockedFor.Round(time.Second), grace, p.Reason))
+		}
+		did := fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace)
+		if len(kept) > 0 {
+			did += "; " + b.cannotEvict
+		}
+		return did, nil
+	}
+	return u.applyBlockPolicy(r, b)
+}
+
+// longhornHold says why drainPolicy Evict leaves Longhorn's blocking pods kept on node,
+// with Longhorn's own reason for its budgets there (longhorn.State.BudgetKeptBy), and
+// what lifts the hold.
+func longhornHold(ctx context.Context, wc client.Client, node string, kept []string) (string, error) {
+	why := ""
+	state, err := longhorn.Read(ctx, wc)
+	switch {
+	case err == nil:
+		if reasons := state.BudgetKeptBy(node); len(reasons) > 0 {
+			why = "; Longhorn keeps them now because " + strings.Join(reasons, ", ")
+		}
+	case !meta.IsNoMatchError(err):
+		return "", err
+	}
+	return fmt.Sprintf("drainPolicy Evict never deletes Longhorn's pods (%s): Longhorn keeps an instance manager's PodDisruptionBudget while a volume is attached with its engine on the node or has its only healthy replicas there, and deleting the pod would crash those volumes or lose that data (longhorn-manager syncInstanceManagerPDB, canDeleteInstanceManagerPDB)%s; once those volumes are detached or their replicas rebuilt on other nodes, Longhorn deletes the budget and the drain goes on",
+		strings.Join(kept, ", "), why), nil
 }
 
 // applyBlockPolicy keeps the NodeUpdate's DrainBlocked condition, whose last transition
@@ -121,10 +166,13 @@ func (u *Updater) applyBlockPolicy(r *nodeRun, b *blockage) (string, error) {
 	message := fmt.Sprintf("%s of node %s is blocked by %s; drainPolicy Hold: the node waits until they go or the step times out", b.of, node, b.what)
 	switch mode {
 	case inplacev1.DrainModeEvict:
-		if due {
-			did, err := b.evict(now.Sub(since), grace)
-			if err != nil {
-				return "", err
+		if b.evict == nil || due {
+			did := ""
+			if b.evict != nil {
+				var err error
+				if did, err = b.evict(now.Sub(since), grace); err != nil {
+					return "", err
+				}
 			}
 			if did != "" {
 				meta.SetStatusCondition(&nu.Status.Conditions, metav1.Condition{Type: inplacev1.DrainBlockedCondition, Status: metav1.ConditionFalse,

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -25,6 +26,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -157,6 +159,54 @@ var _ = Describe("A node whose drain a PodDisruptionBudget blocks", func() {
 		Expect(deleted).To(ConsistOf(And(ContainSubstring("deleted pod "+c.ns+"/web"), ContainSubstring("ignoring PodDisruptionBudget web"))), "one event per deleted pod")
 		Expect(c.rec.Drains(n2)).NotTo(BeEmpty())
 		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2))
+	})
+
+	It("Evict: never deletes Longhorn's pods: the instance manager whose budget Longhorn keeps holds the node with Longhorn's reason, the other blocking pod is deleted, and the drain ends once Longhorn lifts its budget", func() {
+		c := newVMCluster(3, nil)
+		n2 := c.nodes[1]
+		im := "instance-manager-" + c.name
+		c.pdbPod("web", n2, "100Mi")
+		c.pdbPod(im, n2, "100Mi", "instance-manager")
+		vol := "pvc-attached-" + c.name
+		createLonghornVolume(vol, "v1", n2, c.nodes[2])
+		DeferCleanup(deleteLonghornVolume, vol, n2, c.nodes[2])
+		engine := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "longhorn.io/v1beta2", "kind": "Engine",
+			"metadata": map[string]any{"name": vol + "-e", "namespace": longhorn.Namespace},
+			"spec":     map[string]any{"volumeName": vol, "nodeID": n2, "dataEngine": "v1"},
+		}}
+		Expect(workload.Client.Create(ctx, engine)).To(Succeed(), "the volume attached with its engine on the node (a VM's disk whose VM leaves only later)")
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(workload.Client.Delete(ctx, engine))).To(Succeed()) })
+		const grace = 2 * time.Second
+		nu, rec, cond := blockedUnderEvict(c, n2, grace)
+		pending := cond.Message
+
+		By("past the grace period: the other pod deleted, Longhorn's kept, the node held with Longhorn's reason")
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			cond := drainBlocked(nu)
+			return cond != nil && cond.Status == metav1.ConditionTrue && cond.Reason == inplacev1.DrainHeldReason
+		})).To(Succeed())
+		cond = drainBlocked(nu)
+		Expect(cond.Reason).To(Equal(inplacev1.DrainHeldReason), "the node finished its drain: Evict deleted Longhorn's instance manager")
+		Expect(cond.Message).To(And(
+			ContainSubstring("drainPolicy Evict never deletes Longhorn's pods ("+c.ns+"/"+im+")"),
+			ContainSubstring("Longhorn keeps them now because volume "+vol+" is attached with its engine on node "+n2)))
+		Expect(apierrors.IsNotFound(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "web"}, &corev1.Pod{}))).To(BeTrue(), "the pod of another owner is deleted")
+		Expect(driveUntil(c.updater, nu, 3*time.Second, nil)).To(MatchError(ContainSubstring("not done within")), "the node holds")
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: im}, &corev1.Pod{})).To(Succeed(), "Evict deleted Longhorn's instance manager")
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStateRunning))
+		Expect(pending).To(ContainSubstring("the pods other than Longhorn's are deleted, their budgets ignored (Longhorn's never are)"), "what Evict would do, said before the grace period ended")
+
+		By("Longhorn lifts the budget (the volume detached): the drain ends")
+		Expect(workload.Client.Delete(ctx, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: im}})).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
+		var deleted []string
+		for _, e := range drainEvents(rec) {
+			if strings.HasPrefix(e, "Warning "+inplacev1.BlockingPodsDeletedReason) {
+				deleted = append(deleted, e)
+			}
+		}
+		Expect(deleted).To(ConsistOf(ContainSubstring("deleted pod "+c.ns+"/web")), "one deletion, of the other owner's pod")
 	})
 })
 

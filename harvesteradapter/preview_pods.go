@@ -14,6 +14,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
 )
 
 // labelLonghornComponent is the label Longhorn puts on its pods; an instance manager's
@@ -27,12 +28,30 @@ const labelLonghornComponent = "longhorn.io/component"
 // VMI's launcher pod ends). lost are the volumes previewVolumes found would lose their
 // last healthy replica, which keep a Longhorn instance manager's budget (fact 31).
 func previewPods(ctx context.Context, wc client.Client, node string, drain harvesterv1.Drain, lost []inplacev1.PreviewVolume) ([]inplacev1.PreviewPod, error) {
+	blocking, err := blockingPods(ctx, wc, node, drain, lost)
+	out := make([]inplacev1.PreviewPod, 0, len(blocking))
+	for _, p := range blocking {
+		out = append(out, p.PreviewPod)
+	}
+	return out, err
+}
+
+// blockingPod is a pod whose eviction a PodDisruptionBudget refuses, and whether it is
+// Longhorn's (in Longhorn's namespace, or carrying its component label): drainPolicy
+// Evict never deletes those.
+type blockingPod struct {
+	inplacev1.PreviewPod
+	longhorn bool
+}
+
+// blockingPods is previewPods with each pod's owner told.
+func blockingPods(ctx context.Context, wc client.Client, node string, drain harvesterv1.Drain, lost []inplacev1.PreviewVolume) ([]blockingPod, error) {
 	pods := &corev1.PodList{}
 	if err := wc.List(ctx, pods, client.MatchingFields{"spec.nodeName": node}); err != nil {
 		return nil, fmt.Errorf("list the pods of node %s: %w", node, err)
 	}
 	budgets := map[string][]policyv1.PodDisruptionBudget{}
-	var out []inplacev1.PreviewPod
+	var out []blockingPod
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		if pod.Labels[kubevirtv1.AppLabel] == "virt-launcher" {
@@ -55,7 +74,10 @@ func previewPods(ctx context.Context, wc client.Client, node string, drain harve
 		if pod.Labels[labelLonghornComponent] == "instance-manager" {
 			why += instanceManagerNote(lost)
 		}
-		out = append(out, inplacev1.PreviewPod{Namespace: pod.Namespace, Name: pod.Name, PodDisruptionBudget: pdb, Reason: why})
+		out = append(out, blockingPod{
+			PreviewPod: inplacev1.PreviewPod{Namespace: pod.Namespace, Name: pod.Name, PodDisruptionBudget: pdb, Reason: why},
+			longhorn:   pod.Namespace == longhorn.Namespace || pod.Labels[labelLonghornComponent] != "",
+		})
 	}
 	return out, nil
 }

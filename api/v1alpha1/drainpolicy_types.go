@@ -14,7 +14,10 @@ const (
 	// DrainModeHold keeps the node draining until its drain step times out (the default).
 	DrainModeHold DrainMode = "Hold"
 	// DrainModeEvict deletes the pods whose eviction a PodDisruptionBudget refuses, once
-	// the drain has been blocked for gracePeriod: the budgets are ignored.
+	// the drain has been blocked for gracePeriod: the budgets are ignored. Longhorn's pods
+	// (in longhorn-system, or carrying longhorn.io/component) are never deleted: Longhorn
+	// keeps an instance manager's budget exactly while deleting its pod would crash
+	// attached volumes or lose a volume's only good copy, and the node holds for them.
 	DrainModeEvict DrainMode = "Evict"
 	// DrainModeSkip puts the node back once the drain has been blocked for gracePeriod:
 	// the drain stops, the node is uncordoned and what its earlier steps stopped is
@@ -35,7 +38,12 @@ type DrainPolicy struct {
 	// was stopped restored, its NodeUpdate Skipped naming the blocking pods; the task
 	// goes on with the other nodes and tries it once more at the end, and fails if it is
 	// skipped again) or Evict (after gracePeriod, the blocking pods are deleted, their
-	// PodDisruptionBudgets ignored; only when asked). The Cluster API path
+	// PodDisruptionBudgets ignored; only when asked. Evict never deletes Longhorn's pods
+	// (namespace longhorn-system, or the label longhorn.io/component), whose budgets
+	// Longhorn keeps while deleting them would crash attached volumes or lose a volume's
+	// only healthy replica: the node holds for those, with Longhorn's reason, until
+	// Longhorn lifts the budget; on the Harvester updater a VM whose live migration
+	// failed is stopped). The Cluster API path
 	// (UpdateMachine) has no other nodes to go on with: there Skip fails the machine's
 	// update with the blocking pods named, after putting the node back.
 	// +optional

@@ -375,3 +375,33 @@ func (s *State) Checks(down DownSet, live LiveUpgrade, skipSwap bool) []nodeupda
 	})
 	return results
 }
+
+// BudgetKeptBy says why Longhorn keeps the PodDisruptionBudgets of node's instance
+// managers once the node is cordoned, as longhorn-manager v1.10.0 decides it
+// (controller/instance_manager_controller.go syncInstanceManagerPDB,
+// canDeleteInstanceManagerPDB; shared/facts/longhorn-v2-live-upgrade.md fact 31): a
+// volume attached with its engine on the node, or a volume whose every healthy replica
+// is on the node. Deleting the instance manager's pod then crashes the engines it runs or
+// loses the only good copy of a volume's data. It is empty when neither holds: Longhorn
+// lifts the budgets itself shortly (the node-drain-policy setting may keep a stricter
+// rule, which it names in its own log).
+func (s *State) BudgetKeptBy(node string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for i := range s.engines {
+		e := &s.engines[i]
+		if e.Spec.NodeID != node || seen[e.Spec.VolumeName] {
+			continue
+		}
+		if v := s.volume(e.Spec.VolumeName); v != nil && v.Status.State == longhornv1.VolumeStateAttached {
+			seen[e.Spec.VolumeName] = true
+			out = append(out, fmt.Sprintf("volume %s is attached with its engine on node %s", e.Spec.VolumeName, node))
+		}
+	}
+	for _, engine := range []longhornv1.DataEngineType{longhornv1.DataEngineTypeV1, longhornv1.DataEngineTypeV2} {
+		for _, v := range s.LostVolumes(DownSet{Candidate: node}, engine) {
+			out = append(out, fmt.Sprintf("volume %s has its only healthy replica(s) on node %s", v.Name, node))
+		}
+	}
+	return out
+}

@@ -381,3 +381,30 @@ func TestCountStorageNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestBudgetKeptBy: Longhorn keeps a cordoned node's instance-manager budgets while a
+// volume is attached with its engine there or has its only healthy replicas there
+// (fact 31), and lets them go otherwise.
+func TestBudgetKeptBy(t *testing.T) {
+	s := lhLayout{
+		engines:  map[string]string{"pvc-attached": "node-1", "pvc-elsewhere": "node-2"},
+		replicas: map[string][]string{"pvc-attached": {"node-2", "node-3"}, "pvc-elsewhere": {"node-1", "node-2"}, "pvc-last": {"node-1"}},
+	}.state(longhornv1.DataEngineTypeV1, "node-1", "node-2", "node-3")
+	got := s.BudgetKeptBy("node-1")
+	want := []string{
+		"volume pvc-attached is attached with its engine on node node-1",
+		"volume pvc-last has its only healthy replica(s) on node node-1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("node-1: got %q, want %q", got, want)
+	}
+	if got := s.BudgetKeptBy("node-3"); len(got) != 0 {
+		t.Errorf("node-3 holds no engine and no last replica: got %q", got)
+	}
+	for i := range s.volumes {
+		s.volumes[i].Status.State = longhornv1.VolumeStateDetached
+	}
+	if got := s.BudgetKeptBy("node-1"); !slices.Equal(got, want[1:]) {
+		t.Errorf("node-1 with every volume detached: got %q, want the last replica only", got)
+	}
+}
