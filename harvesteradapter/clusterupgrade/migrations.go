@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -19,29 +18,27 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/harvesterapi"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 )
 
 // This file holds the release-specific sub-steps of the cluster upgrade: each runs only
-// for the previous versions the release's script runs it for, with the script's own
-// exact-format guard (harvester-release-steps.md facts 1 and 2: `^v1\.7\.[0-9]$` matches
-// formal v1.7 releases only, so v1.7.1-rc2 as previous version skips them, as it does in
-// Harvester), and the wait for KubeVirt, which needs the release's KubeVirt version.
+// on the hops whose target release's script holds it, and there only for the previous
+// versions its exact-format guard matches (harvester-release-steps.md facts 1, 2 and 57:
+// `^v1\.7\.[0-9]$` matches formal v1.7 releases only, so v1.7.1-rc2 as previous version
+// skips them, as it does in Harvester; a v1.7.a -> v1.7.b hop runs no v1.8 migration),
+// and the wait for KubeVirt, which needs the release's KubeVirt version.
 
-var (
-	// prevV16 and prevV17 are the script's guards (umanif.sh@v1.8.2
-	// migrate_longhorn_v1beta1_crds; preserve_overcommit_config, clean_capi_legacy_webhooks).
-	prevV16 = regexp.MustCompile(`^v1\.6\.[0-9]$`)
-	prevV17 = regexp.MustCompile(`^v1\.7\.[0-9]$`)
-)
-
-// keyedOut is the Skipped message of a sub-step whose guard does not match the previous
-// version, or "" when it does.
-func (r *runner) keyedOut(guard *regexp.Regexp, what string) string {
-	if guard.MatchString(r.in.PreviousVersion) {
+// keyedOut is the Skipped message of a hop-keyed sub-step that this upgrade does not
+// run, or "" when it does: the releases key each on the hop, the target's script holding
+// it and its guard matching the previous version (releases.ClusterMigrationRuns; facts 2
+// and 57).
+func (r *runner) keyedOut(step, what string) string {
+	runs, why := releases.ClusterMigrationRuns(r.in.PreviousVersion, r.in.HarvesterVersion, step)
+	if runs {
 		return ""
 	}
-	return fmt.Sprintf("the nodes ran Harvester %s before this upgrade, which does not match %s: %s only for a hop from those releases, as the release's script",
-		r.in.PreviousVersion, guard.String(), what)
+	return fmt.Sprintf("the nodes ran Harvester %s before this upgrade to %s, %s: %s only on such a hop, as the release's script",
+		r.in.PreviousVersion, r.in.HarvesterVersion, why, what)
 }
 
 // OvercommitConfigSetting is Harvester's setting of its CPU, memory and storage
@@ -65,7 +62,7 @@ const OvercommitConfigDefaultV17 = `{"cpu":1600,"memory":150,"storage":200}`
 // that constant, so that a run resumed after Harvester's chart was upgraded (its default
 // then v1.8's) still writes v1.7's.
 func (r *runner) preserveOvercommitConfig(ctx context.Context) (StepState, string, error) {
-	if msg := r.keyedOut(prevV17, "overcommit-config is kept at v1.7's default"); msg != "" {
+	if msg := r.keyedOut(StepPreserveOvercommitConfig, "overcommit-config is kept at v1.7's default"); msg != "" {
 		return StateSkipped, msg, nil
 	}
 	key := client.ObjectKey{Name: OvercommitConfigSetting}
@@ -116,7 +113,7 @@ const (
 // leaves it and says whose it looks to be. Missing ones are fine (the script ignores
 // them). Nothing is recorded: the release does not bring them back.
 func (r *runner) cleanCAPILegacyWebhooks(ctx context.Context) (StepState, string, error) {
-	if msg := r.keyedOut(prevV17, "the legacy CAPI webhooks are removed"); msg != "" {
+	if msg := r.keyedOut(StepCleanCAPILegacyWebhooks, "the legacy CAPI webhooks are removed"); msg != "" {
 		return StateSkipped, msg, nil
 	}
 	var deleted, kept, absent []string
@@ -227,7 +224,7 @@ func longhornSettingsRule(rule admissionregistrationv1.RuleWithOperations) bool 
 // operations before recorded (Restore adds UPDATE back if the run dies in between), and
 // given back at the end of the step.
 func (r *runner) migrateLonghornV1beta1CRDs(ctx context.Context) (StepState, string, error) {
-	if msg := r.keyedOut(prevV16, "Longhorn's v1beta1 objects are migrated to v1beta2"); msg != "" {
+	if msg := r.keyedOut(StepMigrateLonghornV1beta1CRDs, "Longhorn's v1beta1 objects are migrated to v1beta2"); msg != "" {
 		return StateSkipped, msg, nil
 	}
 	crds := &apiextensionsv1.CustomResourceDefinitionList{}

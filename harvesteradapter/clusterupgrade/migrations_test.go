@@ -40,6 +40,15 @@ func runStates(in clusterupgrade.Input, p clusterupgrade.Progress) []clusterupgr
 	return steps
 }
 
+// hopInput is input for a hop from previous to target: the hop-keyed sub-steps key on
+// both (releases.ClusterMigrationRuns).
+func hopInput(plan, previous, target string) clusterupgrade.Input {
+	in := input(plan)
+	in.PreviousVersion, in.HarvesterVersion = previous, target
+	in.RancherFeatures = mustFeatures(target)
+	return in
+}
+
 // webhookRules are rules on a group nothing here serves, so the API server never calls
 // the webhook.
 func webhookRules() []admissionregistrationv1.RuleWithOperations {
@@ -57,8 +66,7 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		Expect(overcommitConfig().Value).To(BeEmpty())
 
 		p := newProgress()
-		in := input("up-v171")
-		in.PreviousVersion = "v1.7.1"
+		in := hopInput("up-v171", "v1.7.1", "v1.8.1")
 		steps := runStates(in, p)
 		Expect(states(steps)).To(Equal(want(clusterupgrade.StateDone, map[string]clusterupgrade.StepState{
 			clusterupgrade.StepPreserveOvercommitConfig:   clusterupgrade.StateDone,
@@ -67,7 +75,7 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		})))
 		Expect(overcommitConfig().Value).To(Equal(clusterupgrade.OvercommitConfigDefaultV17))
 		Expect(stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks).Message).To(ContainSubstring("MutatingWebhookConfiguration mutating-webhook-configuration and ValidatingWebhookConfiguration validating-webhook-configuration not on the cluster"))
-		Expect(stepNamed(steps, clusterupgrade.StepMigrateLonghornV1beta1CRDs).Message).To(ContainSubstring("v1.7.1 before this upgrade, which does not match ^v1\\.6\\.[0-9]$"))
+		Expect(stepNamed(steps, clusterupgrade.StepMigrateLonghornV1beta1CRDs).Message).To(ContainSubstring("v1.7.1 before this upgrade to v1.8.1, not a hop v1.6.x -> v1.7.x"))
 		rv := overcommitConfig().ResourceVersion
 
 		By("a resumed run does not write it again")
@@ -93,7 +101,7 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		rc.Plan, rc.PreviousVersion = "up-v171-rc", "v1.7.1-rc2"
 		steps = runStates(rc, newProgress())
 		Expect(stepNamed(steps, clusterupgrade.StepPreserveOvercommitConfig).State).To(Equal(clusterupgrade.StateSkipped))
-		Expect(stepNamed(steps, clusterupgrade.StepPreserveOvercommitConfig).Message).To(ContainSubstring("v1.7.1-rc2 before this upgrade, which does not match ^v1\\.7\\.[0-9]$"))
+		Expect(stepNamed(steps, clusterupgrade.StepPreserveOvercommitConfig).Message).To(ContainSubstring("v1.7.1-rc2 before this upgrade to v1.8.1, which does not match ^v1\\.7\\.[0-9]$"))
 		Expect(overcommitConfig().Value).To(BeEmpty())
 	})
 
@@ -132,12 +140,19 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 		By("Skipped on a hop from v1.5.1: both stay")
 		steps := runStates(input("up-capi-151"), newProgress())
 		Expect(stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks).State).To(Equal(clusterupgrade.StateSkipped))
-		Expect(stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks).Message).To(ContainSubstring("v1.5.1 before this upgrade, which does not match ^v1\\.7\\.[0-9]$"))
+		Expect(stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks).Message).To(ContainSubstring("v1.5.1 before this upgrade to v1.6.0, not a hop v1.7.x -> v1.8.x"))
 		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(mutating), &admissionregistrationv1.MutatingWebhookConfiguration{})).To(Succeed())
 
-		By("on a hop from v1.7.0: the legacy CAPI's goes, the other stays, and the step says why")
-		in := input("up-capi-170")
-		in.PreviousVersion = "v1.7.0"
+		By("Skipped on a patch hop v1.7.0 -> v1.7.2, whose previous version the guard matches: v1.7's scripts do not hold the migration, and Rancher v2.13's CAPI uses its webhooks")
+		steps = runStates(hopInput("up-capi-patch", "v1.7.0", "v1.7.2"), newProgress())
+		Expect(stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks).State).To(Equal(clusterupgrade.StateSkipped))
+		Expect(stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks).Message).To(ContainSubstring("v1.7.0 before this upgrade to v1.7.2, not a hop v1.7.x -> v1.8.x"))
+		Expect(stepNamed(steps, clusterupgrade.StepPreserveOvercommitConfig).State).To(Equal(clusterupgrade.StateSkipped))
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(mutating), &admissionregistrationv1.MutatingWebhookConfiguration{})).To(Succeed(), "a patch hop deleted the CAPI webhooks Rancher v2.13 uses")
+		Expect(overcommitConfig().Value).To(BeEmpty(), "a patch hop wrote overcommit-config")
+
+		By("on a hop from v1.7.0 to v1.8.1: the legacy CAPI's goes, the other stays, and the step says why")
+		in := hopInput("up-capi-170", "v1.7.0", "v1.8.1")
 		p := newProgress()
 		steps = runStates(in, p)
 		step := stepNamed(steps, clusterupgrade.StepCleanCAPILegacyWebhooks)
@@ -284,8 +299,7 @@ var _ = Describe("The hop-keyed sub-steps and the wait for KubeVirt", Ordered, f
 			time.Sleep(2 * time.Second)
 			Expect(env.Client.Delete(ctx, lagging)).To(Succeed())
 		}()
-		in := input("up-lh-161")
-		in.PreviousVersion = "v1.6.1"
+		in := hopInput("up-lh-161", "v1.6.1", "v1.7.1")
 		p := newProgress()
 		steps = runStates(in, p)
 		step := stepNamed(steps, clusterupgrade.StepMigrateLonghornV1beta1CRDs)
@@ -394,8 +408,7 @@ var _ = Describe("A sub-step whose write loses a race", func() {
 			other.Labels = map[string]string{"written-by": "someone-else"}
 			Expect(env.Client.Update(ctx, other)).To(Succeed())
 		})
-		in := input("up-race")
-		in.PreviousVersion = "v1.7.1"
+		in := hopInput("up-race", "v1.7.1", "v1.8.1")
 		p := newProgress()
 		Expect(clusterupgrade.Run(ctx, c, in, p)).To(Succeed())
 		Expect(raced).To(Equal(1), "the other write came once, between the step's read and its patch")

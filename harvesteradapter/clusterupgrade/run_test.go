@@ -335,7 +335,7 @@ var _ = Describe("Run", Ordered, func() {
 				break
 			}
 			if slices.Contains(keyedOutFromV151, s.Name) {
-				Expect(s.Message).To(ContainSubstring("v1.5.1 before this upgrade, which does not match"), s.Name)
+				Expect(s.Message).To(ContainSubstring("v1.5.1 before this upgrade to v1.6.0, not a hop"), s.Name)
 				continue
 			}
 			if s.Name == clusterupgrade.StepUpdateLocalRKEStateSecret {

@@ -3,6 +3,7 @@ package releases
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -81,6 +82,30 @@ var Hops = []Hop{
 	{From: "v1.8", To: "v1.8"},
 }
 
+// KnownIssue is a hop that its own target release gets wrong often enough that
+// capi-inplace refuses it, rather than copy the release's bug: the reports, what breaks,
+// and the release to go to instead.
+type KnownIssue struct {
+	// From is the minor of the previous version; Target the exact release.
+	From, Target string
+	// Reports are the upstream reports.
+	Reports string
+	// Why says what breaks.
+	Why string
+	// Instead is the release to upgrade to.
+	Instead string
+}
+
+// KnownIssues are the refused hops.
+var KnownIssues = []KnownIssue{{
+	From: "v1.6", Target: "v1.7.0",
+	Reports: "harvester/harvester#9815 (labels known-issue-v1.7.0, reproduce/often) and #9802; fixed in v1.7.1 by harvester/harvester PR #9877",
+	Why: "v1.7.0 does not pin the nodes' interface names: a NIC driver of SL Micro 6.1 that names an interface differently (enp6s0f0 becoming enp6s0f0np0) " +
+		"brings the node back from the OS reboot without network, and the upgrade stops there; a control plane node lost that way leaves etcd one failure from quorum loss. " +
+		"From v1.7.1 the release adds ifname=<name>:<mac> kernel arguments before the reboot, and capi-inplace's os-upgrade does the same",
+	Instead: "v1.7.1 or later (v1.7.2 or later on nodes with bonded interfaces, harvester/harvester#10397)",
+}}
+
 // BindLibrariesMigration is the node migration that runs the release's elemental with the
 // release's newer C library bound over the host's (fact 54.4): the os Plan of a hop that
 // has it runs in the release's upgrade image (suc.WithPreviousVersion).
@@ -98,6 +123,7 @@ const (
 	RefusedUnsupported  Refusal = "UnsupportedHop"
 	RefusedUnrecognised Refusal = "PreviousNotRecognised"
 	RefusedNotPerformed Refusal = "MigrationsNotPerformed"
+	RefusedKnownIssue   Refusal = "KnownIssue"
 )
 
 // HopError is CheckHop's refusal: which hop, why, and the supported hops.
@@ -160,6 +186,11 @@ func CheckHop(previous, target string) error {
 	}
 	if hop.PreviousGuard != "" && !regexp.MustCompile(hop.PreviousGuard).MatchString(previous) {
 		return refuse(RefusedUnrecognised, "the release keys its migrations on the previous version matching %s (fact 2), which %s does not: they would silently be skipped", hop.PreviousGuard, previous)
+	}
+	for _, ki := range KnownIssues {
+		if ki.From == pm && ki.Target == target {
+			return refuse(RefusedKnownIssue, "the hop is a known issue of Harvester %s (%s): %s; upgrade to %s instead", target, ki.Reports, ki.Why, ki.Instead)
+		}
 	}
 	if missing := hop.notPerformed(); len(missing) > 0 {
 		return refuse(RefusedNotPerformed, "the hop needs migrations capi-inplace does not perform yet (%s): %s", hop.Tracked, strings.Join(missing, "; "))
@@ -261,6 +292,32 @@ func NodeMigrations(previous, target string) []string {
 		names = append(names, m.Name)
 	}
 	return names
+}
+
+// ClusterMigrationRuns says whether the target release's cluster step runs the named
+// migration on an upgrade from previous, as the releases key it (fact 57): the migration
+// is in the target minor's script only (preserve_overcommit_config and
+// clean_capi_legacy_webhooks first appear in v1.8.0's, migrate_longhorn_v1beta1_crds in
+// v1.7.0's), and there it runs only when previous matches the script's exact-format guard
+// of the source minor (fact 2). So a patch hop (v1.7.a -> v1.7.b) runs none of the
+// v1.7 -> v1.8 migrations, whose guard previous would match. When it does not run, it
+// says why, for the sub-step's message.
+func ClusterMigrationRuns(previous, target, name string) (runs bool, why string) {
+	for _, h := range Hops {
+		if !slices.ContainsFunc(h.Cluster, func(m Migration) bool { return m.Name == name }) {
+			continue
+		}
+		p, perr := version.ParseSemantic(previous)
+		t, terr := version.ParseSemantic(target)
+		if perr != nil || terr != nil || minorOf(t) != h.To || minorOf(p) != h.From {
+			return false, fmt.Sprintf("not a hop %s.x -> %s.x, the only one whose release runs it (the scripts of %s.x hold it)", h.From, h.To, h.To)
+		}
+		if h.PreviousGuard != "" && !regexp.MustCompile(h.PreviousGuard).MatchString(previous) {
+			return false, "which does not match " + h.PreviousGuard
+		}
+		return true, ""
+	}
+	return false, "no hop of the table runs it"
 }
 
 func findHop(from, to string) *Hop {

@@ -3,8 +3,11 @@ package releases
 import (
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/version"
 )
 
 func TestCheckHop(t *testing.T) {
@@ -21,7 +24,9 @@ func TestCheckHop(t *testing.T) {
 		{name: "already at the target: nothing moves", previous: "v1.8.1", target: "v1.8.1"},
 
 		{name: "v1.6 to v1.7, its node migrations performed (fact 53)", previous: "v1.6.1", target: "v1.7.1"},
-		{name: "v1.6.0 to v1.7.0", previous: "v1.6.0", target: "v1.7.0"},
+		{name: "v1.6 to v1.7.0, its known issue: NIC names not pinned (issue #53)", previous: "v1.6.0", target: "v1.7.0", reason: RefusedKnownIssue,
+			want: []string{"known issue of Harvester v1.7.0", "harvester/harvester#9815", "#9802", "without network", "upgrade to v1.7.1 or later"}},
+		{name: "v1.6.1 to v1.7.0", previous: "v1.6.1", target: "v1.7.0", reason: RefusedKnownIssue},
 		{name: "skips v1.7", previous: "v1.6.1", target: "v1.8.1", reason: RefusedSkipsMinor,
 			want: []string{"Harvester v1.6.1 -> v1.8.1", "skips a minor", "facts 3, 4"}},
 		{name: "skips several minors", previous: "v1.4.3", target: "v1.8.1", reason: RefusedSkipsMinor},
@@ -167,4 +172,57 @@ func FuzzCheckHop(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestClusterMigrationRuns: every hop of the table, and the patch hops, run exactly the
+// cluster migrations their target release's script runs for their previous version
+// (fact 57): the v1.7 -> v1.8 migrations never on a v1.7.a -> v1.7.b hop, whose previous
+// version their guard would match (issue #53).
+func TestClusterMigrationRuns(t *testing.T) {
+	all := []string{"MigrateLonghornV1beta1CRDs", "PreserveOvercommitConfig", "CleanCAPILegacyWebhooks"}
+	tests := []struct {
+		previous, target string
+		runs             []string
+	}{
+		{"v1.6.1", "v1.7.1", []string{"MigrateLonghornV1beta1CRDs"}},
+		{"v1.6.0", "v1.7.3", []string{"MigrateLonghornV1beta1CRDs"}},
+		{"v1.7.0", "v1.8.1", []string{"PreserveOvercommitConfig", "CleanCAPILegacyWebhooks"}},
+		{"v1.7.3", "v1.8.2", []string{"PreserveOvercommitConfig", "CleanCAPILegacyWebhooks"}},
+		{"v1.7.0", "v1.7.2", nil}, // a patch hop: v1.7's scripts hold no v1.8 migration
+		{"v1.7.1", "v1.7.3", nil},
+		{"v1.8.0", "v1.8.2", nil},
+		{"v1.7.1-rc2", "v1.8.1", nil}, // the guards match formal releases only (fact 2)
+		{"v1.6.1-rc1", "v1.7.1", nil},
+		{"v1.5.1", "v1.6.0", nil}, // no hop of the table
+	}
+	hops := map[string]bool{}
+	for _, tt := range tests {
+		p, t2 := version.MustParseSemantic(tt.previous), version.MustParseSemantic(tt.target)
+		hops[minorOf(p)+"->"+minorOf(t2)] = true
+		for _, name := range all {
+			runs, why := ClusterMigrationRuns(tt.previous, tt.target, name)
+			if want := slices.Contains(tt.runs, name); runs != want {
+				t.Errorf("%s -> %s: %s runs %v, want %v (%s)", tt.previous, tt.target, name, runs, want, why)
+			}
+			if !runs && why == "" {
+				t.Errorf("%s -> %s: %s does not run and says no why", tt.previous, tt.target, name)
+			}
+		}
+	}
+	for _, h := range Hops {
+		if !hops[h.From+"->"+h.To] {
+			t.Errorf("hop %s.x -> %s.x of the table has no case here", h.From, h.To)
+		}
+		for _, m := range h.Cluster {
+			if !slices.Contains(all, m.Name) {
+				t.Errorf("cluster migration %s of hop %s.x -> %s.x has no case here", m.Name, h.From, h.To)
+			}
+		}
+	}
+	if _, why := ClusterMigrationRuns("v1.7.0", "v1.7.2", "PreserveOvercommitConfig"); !strings.Contains(why, "not a hop v1.7.x -> v1.8.x") {
+		t.Errorf("a patch hop's why: %q", why)
+	}
+	if _, why := ClusterMigrationRuns("v1.7.1-rc2", "v1.8.1", "PreserveOvercommitConfig"); why != `which does not match ^v1\.7\.[0-9]$` {
+		t.Errorf("an RC's why: %q", why)
+	}
 }
