@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // Host paths and unit of the restart guard (shared/facts/harvester-release-steps.md,
@@ -20,7 +21,7 @@ const (
 	restartGuardDir = "/run/systemd/system/rancher-system-agent.service.d"
 	// restartGuardDropIn is our own drop-in, not Harvester's: Harvester writes
 	// override.conf (EnvironmentFile=-.../10-harvester-upgrade.env) and that env file.
-	// A name of our own lets --remove take away what we wrote and nothing else.
+	// --remove takes the whole directory away, both guards, as the release does.
 	restartGuardDropIn = restartGuardDir + "/capi-inplace-skip-restart.conf"
 	// restartGuardMarker says that the agent was restarted after the drop-in was
 	// written: a run killed between the write and the restart leaves the drop-in
@@ -54,8 +55,9 @@ type restartGuardOptions struct {
 // restarts the agent: from then on, a machine plan Rancher re-renders (as it does for
 // every node when Rancher is upgraded) is installed without restarting rke2-server or
 // rke2-agent, which would take the node's Longhorn volumes and virtual machines down
-// (fact 12). With --remove it deletes that drop-in, reloads and restarts the agent, so
-// that the next plan restarts RKE2 again (fact 44). Both are idempotent: a guard in
+// (fact 12). With --remove it deletes the drop-in directory (ours and any guard
+// Harvester's own upgrade left), reloads and restarts the agent, so that the next plan
+// restarts RKE2 again (fact 44). Both are idempotent: a guard in
 // place, or no guard to remove, does nothing and restarts nothing.
 //
 // The drop-in lives under /run, a tmpfs: a reboot of the node removes the guard as
@@ -113,30 +115,40 @@ func placeRestartGuard(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// removeRestartGuard deletes the drop-in and restarts the agent, unless neither the
-// drop-in nor a restart under it is there.
+// removeRestartGuard removes the agent's runtime drop-in directory, whatever it holds,
+// and restarts the agent, as the release's recover_rancher_system_agent does
+// (upgrade_node.sh: rm -rf /run/systemd/system/rancher-system-agent.service.d, then
+// daemon-reload and restart; fact 44): our drop-in, and Harvester's override.conf and
+// 10-harvester-upgrade.env that an interrupted Harvester upgrade may have left, which
+// would otherwise keep INSTALL_RKE2_SKIP_ENABLE=true and stop every later plan from
+// restarting RKE2 (issue #53). Nothing is done when neither the directory nor a restart
+// under our guard is there.
 func removeRestartGuard(ctx context.Context, env *Env) error {
 	h := env.host()
-	err := os.Remove(h.Path(restartGuardDropIn))
-	removed := err == nil
+	entries, err := os.ReadDir(h.Path(restartGuardDir))
+	present := err == nil
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s on the host: %w", restartGuardDropIn, err)
+		return fmt.Errorf("read %s on the host: %w", restartGuardDir, err)
 	}
 	marked, err := hostFileExists(h, restartGuardMarker)
 	if err != nil {
 		return err
 	}
-	if !removed && !marked {
-		env.say("no restart guard on this node (%s is absent): %s not restarted\n", restartGuardDropIn, agentUnit)
+	if !present && !marked {
+		env.say("no restart guard on this node (%s is absent): %s not restarted\n", restartGuardDir, agentUnit)
 		return nil
 	}
-	if removed {
-		env.say("removed %s\n", restartGuardDropIn)
-		// Left empty, the directory goes too; one holding other drop-ins (Harvester's
-		// own, say) stays, and so do they.
-		_ = os.Remove(h.Path(restartGuardDir))
+	if present {
+		names := make([]string, 0, len(entries))
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		if err := os.RemoveAll(h.Path(restartGuardDir)); err != nil {
+			return fmt.Errorf("remove %s on the host: %w", restartGuardDir, err)
+		}
+		env.say("removed %s (%s), as the release's recover_rancher_system_agent does\n", restartGuardDir, strings.Join(names, ", "))
 	}
-	if err := restartAgent(ctx, env, "the drop-in "+restartGuardDropIn+" is removed but the agent still runs with INSTALL_RKE2_SKIP_ENABLE=true"); err != nil {
+	if err := restartAgent(ctx, env, "the drop-ins of "+restartGuardDir+" are removed but the agent still runs with INSTALL_RKE2_SKIP_ENABLE=true"); err != nil {
 		return err
 	}
 	if err := os.Remove(h.Path(restartGuardMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {

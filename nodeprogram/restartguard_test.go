@@ -75,8 +75,8 @@ func TestRestartGuardRemove(t *testing.T) {
 	if _, err := os.Stat(host.Path(restartGuardDropIn)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the drop-in is still there: %v", err)
 	}
-	if _, err := os.Stat(host.Path("/run/systemd/system/rancher-system-agent.service.d/override.conf")); err != nil {
-		t.Errorf("another drop-in was removed: %v", err)
+	if _, err := os.Stat(host.Path("/run/systemd/system/rancher-system-agent.service.d/override.conf")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the directory's other drop-in stays, where the release's recover_rancher_system_agent removes the whole directory: %v", err)
 	}
 	want := append(slices.Clone(agentRestart), agentRestart...)
 	if lines := host.commandLines(); !slices.Equal(lines, want) {
@@ -100,6 +100,30 @@ func TestRestartGuardRemoveWithoutAGuardRestartsNothing(t *testing.T) {
 	}
 	if !strings.Contains(r.stdout, "no restart guard on this node") {
 		t.Errorf("stdout %q", r.stdout)
+	}
+}
+
+// TestRestartGuardRemoveTakesHarvestersGuard: a node left guarded by an interrupted
+// Harvester upgrade (its override.conf and env file, upgrade_manifests.sh
+// skip_restart_rancher_system_agent) loses that guard too, as the release's
+// recover_rancher_system_agent removes it (rm -rf of the directory), and the agent is
+// restarted: otherwise it keeps INSTALL_RKE2_SKIP_ENABLE=true and never restarts RKE2
+// for our plan (issue #53).
+func TestRestartGuardRemoveTakesHarvestersGuard(t *testing.T) {
+	host := guardNode(t)
+	dir := "/run/systemd/system/rancher-system-agent.service.d"
+	host.write(t, dir+"/override.conf", "[Service]\nEnvironmentFile=-"+dir+"/10-harvester-upgrade.env\n")
+	host.write(t, dir+"/10-harvester-upgrade.env", "INSTALL_RKE2_SKIP_ENABLE=true\n")
+	r := runNode(t, host, nil, "rke2-restart-guard", "--remove")
+	r.expect(t, ExitOK, "done")
+	if _, err := os.Stat(host.Path(dir)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Harvester's guard is still there: %v", err)
+	}
+	if lines := host.commandLines(); !slices.Equal(lines, agentRestart) {
+		t.Errorf("host commands %q, want the agent restarted once: %q", lines, agentRestart)
+	}
+	if !strings.Contains(r.stdout, "override.conf") {
+		t.Errorf("stdout %q does not name what it removed", r.stdout)
 	}
 }
 
