@@ -12,6 +12,9 @@ go=${GO:-go}
 out=${SOAK_OUT:-bin/rancher-soak}
 mkdir -p "$out"
 "$go" test -c -o "$out/harvesteradapter.test" ./harvesteradapter || exit 1
+# The processes run in harvesteradapter/: the binary by its absolute path (SOAK_OUT may be
+# relative or absolute).
+bin="$(cd "$out" && pwd)/harvesteradapter.test"
 per=$(( (seeds + jobs - 1) / jobs ))
 end=$(( base + seeds ))
 pids=()
@@ -21,7 +24,7 @@ for (( j = 0; j < jobs; j++ )); do
 	n=$per
 	(( from + n > end )) && n=$(( end - from ))
 	( cd harvesteradapter && SAFETY_SEEDS=$n SAFETY_SEED_BASE=$from \
-		"../$out/harvesteradapter.test" -test.run '^TestHarvesterAdapter$' -test.v -test.timeout 0 \
+		"$bin" -test.run '^TestHarvesterAdapter$' -test.v -test.timeout 0 \
 		-ginkgo.label-filter=rancher-soak ) > "$out/$j.log" 2>&1 &
 	pids+=("$!")
 	echo "rancher-soak: seeds $from to $(( from + n - 1 )) in $out/$j.log"
