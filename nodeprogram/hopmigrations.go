@@ -49,13 +49,14 @@ type hopMigration struct {
 
 // migrationsFrom are the node migrations the release runs when the upgrade's previous
 // version is previous, in its order; none for a previous version it does not key on.
-func migrationsFrom(previous string) []hopMigration {
+// installer is the host path of the release's harvester-installer they run.
+func migrationsFrom(previous, installer string) []hopMigration {
 	if !fromV16.MatchString(previous) {
 		return nil
 	}
 	return []hopMigration{
 		{"generate_networkmanager_config: persistent paths", persistNetworkManagerState},
-		{"generate_networkmanager_config", generateNetworkManagerConfig},
+		{"generate_networkmanager_config", func(ctx context.Context, env *Env) error { return generateNetworkManagerConfig(ctx, env, installer) }},
 		{"generate_networkmanager_config: DHCP client id", keepDHCPClientID},
 		{"generate_hostname_persistance", persistHostname}, //nolint:misspell // the release script's own function name
 	}
@@ -66,17 +67,18 @@ func migrationsFrom(previous string) []hopMigration {
 // Plan's arguments).
 func HopMigrations(previous string) []string {
 	var out []string
-	for _, m := range migrationsFrom(previous) {
+	for _, m := range migrationsFrom(previous, "") {
 		out = append(out, m.name)
 	}
 	return out
 }
 
 // hopMigrations runs the node migrations of the hop from previous, in the release's
-// order, with the new OS image mounted at rootfsMountPoint. A previous version the
-// release does not key on runs none.
-func hopMigrations(ctx context.Context, env *Env, previous string) error {
-	migrations := migrationsFrom(previous)
+// order, with installer the release's harvester-installer: the new OS image's, mounted
+// at rootfsMountPoint, or the host's own when the host runs the release's OS already. A
+// previous version the release does not key on runs none.
+func hopMigrations(ctx context.Context, env *Env, previous, installer string) error {
+	migrations := migrationsFrom(previous, installer)
 	if len(migrations) == 0 {
 		return nil
 	}
@@ -127,11 +129,10 @@ func persistNetworkManagerState(_ context.Context, env *Env) error {
 }
 
 // generateNetworkManagerConfig runs the release's own `harvester-installer
-// generate-network-config`, from the new OS image, which writes the management
+// generate-network-config` (installer), which writes the management
 // interface's NetworkManager profiles from harvester.config (and writes nothing when
 // profiles are there already). Its failure fails the OS upgrade, as the script's set -e.
-func generateNetworkManagerConfig(ctx context.Context, env *Env) error {
-	installer := filepath.Join(rootfsMountPoint, installerInImage)
+func generateNetworkManagerConfig(ctx context.Context, env *Env, installer string) error {
 	out, err := env.host().Run(ctx, Command{Name: installer, Args: []string{
 		"generate-network-config", "--config", harvesterConfig, "--connection-path", nmConnections,
 	}})

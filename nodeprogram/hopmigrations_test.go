@@ -155,3 +155,30 @@ func TestHopMigrationsNames(t *testing.T) {
 		}
 	}
 }
+
+// TestOSUpgradeFromV16RunsTheMigrationsOnANodeAlreadyOnTheRelease: the release's
+// post-drain runs the hop's node migrations before upgrade_os and its version check
+// (upgrade_node.sh command_post_drain), so a node whose OS is already the release's gets
+// them too, with its own harvester-installer (the release's, as it runs the release's
+// OS); nothing is installed and no reboot is scheduled (issue #53).
+func TestOSUpgradeFromV16RunsTheMigrationsOnANodeAlreadyOnTheRelease(t *testing.T) {
+	host := hopNode(t)
+	host.write(t, "/etc/os-release", "NAME=\"SL Micro\"\nPRETTY_NAME=\"Harvester v1.6.0\"\n") // the release's OS (releaseYAML)
+	host.tools[installerInImage] = host.tools[installerPath]
+	delete(host.tools, installerPath)
+	installOn(t, host, "--previous-version=v1.6.1").expect(t, ExitOK)
+	if !hostHas(t, host, installerInImage+" generate-network-config --config /oem/harvester.config --connection-path "+nmConnections) {
+		t.Errorf("the host's harvester-installer did not generate the profiles: %q", host.commandLines())
+	}
+	if got, _ := readHost(t, host, custom90); !strings.Contains(got, "/var/lib/NetworkManager") {
+		t.Errorf("90_custom.yaml does not persist NetworkManager's state:\n%s", got)
+	}
+	if _, there := readHost(t, host, "/oem/92_hostname_override.yaml"); !there {
+		t.Error("no hostname override for a node installed with an FQDN")
+	}
+	for _, l := range host.commandLines() {
+		if strings.Contains(l, "elemental") || strings.HasPrefix(l, "systemd-run") {
+			t.Errorf("ran %q on a node already on the release's OS", l)
+		}
+	}
+}

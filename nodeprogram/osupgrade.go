@@ -107,6 +107,13 @@ func runOSUpgrade(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	if running == rel.OS {
+		// The release's post-drain runs the hop's node migrations before upgrade_os and
+		// its version check (upgrade_node.sh command_post_drain; fact 53): a node already
+		// on the release's OS gets them too, with its own harvester-installer, the
+		// release's since it runs the release's OS.
+		if err := hopMigrations(ctx, env, o.previous, installerInImage); err != nil {
+			return err
+		}
 		env.say("the node already runs %s: nothing to install, no reboot\n", rel.OS)
 		return nil
 	}
@@ -193,7 +200,7 @@ func installOS(ctx context.Context, env *Env, o osUpgradeOptions, repo *reposito
 
 	// The hop's node migrations, right before upgrade_os as the release's post-drain runs
 	// them; they take the release's own harvester-installer from the new OS image.
-	if err := hopMigrations(ctx, env, o.previous); err != nil {
+	if err := hopMigrations(ctx, env, o.previous, filepath.Join(rootfsMountPoint, installerInImage)); err != nil {
 		return err
 	}
 
