@@ -323,7 +323,52 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 		Entry("answered by the node's RancherPostDrain step", false),
 		Entry("answered by the node's ending while Rancher restarts its RKE2", true),
 	)
+
+	It("holds Rancher's planner while another node's plan fails to apply with no NodeUpdate of its own, since Rancher drains such a node at once whatever its concurrency, and goes on once the plan applies", func() {
+		wl := startRancherWorkload()
+		c := newRancherClusterWith(wl, nil, func(s *sim.SUC) { s.JobDuration = 300 * time.Millisecond })
+		for i := range 2 {
+			name := c.name + "-node-" + string(rune('1'+i))
+			_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, serverRoles)
+			Expect(err).NotTo(HaveOccurred())
+			c.nodes = append(c.nodes, name)
+		}
+		planner := startPlannerWith(wl, c, nil, nil)
+		first, failing := c.nodes[0], c.nodes[1]
+		planner.FailInstall(failing, "the agent's install fails (a seeded fault)")
+
+		By("the first management node's NodeUpdate waits for Rancher while the second's plan fails (Rancher's re-rendered plans reach every node in the cluster step)")
+		nu := c.nodeUpdate(first)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateRunning
+		})).To(Succeed())
+		Eventually(func() bool { return planFailingOn(wl, failing) }).WithPolling(100*time.Millisecond).Should(BeTrue(), "the second node's plan fails")
+		Expect(driveUntil(c.updater, nu, 4*time.Second, nil)).To(MatchError(ContainSubstring("not done within")))
+		Expect(planner.MaxCordoned()).To(Equal(0), "Rancher cordoned a node while another's plan failed: node %s's drain has no NodeUpdate", failing)
+		Expect(nodeOf(wl, failing).Spec.Unschedulable).To(BeFalse())
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
+		Expect(plan.Status.Message).To(ContainSubstring("Rancher's planner stays paused while rancher-system-agent fails to apply Rancher's plan on node(s) " + failing))
+
+		By("the agent there applies its plan: Rancher takes the first node, and later the second with its own NodeUpdate")
+		planner.ClearInstallFailure(failing)
+		Expect(drive(c.updater, nu, 180*time.Second)).To(Succeed())
+		Expect(drive(c.updater, c.nodeUpdate(failing), 180*time.Second)).To(Succeed())
+		Expect(planner.MaxCordoned()).To(Equal(1), "Rancher held one node at a time")
+		for _, n := range c.nodes {
+			Expect(nodeOf(wl, n).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2), "node %s finished", n)
+			expectNodeSettled(wl, n)
+		}
+	})
 })
+
+// planFailingOn says whether rancher-system-agent failed to apply node's delivered plan.
+func planFailingOn(wl *testenv.Environment, node string) bool {
+	GinkgoHelper()
+	s := planSecret(wl, node)
+	v := string(s.Data[rancher.FailureCountKey])
+	return v != "" && v != "0" && !rancher.ReadDeliveredPlan(s).Applied
+}
 
 // cellRancherRoute is rancherRoute with the SUC simulator, the HarvesterUpgrader and the
 // planner simulator each configured first (each may be nil).

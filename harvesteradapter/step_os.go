@@ -14,20 +14,15 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 )
 
-// osStep installs the release's operating system and waits for the node to come back
-// Ready on it after its reboot.
+// osStep is Harvester's post-drain on the node (upgrade_node.sh command_post_drain): it
+// removes RKE2's archives, writes the release's post-drain settings, installs the
+// release's operating system and waits for the node to come back Ready on it after its
+// reboot. With upgradeOS false it does all but the install: the release runs the
+// settings and the archive cleanup whether or not upgrade_os installs anything.
 var osStep = step{
 	name:    StepOSUpgrade,
 	timeout: func(t harvesterv1.Timeouts) time.Duration { return suc.PlanTimeout(suc.PlanOS, t) },
-	skip:    (*Updater).skipOS,
 	run:     (*Updater).runOS,
-}
-
-func (u *Updater) skipOS(_ context.Context, r *nodeRun) (string, error) {
-	if !releases.UpgradesOS(r.cfg) {
-		return "upgradeOS is false in the HarvesterUpgrader", nil
-	}
-	return "", nil
 }
 
 func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
@@ -38,6 +33,10 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 	node, err := u.node(ctx, r)
 	if err != nil {
 		return false, "", err
+	}
+	if !releases.UpgradesOS(r.cfg) {
+		return true, fmt.Sprintf("upgradeOS is false in the HarvesterUpgrader: RKE2's archives removed and the release's post-drain settings written on node %s (they take effect at RKE2's next start); its OS stays %s",
+			node.Name, node.Status.NodeInfo.OSImage), nil
 	}
 	want := "Harvester " + r.cfg.Spec.Release.Version
 	if !kube.NodeReady(node) || !releases.OSAtRelease(node.Status.NodeInfo.OSImage, r.cfg.Spec.Release.Version) {
@@ -57,6 +56,9 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 // node that runs the release's OS). A node whose os Plan recorded no boot ID (created
 // by an earlier manager) is waited for until it runs the release's OS.
 func (u *Updater) rebootPending(ctx context.Context, r *nodeRun, plans []sucv1.Plan) (bool, error) {
+	if !releases.UpgradesOS(r.cfg) {
+		return false, nil // the os Plan installs nothing and arms no reboot
+	}
 	name := suc.PlanName(suc.PlanOS, r.nu)
 	var osPlan *sucv1.Plan
 	for i := range plans {

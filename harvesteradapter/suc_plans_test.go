@@ -199,6 +199,30 @@ var _ = Describe("A node's drain", func() {
 	})
 })
 
+var _ = Describe("A node's post-drain with upgradeOS false", func() {
+	It("still removes RKE2's archives and writes the release's post-drain settings, as the release's post-drain does whether or not it installs the OS, and neither installs nor reboots", func() {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+		})
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
+		var post []sim.PlanRun
+		for _, r := range nodeRunsOn(c.rec, node) {
+			if strings.HasPrefix(r.Plan, "capi-inplace-os-") {
+				post = append(post, r)
+			}
+		}
+		Expect(post).To(HaveLen(1), "upgradeOS false dropped the post-drain: no os Plan ran on the node")
+		Expect(post[0].Commands).To(Equal([]string{"remove-archives", "rke2-settings --stage=post-drain"}), "the archives removed, then the post-drain settings; no os-upgrade")
+		Expect(c.rec.Reboots(node)).To(BeEmpty(), "nothing installed, no reboot")
+		Expect(nodeOf(workload, node).Status.NodeInfo.OSImage).To(Equal("Harvester v1.7.1"), "the OS stays")
+		Expect(nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade)).To(Equal(inplacev1.StepStateSucceeded))
+		Expect(nodeupdater.Step(nu, harvesteradapter.StepOSUpgrade).Message).To(ContainSubstring("upgradeOS is false in the HarvesterUpgrader: RKE2's archives removed and the release's post-drain settings written"))
+	})
+})
+
 // heldWith says whether a step of the NodeUpdate runs with a message that says message.
 func heldWith(message string) func(*inplacev1.NodeUpdate) bool {
 	return func(nu *inplacev1.NodeUpdate) bool {

@@ -194,6 +194,14 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 		plan.Spec.Version = release
 		plan.Spec.Prepare = NodeProgram(harvesterImage, []string{"remove-archives"}, repositoryURL, release, HostRootUser())
 		plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"os-upgrade"}, repositoryURL, release, PrivilegedRoot())
+		if !releases.UpgradesOS(cfg) {
+			// upgradeOS false: the rest of Harvester's post-drain all the same
+			// (upgrade_node.sh command_post_drain runs the settings and
+			// clean_rke2_archives whether or not upgrade_os then installs anything): the
+			// archives removed, the post-drain settings written, no OS installed and no
+			// reboot. They take effect at RKE2's next start.
+			plan.Spec.Upgrade = NodeProgram(harvesterImage, []string{"rke2-settings", "--stage=post-drain"}, repositoryURL, release, HostRootUser())
+		}
 	case PlanUnguard:
 		// Privileged and root, as os-upgrade: it runs the host's systemctl, which talks
 		// to the host's systemd. Where Rancher restarts RKE2, this is the node's
@@ -230,7 +238,7 @@ func NodePlan(cfg *harvesterv1.HarvesterUpgrader, nu *inplacev1.NodeUpdate, kind
 // /host in both (fact 31), so the copy is at /host<ProgramOnHost> in the upgrade
 // container. upgradeImage empty leaves the Plan as it is.
 func WithPreviousVersion(plan *sucv1.Plan, previous, upgradeImage string) {
-	if previous == "" || plan.Labels[LabelPlanKind] != string(PlanOS) || plan.Spec.Upgrade == nil {
+	if previous == "" || plan.Labels[LabelPlanKind] != string(PlanOS) || plan.Spec.Upgrade == nil || !slices.Contains(plan.Spec.Upgrade.Args, "os-upgrade") {
 		return
 	}
 	plan.Spec.Upgrade.Args = append(plan.Spec.Upgrade.Args, "--previous-version="+previous)

@@ -66,7 +66,7 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 	}
 	declared := cl.Spec.KubernetesVersion
 	want := ""
-	var withdraw, silent, postDrain []string
+	var withdraw, silent, postDrain, failing []string
 	for _, n := range nodes {
 		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
 		if s == nil {
@@ -77,6 +77,9 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		if !running && !answered && !rancher.InOurDrain(s) && agentNotApplying(s, declared) && !rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) {
 			silent = append(silent, n.node.Name)
 		}
+		if !running && !answered && planFailing(s) {
+			failing = append(failing, n.node.Name)
+		}
 		switch {
 		case answered && rancher.Asked(s, rancher.PostDrainRequest) == "":
 			want = fmt.Sprintf("Rancher restarts RKE2 on node %s", n.node.Name)
@@ -86,11 +89,23 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 			withdraw = append(withdraw, n.node.Name)
 		}
 	}
+	held := ""
+	if len(failing) > 0 {
+		// Rancher's planner drains a node whose plan failed to apply at once, whatever its
+		// concurrency and whatever other node it has in hand (rancher@v2.14.4
+		// pkg/capr/planner/planner.go reconcile: r.entry.Plan.Failed lets the drain and
+		// the new plan through): let go, it would cordon such a node that no NodeUpdate
+		// asked for, next to the one it takes in turn. Held until the agent there applies
+		// its plan; a drain it started is withdrawn below.
+		held = fmt.Sprintf("; Rancher's planner stays paused while rancher-system-agent fails to apply Rancher's plan on node(s) %s, whose NodeUpdate does not run: Rancher drains a node whose plan failed at once, whatever its concurrency, and would cordon it beside the node it takes in turn. "+
+			"Check the agent there (journalctl -u rancher-system-agent; Rancher's Updated condition on fleet-local/local): the roll goes on once its plan applies", strings.Join(failing, ", "))
+		want = ""
+	}
 	if len(postDrain) > 0 {
 		// Answered below, once the planner is paused: a node's answered post-drain hook
 		// ends its turn, and a running planner would take the next node at once.
 		want = ""
-	} else if want == "" {
+	} else if want == "" && held == "" {
 		next, err := rancherNext(ctx, pr, nodes, secrets, declared)
 		if err != nil {
 			return "", err
@@ -136,6 +151,9 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		}
 		r.event(pr.Plan, corev1.EventTypeNormal, "RancherDrainWithdrawn", "Withdraw",
 			"Rancher had taken node %s, which no running NodeUpdate waits for: its drain withdrawn and the node uncordoned; Rancher takes it again when its NodeUpdate runs", name)
+	}
+	if held != "" {
+		return held + silentAgents(silent, declared), nil
 	}
 	return "; Rancher's planner is paused until the node it takes next is asked for (RKEControlPlane fleet-local/local, cluster.x-k8s.io/paused)" + silentAgents(silent, declared), nil
 }
