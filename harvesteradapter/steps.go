@@ -23,7 +23,7 @@ const (
 	StepLonghornPause      = "LonghornPause"
 	StepRancherPreDrain    = upgradeplan.StepRancherPreDrain
 	StepRancherPostDrain   = "RancherPostDrain"
-	StepRemoveRestartGuard = "RemoveRestartGuard"
+	StepRemoveRestartGuard = upgradeplan.StepRemoveRestartGuard
 	StepRestoreVMs         = "RestoreVMs"
 	StepFinish             = "Finish"
 )

@@ -18,6 +18,10 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
 
+// StepRemoveRestartGuard is the NodeUpdate step that takes the restart guard off a node
+// before Rancher restarts its RKE2 (harvesteradapter.StepRemoveRestartGuard).
+const StepRemoveRestartGuard = "RemoveRestartGuard"
+
 // StepRancherPreDrain is the NodeUpdate step at which a node waits for Rancher to take it
 // (harvesteradapter.StepRancherPreDrain): the plan lets Rancher's planner go when the
 // node Rancher takes next waits there.
@@ -380,9 +384,14 @@ func releaseGuards(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1.N
 			continue
 		}
 		if nu := nus[n.node.Name]; nu != nil && !nu.CreationTimestamp.Before(&pr.Plan.CreationTimestamp) &&
-			(!nu.Status.Phase.IsFinal() || nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded) {
-			// Its own update took the guard off (RemoveRestartGuard, rke2-restart), or
-			// still runs; an update that ended otherwise may have put it back (its abort).
+			(!nu.Status.Phase.IsFinal() || (nu.Status.Phase == inplacev1.NodeUpdatePhaseSucceeded &&
+				nodeupdater.StepState(nu, StepRemoveRestartGuard) == inplacev1.StepStateSucceeded)) {
+			// Its own update took the guard off (RemoveRestartGuard), or still runs. An
+			// update that ended otherwise may have put it back (its abort); one that
+			// succeeded without taking it off (Rancher restarted nothing there, the node
+			// was not rebooted: upgradeOS false, or its OS at the release already) left
+			// the plan's guard on, which the release's pre-drain removes on every node
+			// (fact 44): the Plan below takes it off (a no-op where rke2-restart did).
 			continue
 		}
 		release = append(release, n)
