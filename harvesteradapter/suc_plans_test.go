@@ -223,6 +223,26 @@ var _ = Describe("A node's post-drain with upgradeOS false", func() {
 	})
 })
 
+var _ = Describe("A node's Plan that System Upgrade Controller never turns into a Job", func() {
+	It("is named on its step once it has waited longer than the bound: SUC is silent, since when, what to look at", func() {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.PreloadImages = ptr.To(false)
+			h.Spec.UpgradeOS = ptr.To(false)
+		}, func(s *sim.SUC) {
+			s.NoJobs = func(p *sucv1.Plan) bool { return strings.HasPrefix(p.Name, "capi-inplace-drain-") }
+		})
+		c.updater.NoJobAfter = 2 * time.Second
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		silent := "System Upgrade Controller has made no Job of plan cattle-system/capi-inplace-drain-"
+		Expect(driveUntil(c.updater, nu, 90*time.Second, heldWith(silent))).To(Succeed(), "the step says only that SUC is applying the Plan")
+		step := nodeupdater.Step(nu, harvesteradapter.StepDrain)
+		Expect(step.State).To(Equal(inplacev1.StepStateRunning))
+		Expect(step.Message).To(And(ContainSubstring("for node "+node+" in "), ContainSubstring("it is not acting on the Plan"), ContainSubstring("kubectl -n cattle-system logs deploy/system-upgrade-controller")))
+		Expect(c.rec.Drains(node)).To(BeEmpty())
+	})
+})
+
 // heldWith says whether a step of the NodeUpdate runs with a message that says message.
 func heldWith(message string) func(*inplacev1.NodeUpdate) bool {
 	return func(nu *inplacev1.NodeUpdate) bool {

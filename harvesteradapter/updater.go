@@ -41,6 +41,9 @@ type Updater struct {
 	RepositoryURL func(inClusterURL string) string
 	// PollInterval is how often a running step is looked at again. Default 5s.
 	PollInterval time.Duration
+	// NoJobAfter is how long a node's SUC Plan may go without a Job of System Upgrade
+	// Controller before its step says SUC is silent (suc.NoJob). Default 2m.
+	NoJobAfter time.Duration
 	// Recorder records events on NodeUpdates for what the updater does to virtual
 	// machines (migrations, shutdowns, restores, holds); nil records none.
 	Recorder events.EventRecorder
@@ -227,6 +230,13 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 	}
 	if err := suc.FailedJob(ctx, r.wc, current, node.Name, u.logTail(r)); err != nil {
 		return false, "", err
+	}
+	after := u.NoJobAfter
+	if after == 0 {
+		after = 2 * time.Minute
+	}
+	if silent, err := suc.NoJob(ctx, r.wc, current, node.Name, after, time.Now()); err != nil || silent != "" {
+		return false, silent, err
 	}
 	return false, fmt.Sprintf("System Upgrade Controller is applying plan %s on node %s", current.Name, node.Name), nil
 }

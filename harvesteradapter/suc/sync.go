@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -209,6 +210,26 @@ func JobSucceeded(ctx context.Context, wc client.Client, plan *sucv1.Plan, node 
 		}
 	}
 	return false, nil
+}
+
+// NoJob says, when System Upgrade Controller has made no Job of plan for node although
+// the Plan has existed for longer than after, that SUC is silent, since when, and what
+// to look at; "" otherwise. A Plan SUC never turns into a Job otherwise shows only as a
+// step waiting until its timeout (rancher/system-upgrade-controller#217, "No generated
+// jobs after submitting update plan"; rancher/rancher#44221, SUC stuck at "Starting
+// upgrade.cattle.io/v1, Kind=Plan controller"; issue #53).
+func NoJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node string, after time.Duration, now time.Time) (string, error) {
+	since := now.Sub(plan.CreationTimestamp.Time)
+	if since < after {
+		return "", nil
+	}
+	jobs, err := planJobs(ctx, wc, plan, node)
+	if err != nil || len(jobs) > 0 {
+		return "", err
+	}
+	return fmt.Sprintf("System Upgrade Controller has made no Job of plan %s/%s for node %s in %s: it is not acting on the Plan. "+
+		"Check it (kubectl -n %s get deploy system-upgrade-controller; kubectl -n %s logs deploy/system-upgrade-controller) and the Plan's conditions (kubectl -n %s get plan %s -o yaml); the step fails at its timeout",
+		plan.Namespace, plan.Name, node, since.Round(time.Second), plan.Namespace, plan.Namespace, plan.Namespace, plan.Name), nil
 }
 
 // planJobs lists the Jobs of plan on node (on any node when node is empty), leaving out
