@@ -191,7 +191,10 @@ var _ = Describe("A node whose drain a PodDisruptionBudget blocks", func() {
 		Expect(cond.Message).To(And(
 			ContainSubstring("drainPolicy Evict never deletes Longhorn's pods ("+c.ns+"/"+im+")"),
 			ContainSubstring("Longhorn keeps them now because volume "+vol+" is attached with its engine on node "+n2)))
-		Expect(apierrors.IsNotFound(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "web"}, &corev1.Pod{}))).To(BeTrue(), "the pod of another owner is deleted")
+		// Deleted with its grace period: the simulated kubelet ends it a moment later.
+		Eventually(func() bool {
+			return apierrors.IsNotFound(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "web"}, &corev1.Pod{}))
+		}).WithTimeout(30*time.Second).WithPolling(100*time.Millisecond).Should(BeTrue(), "the pod of another owner is deleted")
 		Expect(driveUntil(c.updater, nu, 3*time.Second, nil)).To(MatchError(ContainSubstring("not done within")), "the node holds")
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: im}, &corev1.Pod{})).To(Succeed(), "Evict deleted Longhorn's instance manager")
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepDrain)).To(Equal(inplacev1.StepStateRunning))
