@@ -196,10 +196,21 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 // cordoning it whether or not a NodeUpdate waits for it (fact 60). Paused, it takes
 // none until the UpgradePlan lets it go for a NodeUpdate waiting at RancherPreDrain
 // (upgradeplan steerRancher).
+//
+// Only while the roll is the UpgradePlan's: the plan there and not being deleted, the
+// strategy still carrying our hooks. Once the plan handed the roll back, the planner is
+// Rancher's again (resumeRancher let it go), and a hold then would have no plan to lift
+// it: Rancher frozen for good.
 func (u *Updater) answerPostDrain(ctx context.Context, r *nodeRun, s *corev1.Secret) error {
-	reason := fmt.Sprintf("post-drain hook of node %s answered by NodeUpdate %s", r.nu.Spec.NodeName, r.nu.Name)
-	if _, err := rancher.HoldPlanner(ctx, r.wc, upgradeplan.Name(r.nu.Spec.ClusterName, r.cfg.Spec.Release.Version), reason); err != nil {
+	cl, err := rancher.ProvisioningCluster(ctx, r.wc)
+	if err != nil {
 		return err
+	}
+	if r.plan != nil && r.plan.DeletionTimestamp.IsZero() && cl != nil && rancher.HasOurHooks(cl) {
+		reason := fmt.Sprintf("post-drain hook of node %s answered by NodeUpdate %s", r.nu.Spec.NodeName, r.nu.Name)
+		if _, err := rancher.HoldPlanner(ctx, r.wc, r.plan.Name, reason); err != nil {
+			return err
+		}
 	}
 	return rancher.Answer(ctx, r.wc, s, rancher.PostDrainRequest, rancher.PostDrainHook)
 }
