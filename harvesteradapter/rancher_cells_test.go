@@ -1,6 +1,7 @@
 package harvesteradapter_test
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -354,13 +355,25 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 		planner.ClearInstallFailure(failing)
 		Expect(drive(c.updater, nu, 180*time.Second)).To(Succeed())
 		Expect(drive(c.updater, c.nodeUpdate(failing), 180*time.Second)).To(Succeed())
-		Expect(planner.MaxCordoned()).To(Equal(1), "Rancher held one node at a time")
+		Expect(planner.MaxCordoned()).To(Equal(1), "Rancher held one node at a time: %s", hookHistory(planner))
 		for _, n := range c.nodes {
 			Expect(nodeOf(wl, n).Status.NodeInfo.KubeletVersion).To(Equal(rancherNewRKE2), "node %s finished", n)
 			expectNodeSettled(wl, n)
 		}
 	})
 })
+
+// hookHistory is the planner's record of cordons, drains and hooks, for a failure's message.
+func hookHistory(p *sim.RancherPlanner) string {
+	var b strings.Builder
+	for _, e := range p.HookEvents() {
+		fmt.Fprintf(&b, "\n  %s %s %s", e.At.Format("15:04:05.000"), e.Node, e.Kind)
+	}
+	for _, a := range p.Applies() {
+		fmt.Fprintf(&b, "\n  apply %s on %s %s-%s failed=%v restarted=%v guarded=%v", a.Plan, a.Node, a.Start.Format("15:04:05.000"), a.End.Format("15:04:05.000"), a.Failed, a.Restarted, a.Guarded)
+	}
+	return b.String()
+}
 
 // planFailingOn says whether rancher-system-agent failed to apply node's delivered plan.
 func planFailingOn(wl *testenv.Environment, node string) bool {

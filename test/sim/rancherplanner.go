@@ -369,6 +369,19 @@ func (p *RancherPlanner) event(node, kind string) {
 	}
 }
 
+// forgetCordon drops from the planner's count of the nodes it holds cordoned a node seen
+// schedulable: someone else lifted the cordon (a NodeUpdate's Finish, a withdrawn drain)
+// before Rancher's own uncordon, which then finds nothing to do (kubectl's drain helper
+// RunCordonOrUncordon, as machinedrain.go calls it, changes nothing on a node already as
+// asked) and records no uncordon.
+func (p *RancherPlanner) forgetCordon(node string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cordoned[node] {
+		p.cordoned[node] = false
+	}
+}
+
 // MachineName is the CAPI Machine SeedMachines gives a node. Rancher names custom
 // machines custom-<hash>; the simulator keeps the node's name readable.
 func MachineName(node string) string { return "custom-" + node }
@@ -597,6 +610,9 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 			continue // not a machine of this cluster
 		}
 		e := &entry{node: n, secret: s}
+		if !n.Spec.Unschedulable {
+			p.forgetCordon(n.Name)
+		}
 		switch {
 		case s.Labels[EtcdRoleLabel] == "true":
 			etcd = append(etcd, e)

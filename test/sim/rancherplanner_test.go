@@ -213,6 +213,35 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		Expect(c.planner.Downgrades()).To(BeEmpty())
 	})
 
+	It("counts a node whose cordon someone else lifted before Rancher's uncordon as no longer held, as RunCordonOrUncordon then changes nothing", func() {
+		c := newPlannerCluster(2, 0, nil)
+		first, second := c.node("m", 1), c.node("m", 2)
+		updateLocalCluster(func(cl *provisioningv1.Cluster) {
+			cl.Spec.KubernetesVersion = newRKE2
+			cl.Spec.RKEConfig.ProvisionGeneration++
+			cl.Spec.RKEConfig.UpgradeStrategy = harvesterStrategy()
+		})
+		for _, node := range []string{first, second} {
+			Eventually(func() string { return c.secret(node).Annotations[sim.PreDrainAnnotation] }).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
+			c.answer(node, sim.PreDrainAnnotation, preHook)
+			Eventually(func() string { return c.secret(node).Annotations[sim.PostDrainAnnotation] }).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
+			if node == first {
+				// As a NodeUpdate's Finish does when it took Rancher's cordon as its own.
+				Expect(c.kubelet.SetUnschedulable(ctx, node, false)).To(Succeed())
+			}
+			c.answer(node, sim.PostDrainAnnotation, postHok)
+		}
+		Eventually(c.updated).WithPolling(20 * time.Millisecond).Should(Equal("True"))
+		var uncordons []string
+		for _, e := range c.planner.HookEvents() {
+			if e.Kind == "uncordon" {
+				uncordons = append(uncordons, e.Node)
+			}
+		}
+		Expect(uncordons).To(Equal([]string{second}), "Rancher's uncordon of a schedulable node changes nothing")
+		Expect(c.planner.MaxCordoned()).To(Equal(1), "the first node was schedulable again before Rancher cordoned the second")
+	})
+
 	It("rolls nothing while the local-rke-state Secret is Opaque, and goes once it is of Rancher's type (fact 18)", func() {
 		c := newPlannerCluster(1, 0, nil)
 		state := &corev1.Secret{
