@@ -82,8 +82,11 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 		expectNodeSettled(wl, worker)
 	})
 
-	It("ends a node whose post-drain hook is answered with Rancher uncordoning it and nothing restarted after, and the plan deleted then hands the worker back under the guard for its next update to restart", func() {
-		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
+	It("ends a node whose post-drain hook is answered with Rancher uncordoning it and nothing restarted after, and the plan deleted then hands the worker back under the guard for its next update to restart, the planner held until Rancher copied the given-back strategy into its RKEControlPlane", func() {
+		// Rancher's provisioningcluster controller copies fleet-local/local's spec into
+		// the RKEControlPlane the planner reads 2 s late here: let go before, the planner
+		// would take the worker with our hooks, which no one answers once the plan is gone.
+		wl, c, planner := rancherRoute(300*time.Millisecond, func(p *sim.RancherPlanner) { p.CopyDelay = 2 * time.Second })
 		node, worker := c.nodes[0], c.nodes[1]
 		nu := c.nodeUpdate(node)
 		Expect(driveUntil(c.updater, nu, 180*time.Second, func(nu *inplacev1.NodeUpdate) bool {
@@ -118,6 +121,11 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 		Consistently(func() []sim.PlanApply { return rancherRestartsAfter(planner, ended) }, 2*time.Second, 100*time.Millisecond).Should(BeEmpty(),
 			"an RKE2 restart by Rancher after the node's update ended")
 		Expect(c.rec.Reboots(node)).To(HaveLen(1), "a reboot after the node's update ended")
+		expectRancherSettled(wl, c)
+		for _, e := range planner.HookEvents() {
+			Expect(e.Node == worker && e.Kind == "cordon").To(BeFalse(),
+				"Rancher took the worker at %s, with our hooks, which no one answers once the plan is gone", e.At.Format("15:04:05.000"))
+		}
 
 		By("the worker's NodeUpdate restarts the RKE2 installed under the guard, inside its own update")
 		wnu := c.nodeUpdate(worker)

@@ -4,14 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/rkev1"
 )
 
@@ -46,6 +51,15 @@ type PlannerPause struct {
 	// ResourceVersion is the RKEControlPlane's as read: ResumeSeenPlanner lifts a pause
 	// only if nothing wrote the object since.
 	ResourceVersion string
+	// Unsynced says what of fleet-local/local's kubernetesVersion and upgradeStrategy the
+	// RKEControlPlane does not carry yet ("" when it carries both as the provisioning
+	// Cluster declares them). Rancher's planner reads them from the RKEControlPlane, the
+	// object the pause is on, and Rancher's provisioningcluster controller copies them
+	// there from the provisioning Cluster, which is where the upgrade writes them: a
+	// pause lifted before the copy lands lets the planner roll with what it had, our
+	// hooks after the strategy was given back among them (no one would answer them). The
+	// Resume functions leave such a pause in place.
+	Unsynced string
 }
 
 func controlPlaneMeta() *metav1.PartialObjectMetadata {
@@ -56,21 +70,68 @@ func controlPlaneMeta() *metav1.PartialObjectMetadata {
 	return cp
 }
 
-// ReadPlannerPause reads the pause of fleet-local/local's planner.
+// ReadPlannerPause reads the pause of fleet-local/local's planner, and whether its
+// RKEControlPlane carries what the provisioning Cluster declares (Unsynced).
 func ReadPlannerPause(ctx context.Context, c client.Client) (PlannerPause, error) {
-	cp := controlPlaneMeta()
-	if err := c.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+	cp := &unstructured.Unstructured{}
+	cp.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
+	if err := c.Get(ctx, client.ObjectKey{Namespace: FleetLocal, Name: LocalCluster}, cp); err != nil {
 		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 			return PlannerPause{}, nil
 		}
 		return PlannerPause{}, fmt.Errorf("read RKEControlPlane %s/%s: %w", FleetLocal, LocalCluster, err)
 	}
-	_, paused := cp.Annotations[clusterv1.PausedAnnotation]
-	by := cp.Annotations[PausedByAnnotation]
+	annotations := cp.GetAnnotations()
+	_, paused := annotations[clusterv1.PausedAnnotation]
+	by := annotations[PausedByAnnotation]
 	if !paused {
 		by = ""
 	}
-	return PlannerPause{Served: true, Paused: paused, By: by, ResourceVersion: cp.ResourceVersion}, nil
+	cl, err := ProvisioningCluster(ctx, c)
+	if err != nil {
+		return PlannerPause{}, err
+	}
+	unsynced, err := unsynced(cp, cl)
+	if err != nil {
+		return PlannerPause{}, err
+	}
+	return PlannerPause{Served: true, Paused: paused, By: by, ResourceVersion: cp.GetResourceVersion(), Unsynced: unsynced}, nil
+}
+
+// controlPlaneSpec is what Rancher's planner reads of the RKEControlPlane's spec for a
+// roll (rancher@v2.14.4 pkg/capr/planner/planner.go fullReconcile:
+// controlPlane.Spec.UpgradeStrategy; the version goes into every plan, fact 58).
+type controlPlaneSpec struct {
+	KubernetesVersion string                                `json:"kubernetesVersion,omitempty"`
+	UpgradeStrategy   provisioningv1.ClusterUpgradeStrategy `json:"upgradeStrategy,omitempty"`
+}
+
+// unsynced says what of the provisioning Cluster's kubernetesVersion and
+// upgradeStrategy the RKEControlPlane cp does not carry ("" when nothing, or when there
+// is no provisioning Cluster to copy). Compared as typed values: an absent field and its
+// zero value are the same to the planner.
+func unsynced(cp *unstructured.Unstructured, cl *provisioningv1.Cluster) (string, error) {
+	if cl == nil {
+		return "", nil
+	}
+	var have controlPlaneSpec
+	if spec, ok := cp.Object["spec"].(map[string]any); ok {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(spec, &have); err != nil {
+			return "", fmt.Errorf("read the spec of RKEControlPlane %s/%s: %w", FleetLocal, LocalCluster, err)
+		}
+	}
+	var differ []string
+	if have.KubernetesVersion != cl.Spec.KubernetesVersion {
+		differ = append(differ, fmt.Sprintf("kubernetesVersion %s (the provisioning Cluster declares %s)", have.KubernetesVersion, cl.Spec.KubernetesVersion))
+	}
+	if !equality.Semantic.DeepEqual(have.UpgradeStrategy, cl.Spec.RKEConfig.UpgradeStrategy) {
+		differ = append(differ, "an upgradeStrategy other than the provisioning Cluster's")
+	}
+	if len(differ) == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("RKEControlPlane %s/%s, which Rancher's planner reads, still carries %s: Rancher's provisioningcluster controller has not copied fleet-local/local's spec there yet",
+		FleetLocal, LocalCluster, strings.Join(differ, " and ")), nil
 }
 
 // PausePlanner pauses fleet-local/local's planner for the UpgradePlan by (nothing when
@@ -111,13 +172,20 @@ func HoldPlanner(ctx context.Context, c client.Client, by, reason string) (Plann
 }
 
 // ResumePlanner lifts the pause of fleet-local/local's planner when the UpgradePlan by
-// set it; a pause of someone else's stays.
+// set it and the RKEControlPlane carries what the provisioning Cluster declares; a pause
+// of someone else's stays. It returns the pause as it is after: still ours and paused
+// when the copy has not landed (Unsynced says so) or the RKEControlPlane was written
+// since it was read (the next call reads it again).
 func ResumePlanner(ctx context.Context, c client.Client, by string) (PlannerPause, error) {
 	p, err := ReadPlannerPause(ctx, c)
-	if err != nil || !p.Paused || p.By != by {
+	if err != nil || !p.Paused || p.By != by || p.Unsynced != "" {
 		return p, err
 	}
-	if err := patchControlPlane(ctx, c, map[string]any{clusterv1.PausedAnnotation: nil, PausedByAnnotation: nil, HeldForAnnotation: nil}); err != nil {
+	err = patchControlPlaneAt(ctx, c, p.ResourceVersion, map[string]any{clusterv1.PausedAnnotation: nil, PausedByAnnotation: nil, HeldForAnnotation: nil})
+	if apierrors.IsConflict(err) {
+		return p, nil
+	}
+	if err != nil {
 		return p, err
 	}
 	return PlannerPause{Served: true}, nil
@@ -130,10 +198,11 @@ func ResumePlanner(ctx context.Context, c client.Client, by string) (PlannerPaus
 // (harvesteradapter answerPostDrain); a decision made from plan Secrets read before
 // that answer must not lift that pause, or Rancher takes the next node, cordoning it,
 // as soon as the answered node is uncordoned: the NodeUpdate holds it with HoldPlanner,
-// which writes the object whether or not it was paused. It says whether the pause was
-// lifted.
+// which writes the object whether or not it was paused. Nor is a pause seen with the
+// RKEControlPlane behind the provisioning Cluster (Unsynced) lifted. It says whether the
+// pause was lifted.
 func ResumeSeenPlanner(ctx context.Context, c client.Client, by string, seen PlannerPause) (bool, error) {
-	if !seen.Paused || seen.By != by {
+	if !seen.Paused || seen.By != by || seen.Unsynced != "" {
 		return false, nil
 	}
 	err := patchControlPlaneAt(ctx, c, seen.ResourceVersion, map[string]any{clusterv1.PausedAnnotation: nil, PausedByAnnotation: nil, HeldForAnnotation: nil})

@@ -415,8 +415,8 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	if err := removeLabelled(ctx, pr.Workload, pr.Plan.Name, keeping...); err != nil {
 		return "", err
 	}
-	if err := r.resumeRancher(ctx, pr, behind); err != nil {
-		return "", err
+	if resuming, err := r.resumeRancher(ctx, pr, behind); err != nil || resuming != "" {
+		return resuming, err
 	}
 	return waiting, unskipErr
 }
@@ -424,22 +424,31 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 // resumeRancher lets Rancher's planner go once the roll is handed back
 // (handBackRancher) and the strategy restored, and names the nodes left behind the
 // declared version, once: an event on the plan and the plan's RancherHandedBack
-// condition.
-func (r *PlanReconciler) resumeRancher(ctx context.Context, pr *PlanRun, behind []string) error {
+// condition. Until Rancher has copied the restored strategy into the RKEControlPlane its
+// planner reads, the pause stays and it says so: let go before, the planner would take
+// the next node with our hooks, which no one answers any more.
+func (r *PlanReconciler) resumeRancher(ctx context.Context, pr *PlanRun, behind []string) (string, error) {
 	pause, err := rancher.ReadPlannerPause(ctx, pr.Workload)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if pause.By == pr.Plan.Name {
-		if _, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
-			return err
+		after, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name)
+		if err != nil {
+			return "", err
+		}
+		if after.Paused && after.By == pr.Plan.Name {
+			if after.Unsynced != "" {
+				return "Rancher's planner stays paused until it reads the restored upgradeStrategy: " + after.Unsynced, nil
+			}
+			return "Rancher's planner stays paused: its RKEControlPlane was written while the pause was being lifted; the next pass lifts it", nil
 		}
 	}
 	message := "Rancher's roll of fleet-local/local handed back settled: every node runs the RKE2 it declares"
 	if len(behind) > 0 {
 		cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
 		if err != nil {
-			return err
+			return "", err
 		}
 		declared := ""
 		if cl != nil {
@@ -455,7 +464,7 @@ func (r *PlanReconciler) resumeRancher(ctx context.Context, pr *PlanRun, behind 
 		meta.SetStatusCondition(&pr.Plan.Status.Conditions, metav1.Condition{Type: ConditionRancherHandedBack, Status: metav1.ConditionTrue,
 			Reason: "HandedBack", Message: message, ObservedGeneration: pr.Plan.Generation})
 	}
-	return nil
+	return "", nil
 }
 
 // ConditionRancherHandedBack, on an UpgradePlan whose nodes' RKE2 Rancher provisions,

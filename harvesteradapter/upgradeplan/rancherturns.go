@@ -127,6 +127,10 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 		if _, err := rancher.ResumeSeenPlanner(ctx, pr.Workload, pr.Plan.Name, seen); err != nil {
 			return "", err
 		}
+		if seen.Paused && seen.By == pr.Plan.Name && seen.Unsynced != "" {
+			// Let go now, the planner would roll with what its RKEControlPlane still says.
+			return "; Rancher's planner stays paused until it reads what the roll declares: " + seen.Unsynced + silentAgents(silent, declared), nil
+		}
 		return "; " + want + silentAgents(silent, declared), nil
 	}
 	pause, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name)
@@ -291,6 +295,16 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 		return "", nil, err
 	}
 	declared := cl.Spec.KubernetesVersion
+	if !rancher.HasOurHooks(cl) && !inDrain {
+		// Settled and its strategy given back by an earlier pass: only our pause is left,
+		// which resumeRancher lifts once Rancher's planner reads the restored strategy.
+		for _, n := range nodes {
+			if secrets[n.node.Annotations[rancher.NodeMachineAnnotation]] != nil && !rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) {
+				behind = append(behind, n.node.Name)
+			}
+		}
+		return "", behind, nil
+	}
 	var behindNodes []clusterNode
 	for _, n := range nodes {
 		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]

@@ -200,8 +200,13 @@ type RancherPlanner struct {
 	// the restart applies the server manifests, rke2-multus.yaml among them unless
 	// skipped (Multus.RKE2Restarted; harvester-release-steps.md facts 9 and 34).
 	Multus *Multus
+	// CopyDelay is how long Rancher's provisioningcluster controller takes to write a
+	// change of fleet-local/local's version or rkeConfig into the RKEControlPlane the
+	// planner reads (copyPass). Default 0: its next pass, on the Cluster's event.
+	CopyDelay time.Duration
 
-	loop passLoop
+	loop   passLoop
+	copier passLoop
 
 	mu        sync.Mutex
 	rerenders int
@@ -224,6 +229,8 @@ type RancherPlanner struct {
 	maxRestart int
 	cordoned   map[string]bool
 	maxCordon  int
+	// copySeen is when copyPass first saw the RKEControlPlane behind the Cluster.
+	copySeen time.Time
 }
 
 // Rerender stands for a Rancher upgrade that renders every machine plan differently
@@ -404,6 +411,10 @@ func (p *RancherPlanner) SeedMachines(ctx context.Context) error {
 	if err := p.Client.Get(ctx, localClusterKey, cl); err != nil {
 		return fmt.Errorf("read fleet-local/local: %w", err)
 	}
+	// Rancher generated the RKEControlPlane long before: it carries the Cluster's spec.
+	if err := p.copyPass(ctx, true); err != nil {
+		return err
+	}
 	render, err := p.renderInput(ctx)
 	if err != nil {
 		return err
@@ -477,7 +488,13 @@ func (p *RancherPlanner) Run(ctx context.Context) error {
 	controlPlane := &metav1.PartialObjectMetadata{}
 	controlPlane.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
 	kinds := []client.Object{&corev1.Node{}, &corev1.Secret{}, &managementv3.Setting{}, &provisioningv1.Cluster{}, controlPlane}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		p.copier.run(ctx, p.Interval, p.Cache, []client.Object{&provisioningv1.Cluster{}}, func(ctx context.Context) { _ = p.copyPass(ctx, false) })
+	}()
 	p.loop.run(ctx, p.Interval, p.Cache, kinds, func(ctx context.Context) { _ = p.pass(ctx) })
+	<-copied
 	return ctx.Err()
 }
 
@@ -571,6 +588,14 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 	if err := p.Client.Get(ctx, localClusterKey, cl); err != nil {
 		return client.IgnoreNotFound(err)
 	}
+	// The planner reconciles the RKEControlPlane: its version, upgrade strategy and pause
+	// are read together, from that one object (planner.go Process, fullReconcile), not
+	// from the provisioning Cluster, whose changes reach it through copyPass.
+	controlPlane, spec, err := p.readControlPlane(ctx)
+	if err != nil || controlPlane == nil {
+		return err
+	}
+	cl = spec.view(cl)
 	// Rancher v2.7 and later require the local cluster's state Secret to be of type
 	// rke.cattle.io/cluster-state and stop there otherwise: an Opaque one (clusters
 	// installed before) blocks every plan change, RKE2 upgrades included
@@ -642,7 +667,7 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 	}
 	waiting := ""
 	var errs []error
-	paused, err := p.paused(ctx)
+	paused, err := p.paused(ctx, controlPlane)
 	if err != nil {
 		return err
 	}
@@ -681,17 +706,11 @@ func (p *RancherPlanner) pass(ctx context.Context) error {
 const PausedMessage = "CAPI cluster or RKEControlPlane is paused"
 
 // paused is Cluster API's IsPaused as the planner calls it (planner.go Process,
-// capiannotations.IsPaused(capiCluster, cp)): the RKEControlPlane fleet-local/local
-// carries cluster.x-k8s.io/paused, or the CAPI Cluster fleet-local/local has
-// spec.paused. A missing object pauses nothing.
-func (p *RancherPlanner) paused(ctx context.Context) (bool, error) {
-	cp := &metav1.PartialObjectMetadata{}
-	cp.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
-	if err := p.Client.Get(ctx, localClusterKey, cp); err != nil {
-		if !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err) {
-			return false, err
-		}
-	} else if _, ok := cp.Annotations[clusterv1.PausedAnnotation]; ok {
+// capiannotations.IsPaused(capiCluster, cp)): the RKEControlPlane fleet-local/local, as
+// the pass read it, carries cluster.x-k8s.io/paused, or the CAPI Cluster
+// fleet-local/local has spec.paused. A missing CAPI Cluster pauses nothing.
+func (p *RancherPlanner) paused(ctx context.Context, cp client.Object) (bool, error) {
+	if _, ok := cp.GetAnnotations()[clusterv1.PausedAnnotation]; ok {
 		return true, nil
 	}
 	capi := &clusterv1.Cluster{}

@@ -97,6 +97,46 @@ var _ = Describe("The Rancher planner simulator when a roll behind hooks ends ea
 		Expect(c.planner.UnguardedRestartsOutsideDrain()).To(BeEmpty())
 	})
 
+	It("is let go by no resume while its RKEControlPlane lags fleet-local/local's strategy, which it would roll with: the pause stays, saying so, until Rancher copied it", func() {
+		c := newPlannerCluster(2, 0, func(p *sim.RancherPlanner) { p.CopyDelay = 1500 * time.Millisecond })
+		updateLocalCluster(func(cl *provisioningv1.Cluster) { cl.Spec.RKEConfig.UpgradeStrategy = harvesterStrategy() })
+		Eventually(func() string {
+			p, err := rancher.ReadPlannerPause(ctx, env.Client)
+			Expect(err).NotTo(HaveOccurred())
+			return p.Unsynced
+		}).WithPolling(20*time.Millisecond).Should(BeEmpty(), "Rancher copies the hooks into the RKEControlPlane")
+		_, err := rancher.PausePlanner(ctx, env.Client, "spec")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _, _ = rancher.ResumePlanner(ctx, env.Client, "spec") })
+
+		By("the strategy given back while paused: neither resume lifts the pause before the copy")
+		updateLocalCluster(func(cl *provisioningv1.Cluster) {
+			cl.Spec.KubernetesVersion = newRKE2
+			cl.Spec.RKEConfig.UpgradeStrategy = provisioningv1.ClusterUpgradeStrategy{}
+		})
+		seen, err := rancher.ReadPlannerPause(ctx, env.Client)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(seen.Unsynced).To(And(ContainSubstring("kubernetesVersion "+oldRKE2), ContainSubstring("upgradeStrategy"), ContainSubstring("has not copied")))
+		lifted, err := rancher.ResumeSeenPlanner(ctx, env.Client, "spec", seen)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(lifted).To(BeFalse(), "a pause seen with the RKEControlPlane behind was lifted")
+		after, err := rancher.ResumePlanner(ctx, env.Client, "spec")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after.Paused).To(BeTrue(), "ResumePlanner lifted the pause before the copy")
+		Expect(after.Unsynced).NotTo(BeEmpty())
+
+		By("copied: the resume lifts it, and the planner rolls with the strategy given back, no hook asked")
+		Eventually(func() bool {
+			p, err := rancher.ResumePlanner(ctx, env.Client, "spec")
+			Expect(err).NotTo(HaveOccurred())
+			return p.Paused
+		}).WithTimeout(5 * time.Second).WithPolling(50 * time.Millisecond).Should(BeFalse())
+		Eventually(c.updated).WithTimeout(10 * time.Second).WithPolling(20 * time.Millisecond).Should(Equal("True"))
+		for _, e := range c.planner.HookEvents() {
+			Expect(e.Kind).NotTo(Equal(sim.PreDrainAnnotation), "the planner asked node %s for a hook of the strategy given back", e.Node)
+		}
+	})
+
 	It("uncordons a node whose post-drain hook is answered while it is paused (the uncordon was asked before the hook), and takes the next node only once resumed; a resume decided from a pause read before a hold lifts nothing", func() {
 		c := newPlannerCluster(2, 0, nil)
 		first, second := c.node("m", 1), c.node("m", 2)

@@ -11,12 +11,14 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/managementv3"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/provisioningv1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher/rkev1"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
@@ -133,6 +135,16 @@ func localCluster() *provisioningv1.Cluster {
 	return cl
 }
 
+// controlPlaneVersion is the kubernetesVersion the RKEControlPlane fleet-local/local carries.
+func controlPlaneVersion() string {
+	GinkgoHelper()
+	cp := &unstructured.Unstructured{}
+	cp.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: rancher.FleetLocal, Name: rancher.LocalCluster}, cp)).To(Succeed())
+	v, _, _ := unstructured.NestedString(cp.Object, "spec", "kubernetesVersion")
+	return v
+}
+
 func updateLocalCluster(mutate func(*provisioningv1.Cluster)) {
 	GinkgoHelper()
 	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -240,6 +252,21 @@ var _ = Describe("The Rancher planner simulator (fleet-local/local)", func() {
 		}
 		Expect(uncordons).To(Equal([]string{second}), "Rancher's uncordon of a schedulable node changes nothing")
 		Expect(c.planner.MaxCordoned()).To(Equal(1), "the first node was schedulable again before Rancher cordoned the second")
+	})
+
+	It("rolls a change of fleet-local/local only once Rancher wrote it into the RKEControlPlane, whose pause and strategy the planner reads together", func() {
+		c := newPlannerCluster(1, 0, func(p *sim.RancherPlanner) { p.CopyDelay = time.Second })
+		node := c.node("m", 1)
+		changed := time.Now()
+		updateLocalCluster(func(cl *provisioningv1.Cluster) {
+			cl.Spec.KubernetesVersion = newRKE2
+			cl.Spec.RKEConfig.ProvisionGeneration++
+		})
+		Consistently(func() string { return c.kubeletVersion(node) }, 600*time.Millisecond, 30*time.Millisecond).Should(Equal(oldRKE2),
+			"the planner rolled a version its RKEControlPlane does not carry yet")
+		Eventually(func() string { return c.kubeletVersion(node) }).WithPolling(20 * time.Millisecond).Should(Equal(newRKE2))
+		Expect(time.Since(changed)).To(BeNumerically(">=", time.Second))
+		Expect(controlPlaneVersion()).To(Equal(newRKE2))
 	})
 
 	It("rolls nothing while the local-rke-state Secret is Opaque, and goes once it is of Rancher's type (fact 18)", func() {
