@@ -1,6 +1,7 @@
 package harvesteradapter_test
 
 import (
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -149,4 +150,56 @@ var _ = Describe("Aborting a node during its OS step", func() {
 			return len(reboots) == 1 && reboots[0].End.IsZero()
 		}, false),
 	)
+
+	It("ends, once it waited RebootWait for an armed reboot that never comes, with the node held cordoned and why on it; uncordoned by the operator, a next NodeUpdate schedules the reboot again and finishes the node", func() {
+		// Two nodes: a single-node cluster's update cordons nothing (its VMs are stopped).
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil)
+		c.updater.RebootWait = 2 * time.Second
+		node := c.nodes[0]
+		c.suc.LoseReboot(node) // its timer lost: harvester#6022, #7457
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepOSUpgrade) == inplacev1.StepStateRunning && rebootArmed(c, nu, node)
+		})).To(Succeed())
+
+		By("ended: held while it waits for the reboot, then ended with the node held")
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+		nu.Status.AbortStartTime = &metav1.MicroTime{Time: time.Now()}
+		Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+		Consistently(func() bool {
+			done, err := c.updater.Abort(ctx, nu)
+			Expect(err).NotTo(HaveOccurred())
+			return done
+		}, time.Second, 100*time.Millisecond).Should(BeFalse(), "the ending did not wait for the armed reboot")
+		abortUntilDone(c, nu)
+		Expect(c.rec.Reboots(node)).To(BeEmpty())
+		n := &corev1.Node{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		Expect(n.Spec.Unschedulable).To(BeTrue(), "a node whose armed reboot may still come was uncordoned")
+		Expect(n.Annotations).NotTo(HaveKey(harvesteradapter.AnnotationCordonedBy), "the cordon is left as the ended update's")
+		Expect(n.Annotations[harvesteradapter.AnnotationHeld]).To(And(
+			ContainSubstring("the reboot that NodeUpdate "+nu.Name+"'s OS upgrade armed on node "+node+" has not come within 2s"),
+			ContainSubstring("kubectl uncordon "+node)))
+		expectNoPlanOf(nu)
+		nu.Status.Phase = inplacev1.NodeUpdatePhaseFailed
+		Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+
+		By("a next NodeUpdate holds at the cordon, naming why, until the operator uncordons the node; then it finishes, the reboot scheduled again")
+		next := renewNodeUpdate(c, nu)
+		Expect(driveUntil(c.updater, next, 60*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return strings.Contains(stepMessage(nu, harvesteradapter.StepCordon), "is held cordoned by an earlier update: the reboot that NodeUpdate")
+		})).To(Succeed())
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		patch := client.MergeFrom(n.DeepCopy())
+		n.Spec.Unschedulable = false
+		Expect(workload.Client.Patch(ctx, n, patch)).To(Succeed())
+		Expect(drive(c.updater, next, 60*time.Second)).To(Succeed())
+		reboots := c.rec.Reboots(node)
+		Expect(reboots).To(HaveLen(1), "the next update's OS Job scheduled the lost reboot again")
+		Expect(reboots[0].End).NotTo(BeZero())
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+		Expect(n.Status.NodeInfo.OSImage).To(Equal("Harvester v1.8.1"))
+		Expect(n.Annotations).NotTo(HaveKey(harvesteradapter.AnnotationHeld), "the hold the operator lifted is still named")
+		Expect(n.Spec.Unschedulable).To(BeFalse())
+	})
 })

@@ -18,6 +18,11 @@ import (
 // abort); a cordon without it is someone else's and is never undone.
 const AnnotationCordonedBy = "harvester.inplace.cluster.x-k8s.io/cordoned-by"
 
+// AnnotationHeld is set on a node that an ended NodeUpdate left cordoned on purpose, to
+// why (rebootHold): nobody lifts that cordon but the operator, and the next NodeUpdate
+// of the node names it while it is there.
+const AnnotationHeld = "harvester.inplace.cluster.x-k8s.io/held"
+
 // cordonAsOurs cordons the node and records the cordon as this NodeUpdate's, unless it is
 // ours already. A node cordoned by someone else or in maintenance mode is not touched:
 // held says why. The write carries the node's resourceVersion, so that a cordon set
@@ -42,6 +47,10 @@ func (u *Updater) cordonAsOurs(ctx context.Context, r *nodeRun) (held string, er
 		// NodeUpdate saw it ask (RancherPreDrain), the cordon is the turn's, as the
 		// plan's UpgradeTurnAnnotation will say on its next pass.
 		rancherTurn := nodeupdater.StepState(r.nu, StepRancherPreDrain) == inplacev1.StepStateSucceeded
+		if why := node.Annotations[AnnotationHeld]; node.Spec.Unschedulable && why != "" {
+			held = fmt.Sprintf("holding: node %s is held cordoned by an earlier update: %s", node.Name, why)
+			return nil
+		}
 		if node.Spec.Unschedulable && node.Annotations[inplacev1.UpgradeTurnAnnotation] == "" && !rancherTurn {
 			held = fmt.Sprintf("holding: node %s is cordoned by someone else; uncordon it to let it be upgraded", node.Name)
 			return nil
@@ -52,6 +61,7 @@ func (u *Updater) cordonAsOurs(ctx context.Context, r *nodeRun) (held string, er
 			node.Annotations = map[string]string{}
 		}
 		node.Annotations[AnnotationCordonedBy] = string(r.nu.UID)
+		delete(node.Annotations, AnnotationHeld) // the operator lifted that hold
 		node.Spec.Unschedulable = true
 		return r.wc.Patch(ctx, node, patch)
 	})
@@ -83,6 +93,34 @@ func (u *Updater) uncordonIfOurs(ctx context.Context, r *nodeRun) error {
 	})
 	if err != nil {
 		return fmt.Errorf("uncordon node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	return nil
+}
+
+// holdIfOurs leaves the node cordoned at the NodeUpdate's end, for why: the cordon stops
+// being this NodeUpdate's (AnnotationCordonedBy removed) and says why it stays
+// (AnnotationHeld), and an event on the NodeUpdate says it too.
+func (u *Updater) holdIfOurs(ctx context.Context, r *nodeRun, why string) error {
+	held := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node := &corev1.Node{}
+		if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if node.Annotations[AnnotationCordonedBy] != string(r.nu.UID) {
+			return nil
+		}
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		delete(node.Annotations, AnnotationCordonedBy)
+		node.Annotations[AnnotationHeld] = why
+		held = true
+		return r.wc.Patch(ctx, node, patch)
+	})
+	if err != nil {
+		return fmt.Errorf("hold node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	if held {
+		u.event(r, corev1.EventTypeWarning, "NodeHeld", "Hold", why)
 	}
 	return nil
 }

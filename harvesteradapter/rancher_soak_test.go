@@ -222,8 +222,11 @@ func runRancherSoak(seed int64) {
 	}
 	together := r.rng.Intn(2) == 0
 	faults := 1 + r.rng.Intn(3)
-	r.setup = fmt.Sprintf("%d management node(s), %d worker(s), SUC Jobs %s, Rancher's install %s, node timeout %s, tasks together %t",
-		cps, workers, jobDuration, install, orDefault(nodeTimeout), together)
+	// How late Rancher copies fleet-local/local into the RKEControlPlane its planner
+	// reads, from a source of its own: the seeds' other draws stay as they were.
+	copyDelay := []time.Duration{0, 200 * time.Millisecond, time.Second}[rand.New(rand.NewSource(seed*7919+1)).Intn(3)]
+	r.setup = fmt.Sprintf("%d management node(s), %d worker(s), SUC Jobs %s, Rancher's install %s, Rancher's copy into the RKEControlPlane %s, node timeout %s, tasks together %t",
+		cps, workers, jobDuration, install, copyDelay, orDefault(nodeTimeout), together)
 	r.log("seed %d: %s, %d ending(s)", seed, r.setup, faults)
 
 	r.wl = startRancherWorkload()
@@ -234,7 +237,7 @@ func runRancherSoak(seed int64) {
 		Expect(env.Client.Patch(ctx, r.c.config, patch)).To(Succeed())
 	}
 	rancherMachines(r.c, cps, workers)
-	r.planner = startPlannerWith(r.wl, r.c, nil, func(p *sim.RancherPlanner) { p.InstallDuration = install })
+	r.planner = startPlannerWith(r.wl, r.c, nil, func(p *sim.RancherPlanner) { p.InstallDuration, p.CopyDelay = install, copyDelay })
 	r.watch()
 	r.copyNodeInfo()
 	r.stopLifecycle = runLifecycle(r.c, true)

@@ -58,7 +58,11 @@ func (u *Updater) cleanup(ctx context.Context, r *nodeRun) error {
 			return err
 		}
 	}
-	if err := u.uncordonIfOurs(ctx, r); err != nil {
+	if r.hold != "" {
+		if err := u.holdIfOurs(ctx, r, r.hold); err != nil {
+			return err
+		}
+	} else if err := u.uncordonIfOurs(ctx, r); err != nil {
 		return err
 	}
 	if err := r.wc.DeleteAllOf(ctx, &sucv1.Plan{}, client.InNamespace(r.cfg.Spec.SystemUpgradeController.Namespace),

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
@@ -43,6 +45,32 @@ func (u *Updater) runOS(ctx context.Context, r *nodeRun) (bool, string, error) {
 		return false, fmt.Sprintf("waiting for node %s to come back Ready on %s after its reboot (it reports %q)", node.Name, want, node.Status.NodeInfo.OSImage), nil
 	}
 	return true, fmt.Sprintf("node %s runs %s", node.Name, want), nil
+}
+
+// rebootHold says, once an ending has waited RebootWait from its start for the reboot
+// the node's OS upgrade armed, why the node is held: the ending then goes on and leaves
+// the node cordoned (cleanup), since the reboot may still come (a timer that fires late,
+// a node down that comes back) and the node must not take workloads before. A reboot
+// that never comes is what real upgrades met: nodes left unrebooted after their
+// upgrade's node Job (harvester/harvester#6022, #7457), a server that never came back
+// from it (#10048). "" while the ending still waits.
+func (u *Updater) rebootHold(ctx context.Context, r *nodeRun) string {
+	wait := u.RebootWait
+	if wait == 0 {
+		wait = 15 * time.Minute
+	}
+	start := r.nu.Status.AbortStartTime
+	if start == nil || time.Since(start.Time) < wait {
+		return ""
+	}
+	node := &corev1.Node{}
+	state := "gone"
+	if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err == nil {
+		state = fmt.Sprintf("Ready %t, boot %s, %s", kube.NodeReady(node), node.Status.NodeInfo.BootID, node.Status.NodeInfo.OSImage)
+	}
+	return fmt.Sprintf("the reboot that NodeUpdate %s's OS upgrade armed on node %s has not come within %s of the update's ending (the node: %s); the node stays cordoned, since the reboot may still come. "+
+		"Check the node (systemctl list-timers capi-inplace-reboot; uptime): reboot it by hand, or uncordon it (kubectl uncordon %s) once it will not reboot; a next NodeUpdate of the node schedules the reboot again",
+		r.nu.Name, r.nu.Spec.NodeName, wait, state, r.nu.Spec.NodeName)
 }
 
 // rebootPending tells whether the reboot the node's os Plan armed is still to come or

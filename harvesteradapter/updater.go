@@ -44,6 +44,9 @@ type Updater struct {
 	// NoJobAfter is how long a node's SUC Plan may go without a Job of System Upgrade
 	// Controller before its step says SUC is silent (suc.NoJob). Default 2m.
 	NoJobAfter time.Duration
+	// RebootWait is how long an ending waits, from its start, for the reboot a node's OS
+	// upgrade armed before it ends with the node held (rebootHold). Default 15m.
+	RebootWait time.Duration
 	// Recorder records events on NodeUpdates for what the updater does to virtual
 	// machines (migrations, shutdowns, restores, holds); nil records none.
 	Recorder events.EventRecorder
@@ -78,6 +81,9 @@ type nodeRun struct {
 	// once per reconcile.
 	owner     *rancher.Owner
 	ownerRead bool
+	// hold, set by an ending, says why the node stays cordoned when the NodeUpdate ends
+	// (rebootHold): cleanup then leaves the cordon, marked AnnotationHeld.
+	hold string
 }
 
 // Reconcile advances the node through its steps as far as it can now.
@@ -278,8 +284,12 @@ func (u *Updater) Abort(ctx context.Context, nu *inplacev1.NodeUpdate) (bool, er
 		if err != nil || running {
 			return false, err
 		}
-		if pending, err := u.rebootPending(ctx, r, plans.Items); err != nil || pending {
+		if pending, err := u.rebootPending(ctx, r, plans.Items); err != nil {
 			return false, err
+		} else if pending {
+			if r.hold = u.rebootHold(ctx, r); r.hold == "" {
+				return false, nil
+			}
 		}
 		if ready, err := u.rancherAbortReady(ctx, r); err != nil || !ready {
 			return false, err

@@ -226,13 +226,27 @@ func installOS(ctx context.Context, env *Env, o osUpgradeOptions, repo *reposito
 	return patchBoot(ctx, env, o.version)
 }
 
+// rebootLostAfter is how long past its time a scheduled reboot is taken as lost when
+// this boot still runs (the marker lives under /run, which the reboot clears).
+const rebootLostAfter = 2 * time.Minute
+
 // scheduleReboot asks the host's systemd to reboot after delay, once: a transient timer
 // that outlives this container. Like Harvester, it removes RKE2's static pod manifests
-// first, so that RKE2 writes them anew for the upgraded node when it starts.
+// first, so that RKE2 writes them anew for the upgraded node when it starts. A reboot
+// scheduled before whose time has long passed on the same boot did not come (its timer
+// stopped or lost; nodes left unrebooted after their upgrade's node Job:
+// harvester/harvester#6022, #7457): it is scheduled again, the old timer stopped first.
 func scheduleReboot(ctx context.Context, env *Env, delay time.Duration) error {
-	if _, err := os.Stat(env.host().Path(rebootMarker)); err == nil {
-		env.say("the reboot is already scheduled\n")
-		return nil
+	if data, err := os.ReadFile(env.host().Path(rebootMarker)); err == nil {
+		at, perr := time.Parse(time.RFC3339, strings.TrimSpace(string(data)))
+		if perr != nil || env.Now().Before(at.Add(rebootLostAfter)) {
+			env.say("the reboot is already scheduled\n")
+			return nil
+		}
+		env.say("the reboot scheduled for %s did not come and this boot still runs: scheduling it again\n", at.Format(time.RFC3339))
+		// Either may find nothing: the timer gone, or the service never failed.
+		_, _ = env.host().Run(ctx, Command{Name: "systemctl", Args: []string{"stop", rebootUnit + ".timer"}})
+		_, _ = env.host().Run(ctx, Command{Name: "systemctl", Args: []string{"reset-failed", rebootUnit + ".timer", rebootUnit + ".service"}})
 	}
 	script := fmt.Sprintf("rm -f %s/*; systemctl reboot", staticPodManifests)
 	if _, err := env.host().Run(ctx, Command{Name: "systemd-run", Args: []string{

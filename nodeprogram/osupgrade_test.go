@@ -169,6 +169,36 @@ func TestOSUpgradeInstallsAndSchedulesTheReboot(t *testing.T) {
 	}
 }
 
+// A reboot scheduled long ago that never came on this boot (its timer lost:
+// harvester/harvester#6022, #7457) is scheduled again by the next run, the old timer
+// stopped first; the install is not done again.
+func TestOSUpgradeSchedulesALostRebootAgain(t *testing.T) {
+	srv := osRepository(t)
+	host := osNode(t, "Harvester v1.5.0")
+	runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--version=v1.6.0").expect(t, ExitOK)
+	before := len(host.commandLines())
+	// Each run's clock starts at 2026-11-24T01:00:00Z: a reboot due five minutes before.
+	if err := os.WriteFile(host.Path(rebootMarker), []byte("2026-11-24T00:55:00Z\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runNode(t, host, nil, "os-upgrade", "--repository-url="+srv.URL+"/harvester-iso", "--version=v1.6.0")
+	r.expect(t, ExitOK)
+	want := []string{
+		"systemctl stop capi-inplace-reboot.timer",
+		"systemctl reset-failed capi-inplace-reboot.timer capi-inplace-reboot.service",
+		"systemd-run --unit=capi-inplace-reboot --description=capi-inplace: reboot into the upgraded OS --on-active=60s /bin/sh -c rm -f /var/lib/rancher/rke2/agent/pod-manifests/*; systemctl reboot",
+	}
+	if got := host.commandLines()[before:]; !slices.Equal(got, want) {
+		t.Fatalf("host commands:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if !strings.Contains(r.stdout, "did not come and this boot still runs: scheduling it again") {
+		t.Errorf("stdout %q", r.stdout)
+	}
+	if got, _ := os.ReadFile(host.Path(rebootMarker)); string(got) != "2026-11-24T01:01:00Z\n" {
+		t.Errorf("reboot marker %q", got)
+	}
+}
+
 func TestOSUpgradeAlreadyAtTarget(t *testing.T) {
 	srv := osRepository(t)
 	host := osNode(t, "Harvester v1.6.0")

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -413,6 +414,34 @@ func waitForPlans(ctx context.Context, s *scenario.Scenario) error {
 	}
 }
 
+// planCaughtUp waits, until ctx ends, for the cluster's running UpgradePlan to say what
+// holds it (its Degraded condition) when a NodeUpdate failed: a run that ended at a
+// failure reads the plan to say what holds it, and the plan records the failure on its
+// next pass.
+func planCaughtUp(ctx context.Context, s *scenario.Scenario) {
+	for ctx.Err() == nil {
+		plan := s.UpgradePlan(ctx)
+		if plan == nil || scenario.PlanEnded(plan) || scenario.PlanHold(plan) != "" {
+			return
+		}
+		nus := &inplacev1.NodeUpdateList{}
+		if err := s.Management.Client.List(ctx, nus, client.InNamespace(s.Options.Namespace)); err != nil {
+			return
+		}
+		failed := false
+		for _, nu := range nus.Items {
+			failed = failed || nu.Status.Phase == inplacev1.NodeUpdatePhaseFailed
+		}
+		if !failed {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // follow triggers the upgrade and shows it live until it ends, then checks the result.
 func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *outcome {
 	runCtx, cancel := context.WithTimeout(ctx, cfg.timeout)
@@ -436,6 +465,9 @@ func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *
 	// One last look, so the final frame shows the end state.
 	sampleCtx, cancelSample := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelSample()
+	if triggerErr != nil {
+		planCaughtUp(sampleCtx, s)
+	}
 	_ = t.sample(sampleCtx)
 	stopLive()
 
@@ -456,8 +488,11 @@ func follow(ctx context.Context, s *scenario.Scenario, cfg config, view *view) *
 		}
 	}
 	res.checks = s.Invariants(sampleCtx, upgraded)
-	res.settings = s.SettingStories(sampleCtx)
-	if plan := s.UpgradePlan(sampleCtx); plan != nil {
+	// One read of the plan for the settings' lines and for what holds it: two could
+	// straddle its Degraded condition turning true.
+	plan := s.UpgradePlan(sampleCtx)
+	res.settings = s.SettingStoriesOf(sampleCtx, plan)
+	if plan != nil {
 		res.planHold, res.planStanding = scenario.PlanHold(plan), scenario.PlanStanding(plan)
 	}
 	return res

@@ -278,6 +278,13 @@ func (st SettingStory) String() string {
 // end read now from the workload cluster itself (not the cache), and, while the
 // cluster's UpgradePlan has not ended, that it has not (PlanRuns).
 func (s *Scenario) SettingStories(ctx context.Context) []SettingStory {
+	return s.SettingStoriesOf(ctx, s.UpgradePlan(ctx))
+}
+
+// SettingStoriesOf is SettingStories with the UpgradePlan as the caller read it (nil:
+// none), so that what it says of the plan matches what the caller says of it from the
+// same read.
+func (s *Scenario) SettingStoriesOf(ctx context.Context, plan *harvesterv1.UpgradePlan) []SettingStory {
 	if s.Settings == nil || s.Workload == nil {
 		return nil
 	}
@@ -286,7 +293,7 @@ func (s *Scenario) SettingStories(ctx context.Context) []SettingStory {
 		end = map[string]string{}
 	}
 	out := stories(s.Settings.History(), end)
-	if plan := s.UpgradePlan(ctx); plan != nil && !PlanEnded(plan) {
+	if plan != nil && !PlanEnded(plan) {
 		for i := range out {
 			out[i].PlanRuns = PlanStanding(plan)
 		}

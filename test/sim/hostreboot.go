@@ -20,6 +20,27 @@ type hostReboot struct {
 	// at is when the host goes down; back when it is Ready again (zero until down).
 	at, back time.Time
 	record   int
+	// lost says the timer is gone (LoseReboot): the host never goes down for it.
+	lost bool
+}
+
+// rebootLostAfter is how long past its time the node program takes a scheduled reboot
+// that did not come on the same boot as lost, and schedules it again (nodeprogram
+// osupgrade.go rebootLostAfter, two minutes; scaled down here).
+const rebootLostAfter = time.Second
+
+// LoseReboot makes the next reboot armed on node's host never come: its timer is lost,
+// as nodes were left unrebooted after their upgrade's node Job (harvester/harvester#6022,
+// #7457). The node stays Ready on its boot and its OS. An os-upgrade Job on the node
+// after the reboot's time (plus rebootLostAfter) schedules it again, as the node program
+// does, and that one comes.
+func (s *SUC) LoseReboot(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lose == nil {
+		s.lose = map[string]bool{}
+	}
+	s.lose[node] = true
 }
 
 // next is when the reboot's next change is due: going down, then coming back.
@@ -32,7 +53,8 @@ func (rb *hostReboot) next() time.Time {
 
 // armReboot arms the reboot of node's host, RebootDelay after now, into osImage. A
 // reboot already armed there stays as it is (the node program finds its marker and
-// arms nothing more).
+// arms nothing more), unless it was lost and its time is rebootLostAfter past: then it
+// is armed anew.
 func (s *SUC) armReboot(node, osImage string, now time.Time) {
 	delay := s.RebootDelay
 	if delay == 0 {
@@ -43,10 +65,11 @@ func (s *SUC) armReboot(node, osImage string, now time.Time) {
 	if s.reboots == nil {
 		s.reboots = map[string]*hostReboot{}
 	}
-	if _, armed := s.reboots[node]; armed {
+	if rb, armed := s.reboots[node]; armed && !(rb.lost && now.After(rb.at.Add(rebootLostAfter))) {
 		return
 	}
-	s.reboots[node] = &hostReboot{node: node, osImage: osImage, at: now.Add(delay)}
+	s.reboots[node] = &hostReboot{node: node, osImage: osImage, at: now.Add(delay), lost: s.lose[node]}
+	delete(s.lose, node)
 }
 
 // RebootArmed tells whether a reboot is armed on node's host and has not finished.
@@ -69,7 +92,7 @@ func (s *SUC) playReboots(ctx context.Context) error {
 	s.mu.Lock()
 	var due []*hostReboot
 	for _, rb := range s.reboots {
-		if !now.Before(rb.next()) {
+		if !rb.lost && !now.Before(rb.next()) {
 			due = append(due, rb)
 		}
 	}

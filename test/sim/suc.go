@@ -141,6 +141,8 @@ type SUC struct {
 	hostPlayed map[types.UID]bool
 	// reboots are the reboots armed on the nodes' hosts, by node (hostreboot.go).
 	reboots map[string]*hostReboot
+	// lose holds the nodes whose next armed reboot is lost (LoseReboot).
+	lose map[string]bool
 	// podLogs are the logs of the failed pods' containers (sucpods.go).
 	podLogs map[string]string
 }
@@ -478,6 +480,9 @@ func (s *SUC) untilWorkEnds() (time.Duration, bool) {
 		}
 	}
 	for _, rb := range s.reboots {
+		if rb.lost {
+			continue // its timer never fires
+		}
 		left := max(rb.next().Sub(now), time.Millisecond)
 		if !found || left < next {
 			next, found = left, true
