@@ -65,7 +65,7 @@ func (s *SUC) armReboot(node, osImage string, now time.Time) {
 	if s.reboots == nil {
 		s.reboots = map[string]*hostReboot{}
 	}
-	if rb, armed := s.reboots[node]; armed && !(rb.lost && now.After(rb.at.Add(rebootLostAfter))) {
+	if rb, armed := s.reboots[node]; armed && (!rb.lost || !now.After(rb.at.Add(rebootLostAfter))) {
 		return
 	}
 	s.reboots[node] = &hostReboot{node: node, osImage: osImage, at: now.Add(delay), lost: s.lose[node]}
