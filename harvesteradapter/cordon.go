@@ -75,21 +75,11 @@ func (u *Updater) cordonAsOurs(ctx context.Context, r *nodeRun) (held string, er
 // record of it. A cordon someone else set, before or during the upgrade (Harvester
 // maintenance mode included), stays. A node that is gone has nothing to restore.
 func (u *Updater) uncordonIfOurs(ctx context.Context, r *nodeRun) error {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node := &corev1.Node{}
-		if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		if node.Annotations[AnnotationCordonedBy] != string(r.nu.UID) {
-			return nil
-		}
-		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		delete(node.Annotations, AnnotationCordonedBy)
+	_, err := u.endOurCordon(ctx, r, func(node *corev1.Node) {
 		// Harvester maintenance mode entered meanwhile keeps the node cordoned.
 		if node.Annotations[disruption.HarvesterMaintainStatusAnnotation] == "" {
 			node.Spec.Unschedulable = false
 		}
-		return r.wc.Patch(ctx, node, patch)
 	})
 	if err != nil {
 		return fmt.Errorf("uncordon node %s: %w", r.nu.Spec.NodeName, err)
@@ -101,8 +91,23 @@ func (u *Updater) uncordonIfOurs(ctx context.Context, r *nodeRun) error {
 // being this NodeUpdate's (AnnotationCordonedBy removed) and says why it stays
 // (AnnotationHeld), and an event on the NodeUpdate says it too.
 func (u *Updater) holdIfOurs(ctx context.Context, r *nodeRun, why string) error {
-	held := false
+	held, err := u.endOurCordon(ctx, r, func(node *corev1.Node) { node.Annotations[AnnotationHeld] = why })
+	if err != nil {
+		return fmt.Errorf("hold node %s: %w", r.nu.Spec.NodeName, err)
+	}
+	if held {
+		u.event(r, corev1.EventTypeWarning, "NodeHeld", "Hold", why)
+	}
+	return nil
+}
+
+// endOurCordon removes the record that this NodeUpdate cordoned the node and applies end
+// to the node in the same write, when the cordon is this NodeUpdate's; it says whether it
+// was. The write carries the node's resourceVersion; a conflict is read again.
+func (u *Updater) endOurCordon(ctx context.Context, r *nodeRun, end func(*corev1.Node)) (bool, error) {
+	ours := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ours = false
 		node := &corev1.Node{}
 		if err := r.wc.Get(ctx, client.ObjectKey{Name: r.nu.Spec.NodeName}, node); err != nil {
 			return client.IgnoreNotFound(err)
@@ -112,15 +117,12 @@ func (u *Updater) holdIfOurs(ctx context.Context, r *nodeRun, why string) error 
 		}
 		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		delete(node.Annotations, AnnotationCordonedBy)
-		node.Annotations[AnnotationHeld] = why
-		held = true
-		return r.wc.Patch(ctx, node, patch)
+		end(node)
+		if err := r.wc.Patch(ctx, node, patch); err != nil {
+			return err
+		}
+		ours = true
+		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("hold node %s: %w", r.nu.Spec.NodeName, err)
-	}
-	if held {
-		u.event(r, corev1.EventTypeWarning, "NodeHeld", "Hold", why)
-	}
-	return nil
+	return ours, err
 }
