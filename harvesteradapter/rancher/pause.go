@@ -73,6 +73,12 @@ func controlPlaneMeta() *metav1.PartialObjectMetadata {
 // ReadPlannerPause reads the pause of fleet-local/local's planner, and whether its
 // RKEControlPlane carries what the provisioning Cluster declares (Unsynced).
 func ReadPlannerPause(ctx context.Context, c client.Client) (PlannerPause, error) {
+	return readPause(ctx, c, true)
+}
+
+// readPause reads the pause; Unsynced only when synced is asked for, which costs a read
+// of the provisioning Cluster that pausing does not need.
+func readPause(ctx context.Context, c client.Client, synced bool) (PlannerPause, error) {
 	cp := &unstructured.Unstructured{}
 	cp.SetGroupVersionKind(rkev1.GroupVersion.WithKind(rkev1.RKEControlPlaneKind))
 	if err := c.Get(ctx, client.ObjectKey{Namespace: FleetLocal, Name: LocalCluster}, cp); err != nil {
@@ -87,15 +93,18 @@ func ReadPlannerPause(ctx context.Context, c client.Client) (PlannerPause, error
 	if !paused {
 		by = ""
 	}
+	p := PlannerPause{Served: true, Paused: paused, By: by, ResourceVersion: cp.GetResourceVersion()}
+	if !synced {
+		return p, nil
+	}
 	cl, err := ProvisioningCluster(ctx, c)
 	if err != nil {
 		return PlannerPause{}, err
 	}
-	unsynced, err := unsynced(cp, cl)
-	if err != nil {
+	if p.Unsynced, err = unsynced(cp, cl); err != nil {
 		return PlannerPause{}, err
 	}
-	return PlannerPause{Served: true, Paused: paused, By: by, ResourceVersion: cp.GetResourceVersion(), Unsynced: unsynced}, nil
+	return p, nil
 }
 
 // controlPlaneSpec is what Rancher's planner reads of the RKEControlPlane's spec for a
@@ -138,7 +147,7 @@ func unsynced(cp *unstructured.Unstructured, cl *provisioningv1.Cluster) (string
 // there is no RKEControlPlane, or it is paused already). A pause someone else set is left
 // theirs: it is not recorded as ours.
 func PausePlanner(ctx context.Context, c client.Client, by string) (PlannerPause, error) {
-	p, err := ReadPlannerPause(ctx, c)
+	p, err := readPause(ctx, c, false)
 	if err != nil || !p.Served || p.Paused {
 		return p, err
 	}
@@ -158,7 +167,7 @@ const HeldForAnnotation = "harvester.inplace.cluster.x-k8s.io/held-for"
 // go made from what was read before the hold cannot lift it (ResumeSeenPlanner). A
 // pause someone else set stays theirs, untouched.
 func HoldPlanner(ctx context.Context, c client.Client, by, reason string) (PlannerPause, error) {
-	p, err := ReadPlannerPause(ctx, c)
+	p, err := readPause(ctx, c, false)
 	if err != nil || !p.Served || (p.Paused && p.By != by) {
 		return p, err
 	}

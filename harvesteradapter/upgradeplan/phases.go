@@ -428,21 +428,16 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 // planner reads, the pause stays and it says so: let go before, the planner would take
 // the next node with our hooks, which no one answers any more.
 func (r *PlanReconciler) resumeRancher(ctx context.Context, pr *PlanRun, behind []string) (string, error) {
-	pause, err := rancher.ReadPlannerPause(ctx, pr.Workload)
+	// A pause of someone else's is left as it is (ResumePlanner returns it unlifted).
+	after, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name)
 	if err != nil {
 		return "", err
 	}
-	if pause.By == pr.Plan.Name {
-		after, err := rancher.ResumePlanner(ctx, pr.Workload, pr.Plan.Name)
-		if err != nil {
-			return "", err
+	if after.Paused && after.By == pr.Plan.Name {
+		if after.Unsynced != "" {
+			return "Rancher's planner stays paused until it reads the restored upgradeStrategy: " + after.Unsynced, nil
 		}
-		if after.Paused && after.By == pr.Plan.Name {
-			if after.Unsynced != "" {
-				return "Rancher's planner stays paused until it reads the restored upgradeStrategy: " + after.Unsynced, nil
-			}
-			return "Rancher's planner stays paused: its RKEControlPlane was written while the pause was being lifted; the next pass lifts it", nil
-		}
+		return "Rancher's planner stays paused: its RKEControlPlane was written while the pause was being lifted; the next pass lifts it", nil
 	}
 	message := "Rancher's roll of fleet-local/local handed back settled: every node runs the RKE2 it declares"
 	if len(behind) > 0 {
