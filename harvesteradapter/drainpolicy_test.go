@@ -380,6 +380,7 @@ func (w *skipWorld) machineStatus(name string) inplacev1.MachineUpgradeStatus {
 // showed the NodeUpdate final.
 func (w *skipWorld) expectSafeRun() {
 	GinkgoHelper()
+	Expect(w.witness.Gaps()).To(BeZero(), "the witness lost part of the run")
 	Expect(w.witness.MaxRunning()).To(Equal(1))
 	Expect(w.witness.RunTwice()).To(BeEmpty())
 	Expect(w.rec.MaxDown()).To(BeNumerically("<=", 1))

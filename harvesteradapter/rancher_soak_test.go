@@ -619,28 +619,22 @@ func (r *soakRun) watch() {
 	GinkgoHelper()
 	wlw, err := client.NewWithWatch(r.wl.Config, client.Options{Scheme: r.wl.Scheme})
 	Expect(err).NotTo(HaveOccurred())
-	nodes, err := wlw.Watch(ctx, &corev1.NodeList{}, client.MatchingLabels{labelTestCluster: r.c.name})
+	nodes, err := sim.Follow(ctx, wlw, &corev1.NodeList{}, func(ev watch.Event) {
+		if n, ok := ev.Object.(*corev1.Node); ok {
+			r.observeNode(ev.Type, n)
+		}
+	}, client.MatchingLabels{labelTestCluster: r.c.name})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(nodes.Stop)
-	go func() {
-		for ev := range nodes.ResultChan() {
-			if n, ok := ev.Object.(*corev1.Node); ok {
-				r.observeNode(ev.Type, n)
-			}
-		}
-	}()
 	mw, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	Expect(err).NotTo(HaveOccurred())
-	nus, err := mw.Watch(ctx, &inplacev1.NodeUpdateList{}, client.InNamespace(r.c.ns))
+	nus, err := sim.Follow(ctx, mw, &inplacev1.NodeUpdateList{}, func(ev watch.Event) {
+		if nu, ok := ev.Object.(*inplacev1.NodeUpdate); ok {
+			r.observeNodeUpdate(ev.Type, nu)
+		}
+	}, client.InNamespace(r.c.ns))
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(nus.Stop)
-	go func() {
-		for ev := range nus.ResultChan() {
-			if nu, ok := ev.Object.(*inplacev1.NodeUpdate); ok {
-				r.observeNodeUpdate(ev.Type, nu)
-			}
-		}
-	}()
 }
 
 // copyNodeInfo plays Cluster API's Machine controller for the seed's Machines: each

@@ -25,6 +25,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 const (
@@ -252,28 +253,25 @@ func watchTimeline(ns string) *timeline {
 	GinkgoHelper()
 	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	Expect(err).NotTo(HaveOccurred())
-	wt, err := wc.Watch(ctx, &inplacev1.NodeUpdateList{}, client.InNamespace(ns))
-	Expect(err).NotTo(HaveOccurred())
 	t := &timeline{ended: map[string]bool{}, started: map[string]bool{}}
-	go func() {
-		for ev := range wt.ResultChan() {
-			nu, ok := ev.Object.(*inplacev1.NodeUpdate)
-			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
-				continue
-			}
-			t.mu.Lock()
-			if !t.started[nu.Name] {
-				t.started[nu.Name] = true
-				t.entries = append(t.entries, timelineEntry{machine: nu.Spec.MachineName, version: nu.Spec.Version, what: "start"})
-			}
-			if nu.Status.Phase.IsFinal() && !t.ended[nu.Name] {
-				t.ended[nu.Name] = true
-				t.entries = append(t.entries, timelineEntry{machine: nu.Spec.MachineName, version: nu.Spec.Version, what: string(nu.Status.Phase)})
-			}
-			t.mu.Unlock()
+	f, err := sim.Follow(ctx, wc, &inplacev1.NodeUpdateList{}, func(ev watch.Event) {
+		nu, ok := ev.Object.(*inplacev1.NodeUpdate)
+		if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
+			return
 		}
-	}()
-	DeferCleanup(wt.Stop)
+		t.mu.Lock()
+		if !t.started[nu.Name] {
+			t.started[nu.Name] = true
+			t.entries = append(t.entries, timelineEntry{machine: nu.Spec.MachineName, version: nu.Spec.Version, what: "start"})
+		}
+		if nu.Status.Phase.IsFinal() && !t.ended[nu.Name] {
+			t.ended[nu.Name] = true
+			t.entries = append(t.entries, timelineEntry{machine: nu.Spec.MachineName, version: nu.Spec.Version, what: string(nu.Status.Phase)})
+		}
+		t.mu.Unlock()
+	}, client.InNamespace(ns))
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(f.Stop)
 	return t
 }
 
@@ -319,30 +317,27 @@ func watchMachines(ns string) *machineWitness {
 	GinkgoHelper()
 	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	Expect(err).NotTo(HaveOccurred())
-	wt, err := wc.Watch(ctx, &clusterv1.MachineList{}, client.InNamespace(ns))
-	Expect(err).NotTo(HaveOccurred())
 	mw := &machineWitness{touched: map[string]bool{}}
-	go func() {
-		for ev := range wt.ResultChan() {
-			m, ok := ev.Object.(*clusterv1.Machine)
-			if !ok {
-				continue
-			}
-			touched := m.Labels[inplacev1.UpgradeTaskLabel] != ""
-			for k := range m.Annotations {
-				touched = touched || strings.HasPrefix(k, inplacev1.AnnotationPrefix)
-			}
-			for _, c := range m.Status.Conditions {
-				touched = touched || c.Type == inplacev1.InPlaceUpgradeUpToDateCondition
-			}
-			if touched {
-				mw.mu.Lock()
-				mw.touched[m.Name] = true
-				mw.mu.Unlock()
-			}
+	f, err := sim.Follow(ctx, wc, &clusterv1.MachineList{}, func(ev watch.Event) {
+		m, ok := ev.Object.(*clusterv1.Machine)
+		if !ok {
+			return
 		}
-	}()
-	DeferCleanup(wt.Stop)
+		touched := m.Labels[inplacev1.UpgradeTaskLabel] != ""
+		for k := range m.Annotations {
+			touched = touched || strings.HasPrefix(k, inplacev1.AnnotationPrefix)
+		}
+		for _, c := range m.Status.Conditions {
+			touched = touched || c.Type == inplacev1.InPlaceUpgradeUpToDateCondition
+		}
+		if touched {
+			mw.mu.Lock()
+			mw.touched[m.Name] = true
+			mw.mu.Unlock()
+		}
+	}, client.InNamespace(ns))
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(f.Stop)
 	return mw
 }
 

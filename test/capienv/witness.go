@@ -10,6 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/capi-inplace/capi-inplace/test/sim"
 )
 
 // MachineWitness watches the Machines of a namespace and records which were ever created
@@ -24,25 +26,23 @@ type MachineWitness struct {
 
 // WatchMachines starts a witness of the Machines of namespace; Stop ends it.
 func WatchMachines(ctx context.Context, c client.WithWatch, namespace string) (*MachineWitness, error) {
-	w, err := c.Watch(ctx, &clusterv1.MachineList{}, client.InNamespace(namespace))
+	rec := &MachineWitness{seen: map[string]bool{}, deleted: map[string]bool{}}
+	f, err := sim.Follow(ctx, c, &clusterv1.MachineList{}, func(ev watch.Event) {
+		m, ok := ev.Object.(*clusterv1.Machine)
+		if !ok {
+			return
+		}
+		rec.mu.Lock()
+		rec.seen[m.Name] = true
+		if ev.Type == watch.Deleted || !m.DeletionTimestamp.IsZero() {
+			rec.deleted[m.Name] = true
+		}
+		rec.mu.Unlock()
+	}, client.InNamespace(namespace))
 	if err != nil {
 		return nil, fmt.Errorf("watch Machines in %s: %w", namespace, err)
 	}
-	rec := &MachineWitness{seen: map[string]bool{}, deleted: map[string]bool{}, stop: w.Stop}
-	go func() {
-		for ev := range w.ResultChan() {
-			m, ok := ev.Object.(*clusterv1.Machine)
-			if !ok {
-				continue
-			}
-			rec.mu.Lock()
-			rec.seen[m.Name] = true
-			if ev.Type == watch.Deleted || !m.DeletionTimestamp.IsZero() {
-				rec.deleted[m.Name] = true
-			}
-			rec.mu.Unlock()
-		}
-	}()
+	rec.stop = f.Stop
 	return rec, nil
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
+	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -354,30 +355,13 @@ var errManagerDown = errors.New("the manager is restarting")
 // whose events go into the history.
 func (w *World) Watch(ctx context.Context) error {
 	for _, list := range []client.ObjectList{&inplacev1.NodeUpdateList{}, &inplacev1.UpgradeTaskList{}} {
-		wctx, cancel := context.WithCancel(ctx)
-		w.stopWatches = append(w.stopWatches, cancel)
-		first, err := w.watcher.Watch(wctx, list, client.InNamespace(w.ns))
+		// A watch the API server ends is followed again from where it stopped, so the
+		// history misses no change (sim.Follow).
+		f, err := sim.Follow(ctx, w.watcher, list, w.recordWatched, client.InNamespace(w.ns))
 		if err != nil {
 			return fmt.Errorf("watch in %s: %w", w.ns, err)
 		}
-		go func() {
-			wi := first
-			for {
-				for ev := range wi.ResultChan() {
-					w.recordWatched(ev)
-				}
-				// A watch the API server ended is started again; the objects it lists
-				// again come as Added and change nothing the Checker knows.
-				if wctx.Err() != nil {
-					return
-				}
-				next, err := w.watcher.Watch(wctx, list, client.InNamespace(w.ns))
-				if err != nil {
-					return
-				}
-				wi = next
-			}
-		}()
+		w.stopWatches = append(w.stopWatches, f.Stop)
 	}
 	return nil
 }

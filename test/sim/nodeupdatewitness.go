@@ -31,24 +31,22 @@ type NodeUpdateWitness struct {
 	// maxRunningOf counts, for the sets given to CountRunning, the most running at once.
 	groups     map[string]map[string]bool
 	maxOfGroup map[string]int
-	stop       func()
+	follow     *Follower
 }
 
 // WatchNodeUpdates starts a witness of the NodeUpdates of namespace; Stop ends it.
 func WatchNodeUpdates(ctx context.Context, c client.WithWatch, namespace string) (*NodeUpdateWitness, error) {
-	w, err := c.Watch(ctx, &inplacev1.NodeUpdateList{}, client.InNamespace(namespace))
+	rec := &NodeUpdateWitness{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, machineOf: map[string]string{},
+		finalAt: map[string]time.Time{}, twice: map[string]bool{}, groups: map[string]map[string]bool{}, maxOfGroup: map[string]int{}}
+	f, err := Follow(ctx, c, &inplacev1.NodeUpdateList{}, func(ev watch.Event) {
+		if nu, ok := ev.Object.(*inplacev1.NodeUpdate); ok {
+			rec.observe(ev.Type, nu)
+		}
+	}, client.InNamespace(namespace))
 	if err != nil {
 		return nil, fmt.Errorf("watch NodeUpdates in %s: %w", namespace, err)
 	}
-	rec := &NodeUpdateWitness{phase: map[string]inplacev1.NodeUpdatePhase{}, created: map[string]int{}, machineOf: map[string]string{},
-		finalAt: map[string]time.Time{}, twice: map[string]bool{}, groups: map[string]map[string]bool{}, maxOfGroup: map[string]int{}, stop: w.Stop}
-	go func() {
-		for ev := range w.ResultChan() {
-			if nu, ok := ev.Object.(*inplacev1.NodeUpdate); ok {
-				rec.observe(ev.Type, nu)
-			}
-		}
-	}()
+	rec.follow = f
 	return rec, nil
 }
 
@@ -135,7 +133,12 @@ func (r *NodeUpdateWitness) FinalAt(name string) time.Time {
 }
 
 // Stop ends the watch.
-func (r *NodeUpdateWitness) Stop() { r.stop() }
+func (r *NodeUpdateWitness) Stop() { r.follow.Stop() }
+
+// Gaps counts the times the witness lost the API server's history and listed again:
+// NodeUpdates may have run at once unseen in between, so a safety check that leans on
+// MaxRunning asserts it is zero.
+func (r *NodeUpdateWitness) Gaps() int { return r.follow.Gaps() }
 
 // MaxRunning is the most NodeUpdates seen unfinished at once.
 func (r *NodeUpdateWitness) MaxRunning() int {
