@@ -3,6 +3,7 @@ package harvesteradapter_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -226,6 +227,46 @@ var _ = Describe("Virtual machines on an upgraded node", func() {
 		Expect(migrations.Items[0].Name).To(Equal(failed.Name))
 		Expect(c.kubevirt.NodeOf(a)).To(Equal(c.nodes[1]))
 		Expect(c.kubevirt.Starts(a)).To(Equal(1))
+		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty())
+	})
+
+	It("holds the node, naming it, on a VM that a failed migration of Harvester's left pinned to another node, never stops it, and goes on once the VM is restarted", func() {
+		c := newVMCluster(3, nil)
+		node := c.nodes[0]
+		a := c.vm("vm-a", node, nil)
+		By("Harvester's migrate action (before v1.7.0) pinned the VMI to the third node, and that migration failed: the pin stays")
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "vm-a"}, vmi)).To(Succeed())
+		if vmi.Annotations == nil {
+			vmi.Annotations = map[string]string{}
+		}
+		vmi.Annotations[kubevirt.MigrationTargetAnnotation] = c.nodes[2]
+		vmi.Spec.NodeSelector = map[string]string{corev1.LabelHostname: c.nodes[2]}
+		Expect(workload.Client.Update(ctx, vmi)).To(Succeed())
+
+		nu := c.nodeUpdate(node)
+		driveVMsUntil(c.updater, nu, 30*time.Second, func() bool {
+			st := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs)
+			return st != nil && st.State == inplacev1.StepStateRunning && strings.HasPrefix(st.Message, "holding:")
+		})
+		msg := nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message
+		Expect(msg).To(And(ContainSubstring("VMI "+a+" is pinned to node "+c.nodes[2]), ContainSubstring(kubevirt.MigrationTargetAnnotation),
+			ContainSubstring("harvester/harvester#8147"), ContainSubstring("virtctl restart vm-a -n "+c.ns)))
+		Consistently(func() string {
+			_, err := c.updater.Reconcile(ctx, nu)
+			Expect(err).NotTo(HaveOccurred())
+			return nodeupdater.Step(nu, harvesteradapter.StepEvacuateVMs).Message
+		}, time.Second, 50*time.Millisecond).Should(Equal(msg), "held, not failed, not going on")
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "the pinned VM is not stopped")
+		Expect(c.kubevirt.NodeOf(a)).To(Equal(node))
+		Expect(c.kubevirt.Starts(a)).To(Equal(1))
+
+		By("the operator restarts the VM: its new VMI has no pin, and is live-migrated off the node")
+		Expect(workload.Client.Delete(ctx, vmi)).To(Succeed())
+		Expect(drive(c.updater, nu, 90*time.Second)).To(Succeed())
+		Expect(c.kubevirt.Starts(a)).To(Equal(2), "started again by its restart, once")
+		Expect(c.kubevirt.NodeOf(a)).NotTo(BeEmpty(), "%+v", c.kubevirt.History())
+		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "never stopped by the updater")
 		Expect(c.kubevirt.RunningWhileDrained(c.rec)).To(BeEmpty())
 	})
 

@@ -101,6 +101,8 @@ func previewVMs(ctx context.Context, wc client.Client, cfg *harvesterv1.Harveste
 				return nil, err
 			}
 			d.StoppedVMs = append(d.StoppedVMs, vm)
+		case vmiHold:
+			d.StoppedVMs = append(d.StoppedVMs, inplacev1.PreviewVM{Namespace: vmi.Namespace, Name: vmi.Name, Reason: "would hold the node: " + why})
 		case vmiMigrate:
 			migrating = append(migrating, vmi)
 		}

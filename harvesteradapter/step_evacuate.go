@@ -58,6 +58,10 @@ const (
 //     updater does not stop a VM that could migrate (Harvester's script does, fact 33):
 //     the operator decides, by fixing the cause and deleting the failed migration (the
 //     updater then creates it again), by migrating the VM, or by stopping it;
+//   - a VMI a failed migration of Harvester's left pinned to another node
+//     (kubevirt.LeftoverMigrationPin) holds the node, named with what to do: that
+//     nodeSelector is no choice of its user's, and Harvester's upgrade shutting such
+//     VMs down is a reported failure (harvester/harvester#8147, #8212);
 //   - a VMI that ended (Succeeded, Failed) holds nothing; one that is still being
 //     scheduled or migrated by someone else is waited for;
 //   - before any of that, the nodes that stay up must have room for every VMI still to
@@ -122,6 +126,8 @@ func (u *Updater) runEvacuate(ctx context.Context, r *nodeRun) (bool, string, er
 		case vmiWait:
 			waiting = append(waiting, why)
 			continue
+		case vmiHold:
+			hold = u.holdOnce(r, EventVMHoldsNode, why)
 		case vmiStop:
 			if hold, err = u.stopOnNode(ctx, r, vmi, why); err == nil && hold == "" {
 				waiting = append(waiting, kubevirt.VMKey(vmi)+" is stopping")
@@ -287,10 +293,14 @@ const (
 	vmiStop
 	// vmiMigrate: the VMI is live-migrated off the node.
 	vmiMigrate
+	// vmiHold: the VMI holds the node, named, until its operator acts: it is neither
+	// migrated nor stopped.
+	vmiHold
 )
 
 // judgeVMI decides what the evacuation of node does with a VMI listed there; why is what
-// is waited for (vmiWait) or why it cannot be live-migrated (vmiStop). targets and
+// is waited for (vmiWait), why it cannot be live-migrated (vmiStop) or what holds the
+// node (vmiHold). targets and
 // nonWitness are kubevirt.EvacuationTargets'. The run (runEvacuate) and the disruption
 // preview (PreviewDisruption) both decide with it, so that the preview cannot drift from
 // the run.
@@ -304,10 +314,25 @@ func judgeVMI(vmi *kubevirtv1.VirtualMachineInstance, node string, targets []*co
 	case vmi.Status.Phase != kubevirtv1.Running:
 		return vmiWait, fmt.Sprintf("%s is %s", key, phaseOr(vmi.Status.Phase))
 	}
+	if pin := kubevirt.LeftoverMigrationPin(vmi); pin != "" {
+		return vmiHold, leftoverPinHold(vmi, pin)
+	}
 	if why := kubevirt.WhyNotMigratable(vmi, targets, nonWitness); why != "" {
 		return vmiStop, why
 	}
 	return vmiMigrate, ""
+}
+
+// leftoverPinHold is what holds the node for a VMI that a failed migration of Harvester's
+// left pinned to another node (kubevirt.LeftoverMigrationPin). Its nodeSelector is not the
+// user's choice but the leftover of a move that failed, so the VM is not stopped for it,
+// as Harvester's own upgrade does (harvester/harvester#8147, #8212): the operator
+// decides. A restart drops the pin (the new VMI is built from the VirtualMachine's
+// template, which never carried it: harvester/harvester#3397).
+func leftoverPinHold(vmi *kubevirtv1.VirtualMachineInstance, pin string) string {
+	return fmt.Sprintf("VMI %s is pinned to node %s by the spec.nodeSelector %s=%s and the annotation %s that Harvester's migrate action left when its migration there failed (harvester/harvester#8147): "+
+		"it is neither live-migrated nor stopped for that. Restart the VM (virtctl restart %s -n %s: its new VMI has no such selector), migrate it to node %s, or stop it; the node then goes on",
+		kubevirt.VMKey(vmi), pin, corev1.LabelHostname, pin, kubevirt.MigrationTargetAnnotation, vmi.Name, vmi.Namespace, pin)
 }
 
 // unownedHold is what holds the node for a VMI that cannot be live-migrated and that no

@@ -80,6 +80,30 @@ func EvacuationTargets(nodes []corev1.Node, node string) (targets []*corev1.Node
 	return targets, nonWitness
 }
 
+// MigrationTargetAnnotation is what Harvester's "migrate" action writes on a VMI, naming
+// the target node the user chose. Before v1.7.0 the action also pinned the VMI there
+// with spec.nodeSelector kubernetes.io/hostname=<target>, and Harvester's migration
+// controller removes both only once that migration completes (harvester@v1.5.1
+// pkg/api/vm/handler.go migrate; pkg/controller/master/migration/vmi_controller.go
+// resetHarvesterMigrationStateInVMI). A migration that failed leaves the VMI pinned to a
+// node it does not run on, and Harvester's upgrade then counts it non-migratable and
+// shuts it down (harvester/harvester#8147, #8212). From v1.7.0 the action confines the
+// migration itself (addedNodeSelector, harvester/harvester PR #9096), but VMIs started
+// before keep what they carry.
+const MigrationTargetAnnotation = "harvesterhci.io/migrationTargetNodeName"
+
+// LeftoverMigrationPin returns the node a failed migration of Harvester's "migrate"
+// action left the VMI pinned to (MigrationTargetAnnotation), "" when it carries no such
+// leftover: the annotation and a spec.nodeSelector kubernetes.io/hostname naming the
+// same node, which is not the node it runs on.
+func LeftoverMigrationPin(vmi *kubevirtv1.VirtualMachineInstance) string {
+	target := vmi.Annotations[MigrationTargetAnnotation]
+	if target == "" || vmi.Spec.NodeSelector[corev1.LabelHostname] != target || vmi.Status.NodeName == target {
+		return ""
+	}
+	return target
+}
+
 // whyNotMigratable says why a VMI cannot be live-migrated off its node, or "" when it
 // can. The rule is Harvester's (shared/facts/harvester-node-upgrade.md, fact 31): every
 // VMI when the cluster has one non-witness node; otherwise a VMI with a nodeSelector,

@@ -294,6 +294,12 @@ func (k *KubeVirt) syncVMs(ctx context.Context) error {
 		vm := &vms.Items[i]
 		key := vm.Namespace + "/" + vm.Name
 		vmi := byKey[key]
+		if vmi == nil || !vmi.DeletionTimestamp.IsZero() {
+			// A VMI deleted by someone else (virtctl restart, a user's delete) ends its
+			// guest: virt-launcher's pod goes with it (KubeVirt's VMI controller deletes
+			// the pods of a deleted VMI).
+			k.leave(key, time.Now())
+		}
 		switch {
 		case vmi == nil && wantsRunning(vm):
 			if err := k.startVMI(ctx, vm, nodes.Items, byKey); err != nil {
