@@ -283,6 +283,8 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 			perm, ok := nodeupdater.AsPermanent(err)
 			Expect(ok).To(BeTrue(), "the step times out: %v", err)
 			Expect(perm.Reason).To(Equal("StepTimedOut"))
+			Expect(perm.Error()).To(And(ContainSubstring("rancher-system-agent on node "+nu.Spec.NodeName+" has not applied Rancher's plan (RKE2 "+rancherNewRKE2+") for "),
+				ContainSubstring("systemctl status rancher-system-agent")), "the timeout names the silent agent, how long, and what to look at")
 			Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStateFailed))
 			return endNodeUpdate(c, nu)
 		}),

@@ -149,6 +149,41 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		Expect(planner.Restarts()).To(HaveLen(1), "Rancher restarted RKE2 once, inside the node's update")
 	})
 
+	It("ends a node's update aborted before Rancher took it only once the planner, let go for that node, is held and a pass already under way has landed: the take is withdrawn inside the update", func() {
+		// Rancher's pass reads the pause at its start and writes the take later (TakeDelay):
+		// the abort comes while a pass that read the planner let go is under way.
+		wl, c, planner := rancherRoute(300*time.Millisecond, func(p *sim.RancherPlanner) { p.TakeDelay = 1500 * time.Millisecond })
+		c.updater.PlannerSettle = 3 * time.Second
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			if nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) != inplacev1.StepStateRunning {
+				return false
+			}
+			return planner.Taking() == node
+		})).To(Succeed())
+		Expect(planSecret(wl, node).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher has not taken the node yet")
+
+		By("ended while the planner's pass is under way")
+		ended := endNodeUpdate(c, nu)
+		expectNodeSettled(wl, node)
+		Consistently(func(g Gomega) {
+			for _, n := range c.nodes {
+				g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
+				g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
+			}
+		}, 2*time.Second, 100*time.Millisecond).Should(Succeed())
+		cordons := 0
+		for _, e := range planner.HookEvents() {
+			if e.Node == node && e.Kind == "cordon" {
+				cordons++
+				Expect(e.At).To(BeTemporally("<", ended), "Rancher cordoned node %s after its update ended", node)
+			}
+		}
+		Expect(cordons).To(Equal(1), "the pass under way took the node, inside its update")
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
+	})
+
 	It("hands the roll back settled when the plan is deleted while Rancher waits at a node's pre-drain hook: the node's drain finished under the guard, nothing restarted", func() {
 		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]

@@ -139,13 +139,38 @@ func (u *Updater) rancherKubernetes(ctx context.Context, r *nodeRun, owner *ranc
 		return false, "", err
 	}
 	if !at {
-		return false, fmt.Sprintf("pre-drain hook answered; waiting for Rancher to restart RKE2 at %s on node %s (kubelet reports %s)%s",
-			r.nu.Spec.Version, node.Name, node.Status.NodeInfo.KubeletVersion, planFailures(owner.Secret)), nil
+		return false, fmt.Sprintf("pre-drain hook answered; waiting for Rancher to restart RKE2 at %s on node %s (kubelet reports %s)%s%s",
+			r.nu.Spec.Version, node.Name, node.Status.NodeInfo.KubeletVersion, planFailures(owner.Secret), u.agentQuiet(r, owner.Secret, time.Now())), nil
 	}
 	if rancher.Asked(owner.Secret, rancher.PostDrainRequest) == "" {
 		return false, fmt.Sprintf("node %s runs Kubernetes %s; waiting for Rancher to finish its plan and ask for the post-drain hook", node.Name, r.nu.Spec.Version), nil
 	}
 	return true, fmt.Sprintf("Rancher restarted RKE2 at %s on node %s", r.nu.Spec.Version, node.Name), nil
+}
+
+// agentQuiet names a rancher-system-agent that has neither applied nor failed the plan
+// Rancher delivered to the node for AgentSilentAfter since the pre-drain answer (the
+// KubernetesUpgrade step's start): nothing of Rancher's says it, the machine shows
+// "waiting for plan to be applied" for as long as it lasts (rancher@v2.14.4
+// pkg/capr/planner/store.go getPlanStatusReasonMessage), and an agent that crash-loops
+// on the node is what real upgrades met (rancher/rancher#54901, harvester/harvester#10521).
+// "" while the agent may just be at work.
+func (u *Updater) agentQuiet(r *nodeRun, s *corev1.Secret, now time.Time) string {
+	after := u.AgentSilentAfter
+	if after == 0 {
+		after = 2 * time.Minute
+	}
+	st := nodeupdater.Step(r.nu, StepKubernetesUpgrade)
+	d := rancher.ReadDeliveredPlan(s)
+	if st == nil || st.StartTime == nil || d.Applied || d.Version == "" || planFailures(s) != "" {
+		return ""
+	}
+	quiet := now.Sub(st.StartTime.Time).Truncate(time.Second)
+	if quiet < after {
+		return ""
+	}
+	return fmt.Sprintf("; rancher-system-agent on node %s has not applied Rancher's plan (RKE2 %s) for %s, nor failed it (timeouts.kubernetesUpgrade allows %s): check the agent on the node (systemctl status rancher-system-agent; journalctl -u rancher-system-agent)",
+		r.nu.Spec.NodeName, d.Version, quiet, suc.PlanTimeout(suc.PlanKubernetes, r.cfg.Spec.Timeouts))
 }
 
 // planFailures says how often rancher-system-agent failed to apply the node's plan
@@ -219,6 +244,11 @@ func (u *Updater) answerPostDrain(ctx context.Context, r *nodeRun, s *corev1.Sec
 // Rancher, and settles Rancher's turn of the node on the way (every ending of a
 // NodeUpdate comes through Abort: failure, timeout, skip, abort, deletion):
 //
+//   - Before Rancher took the node (our hooks set, no drain of it yet) the plan may
+//     have let the planner go for this very node, and a pass that read it so takes the
+//     node after a pause (harvester-release-steps.md fact 60). The planner is paused and
+//     the ending holds PlannerSettle from its start, looking again: a take that lands
+//     meanwhile is withdrawn as below, inside the update.
 //   - Before our pre-drain answer nothing of the new plan reached the node. The restart
 //     guard, if RemoveRestartGuard took it off, is put back first (PlanReguard): a plan
 //     given to the node later, once the plan's hooks are gone, would otherwise restart
@@ -261,13 +291,21 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 				return false, err
 			}
 		}
-		if !rancher.InOurDrain(s) && rancher.Asked(s, rancher.PreDrainRequest) == "" {
-			return true, nil
+		taken := rancher.InOurDrain(s) || rancher.Asked(s, rancher.PreDrainRequest) != ""
+		if !taken && (!rancher.HasOurHooks(owner.Cluster) || nodeupdater.StepState(r.nu, StepRancherPreDrain) == inplacev1.StepStatePending) {
+			return true, nil // the plan never let the planner go for this node
 		}
 		pause, err := rancher.PausePlanner(ctx, r.wc, upgradeplan.Name(r.nu.Spec.ClusterName, r.cfg.Spec.Release.Version))
 		if err != nil || !pause.Served {
 			// No RKEControlPlane to pause: Rancher keeps waiting at the hook.
 			return err == nil, err
+		}
+		if !taken {
+			// The plan may have let the planner go for this very node, and a pass that
+			// read it so takes the node after the pause has landed: the ending holds,
+			// looking again, until such a pass has had time to land, and withdraws what
+			// it took (the branch below) while the update still runs.
+			return u.plannerSettled(r), nil
 		}
 		changed, err := rancher.Withdraw(ctx, r.wc, s, node)
 		if apierrors.IsConflict(err) {
@@ -308,6 +346,22 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 	}
 	_, err = rancher.Uncordon(ctx, r.wc, node)
 	return err == nil, err
+}
+
+// plannerSettled says whether an ending of a node Rancher has not taken has held long
+// enough, with the planner paused, for a pass that read it unpaused to have landed:
+// PlannerSettle from the ending's start, which comes just before its first look paused
+// the planner. Rancher's planner reads the pause once, at the start of a pass
+// (rancher@v2.14.4 pkg/capr/planner/planner.go Process), and says nothing of a pass under
+// way: its status changes only when what it says changes (wrangler condition setValue),
+// so a bounded wait is the one signal.
+func (u *Updater) plannerSettled(r *nodeRun) bool {
+	settle := u.PlannerSettle
+	if settle == 0 {
+		settle = 5 * time.Second
+	}
+	start := r.nu.Status.AbortStartTime
+	return start == nil || time.Since(start.Time) >= settle
 }
 
 // agentSilent says whether an ending has waited long enough for rancher-system-agent to

@@ -47,6 +47,15 @@ type Updater struct {
 	// RebootWait is how long an ending waits, from its start, for the reboot a node's OS
 	// upgrade armed before it ends with the node held (rebootHold). Default 15m.
 	RebootWait time.Duration
+	// PlannerSettle is how long an ending of a node Rancher has not taken yet holds, from
+	// its start, with Rancher's planner paused, before it ends: a planner pass that read
+	// the planner let go for the node before the pause still takes it afterwards
+	// (rancherAbortReady). Default 5s.
+	PlannerSettle time.Duration
+	// AgentSilentAfter is how long rancher-system-agent may go without applying or
+	// failing the plan Rancher delivered after the pre-drain answer before the
+	// KubernetesUpgrade step names it (agentQuiet). Default 2m.
+	AgentSilentAfter time.Duration
 	// Recorder records events on NodeUpdates for what the updater does to virtual
 	// machines (migrations, shutdowns, restores, holds); nil records none.
 	Recorder events.EventRecorder

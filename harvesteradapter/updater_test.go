@@ -135,13 +135,15 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	Expect(env.Client.Create(ctx, c.config)).To(Succeed(), "defaults and validation come from the real API server")
 
 	c.updater = &harvesteradapter.Updater{
-		Client:        env.Client,
-		Workloads:     &workloadcluster.Clients{Reader: env.Client, Scheme: env.Scheme},
-		Releases:      repository.HTTPReleaseReader{},
-		RepositoryURL: func(string) string { return c.repository.URL() },
-		PollInterval:  20 * time.Millisecond,
-		NodeImage:     managerNodeImage,
-		Version:       managerVersion,
+		Client:           env.Client,
+		Workloads:        &workloadcluster.Clients{Reader: env.Client, Scheme: env.Scheme},
+		Releases:         repository.HTTPReleaseReader{},
+		RepositoryURL:    func(string) string { return c.repository.URL() },
+		PollInterval:     20 * time.Millisecond,
+		PlannerSettle:    500 * time.Millisecond,
+		AgentSilentAfter: 2 * time.Second,
+		NodeImage:        managerNodeImage,
+		Version:          managerVersion,
 	}
 	c.plans = startPlans(c.ns, c.updater)
 	if !planByHand {

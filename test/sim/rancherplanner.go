@@ -204,6 +204,13 @@ type RancherPlanner struct {
 	// change of fleet-local/local's version or rkeConfig into the RKEControlPlane the
 	// planner reads (copyPass). Default 0: its next pass, on the Cluster's event.
 	CopyDelay time.Duration
+	// TakeDelay is how long a pass takes from reading the RKEControlPlane to writing a
+	// node's drain-options (taking the node). Rancher's planner reads the pause once, at
+	// the start of its pass (rancher@v2.14.4 pkg/capr/planner/planner.go Process), and
+	// writes the plan Secrets later in the same pass (fullReconcile), which on a real
+	// cluster reads many objects: a pass that read the planner unpaused still takes its
+	// node after a pause has landed. Default 0.
+	TakeDelay time.Duration
 
 	loop   passLoop
 	copier passLoop
@@ -231,6 +238,16 @@ type RancherPlanner struct {
 	maxCordon  int
 	// copySeen is when copyPass first saw the RKEControlPlane behind the Cluster.
 	copySeen time.Time
+	// taking is the node a pass is taking now, during its TakeDelay.
+	taking string
+}
+
+// Taking is the node a pass of the planner is taking now (it read the planner unpaused
+// and writes the node's drain-options once its TakeDelay has passed), "" when none.
+func (p *RancherPlanner) Taking() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.taking
 }
 
 // Rerender stands for a Rancher upgrade that renders every machine plan differently
@@ -906,6 +923,19 @@ func (p *RancherPlanner) drain(ctx context.Context, e *entry, desired string, op
 	}
 	value := drainOptionString(opts, machines)
 	if e.ann(DrainOptionsAnnotation) != value {
+		if p.TakeDelay > 0 {
+			p.mu.Lock()
+			p.taking = e.node.Name
+			p.mu.Unlock()
+			select {
+			case <-time.After(p.TakeDelay):
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+			p.mu.Lock()
+			p.taking = ""
+			p.mu.Unlock()
+		}
 		return false, p.annotate(ctx, e, map[string]string{DrainOptionsAnnotation: value})
 	}
 	return e.ann(DrainDoneAnnotation) == value, nil
