@@ -2,6 +2,7 @@ package harvesteradapter_test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -111,3 +113,34 @@ func startRancherWithJobs(wl *testenv.Environment, release sim.HarvesterRelease,
 	DeferCleanup(func() { delete(simCaches, wl) })
 	return jobs
 }
+
+var _ = Describe("An UpgradePlan on a cluster whose RKE2 certificates expire soon", func() {
+	It("fails at its image preload, before anything of the cluster or a node is touched, with the node program's words: the node, the certificate and what to run", func() {
+		var bad string
+		c := newHarvesterCluster(2, "Harvester v1.7.1", nil, func(s *sim.SUC) {
+			// kube-controller-manager's own serving certificate on the second node, which
+			// RKE2 before v1.27 never renews (rancher/rancher#41125), expires in three days.
+			bad = fmt.Sprintf("hv%d-node-2", clusterSeq)
+			s.SetRKE2Certificates(bad, nodeprogram.ExpiringCertificate{
+				Path:    "/var/lib/rancher/rke2/server/tls/kube-controller-manager/kube-controller-manager.crt",
+				Subject: "CN=kube-controller-manager", NotAfter: time.Now().AddDate(0, 0, 3),
+			})
+		})
+		Expect(c.nodes).To(ContainElement(bad))
+		plan := &harvesterv1.UpgradePlan{}
+		Eventually(func(g Gomega) harvesterv1.UpgradePlanPhase {
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
+			return plan.Status.Phase
+		}).WithTimeout(2*time.Minute).WithPolling(100*time.Millisecond).Should(Equal(harvesterv1.UpgradePlanFailed), func() string { return plan.Status.Message })
+		Expect(plan.Status.Message).To(And(
+			ContainSubstring("RKE2's certificates on this node expire within 7 days: /var/lib/rancher/rke2/server/tls/kube-controller-manager/kube-controller-manager.crt (CN=kube-controller-manager) expires at "),
+			ContainSubstring("rke2 certificate rotate"), ContainSubstring("rancher/rancher#41125"),
+			ContainSubstring(upgradeplan.ObjectName("preload", plan))), "the node program's words, and the preload Plan they come from")
+		Expect(plan.Status.Message).To(ContainSubstring(bad), "the node named")
+		Expect(meta.FindStatusCondition(plan.Status.Conditions, harvesterv1.UpgradePlanDegraded)).To(HaveField("Message", plan.Status.Message))
+		for _, n := range c.nodes {
+			Expect(unschedulable(n)).To(BeFalse(), "node %s cordoned", n)
+		}
+		Expect(c.rec.MaxDown()).To(BeZero(), "no node went down")
+	})
+})

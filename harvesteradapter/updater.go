@@ -230,6 +230,10 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 		return false, "", err
 	}
 	want := suc.NodePlan(r.cfg, r.nu, kind, r.repo)
+	if kind == suc.PlanPreload {
+		// The plan's minimum validity of RKE2's certificates, as its own preload has it.
+		want.Spec.Upgrade = suc.NodeProgram(want.Spec.Upgrade.Image, upgradeplan.PreloadArgs(r.plan), r.repo, r.cfg.Spec.Release.Version, want.Spec.Upgrade.SecurityContext)
+	}
 	if kind == suc.PlanOS {
 		want.Annotations[suc.AnnotationBootID] = node.Status.NodeInfo.BootID
 		if r.plan != nil {

@@ -21,6 +21,7 @@ type preloadOptions struct {
 	rke2ImagesDir     string
 	agentImagesDir    string
 	placeArchives     bool
+	minCertDays       int
 }
 
 // runPreload does what Harvester's `upgrade_node.sh prepare` does once the repository is
@@ -37,7 +38,17 @@ func runPreload(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&o.rke2ImagesDir, "rke2-images-dir", "/var/lib/rancher/rke2/agent/images", "host directory RKE2 imports archives from at start")
 	fs.StringVar(&o.agentImagesDir, "agent-images-dir", "/var/lib/rancher/agent/images", "host directory the system agent imports archives from")
 	fs.BoolVar(&o.placeArchives, "place-archives", true, "also copy the rke2 and agent lists and archives into --rke2-images-dir and --agent-images-dir, as Harvester does")
+	fs.IntVar(&o.minCertDays, "min-cert-days", 7, "fail, before anything is imported, when a certificate of RKE2's on the node expires within this many days; 0 checks none")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	// Before the first node of the cluster is disrupted: preload runs on every node
+	// ahead of the roll (the UpgradePlan's preload), and each node's own preload before
+	// it is drained.
+	if o.minCertDays < 0 {
+		return usagef("--min-cert-days must be 0 (no check) or more, not %d", o.minCertDays)
+	}
+	if err := checkRKE2Certificates(env, o.minCertDays); err != nil {
 		return err
 	}
 	repo, err := newRepository(env, o.repositoryURL)

@@ -43,7 +43,26 @@ const (
 	CheckVMBackupsIdle = "VMBackupsIdle"
 	// CheckNodesSchedulable: every node is Ready and not cordoned.
 	CheckNodesSchedulable = "NodesSchedulable"
+	// CheckRKE2Certificates: no certificate of RKE2's on a node (its components', etcd's,
+	// the kubelet's) expires within AnnotationMinCertsExpirationDays days. The node
+	// program checks it on each node as the first thing of its image preload, before any
+	// node is disrupted (RKE2CertificateDays); no API serves those files.
+	CheckRKE2Certificates = "RKE2Certificates"
 )
+
+// RKE2CertificateDays is the node program's --min-cert-days for a plan with annotations:
+// the minimum of AnnotationMinCertsExpirationDays (DefaultMinCertsExpirationDays unless
+// set to a whole number above 0; APIServerCertificates fails a plan whose value is not),
+// 0 when the UpgradePlan skips CheckRKE2Certificates.
+func RKE2CertificateDays(annotations map[string]string) int {
+	if annotations[SkipCheckAnnotationPrefix+CheckRKE2Certificates] == "true" {
+		return 0
+	}
+	if n, err := strconv.Atoi(annotations[AnnotationMinCertsExpirationDays]); err == nil && n > 0 {
+		return n
+	}
+	return DefaultMinCertsExpirationDays
+}
 
 // SkipCheckAnnotationPrefix followed by a check's name, set to "true" on the UpgradePlan,
 // skips that check.

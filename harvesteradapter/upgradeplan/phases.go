@@ -25,6 +25,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -178,9 +179,19 @@ func clusterPreloadPlan(pr *PlanRun, concurrency int64) *sucv1.Plan {
 			JobActiveDeadlineSecs: ptr.To(suc.DeadlineSeconds(suc.PlanTimeout(suc.PlanPreload, spec.Timeouts))),
 			NodeSelector:          planNodes(pr.Plan),
 			Tolerations:           []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-			Upgrade:               suc.NodeProgram(spec.Images.Node, []string{"preload"}, pr.repo, release, suc.PrivilegedRoot()),
+			Upgrade:               suc.NodeProgram(spec.Images.Node, PreloadArgs(pr.Plan), pr.repo, release, suc.PrivilegedRoot()),
 		},
 	}
+}
+
+// PreloadArgs is the node program's preload with the plan's minimum validity of RKE2's
+// certificates, which it checks first on each node (clusterchecks.CheckRKE2Certificates).
+func PreloadArgs(plan *harvesterv1.UpgradePlan) []string {
+	var annotations map[string]string
+	if plan != nil {
+		annotations = plan.Annotations
+	}
+	return []string{"preload", fmt.Sprintf("--min-cert-days=%d", clusterchecks.RKE2CertificateDays(annotations))}
 }
 
 // planNodes selects the nodes the plan covers: its spec.nodeSelector, and every node

@@ -346,7 +346,11 @@ func (s *SUC) runPod(ctx context.Context, job *batchv1.Job) error {
 	if now.Sub(run.start) < s.work(run.plan) {
 		return nil
 	}
-	if message, fail := s.failure(run.plan, run.node); fail {
+	message, fail := s.certificateFailure(run.plan, run.node, now)
+	if !fail {
+		message, fail = s.failure(run.plan, run.node)
+	}
+	if fail {
 		// A failed upgrade container: the Job controller gives up after backoffLimit
 		// retries and says only that (jobReasonBackoffLimitExceeded): the failure's own
 		// words are the node program's termination message and log on the failed pod,

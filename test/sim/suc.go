@@ -27,6 +27,8 @@ import (
 	"k8s.io/utils/clock"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 )
 
 // SUC plays System Upgrade Controller (rancher/system-upgrade-controller@f1362a3) on a
@@ -121,6 +123,8 @@ type SUC struct {
 	mu            sync.Mutex
 	fails         map[string]string
 	labelledFails []labelledFailure
+	// certs holds each node's RKE2 certificates that the test dated (SetRKE2Certificates).
+	certs map[string][]nodeprogram.ExpiringCertificate
 	// appliedRV is the Plan resourceVersion whose Jobs were last applied, per Plan UID:
 	// SUC applies at most once per resourceVersion (fact 48).
 	appliedRV map[types.UID]string
@@ -349,6 +353,54 @@ func (s *SUC) FailNodeLabelled(planLabels map[string]string, node, message strin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.labelledFails = append(s.labelledFails, labelledFailure{planLabels: labels.Set(planLabels), node: node, message: message})
+}
+
+// SetRKE2Certificates dates RKE2's certificates on node, host state no API server
+// shows (the files under /var/lib/rancher/rke2, nodeprogram.ExpiringRKE2Certificates). A
+// node program preload on the node fails, before it imports anything, when one expires
+// within its --min-cert-days (default 7), with the node program's own words
+// (nodeprogram.RKE2CertificatesError). Nodes not told of hold certificates valid for
+// long.
+func (s *SUC) SetRKE2Certificates(node string, certs ...nodeprogram.ExpiringCertificate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.certs == nil {
+		s.certs = map[string][]nodeprogram.ExpiringCertificate{}
+	}
+	s.certs[node] = certs
+}
+
+// certificateFailure is what the node program's preload says on node at now of RKE2's
+// certificates there ("", false when they pass its check).
+func (s *SUC) certificateFailure(plan *sucv1.Plan, node string, now time.Time) (string, bool) {
+	up := plan.Spec.Upgrade
+	if up == nil || PlanSubcommand(plan) != "preload" {
+		return "", false
+	}
+	days := 7
+	if v := flagValue(up.Args, "--min-cert-days"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return "", false
+		}
+		days = n
+	}
+	if days <= 0 {
+		return "", false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var expiring []nodeprogram.ExpiringCertificate
+	for _, c := range s.certs[node] {
+		if c.NotAfter.Before(now.AddDate(0, 0, days)) {
+			expiring = append(expiring, c)
+		}
+	}
+	if len(expiring) == 0 {
+		return "", false
+	}
+	sort.SliceStable(expiring, func(i, j int) bool { return expiring[i].NotAfter.Before(expiring[j].NotAfter) })
+	return nodeprogram.RKE2CertificatesError(expiring, now, days).Error(), true
 }
 
 func (s *SUC) failure(plan *sucv1.Plan, node string) (string, bool) {
