@@ -53,12 +53,7 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 		By("ended there")
 		ended := endNodeUpdate(c, nu)
 		expectNodeSettled(wl, worker)
-		Consistently(func(g Gomega) {
-			for _, n := range c.nodes {
-				g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
-				g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
-			}
-		}, 3*time.Second, 100*time.Millisecond).Should(Succeed())
+		expectNoNodeTaken(wl, c, 3*time.Second)
 		pause, err := rancher.ReadPlannerPause(ctx, wl.Client)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(pause.By).To(Equal(upgradeplan.Name(c.name, "v1.8.1")), "the plan holds Rancher's planner while no NodeUpdate waits for it")
@@ -251,12 +246,7 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 				return plan.Status.Message
 			}).WithPolling(100*time.Millisecond).Should(And(ContainSubstring(node), ContainSubstring("rancher-system-agent")),
 				"the plan's status names the node and what to do")
-			Consistently(func(g Gomega) {
-				for _, n := range c.nodes {
-					g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
-					g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
-				}
-			}, 2*time.Second, 100*time.Millisecond).Should(Succeed())
+			expectNoNodeTaken(wl, c, 2*time.Second)
 
 			By("the agent starts again: it installs the plan under the guard, restarting nothing")
 			planner.StartAgent(node)

@@ -44,12 +44,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		By("ended before its pre-drain hook is answered")
 		ended := endNodeUpdate(c, nu)
 		expectNodeSettled(wl, node)
-		Consistently(func(g Gomega) {
-			for _, n := range c.nodes {
-				g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
-				g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
-			}
-		}, 3*time.Second, 100*time.Millisecond).Should(Succeed())
+		expectNoNodeTaken(wl, c, 3*time.Second)
 		pause, err := rancher.ReadPlannerPause(ctx, wl.Client)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(pause.By).To(Equal(upgradeplan.Name(c.name, "v1.8.1")), "the plan holds Rancher's planner while no NodeUpdate waits for it")
@@ -167,12 +162,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		By("ended while the planner's pass is under way")
 		ended := endNodeUpdate(c, nu)
 		expectNodeSettled(wl, node)
-		Consistently(func(g Gomega) {
-			for _, n := range c.nodes {
-				g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
-				g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
-			}
-		}, 2*time.Second, 100*time.Millisecond).Should(Succeed())
+		expectNoNodeTaken(wl, c, 2*time.Second)
 		cordons := 0
 		for _, e := range planner.HookEvents() {
 			if e.Node == node && e.Kind == "cordon" {
@@ -275,6 +265,18 @@ func nodeOf(wl *testenv.Environment, name string) *corev1.Node {
 	n := &corev1.Node{}
 	Expect(wl.Client.Get(ctx, client.ObjectKey{Name: name}, n)).To(Succeed())
 	return n
+}
+
+// expectNoNodeTaken asserts that, for d, Rancher takes none of c's nodes (no
+// drain-options on its plan Secret) and none is cordoned.
+func expectNoNodeTaken(wl *testenv.Environment, c *harvesterCluster, d time.Duration) {
+	GinkgoHelper()
+	Consistently(func(g Gomega) {
+		for _, n := range c.nodes {
+			g.Expect(planSecret(wl, n).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher took node %s, which no NodeUpdate asked for", n)
+			g.Expect(nodeOf(wl, n).Spec.Unschedulable).To(BeFalse(), "node %s cordoned", n)
+		}
+	}, d, 100*time.Millisecond).Should(Succeed())
 }
 
 // expectNodeSettled asserts that the node comes out of Rancher's drain: uncordoned, and
