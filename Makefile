@@ -236,20 +236,28 @@ $(ETCD): hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 	mv $@.tmp $@
 
 .PHONY: test
-test: test-binaries $(KUSTOMIZE) $(TESTSUMMARY) ## Unit and envtest specs, one component at a time (about 15 minutes); the slowest specs at the end.
+test: test-binaries manager-test-binary $(KUSTOMIZE) $(TESTSUMMARY) ## Unit and envtest specs, one component at a time (about 15 minutes); the slowest specs at the end.
 	@rm -rf $(REPORTS)/unit
 	@echo "go test: unit and envtest specs of $(words $(TEST_PKGS)) packages, -timeout $(TEST_TIMEOUT) -count=1 -json, through $(TESTSUMMARY)"
-	@CAPI_INPLACE_TEST_SCOPE=unit CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/unit/specs CAPI_INPLACE_REQUEST_COUNTS=$(REPORTS)/unit/requests \
+	@CAPI_INPLACE_TEST_SCOPE=unit CAPI_INPLACE_MANAGER_BINARY=$(MANAGER_TEST_BIN) CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/unit/specs CAPI_INPLACE_REQUEST_COUNTS=$(REPORTS)/unit/requests \
 		$(GO) test $(TEST_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 \
 		| $(TESTSUMMARY) -reports $(REPORTS)/unit/specs -requests $(REPORTS)/unit/requests
 
 .PHONY: test-e2e
-test-e2e: test-binaries $(KUSTOMIZE) $(TESTSUMMARY) ## Whole runs: demo, e2e, CAPI's controllers, formations, bench smoke, safety seeds (about 20 minutes).
+test-e2e: test-binaries manager-test-binary $(KUSTOMIZE) $(TESTSUMMARY) ## Whole runs: demo, e2e, CAPI's controllers, formations, bench smoke, safety seeds (about 20 minutes).
 	@rm -rf $(REPORTS)/e2e
 	@echo "go test: whole runs of $(words $(E2E_PKGS)) packages, -timeout $(TEST_TIMEOUT) -count=1 -json, through $(TESTSUMMARY)"
-	@CAPI_INPLACE_TEST_SCOPE=e2e CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/e2e/specs CAPI_INPLACE_REQUEST_COUNTS=$(REPORTS)/e2e/requests \
+	@CAPI_INPLACE_TEST_SCOPE=e2e CAPI_INPLACE_MANAGER_BINARY=$(MANAGER_TEST_BIN) CAPI_INPLACE_SPEC_REPORTS=$(REPORTS)/e2e/specs CAPI_INPLACE_REQUEST_COUNTS=$(REPORTS)/e2e/requests \
 		$(GO) test $(E2E_PKGS) $(TEST_P_FLAG) -timeout $(TEST_TIMEOUT) -count=1 -json 2>&1 \
 		| $(TESTSUMMARY) -reports $(REPORTS)/e2e/specs -requests $(REPORTS)/e2e/requests
+
+# The manager the suites and demo runs start (test/manager.Build returns it): linked once
+# per target instead of once per suite and demo run; go build relinks only what changed.
+MANAGER_TEST_BIN := $(abspath $(BIN))/test-manager/capi-inplace
+.PHONY: manager-test-binary
+manager-test-binary: ## Build the manager the tests run into bin/test-manager.
+	@mkdir -p $(dir $(MANAGER_TEST_BIN))
+	$(GO) build -o $(MANAGER_TEST_BIN) .
 
 $(TESTSUMMARY): hack/testsummary/main.go
 	@mkdir -p $(BIN)

@@ -839,5 +839,18 @@ func (r *soakRun) state() string {
 			fmt.Fprintf(&b, "  UpgradePlan %s %s: %s\n", p.Name, p.Status.Phase, p.Status.Message)
 		}
 	}
+	// The SUC Jobs that ran on the seed's nodes, and the reboots: what a node's record
+	// violation is read against.
+	b.WriteString("SUC runs and reboots:\n")
+	for _, run := range r.c.rec.Runs() {
+		if slices.Contains(r.c.nodes, run.Node) {
+			fmt.Fprintf(&b, "  %s on %s (job %s): %s to %s, labelled %s, failed %t %s\n", run.Plan, run.Node, run.Job, r.at(run.Start), r.at(run.End), r.at(run.Labelled), run.Failed, run.Message)
+		}
+	}
+	for _, n := range r.c.nodes {
+		for _, rb := range r.c.rec.Reboots(n) {
+			fmt.Fprintf(&b, "  reboot of %s: %s to %s\n", n, r.at(rb.Start), r.at(rb.End))
+		}
+	}
 	return b.String()
 }

@@ -9,7 +9,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -119,9 +121,18 @@ func newClusterWith(wl *testenv.Environment, planByHand bool, nodes int, osImage
 	for _, o := range simOptions {
 		o(c.suc) // before the simulator runs: it reads its settings without a lock
 	}
-	go func() { _ = c.suc.Run(runCtx) }()
-	c.repository = &sim.Repository{Client: wl.Client, Cache: wlCache, Namespace: repository.Namespace, Release: release181}
+	// The repository simulator: one an option gave the SUC simulator (which then asks it
+	// whether the repository serves), completed here, or a plain one.
+	c.repository, _ = c.suc.Repository.(*sim.Repository)
+	if c.repository == nil {
+		c.repository = &sim.Repository{}
+	}
+	c.repository.Client, c.repository.Cache, c.repository.Namespace, c.repository.Release = wl.Client, wlCache, repository.Namespace, release181
+	if c.repository.NodeSelector == nil {
+		c.repository.NodeSelector = map[string]string{labelTestCluster: c.name}
+	}
 	c.repository.Start(runCtx)
+	go func() { _ = c.suc.Run(runCtx) }()
 	c.longhorn = &sim.Longhorn{Client: wl.Client, Cache: wlCache, Namespace: longhorn.Namespace, StateDuration: 300 * time.Millisecond}
 	go c.longhorn.Run(runCtx)
 
@@ -385,6 +396,50 @@ var _ = Describe("The Harvester updater", func() {
 		Expect(deps.Items).To(HaveLen(1), "one repository Service for the release, shared by both nodes")
 		Expect(c.repository.MetadataRequests()).To(BeNumerically(">=", 2), "each node checks the release's eligibility")
 		Expect(c.repository.Problem(deps.Items[0].Name)).To(BeEmpty(), "the repository's pods run the node program as a real node would")
+	})
+
+	It("keeps serving the release through a drain of the node its first pod ran on: each pod keeps its own copy, the others copy it from a peer (harvester#9597, longhorn#12226)", func() {
+		// Repositories earlier specs left on the shared workload API server: this spec's
+		// simulator plays every Deployment of the namespace, with its pods.
+		for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Pod{}} {
+			Expect(workload.Client.DeleteAllOf(ctx, obj, client.InNamespace(repository.Namespace), client.HasLabels{repository.LabelRepository}, client.GracePeriodSeconds(0))).To(Succeed())
+		}
+		// A shared ReadWriteMany volume hangs attaching for good once its share-manager
+		// is evicted (longhorn#12226, reproduced often in harvester#9597); the Jobs of the
+		// nodes read the repository (SUC.Repository).
+		repo := &sim.Repository{PlayPods: true, RWXAttachHangs: true, Delay: 300 * time.Millisecond}
+		c := newHarvesterCluster(3, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.Release = harvesterv1.Release{Version: "v1.8.1", ISOURL: "https://releases.example/harvester-v1.8.1-amd64.iso", ISOChecksum: fmt.Sprintf("%0128x", 1)}
+			h.Spec.PreloadImages = ptr.To(false)
+		}, func(s *sim.SUC) { s.Repository = repo; s.RepositoryPatience = 2 * time.Second })
+		DeferCleanup(func() {
+			for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Pod{}} {
+				Expect(workload.Client.DeleteAllOf(ctx, obj, client.InNamespace(repository.Namespace), client.HasLabels{repository.LabelRepository}, client.GracePeriodSeconds(0))).To(Succeed())
+			}
+			Expect(workload.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(sim.ShareManagerNamespace), client.HasLabels{"longhorn.io/share-manager"}, client.GracePeriodSeconds(0))).To(Succeed())
+		})
+
+		// The first node's repository pod downloads; the node is the one the first pod
+		// runs on (the simulated scheduler's first pick), so its drain takes that pod.
+		first := c.nodeUpdate(c.nodes[0])
+		Expect(drive(c.updater, first, 90*time.Second)).To(Succeed(), "the drained node's own OS Job reads the repository after the drain (harvester#9597: post-drain waited for it for good)")
+		dep := &appsv1.Deployment{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: repository.Namespace, Name: repository.Name("v1.8.1")}, dep)).To(Succeed())
+		Expect(dep.Spec.Replicas).To(HaveValue(BeEquivalentTo(repository.Replicas)), "scaled to one pod per node of the control plane once the first serves")
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: repository.Namespace, Name: repository.Name("v1.8.1")}, &corev1.PersistentVolumeClaim{})).
+			To(Satisfy(apierrors.IsNotFound), "no volume shared by the pods")
+		Expect(repo.PodsCreated()).To(BeNumerically(">", repository.Replicas), "the drain evicted a repository pod, which the Deployment replaced")
+
+		// The other nodes' OS Jobs read the repository while it has lost a pod and got it
+		// back, and while each of them is drained in turn.
+		for _, node := range c.nodes[1:] {
+			Expect(drive(c.updater, c.nodeUpdate(node), 90*time.Second)).To(Succeed(), "node %s", node)
+		}
+		for _, r := range c.rec.Runs() {
+			Expect(r.Failed).To(BeFalse(), "run %s on %s failed: %s", r.Plan, r.Node, r.Message)
+		}
+		Expect(repo.Downloads()).To(Equal(1), "one download left the cluster: every other pod copied the ISO from a ready peer")
+		Expect(repo.Problem(dep.Name)).To(BeEmpty(), "the repository's pods run the node program as a real node would")
 	})
 
 	It("waits for a downloader that is not done yet (exit code 3) instead of failing the node", func() {

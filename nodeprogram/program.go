@@ -91,7 +91,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{name: "repository download", summary: "download the release ISO to the shared volume (one leader per volume) and check its SHA-512", run: runDownload},
+		{name: "repository download", summary: "provide the release ISO, checked against its SHA-512: copied from a ready peer, else downloaded from the release URL (one leader per shared volume)", run: runDownload},
 		{name: "repository mount", summary: "loop-mount the downloaded ISO read-only for the repository's web server", run: runMount},
 		{name: "preload", summary: "import the release's container images from the repository into the node's containerd", run: runPreload},
 		{name: "remove-archives", summary: "after the RKE2 upgrade, remove the RKE2 image archives preload placed for RKE2 to import", run: runRemoveArchives},

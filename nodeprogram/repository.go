@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -38,6 +39,7 @@ type downloadOptions struct {
 	sha512       string
 	sha512URL    string
 	file         string
+	peerURL      string
 	waitTimeout  time.Duration
 	pollInterval time.Duration
 }
@@ -45,11 +47,12 @@ type downloadOptions struct {
 func runDownload(ctx context.Context, env *Env, args []string) error {
 	var o downloadOptions
 	fs := newFlagSet(env, "repository download")
-	fs.StringVar(&o.dir, "dir", "/iso", "the shared (ReadWriteMany) volume every repository pod mounts")
+	fs.StringVar(&o.dir, "dir", "/iso", "the directory the ISO is kept in: the pod's own volume (an emptyDir), or a volume pods share (then one leader downloads, the others wait for its ready flag)")
 	fs.StringVar(&o.isoURL, "iso-url", "", "URL of the release ISO (required)")
 	fs.StringVar(&o.sha512, "sha512", "", "SHA-512 of the ISO, 128 hex digits (this or --sha512-url is required)")
 	fs.StringVar(&o.sha512URL, "sha512-url", "", "URL of a checksum file (`sha512sum` output) holding the ISO's SHA-512")
-	fs.StringVar(&o.file, "file", "harvester.iso", "name of the ISO on the shared volume; the ready flag is <file>.ready")
+	fs.StringVar(&o.file, "file", "harvester.iso", "name of the ISO in --dir; the ready flag is <file>.ready")
+	fs.StringVar(&o.peerURL, "peer-url", "", "URL where a ready peer serves its checked copy of the ISO (`repository mount --serve`): tried before --iso-url, so that a pod that lost its copy (a drain, a reschedule) copies it inside the cluster; --iso-url is used when no peer answers or a peer's copy fails the checksum")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Minute, "how long a follower waits for the leader's ready flag before exiting with code 3")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 5*time.Second, "how often a follower looks for the ready flag and tries to take over the lock")
 	if err := parseFlags(fs, args); err != nil {
@@ -81,6 +84,11 @@ func (o *downloadOptions) validate() error {
 		return usagef("--sha512 %q is not a SHA-512: it must be 128 hex digits", o.sha512)
 	case o.sha512URL != "":
 		if err := checkHTTPURL("--sha512-url", o.sha512URL); err != nil {
+			return err
+		}
+	}
+	if o.peerURL != "" {
+		if err := checkHTTPURL("--peer-url", o.peerURL); err != nil {
 			return err
 		}
 	}
@@ -224,49 +232,75 @@ func lockHolder(path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-// lead downloads the ISO to a partial file, checks its SHA-512, then renames it and writes
-// the ready flag, in that order, so that a flag always names a complete, checked file.
+// lead provides the ISO: from a ready peer when --peer-url is given and a peer answers
+// with a copy whose SHA-512 is the wanted one, else from --iso-url.
 func lead(ctx context.Context, env *Env, o downloadOptions, iso, want string) error {
 	// Another leader may have finished between our look at the flag and our lock.
 	if ready, err := readyFor(iso, want); err != nil || ready {
 		return err
 	}
 	_ = os.Remove(iso + readySuffix)
+	if o.peerURL != "" {
+		env.say("%s: copying the ISO from a ready peer at %s\n", env.Identity, o.peerURL)
+		n, err := fetchChecked(ctx, env, o.peerURL, iso, want)
+		if err == nil {
+			env.say("%s: %s copied from a peer (%d bytes, SHA-512 checked)\n", env.Identity, iso, n)
+			return markReady(iso, want)
+		}
+		// No peer serves it yet (the first pod of the repository, or every pod gone), or
+		// its copy is not the one wanted: the release's own URL is the source of truth.
+		env.say("%s: no peer copy (%v); downloading from %s\n", env.Identity, err, o.isoURL)
+	}
 	env.say("leader %s: downloading %s to %s\n", env.Identity, o.isoURL, iso)
-	body, err := fetch(ctx, env, o.isoURL)
+	n, err := fetchChecked(ctx, env, o.isoURL, iso, want)
 	if err != nil {
-		return fmt.Errorf("download the ISO: %w", err)
+		return err
+	}
+	env.say("leader %s: %s downloaded (%d bytes, SHA-512 checked)\n", env.Identity, iso, n)
+	return markReady(iso, want)
+}
+
+// fetchChecked downloads url to a partial file next to iso, checks its SHA-512 and moves
+// it into place, so that iso is always a complete, checked file; it returns the size.
+func fetchChecked(ctx context.Context, env *Env, url, iso, want string) (int64, error) {
+	body, err := fetch(ctx, env, url)
+	if err != nil {
+		return 0, fmt.Errorf("download the ISO: %w", err)
 	}
 	defer body.Close() //nolint:errcheck // read only
 	partial := iso + partialSuffix
 	f, err := os.Create(partial)
 	if err != nil {
-		return fmt.Errorf("create %s: %w", partial, err)
+		return 0, fmt.Errorf("create %s: %w", partial, err)
 	}
 	hash := sha512.New()
 	n, copyErr := io.Copy(io.MultiWriter(f, hash), body)
 	closeErr := f.Close()
 	if copyErr != nil {
 		_ = os.Remove(partial)
-		return retryf("download %s: %w after %d bytes", o.isoURL, copyErr, n)
+		return n, retryf("download %s: %w after %d bytes", url, copyErr, n)
 	}
 	if closeErr != nil {
 		_ = os.Remove(partial)
-		return fmt.Errorf("write %s: %w", partial, closeErr)
+		return n, fmt.Errorf("write %s: %w", partial, closeErr)
 	}
 	got := hex.EncodeToString(hash.Sum(nil))
 	if got != want {
 		_ = os.Remove(partial)
-		return fmt.Errorf("the ISO downloaded from %s (%d bytes) has SHA-512 %s, not the expected %s: check that the URL and the checksum are of the same release (the partial file was removed)",
-			o.isoURL, n, got, want)
+		return n, fmt.Errorf("the ISO downloaded from %s (%d bytes) has SHA-512 %s, not the expected %s: check that the URL and the checksum are of the same release (the partial file was removed)",
+			url, n, got, want)
 	}
 	if err := os.Rename(partial, iso); err != nil {
-		return fmt.Errorf("move the checked ISO into place: %w", err)
+		return n, fmt.Errorf("move the checked ISO into place: %w", err)
 	}
+	return n, nil
+}
+
+// markReady writes the ready flag of a checked ISO: the flag names its SHA-512.
+func markReady(iso, want string) error {
 	if err := os.WriteFile(iso+readySuffix, []byte(want+"\n"), 0o644); err != nil {
 		return fmt.Errorf("write the ready flag: %w", err)
 	}
-	env.say("leader %s: %s downloaded (%d bytes, SHA-512 checked)\n", env.Identity, iso, n)
 	return nil
 }
 
@@ -312,6 +346,7 @@ type mountOptions struct {
 	target    string
 	fstype    string
 	hold      bool
+	serve     string
 }
 
 func runMount(ctx context.Context, env *Env, args []string) error {
@@ -322,8 +357,12 @@ func runMount(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&o.target, "target", "/srv/www/htdocs/harvester-iso", "directory to mount the ISO on (the web server's document root, shared with mount propagation)")
 	fs.StringVar(&o.fstype, "fstype", "iso9660", "file system type of the image")
 	fs.BoolVar(&o.hold, "hold", false, "after mounting, keep running until SIGTERM, then unmount (for a long-running container, so that the pod's volumes can be torn down)")
+	fs.StringVar(&o.serve, "serve", "", "with --hold, also serve the image file itself, read-only, at /<its name> on this address (such as :8080), for the pods of the repository that copy it from a peer (`repository download --peer-url`)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if o.serve != "" && !o.hold {
+		return usagef("--serve needs --hold: the image is served while the mount is held")
 	}
 	if o.image == "" || o.target == "" || o.fstype == "" {
 		return usagef("--image, --target and --fstype must not be empty")
@@ -355,10 +394,56 @@ func runMount(ctx context.Context, env *Env, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if o.serve != "" {
+		stopServing, err := servePeers(ctx, env, o.serve, o.image)
+		if err != nil {
+			return err
+		}
+		defer stopServing()
+	}
 	<-ctx.Done()
 	if err := env.host().Unmount(o.target); err != nil {
 		return err
 	}
 	env.say("unmounted %s\n", o.target)
 	return nil
+}
+
+// servePeers serves the file image, read-only, at /<its name> on addr until stop is
+// called: the checked copy a repository pod holds, for the pods that copy it from a peer.
+// Range requests are answered, so a copy can go on where it broke.
+func servePeers(ctx context.Context, env *Env, addr, image string) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve the ISO for peers on %s: %w", addr, err)
+	}
+	name := "/" + filepath.Base(image)
+	srv := &http.Server{
+		ReadHeaderTimeout: 10 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path != name || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
+				http.NotFound(w, req)
+				return
+			}
+			f, err := os.Open(image)
+			if err != nil {
+				http.Error(w, "the ISO is not there", http.StatusServiceUnavailable)
+				return
+			}
+			defer f.Close() //nolint:errcheck // read only
+			st, err := f.Stat()
+			if err != nil {
+				http.Error(w, "the ISO is not readable", http.StatusServiceUnavailable)
+				return
+			}
+			http.ServeContent(w, req, name, st.ModTime(), f)
+		}),
+	}
+	go func() { _ = srv.Serve(ln) }()
+	env.say("serving %s for peers on %s%s\n", image, ln.Addr(), name)
+	return func() {
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}, nil
 }

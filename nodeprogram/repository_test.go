@@ -3,6 +3,10 @@ package nodeprogram
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -294,4 +298,126 @@ func TestMountAVirtualMachineImage(t *testing.T) {
 	}
 
 	runNode(t, host, nil, "repository", "mount", "--image="+disk, "--ready-flag=maybe").expect(t, ExitUsage, "invalid boolean value")
+}
+
+// TestDownloadCopiesFromAPeer: a pod of the repository that has no copy (the first start
+// of a replica, or one rescheduled after a drain) copies the ISO from a ready peer, checks
+// it, and leaves the release's URL alone; with no peer, or a peer whose copy is not the
+// release's, it downloads from the release's URL.
+func TestDownloadCopiesFromAPeer(t *testing.T) {
+	upstream := newFileServer(t, map[string][]byte{"/h.iso": fakeISO})
+	peer := newFileServer(t, map[string][]byte{"/harvester.iso": fakeISO})
+	sum := "--sha512=" + sha512Of(fakeISO)
+
+	dir := t.TempDir()
+	r := runNode(t, newFakeHost(t), nil, downloadArgs(dir, upstream.URL+"/h.iso", sum, "--peer-url="+peer.URL+"/harvester.iso")...)
+	r.expect(t, ExitOK)
+	if !strings.Contains(r.stdout, "copied from a peer") {
+		t.Errorf("stdout %q does not say the ISO was copied from a peer", r.stdout)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "harvester.iso")); err != nil || string(got) != string(fakeISO) {
+		t.Fatalf("ISO in the pod's volume: %q, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "harvester.iso.ready")); err != nil {
+		t.Errorf("no ready flag after a peer copy: %v", err)
+	}
+	if n := upstream.count("/h.iso"); n != 0 {
+		t.Errorf("the release's URL was read %d times although a peer served the ISO", n)
+	}
+
+	// No peer answers (the first pod, or every pod gone): the release's URL.
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	dir = t.TempDir()
+	r = runNode(t, newFakeHost(t), nil, downloadArgs(dir, upstream.URL+"/h.iso", sum, "--peer-url="+gone.URL+"/harvester.iso")...)
+	r.expect(t, ExitOK)
+	if n := upstream.count("/h.iso"); n != 1 || !strings.Contains(r.stdout, "no peer copy") {
+		t.Errorf("with no peer: %d downloads from the release's URL, stdout %q; want 1 and the reason", n, r.stdout)
+	}
+
+	// A peer whose copy fails the checksum is not trusted: the release's URL, and the
+	// partial copy is gone.
+	bad := newFileServer(t, map[string][]byte{"/harvester.iso": []byte("a copy of another release")})
+	dir = t.TempDir()
+	runNode(t, newFakeHost(t), nil, downloadArgs(dir, upstream.URL+"/h.iso", sum, "--peer-url="+bad.URL+"/harvester.iso")...).expect(t, ExitOK)
+	if n := upstream.count("/h.iso"); n != 2 {
+		t.Errorf("after a bad peer copy: %d downloads from the release's URL, want 2", n)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "harvester.iso")); err != nil || string(got) != string(fakeISO) {
+		t.Errorf("ISO after a bad peer copy: %q, %v", got, err)
+	}
+
+	runNode(t, newFakeHost(t), nil, downloadArgs(t.TempDir(), upstream.URL+"/h.iso", sum, "--peer-url=nfs://peer/harvester.iso")...).
+		expect(t, ExitUsage, "--peer-url", "must be an http:// or https:// URL")
+}
+
+// TestMountServesTheImageForPeers: `mount --hold --serve` serves the checked image itself,
+// with ranges, for the pods that copy it, and nothing else; it stops with the hold.
+func TestMountServesTheImageForPeers(t *testing.T) {
+	host := newFakeHost(t)
+	dir := t.TempDir()
+	iso := filepath.Join(dir, "harvester.iso")
+	if err := os.WriteFile(iso, fakeISO, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(iso+".ready", []byte(sha512Of(fakeISO)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	env := &Env{Host: host, Stdout: io.Discard, Stderr: io.Discard, Identity: "repo-0"}
+	go func() {
+		done <- Main(ctx, []string{"--termination-log=" + filepath.Join(t.TempDir(), "t"), "repository", "mount", "--image=" + iso,
+			"--target=" + filepath.Join(t.TempDir(), "htdocs"), "--hold", "--serve=" + addr}, env)
+	}()
+	get := func(path, rng string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		if rng != "" {
+			req.Header.Set("Range", rng)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close() //nolint:errcheck // test
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := get("/harvester.iso", ""); code == http.StatusOK || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := get("/harvester.iso", ""); code != http.StatusOK || body != string(fakeISO) {
+		t.Errorf("GET /harvester.iso: %d %q, want 200 and the ISO", code, body)
+	}
+	if code, body := get("/harvester.iso", "bytes=4-9"); code != http.StatusPartialContent || body != string(fakeISO[4:10]) {
+		t.Errorf("ranged GET: %d %q, want 206 %q", code, body, fakeISO[4:10])
+	}
+	if code, _ := get("/harvester.iso.ready", ""); code != http.StatusNotFound {
+		t.Errorf("GET of another file: %d, want 404", code)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != ExitOK {
+			t.Errorf("mount --hold ended with %d, want 0", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("mount --hold did not end with its context")
+	}
+	if code, _ := get("/harvester.iso", ""); code != 0 {
+		t.Errorf("still served after the hold ended: %d", code)
+	}
+
+	runNode(t, host, nil, "repository", "mount", "--image="+iso, "--serve=:8080").expect(t, ExitUsage, "--serve needs --hold")
 }

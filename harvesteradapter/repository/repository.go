@@ -39,10 +39,16 @@ const (
 	downloaderContainer = "download"
 	// mounterContainer runs `capi-inplace node repository mount --hold`.
 	mounterContainer = "mount"
-	// repositoryVolumePath is where the shared volume is mounted in the repository pods.
+	// repositoryVolumePath is where the ISO's volume is mounted in the repository pods.
 	repositoryVolumePath = "/repository"
-	// repositoryISOFile is the ISO's name on the shared volume.
+	// repositoryISOFile is the ISO's name in that volume, and the path its mounter serves
+	// it at for the pods that copy it from a peer.
 	repositoryISOFile = "harvester.iso"
+	// peerPort is the port the mounter serves the checked ISO on, for the peers.
+	peerPort = 8080
+	// Replicas is how many pods serve the release once the first has it: one per node of
+	// a three-node control plane, so that a drain takes one copy away, never all.
+	Replicas = 3
 	// repositoryMountPath is where the mounter mounts the ISO, in the emptyDir nginx serves.
 	repositoryMountPath = "/iso"
 	// imageDiskFile is the ISO on the volume of a VirtualMachineImage imported with the
@@ -72,78 +78,100 @@ func ServiceURL(release string) string {
 	return fmt.Sprintf("http://%s.%s.svc", Name(release), Namespace)
 }
 
-// repositoryObjects are the PVC, Deployment and Service of the pod-based upgrade
-// repository of the Harvester upgrade enhancement, run by the node program of the node
-// image: the pods share a ReadWriteMany volume; the leader (first pod to take the lock
-// file) downloads the ISO and checks its SHA-512 while the others wait for the ready
-// flag; a privileged sidecar loop-mounts the ISO with bidirectional mount propagation;
-// nginx serves the mounted tree; the pods are ready once /harvester-release.yaml is
-// served, and spread across nodes.
+// PeerURL is where a repository pod copies the checked ISO from a ready peer: the
+// Service's peer port, which only ready pods (those serving the release) stand behind.
+func PeerURL(release string) string {
+	return fmt.Sprintf("%s:%d/%s", ServiceURL(release), peerPort, repositoryISOFile)
+}
+
+// Objects are the Deployment and Service of the pod-based upgrade repository of the
+// Harvester upgrade enhancement, run by the node program of the node image. Each pod keeps
+// its own copy of the ISO, in an emptyDir of repositoryStorage.size: no volume is shared,
+// so a drain takes away the copy of the pod on that node and nothing else (a shared
+// ReadWriteMany volume whose engine runs on the drained node can stay attaching for good,
+// and with it every pod: harvester/harvester#9597, longhorn/longhorn#12226). The
+// Deployment starts with one pod, which downloads the ISO and checks its SHA-512; once it
+// serves, Ensure scales it to Replicas, and each new pod (or one rescheduled after a
+// drain) copies the ISO from a ready peer through the Service and checks it, falling back
+// to the release's URL when no peer answers. A privileged sidecar loop-mounts the ISO
+// with bidirectional mount propagation, and serves the ISO file itself to peers; nginx
+// serves the mounted tree; the pods are ready once /harvester-release.yaml is served, and
+// spread across nodes.
 //
-// With release.image there is no PVC of the repository's own and no downloader: the
-// pods mount, read-only, the PVC that backs the VirtualMachineImage (named as the image,
-// in its namespace), and the sidecar loop-mounts its disk.img, as Harvester's own
-// repository does (facts, facts 15 and 48). The image must be in the repository's
-// namespace, harvester-system (the API refuses another): a pod mounts PVCs of its own
-// namespace only, and the repository stays where Harvester's is and where the nodes
-// reach it (repositoryServiceURL), whatever the image.
-func Objects(cfg *harvesterv1.HarvesterUpgrader) (*corev1.PersistentVolumeClaim, *appsv1.Deployment, *corev1.Service, error) {
+// With release.image there is no downloader: the pods mount, read-only, the PVC that
+// backs the VirtualMachineImage (named as the image, in its namespace), and the sidecar
+// loop-mounts its disk.img, as Harvester's own repository does (facts, facts 15 and 48).
+// The image must be in the repository's namespace, harvester-system (the API refuses
+// another): a pod mounts PVCs of its own namespace only, and the repository stays where
+// Harvester's is and where the nodes reach it (repositoryServiceURL), whatever the image.
+// That volume is ReadWriteMany, as Harvester makes it, and shares its failure under a
+// drain (docs/harvester.md says so).
+func Objects(cfg *harvesterv1.HarvesterUpgrader) (*appsv1.Deployment, *corev1.Service, error) {
 	spec := cfg.Spec
 	name := Name(spec.Release.Version)
 	labels := map[string]string{LabelRepository: name, "app.kubernetes.io/name": "capi-inplace-upgrade-repository"}
 	if imageNS, image, ok := releaseImage(spec.Release); ok {
 		if imageNS != Namespace {
-			return nil, nil, nil, nodeupdater.Permanentf("InvalidReleaseImage", "HarvesterUpgrader %s: release.image %s is not in %s, where the upgrade repository runs and mounts its volume", cfg.Name, spec.Release.Image, Namespace)
+			return nil, nil, nodeupdater.Permanentf("InvalidReleaseImage", "HarvesterUpgrader %s: release.image %s is not in %s, where the upgrade repository runs and mounts its volume", cfg.Name, spec.Release.Image, Namespace)
 		}
-		dep, svc := repositoryDeployment(cfg, name, labels, image)
-		return nil, dep, svc, nil
+		dep, svc := repositoryDeployment(cfg, name, labels, image, resource.Quantity{})
+		return dep, svc, nil
 	}
 	size, err := resource.ParseQuantity(spec.RepositoryStorage.Size)
 	if err != nil {
-		return nil, nil, nil, nodeupdater.Permanentf("InvalidRepositoryStorage", "HarvesterUpgrader %s: repositoryStorage.size %q is not a quantity: %v", cfg.Name, spec.RepositoryStorage.Size, err)
+		return nil, nil, nodeupdater.Permanentf("InvalidRepositoryStorage", "HarvesterUpgrader %s: repositoryStorage.size %q is not a quantity: %v", cfg.Name, spec.RepositoryStorage.Size, err)
 	}
+	dep, svc := repositoryDeployment(cfg, name, labels, "", size)
+	return dep, svc, nil
+}
 
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-			StorageClassName: ptr.To(spec.RepositoryStorage.StorageClassName),
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
-		},
+// LegacyClaim is the ReadWriteMany PVC that capi-inplace's repository shared before each
+// pod kept its own copy, named as the repository: a plan's clean-up deletes it when an
+// earlier version left it. nil with release.image, whose PVC is the image's own.
+func LegacyClaim(cfg *harvesterv1.HarvesterUpgrader) *corev1.PersistentVolumeClaim {
+	if _, _, ok := releaseImage(cfg.Spec.Release); ok {
+		return nil
 	}
-
-	dep, svc := repositoryDeployment(cfg, name, labels, "")
-	return pvc, dep, svc, nil
+	return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: Name(cfg.Spec.Release.Version), Namespace: Namespace}}
 }
 
 // repositoryDeployment is the repository's Deployment and Service: with image empty,
-// the pods download the ISO into the repository's PVC, named name; else they serve the
-// disk.img of the VirtualMachineImage image's PVC, mounted read-only.
-func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, labels map[string]string, image string) (*appsv1.Deployment, *corev1.Service) {
+// each pod provides the ISO in its own emptyDir of size (from a peer, else from the
+// release's URL) and serves it to the peers; else they serve the disk.img of the
+// VirtualMachineImage image's PVC, mounted read-only.
+func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, labels map[string]string, image string, size resource.Quantity) (*appsv1.Deployment, *corev1.Service) {
 	spec := cfg.Spec
 	node := spec.Images.Node
-	// The node program's repository subcommands (nodeprogram/repository.go): the leader
-	// downloads into the shared volume and checks the SHA-512, the others wait for its
-	// ready flag; the mounter loop-mounts the checked ISO where nginx serves it. The pod
-	// name identifies a downloader in the leader lock.
+	// The node program's repository subcommands (nodeprogram/repository.go): the
+	// downloader copies the ISO from a ready peer, or downloads it, into the pod's own
+	// volume and checks the SHA-512; the mounter loop-mounts the checked ISO where nginx
+	// serves it, and serves the ISO file on the peer port. The pod name identifies the
+	// downloader in its messages.
 	mount := []string{"node", "repository", "mount", "--image=" + repositoryVolumePath + "/" + repositoryISOFile,
-		"--target=" + repositoryMountPath, "--hold"}
-	volume := corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}
+		"--target=" + repositoryMountPath, "--hold", fmt.Sprintf("--serve=:%d", peerPort)}
+	volume := corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &size}}
 	initContainers := []corev1.Container{{
 		Name: downloaderContainer, Image: node, Command: []string{nodeprogram.Binary},
 		Args: []string{"node", "repository", "download", "--dir=" + repositoryVolumePath,
-			"--iso-url=" + spec.Release.ISOURL, "--sha512=" + spec.Release.ISOChecksum, "--file=" + repositoryISOFile},
+			"--iso-url=" + spec.Release.ISOURL, "--sha512=" + spec.Release.ISOChecksum, "--file=" + repositoryISOFile,
+			"--peer-url=" + PeerURL(spec.Release.Version)},
 		Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
-		// Root, for the shared volume's root-owned directory (the image's user is 65532);
-		// no privilege beyond it.
-		SecurityContext:          &corev1.SecurityContext{RunAsUser: ptr.To[int64](0), AllowPrivilegeEscalation: ptr.To(false)},
+		// The pod's own emptyDir is writable by the image's user (65532): no privilege.
+		SecurityContext:          &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		VolumeMounts:             []corev1.VolumeMount{{Name: "repository", MountPath: repositoryVolumePath}},
 	}}
+	replicas := int32(1) // the first pod downloads; Ensure scales to Replicas once it serves
+	mounterPorts := []corev1.ContainerPort{{Name: "peer", ContainerPort: peerPort}}
+	servicePorts := []corev1.ServicePort{
+		{Name: "http", Port: repositoryPort, TargetPort: intstr.FromString("http")},
+		{Name: "peer", Port: peerPort, TargetPort: intstr.FromString("peer")},
+	}
 	if image != "" {
 		// The image's volume, read-only, holds the complete ISO once a pod can mount it:
-		// nothing to download, no ready flag to wait for.
-		initContainers = nil
+		// nothing to download, no ready flag to wait for, no peer to copy from.
+		initContainers, mounterPorts, servicePorts = nil, nil, servicePorts[:1]
+		replicas = Replicas
 		volume = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: image, ReadOnly: true}}
 		mount = []string{"node", "repository", "mount", "--image=" + repositoryVolumePath + "/" + imageDiskFile,
 			"--ready-flag=false", "--target=" + repositoryMountPath, "--hold"}
@@ -153,7 +181,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](3),
+			Replicas: ptr.To(replicas),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
@@ -171,7 +199,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 					InitContainers: initContainers,
 					Containers: []corev1.Container{
 						{
-							Name: mounterContainer, Image: node, Command: []string{nodeprogram.Binary}, Args: mount,
+							Name: mounterContainer, Image: node, Command: []string{nodeprogram.Binary}, Args: mount, Ports: mounterPorts,
 							// A loop device and mount(2), propagated to nginx through the
 							// shared emptyDir: privileged (which Bidirectional requires) and root.
 							SecurityContext:          &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
@@ -203,7 +231,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Spec: corev1.ServiceSpec{
 			Selector: labels,
-			Ports:    []corev1.ServicePort{{Name: "http", Port: repositoryPort, TargetPort: intstr.FromString("http")}},
+			Ports:    servicePorts,
 		},
 	}
 	return dep, svc
@@ -213,7 +241,7 @@ func repositoryDeployment(cfg *harvesterv1.HarvesterUpgrader, name string, label
 // whether it serves the release. A downloader that failed (a wrong checksum, an ISO URL
 // that does not answer) is a permanent error with its own message.
 func Ensure(ctx context.Context, c client.Client, cfg *harvesterv1.HarvesterUpgrader) (ready bool, message string, err error) {
-	pvc, dep, svc, err := Objects(cfg)
+	dep, svc, err := Objects(cfg)
 	if err != nil {
 		return false, "", err
 	}
@@ -227,11 +255,7 @@ func Ensure(ctx context.Context, c client.Client, cfg *harvesterv1.HarvesterUpgr
 				return false, message, err
 			}
 		}
-		objs := []client.Object{svc, dep}
-		if pvc != nil { // none of its own with release.image
-			objs = append([]client.Object{pvc}, objs...)
-		}
-		for _, obj := range objs {
+		for _, obj := range []client.Object{svc, dep} {
 			if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
 				return false, "", fmt.Errorf("create upgrade repository %T %s: %w", obj, obj.GetName(), err)
 			}
@@ -249,6 +273,14 @@ func Ensure(ctx context.Context, c client.Client, cfg *harvesterv1.HarvesterUpgr
 	}
 	if current.Status.AvailableReplicas < 1 {
 		return false, fmt.Sprintf("waiting for the upgrade repository %s/%s to download Harvester %s and serve it", Namespace, dep.Name, cfg.Spec.Release.Version), nil
+	}
+	// The first pod serves: the others copy the ISO from it, inside the cluster.
+	if ptr.Deref(current.Spec.Replicas, 1) < Replicas {
+		patch := client.MergeFrom(current.DeepCopy())
+		current.Spec.Replicas = ptr.To[int32](Replicas)
+		if err := c.Patch(ctx, current, patch); err != nil {
+			return false, "", fmt.Errorf("scale the upgrade repository %s to %d pods: %w", dep.Name, Replicas, err)
+		}
 	}
 	return true, fmt.Sprintf("the upgrade repository %s/%s serves Harvester %s", Namespace, dep.Name, cfg.Spec.Release.Version), nil
 }

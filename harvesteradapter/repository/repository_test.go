@@ -18,7 +18,7 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 	cfg.Spec.Release = harvesterv1.Release{Version: "v1.6.0", ISOURL: "https://releases.example/harvester-v1.6.0-amd64.iso", ISOChecksum: strings.Repeat("ab", 64)}
 	cfg.Spec.Images.Nginx = "rancher/mirrored-library-nginx:1.27-alpine"
 	cfg.Spec.RepositoryStorage = harvesterv1.RepositoryStorage{StorageClassName: "longhorn", Size: "30Gi"}
-	_, dep, _, err := Objects(cfg)
+	dep, svc, err := Objects(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,18 +28,32 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 	}
 	download, mount, nginx := pod.InitContainers[0], pod.Containers[0], pod.Containers[1]
 
-	wantDownload := "node repository download --dir=/repository --iso-url=https://releases.example/harvester-v1.6.0-amd64.iso --sha512=" + strings.Repeat("ab", 64) + " --file=harvester.iso"
+	wantDownload := "node repository download --dir=/repository --iso-url=https://releases.example/harvester-v1.6.0-amd64.iso --sha512=" + strings.Repeat("ab", 64) +
+		" --file=harvester.iso --peer-url=http://capi-inplace-repo-v1-6-0.harvester-system.svc:8080/harvester.iso"
 	if download.Image != fixtures.NodeImage || strings.Join(download.Command, " ") != "/capi-inplace" || strings.Join(download.Args, " ") != wantDownload {
 		t.Errorf("downloader runs %s %v %v, want %s /capi-inplace %s", download.Image, download.Command, download.Args, fixtures.NodeImage, wantDownload)
 	}
-	if sc := download.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Privileged != nil {
-		t.Errorf("downloader securityContext %+v: root on the shared volume, nothing more", sc)
+	if sc := download.SecurityContext; sc == nil || sc.RunAsUser != nil || sc.Privileged != nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("downloader securityContext %+v: the image's own user writes the pod's own volume, no privilege", sc)
 	}
 	if len(download.Env) != 1 || download.Env[0].Name != "POD_NAME" || download.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" {
-		t.Errorf("downloader env %+v: the pod's name identifies the leader in the lock", download.Env)
+		t.Errorf("downloader env %+v: the pod's name identifies the downloader", download.Env)
+	}
+	// No shared volume (harvester#9597, longhorn#12226): each pod's own copy, as large as
+	// repositoryStorage.size allows.
+	for _, v := range pod.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			t.Errorf("volume %s is a PVC %s: a drain of the node its engine runs on can take it from every pod", v.Name, v.PersistentVolumeClaim.ClaimName)
+		}
+		if v.Name == "repository" && (v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != "30Gi") {
+			t.Errorf("repository volume %+v, want the pod's own emptyDir of 30Gi", v.VolumeSource)
+		}
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+		t.Errorf("replicas %v at creation, want 1: the first pod downloads, the others copy from it", dep.Spec.Replicas)
 	}
 
-	wantMount := "node repository mount --image=/repository/harvester.iso --target=/iso --hold"
+	wantMount := "node repository mount --image=/repository/harvester.iso --target=/iso --hold --serve=:8080"
 	if mount.Image != fixtures.NodeImage || strings.Join(mount.Args, " ") != wantMount {
 		t.Errorf("mounter runs %s %v, want %s", mount.Image, mount.Args, wantMount)
 	}
@@ -60,18 +74,27 @@ func TestRepositoryRunsTheNodeProgram(t *testing.T) {
 	if nginx.Image != "rancher/mirrored-library-nginx:1.27-alpine" || nginx.ReadinessProbe.HTTPGet.Path != "/harvester-release.yaml" {
 		t.Errorf("nginx %s, readiness %s", nginx.Image, nginx.ReadinessProbe.HTTPGet.Path)
 	}
+	if len(mount.Ports) != 1 || mount.Ports[0].Name != "peer" || mount.Ports[0].ContainerPort != 8080 {
+		t.Errorf("mounter ports %+v, want peer 8080", mount.Ports)
+	}
+	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[1].Name != "peer" || svc.Spec.Ports[1].Port != 8080 || svc.Spec.Ports[1].TargetPort.StrVal != "peer" {
+		t.Errorf("Service ports %+v, want http and peer (8080)", svc.Spec.Ports)
+	}
+	if claim := LegacyClaim(cfg); claim == nil || claim.Name != dep.Name || claim.Namespace != Namespace {
+		t.Errorf("legacy claim %+v, want %s/%s for the clean-up", claim, Namespace, dep.Name)
+	}
 }
 
 func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
 	cfg := fixtures.Upgrader()
 	cfg.Spec.Release = harvesterv1.Release{Version: "v1.6.0", Image: "harvester-system/harvester-v1.6.0"}
 	cfg.Spec.Images.Nginx = "rancher/mirrored-library-nginx:1.27-alpine"
-	pvc, dep, svc, err := Objects(cfg)
+	dep, svc, err := Objects(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pvc != nil {
-		t.Errorf("a PVC %s of the repository's own: the image's volume holds the ISO", pvc.Name)
+	if pvc := LegacyClaim(cfg); pvc != nil {
+		t.Errorf("a PVC %s of the repository's own to clean up: the image's volume is the image's", pvc.Name)
 	}
 	if dep.Namespace != Namespace || svc.Namespace != Namespace || dep.Name != "capi-inplace-repo-v1-6-0" {
 		t.Errorf("repository %s/%s, Service in %s: it stays where the nodes reach it", dep.Namespace, dep.Name, svc.Namespace)
@@ -101,7 +124,7 @@ func TestRepositoryServesAVirtualMachineImage(t *testing.T) {
 	}
 
 	cfg.Spec.Release.Image = "default/harvester-v1.6.0"
-	if _, _, _, err := Objects(cfg); err == nil || !strings.Contains(err.Error(), "is not in harvester-system") {
+	if _, _, err := Objects(cfg); err == nil || !strings.Contains(err.Error(), "is not in harvester-system") {
 		t.Errorf("an image outside harvester-system: %v", err)
 	}
 }

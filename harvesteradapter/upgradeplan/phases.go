@@ -375,14 +375,15 @@ func (r *PlanReconciler) cleanUp(ctx context.Context, pr *PlanRun) (bool, string
 // it waits for. It may be called again at any time.
 func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) (string, error) {
 	if pr.Config.Spec.Release.RepositoryURL == "" {
-		pvc, dep, svc, err := repository.Objects(pr.Config)
+		dep, svc, err := repository.Objects(pr.Config)
 		if err != nil {
 			return "", err
 		}
-		for _, obj := range []client.Object{dep, svc, pvc} {
-			if obj == nil {
-				continue
-			}
+		objs := []client.Object{dep, svc}
+		if pvc := repository.LegacyClaim(pr.Config); pvc != nil { // left by an earlier version
+			objs = append(objs, pvc)
+		}
+		for _, obj := range objs {
 			if err := pr.Workload.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
 				return "", fmt.Errorf("delete the upgrade repository's %T %s: %w", obj, obj.GetName(), err)
 			}

@@ -20,8 +20,20 @@ import (
 	"github.com/capi-inplace/capi-inplace/test/procguard"
 )
 
-// Build compiles the manager from the checkout at root into dir and returns its path.
+// BinaryEnv names a manager binary built from this checkout before the tests started
+// (make test and make test-e2e build it once and set it): Build returns it instead of
+// linking the manager again in every suite and demo run.
+const BinaryEnv = "CAPI_INPLACE_MANAGER_BINARY"
+
+// Build compiles the manager from the checkout at root into dir and returns its path, or
+// returns the binary BinaryEnv names when it is set and there.
 func Build(ctx context.Context, root, dir string) (string, error) {
+	if prebuilt := os.Getenv(BinaryEnv); prebuilt != "" {
+		if st, err := os.Stat(prebuilt); err == nil && st.Mode().IsRegular() {
+			return prebuilt, nil
+		}
+		return "", fmt.Errorf("%s=%s: no manager binary there; unset it, or build it with make manager-test-binary", BinaryEnv, prebuilt)
+	}
 	out := filepath.Join(dir, "capi-inplace")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
 	cmd.Dir = root

@@ -46,6 +46,9 @@ type podRun struct {
 	// drainStart is when its kubectl drain began (zero before): a drain whose evictions
 	// are refused runs on until its --timeout.
 	drainStart time.Time
+	// repositoryDown is since when its work waits for a repository that does not serve
+	// (zero while it serves).
+	repositoryDown time.Time
 }
 
 // containerExit is a container that ended in error: its exit code, the termination
@@ -346,6 +349,12 @@ func (s *SUC) runPod(ctx context.Context, job *batchv1.Job) error {
 	if now.Sub(run.start) < s.work(run.plan) {
 		return nil
 	}
+	if waiting, message := s.repositoryWait(run, now); waiting {
+		return nil
+	} else if message != "" {
+		run.exit = &containerExit{container: "upgrade", code: nodeprogram.ExitRetry, termination: message, log: message}
+		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
+	}
 	message, fail := s.certificateFailure(run.plan, run.node, now)
 	if !fail {
 		message, fail = s.failure(run.plan, run.node)
@@ -359,6 +368,36 @@ func (s *SUC) runPod(ctx context.Context, job *batchv1.Job) error {
 		return s.finishPod(ctx, job, run, batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage, message)
 	}
 	return s.finishPod(ctx, job, run, "", "", "")
+}
+
+// repositoryWait plays the node program reading the release repository of run's Plan
+// (see SUC.Repository): waiting while the repository has not served for
+// RepositoryPatience, then the failure's message.
+func (s *SUC) repositoryWait(run *podRun, now time.Time) (waiting bool, message string) {
+	up := run.plan.Spec.Upgrade
+	if s.Repository == nil || up == nil {
+		return false, ""
+	}
+	repositoryURL := flagValue(up.Args, "--repository-url")
+	if repositoryURL == "" {
+		return false, ""
+	}
+	serves, why := s.Repository.Serves(repositoryURL)
+	if serves {
+		run.repositoryDown = time.Time{}
+		return false, ""
+	}
+	if run.repositoryDown.IsZero() {
+		run.repositoryDown = now
+	}
+	patience := s.RepositoryPatience
+	if patience == 0 {
+		patience = time.Second
+	}
+	if now.Sub(run.repositoryDown) < patience {
+		return true, ""
+	}
+	return false, fmt.Sprintf("capi-inplace node %s: not done yet: GET %s/harvester-release.yaml: dial tcp: connect: connection refused (%s)", PlanSubcommand(run.plan), repositoryURL, why)
 }
 
 // startPod creates the Job's pod: the Job gets its start time and one active pod. A pod
@@ -529,7 +568,13 @@ func (s *SUC) finishPod(ctx context.Context, job *batchv1.Job, run *podRun, reas
 	run.finished = true
 	s.Record.endRun(run.record, now.Time, failed, recordMessage, false)
 	if osImage := s.osImage(run.plan); !failed && osImage != "" {
-		s.armReboot(run.node, osImage, now.Time)
+		// The node program installs nothing and arms no reboot on a node that already
+		// runs the release's OS (nodeprogram/osupgrade.go: "the node already runs %s:
+		// nothing to install, no reboot"): an os-upgrade Job run again after the reboot.
+		node := &corev1.Node{}
+		if err := s.Client.Get(ctx, client.ObjectKey{Name: run.node}, node); err != nil || node.Status.NodeInfo.OSImage != osImage {
+			s.armReboot(run.node, osImage, now.Time)
+		}
 	}
 	return nil
 }

@@ -47,6 +47,26 @@ type Repository struct {
 	// Interval is how often the Deployments are looked at: without Cache, default 20ms;
 	// with it, when no event came, default 1s.
 	Interval time.Duration
+	// PlayPods makes the simulator play the Deployment's pods too, as the scheduler and
+	// the kubelets of the nodes NodeSelector picks would (see playPods): each pod on a
+	// node, evicted by a drain, replaced by the Deployment, serving only while its node
+	// is Ready and its copy of the ISO (or the shared volume it reads) is there. Without
+	// it the Deployment is made available with no pods, and the repository serves always.
+	PlayPods bool
+	// NodeSelector picks the nodes PlayPods places pods on (the spec's own nodes on a
+	// shared API server).
+	NodeSelector map[string]string
+	// RWXAttachHangs: a template that shares a ReadWriteMany volume loses it for good once
+	// the volume's share-manager pod is evicted (a drain of its node): the volume stays
+	// attaching and every pod reading it stops serving, as longhorn/longhorn#12226 (open,
+	// priority/0; "NOT consistently reproducible") and harvester/harvester#9597 report;
+	// without it the volume attaches again on another node after ReattachDelay.
+	RWXAttachHangs bool
+	// ReattachDelay is how long a shared volume takes to attach on another node after its
+	// share-manager pod left; default 200ms.
+	ReattachDelay time.Duration
+	// CopyDelay is how long a pod takes to copy the ISO from a ready peer; default 100ms.
+	CopyDelay time.Duration
 
 	loop     passLoop
 	server   *httptest.Server
@@ -55,6 +75,11 @@ type Repository struct {
 	problems map[string]string
 	// seen is when each Deployment was first seen.
 	seen map[types.UID]time.Time
+	// played is what PlayPods keeps of each Deployment it plays, by name.
+	played map[string]*playedRepository
+	// downloads counts the ISO downloads from the release's URL (not from a peer), created
+	// the pods PlayPods created.
+	downloads, created int
 }
 
 // Problem is why the Deployment name's pods would not serve the release on a real node,
@@ -93,7 +118,11 @@ func (r *Repository) Start(ctx context.Context) {
 		<-ctx.Done()
 		r.server.Close()
 	}()
-	go r.loop.run(ctx, r.Interval, r.Cache, []client.Object{&appsv1.Deployment{}}, r.pass)
+	kinds := []client.Object{&appsv1.Deployment{}}
+	if r.PlayPods {
+		kinds = append(kinds, &corev1.Pod{}, &corev1.Node{})
+	}
+	go r.loop.run(ctx, r.Interval, r.Cache, kinds, r.pass)
 }
 
 func (r *Repository) pass(ctx context.Context) {
@@ -107,7 +136,7 @@ func (r *Repository) pass(ctx context.Context) {
 	}
 	for i := range deps.Items {
 		dep := &deps.Items[i]
-		if dep.Status.AvailableReplicas > 0 {
+		if dep.Status.AvailableReplicas > 0 && !r.PlayPods {
 			continue
 		}
 		if first := r.firstSeen(dep.UID); time.Since(first) < delay {
@@ -133,6 +162,9 @@ func (r *Repository) pass(ctx context.Context) {
 				code = 1
 			}
 			r.failDownloader(ctx, dep, r.FailMessage, code)
+			continue
+		case r.PlayPods:
+			_ = r.playPods(ctx, dep)
 			continue
 		}
 		_ = rollOut(ctx, r.Client, client.ObjectKeyFromObject(dep))
@@ -177,10 +209,10 @@ func (r *Repository) failDownloader(ctx context.Context, dep *appsv1.Deployment,
 // error). What it checks is what the node program needs there (nodeprogram/repository.go,
 // docs/harvester.md "What runs where"):
 //   - the downloader init container runs `node repository download` from a capi-inplace
-//     image the registry serves, with --iso-url and --sha512 (exit 2 otherwise), as root:
-//     without fsGroup the kubelet leaves a volume's directory owned by root (Kubernetes'
-//     "Configure a Security Context for a Pod"), and the image's user 65532 cannot write
-//     the lock and the ISO there (exit 1);
+//     image the registry serves, with --iso-url and --sha512 (exit 2 otherwise), as root
+//     when it writes to a PVC: without fsGroup the kubelet leaves a volume's directory
+//     owned by root (Kubernetes' "Configure a Security Context for a Pod"), and the
+//     image's user 65532 cannot write the lock and the ISO there (exit 1);
 //   - a container runs `node repository mount --hold` privileged and as root (a loop
 //     device and mount(2)), onto a volume it shares with Bidirectional propagation, which
 //     nginx mounts with HostToContainer propagation to see the mount; otherwise nginx has
@@ -209,10 +241,28 @@ func podProblem(spec corev1.PodSpec) (string, int32) {
 	if flagValue(download.Args, "--iso-url") == "" || flagValue(download.Args, "--sha512") == "" {
 		return fmt.Sprintf("capi-inplace node repository download: --iso-url and --sha512 are required (args %v)", download.Args), 2
 	}
-	if !runsAsRoot(download) {
+	if !runsAsRoot(download) && downloadsToClaim(spec, download) {
 		return "capi-inplace node repository download: failed: open the leader lock /repository/leader.lock: permission denied (the container does not run as root)", 1
 	}
 	return mountProblem(spec), 0
+}
+
+// downloadsToClaim says whether the downloader writes the ISO to a PVC, whose directory
+// the kubelet leaves owned by root without fsGroup; an emptyDir is world-writable
+// (Kubernetes' "Volumes": emptyDir is created with mode 0777).
+func downloadsToClaim(spec corev1.PodSpec, download *corev1.Container) bool {
+	dir := flagValue(download.Args, "--dir")
+	for _, m := range download.VolumeMounts {
+		if m.MountPath != dir {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name {
+				return v.PersistentVolumeClaim != nil
+			}
+		}
+	}
+	return false
 }
 
 // imagePodProblem is podProblem of a template without a downloader that mounts a

@@ -119,6 +119,19 @@ type SUC struct {
 	// restarted RKE2 at a new version on a server node (finishPod), and when a Job removed
 	// the node's rke2-multus.yaml.skip while RKE2 runs (playHost).
 	Multus *Multus
+	// Repository, when set, answers for the release repository a Job's node program
+	// reads (its --repository-url): a pod whose work ends while the repository does not
+	// serve fails with the node program's "not done yet" (exit 3, nodeprogram fetch), and
+	// the Job controller starts it again with back-off (10 s, 20 s, ... up to backoffLimit,
+	// 2 by SUC's code default, fact 4), compressed here into RepositoryPatience: a
+	// repository back within it lets the run complete, else the Job fails with
+	// BackoffLimitExceeded and the node program's words on its pod.
+	Repository interface {
+		Serves(repositoryURL string) (bool, string)
+	}
+	// RepositoryPatience is how long, on Clock, a run waits for its repository to serve
+	// again before its Job fails (see Repository). Default 1s.
+	RepositoryPatience time.Duration
 
 	mu            sync.Mutex
 	fails         map[string]string

@@ -369,9 +369,16 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		}
 	}
 
+	// onOS makes node run osImage, the OS before the hop's release.
+	onOS := func(c *cluster, node, osImage string) {
+		GinkgoHelper()
+		Expect(c.kubelet.SetVersion(ctx, node, "v1.32.5+rke2r1", osImage)).To(Succeed())
+	}
+
 	It("runs the node program that prepare placed on the host in another image's upgrade container: the OS upgrade reboots the node into the release", func() {
 		c := newCluster(1)
 		node := c.pool + "-node-1"
+		onOS(c, node, "Harvester v1.6.1")
 		p := c.onePlan("os-hop", node, hopPlan(true))
 		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Eventually(func() string {
@@ -379,6 +386,7 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 			return n.Status.NodeInfo.OSImage
 		}).WithPolling(50*time.Millisecond).Should(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
+		Expect(c.rec.Reboots(node)).To(HaveLen(1))
 		runs := c.rec.Runs()
 		Expect(runs).To(HaveLen(1))
 		Expect(runs[0].Images).To(Equal([]string{"ghcr.io/capi-inplace/capi-inplace:v0.4.0", "rancher/harvester-upgrade:v1.7.1"}))
@@ -386,6 +394,25 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 			"remove-archives --place-program=/usr/local/upgrade_tmp/capi-inplace",
 			"os-upgrade --previous-version=v1.6.1 --glibc-libraries=container",
 		}))
+	})
+
+	It("arms no reboot for an os-upgrade run again on a node that already runs the release's OS, as the node program installs nothing there", func() {
+		c := newCluster(1)
+		node := c.pool + "-node-1"
+		onOS(c, node, "Harvester v1.6.1")
+		first := c.onePlan("os-first", node, hopPlan(true))
+		Eventually(planComplete(first)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
+		Eventually(func() []sim.Reboot { return c.rec.Reboots(node) }).WithPolling(50*time.Millisecond).Should(HaveLen(1), "the first run installs and reboots")
+		Eventually(func() string {
+			n := &corev1.Node{}
+			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+			return n.Status.NodeInfo.OSImage
+		}).WithPolling(50 * time.Millisecond).Should(Equal("Harvester v1.7.1"))
+
+		again := c.onePlan("os-again", node, hopPlan(true))
+		Eventually(planComplete(again)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
+		Consistently(func() []sim.Reboot { return c.rec.Reboots(node) }, time.Second, 50*time.Millisecond).Should(HaveLen(1),
+			"a run on the release's OS is done at once: no second reboot")
 	})
 
 	It("fails the Job whose upgrade container executes a program under /host that nothing placed, as the runtime cannot start it", func() {

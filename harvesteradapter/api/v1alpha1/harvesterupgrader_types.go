@@ -276,15 +276,18 @@ const (
 	AttachedV2VolumesStopVirtualMachines AttachedV2Volumes = "StopVirtualMachines"
 )
 
-// RepositoryStorage is the volume the repository keeps the ISO on.
+// RepositoryStorage is the room each repository pod keeps its copy of the ISO in.
 type RepositoryStorage struct {
-	// storageClassName is a storage class that provides ReadWriteMany volumes (on
-	// Harvester, a Longhorn class).
+	// storageClassName is not used any more and is kept so that existing objects stay
+	// valid: the repository shares no volume (a ReadWriteMany volume can stay attaching
+	// after a drain, and every pod with it: harvester/harvester#9597,
+	// longhorn/longhorn#12226); each pod keeps its own copy in an emptyDir.
 	// +optional
 	// +kubebuilder:default="longhorn"
 	// +kubebuilder:validation:MaxLength=253
 	StorageClassName string `json:"storageClassName,omitempty"`
-	// size is the volume's size; it must hold the ISO.
+	// size is the size limit of each repository pod's emptyDir, on the node's ephemeral
+	// storage (the kubelet evicts a pod that grows past it); it must hold the ISO.
 	// +optional
 	// +kubebuilder:default="30Gi"
 	// +kubebuilder:validation:MaxLength=32
