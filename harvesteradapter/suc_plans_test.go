@@ -10,6 +10,7 @@ import (
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -19,6 +20,8 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/upgradeplan"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/test/sim"
 )
@@ -352,3 +355,55 @@ func imagesOn(c *harvesterCluster, node string) []string {
 	}
 	return images
 }
+
+var _ = Describe("Deleting the UpgradePlan while a node's OS upgrade runs", func() {
+	It("does not change the node's os Plan: SUC would delete its Job and install and reboot again (rancher soak seed 192)", func() {
+		c := newHarvesterCluster(2, "Harvester v1.7.1", func(h *harvesterv1.HarvesterUpgrader) {
+			h.Spec.PreloadImages = ptr.To(false)
+		}, func(s *sim.SUC) {
+			// The OS install outlasts the UpgradePlan's deletion and clean-up.
+			s.Work = func(p *sucv1.Plan) time.Duration {
+				if sim.PlanSubcommand(p) == "os-upgrade" {
+					return 20 * time.Second
+				}
+				return 100 * time.Millisecond
+			}
+		})
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		done := make(chan error, 1)
+		go func() {
+			defer GinkgoRecover()
+			done <- drive(c.updater, nu, 150*time.Second)
+		}()
+		osPlan := harvesteradapter.PlanName("os", nu)
+		Eventually(func() map[string]int { return c.rec.RunsOf(osPlan) }, 90*time.Second, 50*time.Millisecond).Should(HaveKey(node),
+			"the node's OS install runs")
+		plan := &sucv1.Plan{}
+		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: "cattle-system", Name: osPlan}, plan)).To(Succeed())
+		Expect(suc.PreviousVersionOf(plan)).To(Equal("v1.7.1"), "made with the UpgradePlan's previous version")
+
+		// The operator deletes the UpgradePlan (allowed): the node goes on without it.
+		up := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), up)).To(Succeed())
+		patch := client.MergeFrom(up.DeepCopy())
+		if up.Annotations == nil {
+			up.Annotations = map[string]string{}
+		}
+		up.Annotations[upgradeplan.AnnotationAllowDeletion] = "true"
+		Expect(env.Client.Patch(ctx, up, patch)).To(Succeed())
+		Expect(env.Client.Delete(ctx, up)).To(Succeed())
+		Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(up), up) }, 30*time.Second, 100*time.Millisecond).
+			Should(Satisfy(apierrors.IsNotFound), "the UpgradePlan's clean-up ends while the OS install runs")
+		Expect(c.rec.RunsOf(osPlan)).To(Equal(map[string]int{node: 1}), "the OS install still runs")
+
+		var err error
+		Eventually(done, 160*time.Second).Should(Receive(&err))
+		Expect(err).NotTo(HaveOccurred())
+		for _, r := range runsOn(c.rec, node) {
+			Expect(r.Deleted).To(BeEmpty(), "SUC deleted the Job of %s", r.Plan)
+		}
+		Expect(c.rec.RunsOf(osPlan)).To(Equal(map[string]int{node: 1}), "the OS was installed once")
+		Expect(c.rec.Reboots(node)).To(HaveLen(1), "the node rebooted once")
+	})
+})

@@ -3,6 +3,7 @@ package harvesteradapter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	sucv1 "github.com/rancher/system-upgrade-controller/pkg/apis/upgrade.cattle.io/v1"
@@ -230,15 +231,35 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 		return false, "", err
 	}
 	want := suc.NodePlan(r.cfg, r.nu, kind, r.repo)
+	// What the UpgradePlan gives a node's Plan is read from the Plan once it exists: the
+	// UpgradePlan can be deleted (allow-deletion) or made again while the node goes on,
+	// and a Plan whose spec changes is a new hash to SUC, which deletes the Job that runs
+	// and runs the Plan again (shared/facts/suc.md, facts 43 and 48), an OS install or
+	// preload included (rancher soak seed 192).
+	existing := &sucv1.Plan{}
+	switch err := r.wc.Get(ctx, client.ObjectKeyFromObject(want), existing); {
+	case apierrors.IsNotFound(err):
+		existing = nil
+	case err != nil:
+		return false, "", fmt.Errorf("get SUC plan %s: %w", want.Name, err)
+	}
 	if kind == suc.PlanPreload {
 		// The plan's minimum validity of RKE2's certificates, as its own preload has it.
 		want.Spec.Upgrade = suc.NodeProgram(want.Spec.Upgrade.Image, upgradeplan.PreloadArgs(r.plan), r.repo, r.cfg.Spec.Release.Version, want.Spec.Upgrade.SecurityContext)
+		if existing != nil && existing.Spec.Upgrade != nil {
+			want.Spec.Upgrade.Args = slices.Clone(existing.Spec.Upgrade.Args)
+		}
 	}
 	if kind == suc.PlanOS {
 		want.Annotations[suc.AnnotationBootID] = node.Status.NodeInfo.BootID
+		previous := ""
 		if r.plan != nil {
-			suc.WithPreviousVersion(want, r.plan.Status.PreviousVersion, r.cfg.Spec.Images.Upgrade)
+			previous = r.plan.Status.PreviousVersion
 		}
+		if existing != nil {
+			previous = suc.PreviousVersionOf(existing)
+		}
+		suc.WithPreviousVersion(want, previous, r.cfg.Spec.Images.Upgrade)
 	}
 	current, message, err := suc.Sync(ctx, r.wc, want, "node "+r.nu.Spec.NodeName)
 	if current == nil || err != nil {

@@ -251,6 +251,20 @@ func WithPreviousVersion(plan *sucv1.Plan, previous, upgradeImage string) {
 	plan.Spec.Upgrade.Args = append(plan.Spec.Upgrade.Args, "--glibc-libraries=container")
 }
 
+// PreviousVersionOf is the previous version an os Plan was made with
+// (WithPreviousVersion), "" when none.
+func PreviousVersionOf(plan *sucv1.Plan) string {
+	if plan == nil || plan.Spec.Upgrade == nil {
+		return ""
+	}
+	for _, a := range plan.Spec.Upgrade.Args {
+		if v, ok := strings.CutPrefix(a, "--previous-version="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // ProgramOnHost is where the os Plan's prepare container places the node program on the
 // host for an upgrade container of the release's upgrade image to run
 // (WithPreviousVersion): beside the copy of the release's elemental os-upgrade runs from
