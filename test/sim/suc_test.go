@@ -374,6 +374,14 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		GinkgoHelper()
 		Expect(c.kubelet.SetVersion(ctx, node, "v1.32.5+rke2r1", osImage)).To(Succeed())
 	}
+	// osImageOf polls the OS image node reports.
+	osImageOf := func(node string) func() string {
+		return func() string {
+			n := &corev1.Node{}
+			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+			return n.Status.NodeInfo.OSImage
+		}
+	}
 
 	It("runs the node program that prepare placed on the host in another image's upgrade container: the OS upgrade reboots the node into the release", func() {
 		c := newCluster(1)
@@ -381,11 +389,7 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		onOS(c, node, "Harvester v1.6.1")
 		p := c.onePlan("os-hop", node, hopPlan(true))
 		Eventually(planComplete(p)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
-		Eventually(func() string {
-			n := &corev1.Node{}
-			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
-			return n.Status.NodeInfo.OSImage
-		}).WithPolling(50*time.Millisecond).Should(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
+		Eventually(osImageOf(node)).WithPolling(50*time.Millisecond).Should(Equal("Harvester v1.7.1"), "the node rebooted into the release's OS")
 		Expect(c.rec.Reboots(node)).To(HaveLen(1))
 		runs := c.rec.Runs()
 		Expect(runs).To(HaveLen(1))
@@ -403,11 +407,7 @@ var _ = Describe("The SUC simulator plays the node program's subcommands", func(
 		first := c.onePlan("os-first", node, hopPlan(true))
 		Eventually(planComplete(first)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
 		Eventually(func() []sim.Reboot { return c.rec.Reboots(node) }).WithPolling(50*time.Millisecond).Should(HaveLen(1), "the first run installs and reboots")
-		Eventually(func() string {
-			n := &corev1.Node{}
-			Expect(env.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
-			return n.Status.NodeInfo.OSImage
-		}).WithPolling(50 * time.Millisecond).Should(Equal("Harvester v1.7.1"))
+		Eventually(osImageOf(node)).WithPolling(50 * time.Millisecond).Should(Equal("Harvester v1.7.1"))
 
 		again := c.onePlan("os-again", node, hopPlan(true))
 		Eventually(planComplete(again)).WithPolling(50 * time.Millisecond).Should(Equal("True/Complete"))
