@@ -18,8 +18,11 @@ import (
 )
 
 // ShareManagerNamespace is where Longhorn runs the share-manager pod of a ReadWriteMany
-// volume (longhorn-manager controller/share_manager_controller.go: the pod is created in
-// the manager's namespace, named share-manager-<volume>).
+// volume (longhorn-manager v1.10.0 controller/share_manager_controller.go: the pod is
+// created in the ShareManager's namespace, longhorn-system, named share-manager-<volume>,
+// labelled longhorn.io/component=share-manager and longhorn.io/share-manager=<volume>, with
+// a controller owner reference to its ShareManager, so that kubectl drain evicts it). The
+// simulator has no PersistentVolume: it names the volume by its claim.
 const ShareManagerNamespace = "longhorn-system"
 
 // playedRepository is what PlayPods keeps of one repository Deployment.
