@@ -206,12 +206,13 @@ func (r *Repository) playPods(ctx context.Context, dep *appsv1.Deployment) error
 			r.downloads++
 		}
 		at := p.readyAt[pod.Name]
-		serves := attached && ready[pod.Spec.NodeName] && !now.Before(at)
-		serving[pod.Name] = serves
-		if !serves && now.Before(at) {
+		switch {
+		case attached && ready[pod.Spec.NodeName] && !now.Before(at):
+			serving[pod.Name] = true
+		case now.Before(at):
+			delete(serving, pod.Name)
 			r.loop.dueAt(at)
-		}
-		if !serves {
+		default:
 			delete(serving, pod.Name)
 		}
 	}
