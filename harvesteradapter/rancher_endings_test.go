@@ -61,6 +61,39 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		Expect(planner.MaxCordoned()).To(Equal(1))
 	})
 
+	It("keeps a node aborted at its pre-drain hook uncordoned when Rancher's machine-drain controller cordons it again from the plan Secret as it was before the withdrawal", func() {
+		// The machine-drain controller acts on the Secret its cache held when the key came
+		// out of its queue, DrainDelay before its cordon: a pass that read the Secret just
+		// before the withdrawal cordons the node after it, finds its pre-drain request
+		// there and writes nothing.
+		wl, c, planner := rancherRoute(300*time.Millisecond, func(p *sim.RancherPlanner) { p.DrainDelay = 400 * time.Millisecond })
+		c.updater.PlannerSettle = 2 * time.Second
+		node := c.nodes[0]
+		nu := c.nodeUpdate(node)
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateRunning
+		})).To(Succeed())
+		By("Rancher takes the node its update waits for; the update has not looked again (its own cordon not run)")
+		Eventually(func() string { return rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest) }).WithTimeout(30*time.Second).WithPolling(50*time.Millisecond).
+			ShouldNot(BeEmpty(), "Rancher takes the node whose update waits for it")
+		Expect(nodeOf(wl, node).Spec.Unschedulable).To(BeTrue(), "Rancher cordons the node it takes (machinedrain.go drain)")
+
+		By("a pass of Rancher's reads the plan Secret, then the update ends before its pre-drain hook is answered")
+		other := nodeOf(wl, c.nodes[1])
+		touched := other.DeepCopy()
+		touched.Labels["test.capi-inplace.io/touched"] = strconv.FormatInt(time.Now().UnixNano(), 10)
+		Expect(wl.Client.Patch(ctx, touched, client.MergeFrom(other))).To(Succeed(), "a Node event starts a pass")
+		time.Sleep(100 * time.Millisecond)
+		ended := endNodeUpdate(c, nu)
+		expectNodeSettled(wl, node)
+		Consistently(func() bool { return nodeOf(wl, node).Spec.Unschedulable }, 3*time.Second, 100*time.Millisecond).Should(BeFalse(),
+			"node %s cordoned again after its update ended:%s", node, hookHistory(planner))
+		Expect(planSecret(wl, node).Annotations).NotTo(HaveKey(rancher.WithdrawnAtAnnotation), "the withdrawal's mark left on the plan Secret")
+		for _, e := range planner.HookEvents() {
+			Expect(e.Node == node && e.Kind == "cordon" && e.At.After(ended)).To(BeFalse(), "Rancher cordoned node %s at %s, after its update ended", node, e.At.Format("15:04:05.000"))
+		}
+	})
+
 	It("puts the restart guard back on a node whose plan keeps failing when its update ends, so that the agent's later success restarts nothing, and restarts RKE2 in the node's next update", func() {
 		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]
@@ -174,12 +207,15 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty())
 	})
 
-	It("hands the roll back settled when the plan is deleted while Rancher waits at a node's pre-drain hook: the node's drain finished under the guard, nothing restarted", func() {
+	It("hands the roll back settled when the plan is deleted while Rancher waits at the pre-drain hook of a node whose update ended without settling it: the node's drain finished under the guard, nothing restarted", func() {
 		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
 		driveToRancherTurn(c, nu)
 		Expect(rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest)).NotTo(BeEmpty())
+		By("the update ends without its updater's abort, as when its HarvesterUpgrader is gone: nothing of Rancher's settled")
+		nu.Status.Phase = inplacev1.NodeUpdatePhaseFailed
+		Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
 
 		plan := &harvesterv1.UpgradePlan{}
 		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
@@ -196,6 +232,69 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 			"Rancher installs the declared RKE2 under the guard")
 		Consistently(func() []sim.PlanApply { return rancherRestartsAfter(planner, deleted) }, 2*time.Second, 100*time.Millisecond).Should(BeEmpty())
 	})
+
+	// Seeds 155 and 177 of the Rancher soak: the plan ended while Rancher had a node in
+	// hand with its pre-drain hook answered. The hand-back let the planner go to finish
+	// that node's RKE2 restart with our hooks still in the strategy, and the moment the
+	// node's post-drain hook was answered (by its ending, or ahead by the hand-back) Rancher
+	// uncordoned it and took the next node: a cordon no NodeUpdate asked for, beside a node
+	// still in its OS reboot.
+	DescribeTable("hands the roll back when the plan is deleted while Rancher has a node in hand and its update runs, without Rancher taking another node or uncordoning that one before its update answers",
+		func(point string, restarting, endNode bool) {
+			wl, c, planner := rancherRoute(300*time.Millisecond, func(p *sim.RancherPlanner) { p.InstallDuration = 2 * time.Second })
+			node, worker := c.nodes[0], c.nodes[1]
+			nu := c.nodeUpdate(node)
+			if restarting {
+				Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
+					return rancher.Answered(planSecret(wl, node), rancher.PreDrainRequest, rancher.PreDrainHook)
+				})).To(Succeed())
+				Expect(rancher.Asked(planSecret(wl, node), rancher.PostDrainRequest)).To(BeEmpty(), "Rancher finished the restart before the plan was deleted")
+			} else {
+				driveToRancherTurn(c, nu)
+				Expect(rancher.Answered(planSecret(wl, node), rancher.PreDrainRequest, rancher.PreDrainHook)).To(BeFalse(), "the update answered the pre-drain hook already")
+			}
+
+			By("the plan deleted: " + point)
+			plan := &harvesterv1.UpgradePlan{}
+			Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
+			deleteRunningPlan(plan)
+			var ended time.Time
+			if endNode {
+				By("and the node's update ended then")
+				ended = endNodeUpdate(c, nu)
+			} else {
+				By("and the node's update going on to its end")
+				Expect(drive(c.updater, nu, 240*time.Second)).To(Succeed())
+				ended = time.Now()
+				Expect(nu.Status.Phase).NotTo(Equal(inplacev1.NodeUpdatePhaseFailed), "the node's update failed: %+v", nu.Status.Steps)
+				Expect(nodeOf(wl, node).Status.NodeInfo.OSImage).To(Equal("Harvester v1.8.1"))
+				reboots := c.rec.Reboots(node)
+				Expect(reboots).To(HaveLen(1), "the OS upgrade rebooted the node once")
+				for _, e := range planner.HookEvents() {
+					if e.Node == node && e.Kind == "uncordon" {
+						Expect(e.At).To(BeTemporally(">=", reboots[0].End),
+							"Rancher uncordoned node %s at %s, before its update's OS reboot was over (%s)", node, e.At.Format("15:04:05.000"), reboots[0].End.Format("15:04:05.000"))
+					}
+				}
+			}
+			Eventually(func() bool {
+				return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+			}).WithPolling(100*time.Millisecond).WithTimeout(60*time.Second).Should(BeTrue(), "the plan's finalizer handed the roll back")
+			expectRancherSettled(wl, c)
+			Consistently(func() int { return len(rancherRestartsAfter(planner, ended)) }, 2*time.Second, 100*time.Millisecond).Should(BeZero(),
+				"an RKE2 restart by Rancher after the node's update ended")
+			for _, e := range planner.HookEvents() {
+				Expect(e.Node == worker && e.Kind == "cordon").To(BeFalse(),
+					"Rancher cordoned the worker at %s, which no NodeUpdate asked for:%s", e.At.Format("15:04:05.000"), hookHistory(planner))
+			}
+			Expect(c.suc.Guarded(worker)).To(BeTrue(), "the worker, behind the declared RKE2, left without the guard")
+			Eventually(func() string { return c.kubelet.InstalledRKE2(worker) }).WithPolling(100*time.Millisecond).Should(Equal(rancherNewRKE2),
+				"Rancher installs the declared RKE2 on the worker under the guard")
+		},
+		Entry("Rancher waits at the pre-drain hook, the node's update goes on to its end (soak seed 177)", "Rancher waits at the pre-drain hook", false, false),
+		Entry("RKE2 restarting, the node's update goes on to its end", "RKE2 restarting after the pre-drain answer", true, false),
+		Entry("RKE2 restarting, the node's update ends at once (soak seed 155)", "RKE2 restarting after the pre-drain answer", true, true),
+	)
 })
 
 // driveToRancherTurn drives nu until Rancher took its node: its pre-drain request came

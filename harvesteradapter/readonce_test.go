@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 )
 
 // countingClient counts the reads that reach the API server.
@@ -87,5 +88,44 @@ var _ = Describe("The workload client of one reconcile", func() {
 		Expect(c.Status().Update(ctx, ns)).To(Succeed())
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(ns), ns)).To(Succeed())
 		Expect(server.gets.Load()).To(BeEquivalentTo(4))
+	})
+	// Soak seed 183: a NodeUpdate ended just as Rancher took its node. Its reconcile read
+	// the node uncordoned, Rancher's machine-drain controller cordoned it, and the
+	// withdrawal's uncordon, answered from that first read, did nothing: the node stayed
+	// cordoned with no roll of anyone's holding it.
+	It("lets rancher.Uncordon act on the node as it is now: a cordon of Rancher's that landed after the reconcile read the node is lifted", func() {
+		name := fmt.Sprintf("readonce-node-%d", GinkgoRandomSeed()%100000)
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-"}}
+		Expect(workload.Client.Create(ctx, node)).To(Succeed())
+		DeferCleanup(func() { _ = workload.Client.Delete(ctx, node) })
+
+		c := harvesteradapter.NewReadOnce(workload.Client)
+		seen := &corev1.Node{}
+		Expect(c.Get(ctx, client.ObjectKeyFromObject(node), seen)).To(Succeed())
+		Expect(seen.Spec.Unschedulable).To(BeFalse())
+
+		By("Rancher cordons the node after the reconcile read it")
+		cordoned := node.DeepCopy()
+		cordoned.Spec.Unschedulable = true
+		Expect(workload.Client.Patch(ctx, cordoned, client.MergeFrom(node))).To(Succeed())
+
+		changed, err := rancher.Uncordon(ctx, c, node.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(changed).To(BeTrue(), "the node was cordoned when the uncordon came")
+		now := &corev1.Node{}
+		Expect(workload.Client.Get(ctx, client.ObjectKeyFromObject(node), now)).To(Succeed())
+		Expect(now.Spec.Unschedulable).To(BeFalse(), "the node is left cordoned")
+
+		By("again, on a node that is not cordoned: nothing changes")
+		before := now.ResourceVersion
+		changed, err = rancher.Uncordon(ctx, c, node.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(changed).To(BeFalse())
+		Expect(workload.Client.Get(ctx, client.ObjectKeyFromObject(node), now)).To(Succeed())
+		Expect(now.ResourceVersion).To(Equal(before), "a node that is not cordoned was written")
+
+		changed, err = rancher.Uncordon(ctx, c, name+"-missing")
+		Expect(err).NotTo(HaveOccurred(), "a node that is gone has nothing to uncordon")
+		Expect(changed).To(BeFalse())
 	})
 })

@@ -222,16 +222,19 @@ func (u *Updater) runRancherPostDrain(ctx context.Context, r *nodeRun) (bool, st
 // none until the UpgradePlan lets it go for a NodeUpdate waiting at RancherPreDrain
 // (upgradeplan steerRancher).
 //
-// Only while the roll is the UpgradePlan's: the plan there and not being deleted, the
-// strategy still carrying our hooks. Once the plan handed the roll back, the planner is
-// Rancher's again (resumeRancher let it go), and a hold then would have no plan to lift
-// it: Rancher frozen for good.
+// Only while the roll is the UpgradePlan's: the plan there, the strategy still carrying
+// our hooks. A plan being deleted counts: its hand-back waits while this node's post-drain
+// hook is asked and not answered (upgradeplan handBackRancher), so it lifts the hold after
+// this answer; let go meanwhile to finish this node's restart, the planner would take the
+// next node with our hooks the moment this one is uncordoned (soak seed 155). Once the
+// plan handed the roll back, the strategy has lost our hooks and the planner is Rancher's
+// again (resumeRancher let it go): a hold then would have no plan to lift it.
 func (u *Updater) answerPostDrain(ctx context.Context, r *nodeRun, s *corev1.Secret) error {
 	cl, err := rancher.ProvisioningCluster(ctx, r.wc)
 	if err != nil {
 		return err
 	}
-	if r.plan != nil && r.plan.DeletionTimestamp.IsZero() && cl != nil && rancher.HasOurHooks(cl) {
+	if r.plan != nil && cl != nil && rancher.HasOurHooks(cl) {
 		reason := fmt.Sprintf("post-drain hook of node %s answered by NodeUpdate %s", r.nu.Spec.NodeName, r.nu.Name)
 		if _, err := rancher.HoldPlanner(ctx, r.wc, r.plan.Name, reason); err != nil {
 			return err
@@ -292,6 +295,17 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 			}
 		}
 		taken := rancher.InOurDrain(s) || rancher.Asked(s, rancher.PreDrainRequest) != ""
+		if !taken {
+			// A drain withdrawn by an earlier look (or by the plan) is watched for
+			// PlannerSettle: the machine-drain controller may still cordon the node from
+			// the Secret as it was before (rancher.SettleWithdrawn).
+			if settled, err := rancher.SettleWithdrawn(ctx, r.wc, s, node, u.plannerSettle(), time.Now()); err != nil || !settled {
+				if apierrors.IsConflict(err) {
+					return false, nil
+				}
+				return false, err
+			}
+		}
 		if !taken && (!rancher.HasOurHooks(owner.Cluster) || nodeupdater.StepState(r.nu, StepRancherPreDrain) == inplacev1.StepStatePending) {
 			return true, nil // the plan never let the planner go for this node
 		}
@@ -356,12 +370,16 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 // way: its status changes only when what it says changes (wrangler condition setValue),
 // so a bounded wait is the one signal.
 func (u *Updater) plannerSettled(r *nodeRun) bool {
-	settle := u.PlannerSettle
-	if settle == 0 {
-		settle = 5 * time.Second
-	}
 	start := r.nu.Status.AbortStartTime
-	return start == nil || time.Since(start.Time) >= settle
+	return start == nil || time.Since(start.Time) >= u.plannerSettle()
+}
+
+// plannerSettle is PlannerSettle or its default.
+func (u *Updater) plannerSettle() time.Duration {
+	if u.PlannerSettle > 0 {
+		return u.PlannerSettle
+	}
+	return 5 * time.Second
 }
 
 // agentSilent says whether an ending has waited long enough for rancher-system-agent to

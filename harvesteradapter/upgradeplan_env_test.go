@@ -58,7 +58,7 @@ func runPlans(ns string, u *harvesteradapter.Updater) (*upgradeplan.PlanReconcil
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r := &upgradeplan.PlanReconciler{Env: u.PlanEnv(), PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond, ClusterUpgradeCAPIStableFor: 300 * time.Millisecond}
+	r := &upgradeplan.PlanReconciler{Env: u.PlanEnv(), PollInterval: planPoll, ClusterUpgradePollInterval: 50 * time.Millisecond, ClusterUpgradeCAPIStableFor: 300 * time.Millisecond, PlannerSettle: u.PlannerSettle}
 	Expect(r.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	return r, runManager(mgr)
 }

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -49,7 +51,8 @@ func Withdraw(ctx context.Context, c client.Client, secret *corev1.Secret, node 
 	}
 	changed := false
 	if a[DrainOptionsAnnotation] != "" || a[PreDrainRequest] != "" || a[PreDrainHook] != "" {
-		remove := map[string]any{DrainOptionsAnnotation: nil, PreDrainRequest: nil, PreDrainHook: nil, PostDrainHook: nil}
+		remove := map[string]any{DrainOptionsAnnotation: nil, PreDrainRequest: nil, PreDrainHook: nil, PostDrainHook: nil,
+			WithdrawnAtAnnotation: time.Now().UTC().Format(time.RFC3339Nano)}
 		if err := patchSecretAnnotations(ctx, c, secret, remove); err != nil {
 			return false, fmt.Errorf("withdraw Rancher's drain of node %s: %w", node, err)
 		}
@@ -57,6 +60,48 @@ func Withdraw(ctx context.Context, c client.Client, secret *corev1.Secret, node 
 	}
 	uncordoned, err := Uncordon(ctx, c, node)
 	return changed || uncordoned, err
+}
+
+// WithdrawnAtAnnotation, on a node's plan Secret, says when Withdraw last took Rancher's
+// drain of the node back (RFC 3339), for SettleWithdrawn.
+const WithdrawnAtAnnotation = "harvester.inplace.cluster.x-k8s.io/drain-withdrawn-at"
+
+// SettleWithdrawn says whether a drain Withdraw took back has settled: settle has passed
+// since. Until then each call uncordons the node again. Rancher's machine-drain
+// controller handles the Secret its informer cache holds when the Secret's key comes out
+// of its queue (rancher@v2.14.4 pkg/controllers/capr/machinedrain/machinedrain.go
+// OnChange), so a version from before the withdrawal can still reach it: its drain
+// cordons the node first, with the Node read fresh, and then finds the pre-drain request
+// already there in that version and writes nothing (drain, RunCordonOrUncordon,
+// updateSecretAnnotationIfCheckTrue only when the request differs). The node would stay
+// cordoned with no drain on its Secret, and no one to lift it. The call that finds settle
+// passed uncordons once more and removes the annotation; one that finds it passed long
+// ago (twice settle: the annotation outlived a drain Rancher started since) only removes
+// it. A Secret in a drain again is not settled: the caller withdraws that first.
+func SettleWithdrawn(ctx context.Context, c client.Client, secret *corev1.Secret, node string, settle time.Duration, now time.Time) (bool, error) {
+	v := secret.Annotations[WithdrawnAtAnnotation]
+	if v == "" {
+		return true, nil
+	}
+	if InOurDrain(secret) || secret.Annotations[PreDrainRequest] != "" {
+		return false, nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err == nil && now.Sub(at) < 2*settle {
+		if _, err := Uncordon(ctx, c, node); err != nil {
+			return false, err
+		}
+		if now.Sub(at) < settle {
+			return false, nil
+		}
+	}
+	if err := patchSecretAnnotations(ctx, c, secret, map[string]any{WithdrawnAtAnnotation: nil}); err != nil {
+		if apierrors.IsConflict(err) {
+			return false, nil // written meanwhile: the next call looks again
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // WithdrawUnapplied takes back Rancher's drain of a node whose pre-drain hook we answered
@@ -111,20 +156,27 @@ func PreAnswer(ctx context.Context, c client.Client, secret *corev1.Secret) (boo
 	return true, patchSecretAnnotations(ctx, c, secret, set)
 }
 
-// Uncordon makes the node schedulable; it says whether it was cordoned.
+// Uncordon makes the node schedulable; it says whether it was cordoned. It reads nothing
+// first: one JSON patch tests that the node is cordoned and uncordons it, so the answer
+// is the API server's at the moment of the write. A read made before (through a client
+// that answers a reconcile's reads once, say) can be older than a cordon of Rancher's
+// machine-drain controller, which cordons whenever the Secret it handles asks for a
+// drain, paused planner or not (rancher@v2.14.4 pkg/controllers/capr/machinedrain
+// machinedrain.go drain): acting on it, an uncordon would be skipped and the node left
+// cordoned by no one's roll (soak seed 183).
 func Uncordon(ctx context.Context, c client.Client, name string) (bool, error) {
-	node := &corev1.Node{}
-	if err := c.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
-		return false, client.IgnoreNotFound(err)
-	}
-	if !node.Spec.Unschedulable {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	patch := []byte(`[{"op":"test","path":"/spec/unschedulable","value":true},{"op":"remove","path":"/spec/unschedulable"}]`)
+	switch err := c.Patch(ctx, node, client.RawPatch(types.JSONPatchType, patch)); {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
 		return false, nil
-	}
-	patch := []byte(`{"spec":{"unschedulable":null}}`)
-	if err := c.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+	case apierrors.IsInvalid(err):
+		return false, nil // the test failed: the node is not cordoned
+	default:
 		return false, fmt.Errorf("uncordon node %s: %w", name, err)
 	}
-	return true, nil
 }
 
 func patchSecretAnnotations(ctx context.Context, c client.Client, secret *corev1.Secret, annotations map[string]any) error {

@@ -402,13 +402,13 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 			return "", err
 		}
 	}
-	handing, behind, err := handBackRancher(ctx, pr)
-	if err != nil || handing != "" {
-		return handing, err
-	}
 	nus, err := r.nodeUpdatesOf(ctx, pr)
 	if err != nil {
 		return "", err
+	}
+	handing, behind, err := handBackRancher(ctx, pr, nus, r.plannerSettle(), r.now())
+	if err != nil || handing != "" {
+		return handing, err
 	}
 	if releasing, err := releaseGuards(ctx, pr, nus); err != nil || releasing != "" {
 		return releasing, err

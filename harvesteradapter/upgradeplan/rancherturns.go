@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -70,7 +71,7 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 	}
 	declared := cl.Spec.KubernetesVersion
 	want := ""
-	var withdraw, silent, postDrain, failing []string
+	var withdraw, silent, postDrain, failing, settling []string
 	for _, n := range nodes {
 		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
 		if s == nil {
@@ -91,6 +92,14 @@ func (r *PlanReconciler) steerRancher(ctx context.Context, pr *PlanRun, nodes []
 			postDrain = append(postDrain, n.node.Name)
 		case !answered && !running && (rancher.InOurDrain(s) || rancher.Asked(s, rancher.PreDrainRequest) != ""):
 			withdraw = append(withdraw, n.node.Name)
+		case !running && s.Annotations[rancher.WithdrawnAtAnnotation] != "":
+			settling = append(settling, n.node.Name)
+		}
+	}
+	for _, name := range settling {
+		node := nodeNamed(nodes, name)
+		if _, err := rancher.SettleWithdrawn(ctx, pr.Workload, secrets[node.Annotations[rancher.NodeMachineAnnotation]], name, r.plannerSettle(), r.now()); err != nil {
+			return "", err
 		}
 	}
 	held := ""
@@ -255,9 +264,20 @@ func nodeNamed(nodes []clusterNode, name string) *corev1.Node {
 // as Harvester's cleanup leaves it (fact 59): once a node runs it, declaring the old one
 // again would make Rancher downgrade that node (fact 62). So:
 //
-//  1. while Rancher restarts RKE2 on a node (our pre-drain hook answered, the plan
-//     applying and not failing) the end waits, the planner let go, until it asks for the
-//     post-drain hook;
+//  1. while Rancher has in hand a node whose NodeUpdate has not ended (its drain names
+//     our hooks, or it asks for a hook of ours nobody answered yet), the end waits for
+//     that update to finish the node's turn: its own steps answer the pre-drain hook,
+//     and the post-drain hook once the node runs the release, or its ending settles the
+//     node (harvesteradapter rancherAbortReady). Meanwhile the planner is paused, except
+//     while Rancher restarts RKE2 there (our pre-drain hook answered, the plan applying
+//     and not failing: it waits for the planner to deliver the plan and ask for the
+//     uncordon). Handed back earlier, Rancher would answer nothing in that update's
+//     place and roll on by itself: our hooks answered ahead (3. below) let its
+//     machine-drain controller uncordon the node before the update's OS upgrade and
+//     reboot, and a planner still running with our hooks takes the next node as soon as
+//     that one is uncordoned, cordoning a node no NodeUpdate asked for (soak seeds 155
+//     and 177). With no such update, while Rancher restarts RKE2 on a node the end
+//     waits the same way until Rancher asks for the post-drain hook;
 //  2. every node whose kubelet is not at the declared version gets the restart guard
 //     (a SUC Plan of the plan's own on those nodes): once the strategy loses our hooks,
 //     Rancher gives them the release's plan without asking, and only the guard keeps
@@ -270,7 +290,7 @@ func nodeNamed(nodes []clusterNode, name string) *corev1.Node {
 //
 // The planner is let go after the strategy is restored (resumeRancher). It says what it
 // waits for, and names the nodes left behind the declared version (behind).
-func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind []string, err error) {
+func handBackRancher(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1.NodeUpdate, settle time.Duration, now time.Time) (waiting string, behind []string, err error) {
 	cl, err := rancher.ProvisioningCluster(ctx, pr.Workload)
 	if err != nil || cl == nil {
 		return "", nil, err
@@ -304,6 +324,36 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 			}
 		}
 		return "", behind, nil
+	}
+	for _, n := range nodes {
+		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
+		nu := nus[n.node.Name]
+		if s == nil || nu == nil || nu.Status.Phase.IsFinal() || !inRancherTurn(s) {
+			continue
+		}
+		if rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && rancher.Asked(s, rancher.PostDrainRequest) == "" && !planFailing(s) {
+			if _, err := rancher.ResumeSeenPlanner(ctx, pr.Workload, pr.Plan.Name, pause); err != nil {
+				return "", nil, err
+			}
+			return fmt.Sprintf("waiting for Rancher to finish restarting RKE2 %s on node %s, whose NodeUpdate %s answered its pre-drain hook, before the roll is handed back", declared, n.node.Name, nu.Name), nil, nil
+		}
+		if _, err := rancher.PausePlanner(ctx, pr.Workload, pr.Plan.Name); err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("waiting for NodeUpdate %s to finish node %s's turn with Rancher (%s) before the roll is handed back; Rancher's planner stays paused meanwhile, so that it takes no other node", nu.Name, n.node.Name, turnPoint(s)), nil, nil
+	}
+	for _, n := range nodes {
+		s := secrets[n.node.Annotations[rancher.NodeMachineAnnotation]]
+		if s == nil || inRancherTurn(s) {
+			continue
+		}
+		settled, err := rancher.SettleWithdrawn(ctx, pr.Workload, s, n.node.Name, settle, now)
+		if err != nil {
+			return "", nil, err
+		}
+		if !settled {
+			return fmt.Sprintf("watching node %s for %s after Rancher's drain of it was withdrawn, before the roll is handed back: Rancher's machine-drain controller may still cordon it from the plan Secret as it was before", n.node.Name, settle), nil, nil
+		}
 	}
 	var behindNodes []clusterNode
 	for _, n := range nodes {
@@ -357,6 +407,32 @@ func handBackRancher(ctx context.Context, pr *PlanRun) (waiting string, behind [
 		}
 	}
 	return "", behind, nil
+}
+
+// inRancherTurn says whether Rancher has the node of the plan Secret s in hand for our
+// roll: a drain naming our hooks, or a hook of ours asked for and not answered.
+func inRancherTurn(s *corev1.Secret) bool {
+	return rancher.InOurDrain(s) ||
+		(rancher.Asked(s, rancher.PreDrainRequest) != "" && !rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook)) ||
+		(rancher.Asked(s, rancher.PostDrainRequest) != "" && !rancher.Answered(s, rancher.PostDrainRequest, rancher.PostDrainHook))
+}
+
+// turnPoint says where a node Rancher has in hand is in its turn, for a message.
+func turnPoint(s *corev1.Secret) string {
+	switch {
+	case rancher.Answered(s, rancher.PostDrainRequest, rancher.PostDrainHook):
+		return "post-drain hook answered, Rancher uncordons it"
+	case rancher.Asked(s, rancher.PostDrainRequest) != "":
+		return "Rancher restarted RKE2 there and waits at its post-drain hook"
+	case rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && planFailing(s):
+		return "rancher-system-agent fails to apply Rancher's plan there"
+	case rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook):
+		return "pre-drain hook answered"
+	case rancher.Asked(s, rancher.PreDrainRequest) != "":
+		return "Rancher cordoned it and waits at its pre-drain hook"
+	default:
+		return "Rancher is taking it"
+	}
 }
 
 // releaseGuards, at the end of a plan that reached its node phase, takes the restart

@@ -157,11 +157,24 @@ type PlanReconciler struct {
 	// target from v1.8.1 on; 0 is the Job's default (30s, as the release's
 	// wait_capi_cluster, fact 40). Shorter only for simulated clusters.
 	ClusterUpgradeCAPIStableFor time.Duration
+	// PlannerSettle is how long a drain of Rancher's that the plan withdrew is watched
+	// after, its node uncordoned again should Rancher's machine-drain controller cordon it
+	// from a version of the plan Secret older than the withdrawal
+	// (rancher.SettleWithdrawn). Default 5s.
+	PlannerSettle time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 
 	// wakes carries the UpgradePlans Wake asks to reconcile now.
 	wakes chan event.TypedGenericEvent[*harvesterv1.UpgradePlan]
+}
+
+// plannerSettle is PlannerSettle or its default.
+func (r *PlanReconciler) plannerSettle() time.Duration {
+	if r.PlannerSettle > 0 {
+		return r.PlannerSettle
+	}
+	return 5 * time.Second
 }
 
 // PlanRun is what one reconcile of one UpgradePlan works with.

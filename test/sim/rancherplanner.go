@@ -211,6 +211,12 @@ type RancherPlanner struct {
 	// cluster reads many objects: a pass that read the planner unpaused still takes its
 	// node after a pause has landed. Default 0.
 	TakeDelay time.Duration
+	// DrainDelay is how long Rancher's machine-drain controller takes from the Secret it
+	// handles to its cordon: it handles the version its informer cache holds when the
+	// Secret's key comes out of its queue and builds a client of the cluster for each call
+	// (rancher@v2.14.4 pkg/controllers/capr/machinedrain/machinedrain.go OnChange,
+	// k8sClient), so a drain written back meanwhile can still be acted on. Default 0.
+	DrainDelay time.Duration
 
 	loop   passLoop
 	copier passLoop
@@ -978,6 +984,13 @@ func (p *RancherPlanner) drainMachine(ctx context.Context, e *entry, value strin
 	if err := json.Unmarshal([]byte(value), &opts); err != nil {
 		return err
 	}
+	if p.DrainDelay > 0 {
+		select {
+		case <-time.After(p.DrainDelay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if err := p.cordon(ctx, e.node, true); err != nil {
 		return err
 	}
@@ -1027,8 +1040,16 @@ func (p *RancherPlanner) undrainMachine(ctx context.Context, e *entry, value str
 	return p.annotate(ctx, e, clear)
 }
 
+// cordon is RunCordonOrUncordon on the Node the machine-drain controller reads just
+// before (machinedrain.go getHelper: Nodes().Get): the node as it is now, not as the pass
+// read it, so a node uncordoned since the pass began is cordoned again.
 func (p *RancherPlanner) cordon(ctx context.Context, n *corev1.Node, on bool) error {
-	if n.Spec.Unschedulable == on {
+	cur := &corev1.Node{}
+	if err := p.Client.Get(ctx, client.ObjectKey{Name: n.Name}, cur); err != nil {
+		return err
+	}
+	if cur.Spec.Unschedulable == on {
+		n.Spec.Unschedulable = on
 		return nil
 	}
 	if err := p.Kubelet.SetUnschedulable(ctx, n.Name, on); err != nil {
