@@ -70,9 +70,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		c.updater.PlannerSettle = 2 * time.Second
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateRunning
-		})).To(Succeed())
+		driveToRancherWait(c, nu, nil)
 		By("Rancher takes the node its update waits for; the update has not looked again (its own cordon not run)")
 		Eventually(func() string { return rancher.Asked(planSecret(wl, node), rancher.PreDrainRequest) }).WithTimeout(30*time.Second).WithPolling(50*time.Millisecond).
 			ShouldNot(BeEmpty(), "Rancher takes the node whose update waits for it")
@@ -184,12 +182,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		c.updater.PlannerSettle = 3 * time.Second
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
-			if nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) != inplacev1.StepStateRunning {
-				return false
-			}
-			return planner.Taking() == node
-		})).To(Succeed())
+		driveToRancherWait(c, nu, func() bool { return planner.Taking() == node })
 		Expect(planSecret(wl, node).Annotations).NotTo(HaveKey(rancher.DrainOptionsAnnotation), "Rancher has not taken the node yet")
 
 		By("ended while the planner's pass is under way")
@@ -303,6 +296,15 @@ func driveToRancherTurn(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 	GinkgoHelper()
 	Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
 		return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
+	})).To(Succeed())
+}
+
+// driveToRancherWait drives nu until it waits for Rancher to take its node
+// (RancherPreDrain running) and also, when set, until says so.
+func driveToRancherWait(c *harvesterCluster, nu *inplacev1.NodeUpdate, until func() bool) {
+	GinkgoHelper()
+	Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
+		return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateRunning && (until == nil || until())
 	})).To(Succeed())
 }
 
