@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Rancher route under randomized endings (harvesteradapter, Ginkgo label rancher-soak)
 # for SEEDS seeds from SEED_BASE, split over JOBS test processes (each starts its own API
-# servers; one seed uses about two thirds of a core). Each process's whole output goes to
+# servers; one seed uses about two thirds of a core). Ginkgo's own suite timeout (1 hour by
+# default) is lifted: a process of 100 seeds runs about two hours on 2 cores, and the
+# default killed it mid-seed. Each process's whole output goes to
 # bin/rancher-soak/<job>.log; a line per seed and a summary are printed; a failed seed's
 # history is in its process's log (SOAK_OUT sets the directory) and in $TMPDIR/rancher-soak/seed-<seed>-failed-<start>.log.
 set -uo pipefail
@@ -25,7 +27,7 @@ for (( j = 0; j < jobs; j++ )); do
 	(( from + n > end )) && n=$(( end - from ))
 	( cd harvesteradapter && SAFETY_SEEDS=$n SAFETY_SEED_BASE=$from \
 		"$bin" -test.run '^TestHarvesterAdapter$' -test.v -test.timeout 0 \
-		-ginkgo.label-filter=rancher-soak ) > "$out/$j.log" 2>&1 &
+		-ginkgo.label-filter=rancher-soak -ginkgo.timeout=24h ) > "$out/$j.log" 2>&1 &
 	pids+=("$!")
 	echo "rancher-soak: seeds $from to $(( from + n - 1 )) in $out/$j.log"
 done
