@@ -300,9 +300,6 @@ func (u *Updater) rancherAbortReady(ctx context.Context, r *nodeRun) (bool, erro
 			// PlannerSettle: the machine-drain controller may still cordon the node from
 			// the Secret as it was before (rancher.SettleWithdrawn).
 			if settled, err := rancher.SettleWithdrawn(ctx, r.wc, s, node, u.plannerSettle(), time.Now()); err != nil || !settled {
-				if apierrors.IsConflict(err) {
-					return false, nil
-				}
 				return false, err
 			}
 		}
@@ -379,7 +376,7 @@ func (u *Updater) plannerSettle() time.Duration {
 	if u.PlannerSettle > 0 {
 		return u.PlannerSettle
 	}
-	return 5 * time.Second
+	return rancher.DefaultPlannerSettle
 }
 
 // agentSilent says whether an ending has waited long enough for rancher-system-agent to

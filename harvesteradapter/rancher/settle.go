@@ -62,6 +62,10 @@ func Withdraw(ctx context.Context, c client.Client, secret *corev1.Secret, node 
 	return changed || uncordoned, err
 }
 
+// DefaultPlannerSettle is how long, by default, an ending of a node Rancher may be taking
+// holds with the planner paused, and a withdrawn drain is watched (SettleWithdrawn).
+const DefaultPlannerSettle = 5 * time.Second
+
 // WithdrawnAtAnnotation, on a node's plan Secret, says when Withdraw last took Rancher's
 // drain of the node back (RFC 3339), for SettleWithdrawn.
 const WithdrawnAtAnnotation = "harvester.inplace.cluster.x-k8s.io/drain-withdrawn-at"

@@ -34,6 +34,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/config"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/rancher"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/repository"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
@@ -174,7 +175,7 @@ func (r *PlanReconciler) plannerSettle() time.Duration {
 	if r.PlannerSettle > 0 {
 		return r.PlannerSettle
 	}
-	return 5 * time.Second
+	return rancher.DefaultPlannerSettle
 }
 
 // PlanRun is what one reconcile of one UpgradePlan works with.
