@@ -23,6 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/inplacectl"
 )
 
 func main() {
@@ -52,7 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	_, _ = fmt.Fprintf(stderr, "error: %v\n", err)
+	// An error may quote the cluster (an API server's message, an object's status).
+	_, _ = fmt.Fprintf(stderr, "error: %s\n", inplacectl.Clean(err.Error()))
 	var usage usageError
 	// cobra's own "unknown command" is a command line that cannot be run too.
 	if errors.As(err, &usage) || strings.HasPrefix(err.Error(), "unknown command") {

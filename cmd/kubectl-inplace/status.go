@@ -136,7 +136,9 @@ func clusterPlans(ctx context.Context, c client.Client, namespace, cluster strin
 // in the node's words first, the settings the cluster keeps for the roll until the plan
 // ends, and the ways on), or, once it failed, why.
 func printPlans(w io.Writer, plans []harvesterv1.UpgradePlan) {
-	for _, p := range plans {
+	for i := range plans {
+		// What the cluster wrote is shown without the controls a terminal would act on.
+		p := inplacectl.CleanCopy(&plans[i])
 		phase := string(p.Status.Phase)
 		if phase == "" {
 			phase = "not started"

@@ -185,5 +185,5 @@ func PreviewFailure(p *inplacev1.UpgradePreview) error {
 	if msg == "" {
 		msg = "no message given"
 	}
-	return fmt.Errorf("UpgradePreview %s/%s failed: %s", p.Namespace, p.Name, msg)
+	return fmt.Errorf("UpgradePreview %s/%s failed: %s", p.Namespace, p.Name, Clean(msg))
 }

@@ -43,9 +43,17 @@ func PrintObject(w io.Writer, obj runtime.Object, format string) error {
 	var data []byte
 	var err error
 	if format == OutputJSON {
+		// JSON escapes the C0 controls (\u001b) but not DEL and the C1 controls, which
+		// escapeControls adds: nothing reaches the terminal raw, and the data stays whole.
 		data, err = json.MarshalIndent(obj, "", "  ")
+		data = escapeControls(data)
 		data = append(data, '\n')
 	} else {
+		// YAML cannot hold control characters (sigs.k8s.io/yaml refuses the object), so
+		// it shows the text cleaned, as the table does.
+		if p, ok := obj.(*inplacev1.UpgradePreview); ok {
+			obj = CleanCopy(p)
+		}
 		data, err = yaml.Marshal(obj)
 	}
 	if err != nil {
@@ -59,6 +67,8 @@ func PrintObject(w io.Writer, obj runtime.Object, format string) error {
 // one table row per machine in the order nodes would go, then per node what it would
 // disrupt and what holds it.
 func PrintPreview(w io.Writer, p *inplacev1.UpgradePreview) error {
+	// What the cluster wrote is shown without the controls a terminal would act on.
+	p = CleanCopy(p)
 	pw := &errWriter{w: w}
 	printPreviewHeader(pw, p)
 	if len(p.Status.Machines) > 0 {
@@ -191,4 +201,23 @@ func failingChecks(checks []inplacev1.PreflightCheckStatus) []string {
 		names = append(names, c.Name)
 	}
 	return names
+}
+
+// escapeControls writes DEL and the C1 controls of a JSON document as \u escapes, which
+// encoding/json leaves raw. They can only stand inside strings, where the escape means
+// the same character.
+func escapeControls(data []byte) []byte {
+	s := string(data)
+	if !needsCleaning(s) {
+		return data
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == 0x7f || (r >= 0x80 && r <= 0x9f) {
+			fmt.Fprintf(&b, "\\u%04x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return []byte(b.String())
 }

@@ -105,6 +105,8 @@ func TaskTarget(t *inplacev1.UpgradeTask) string {
 // task with its conditions, each machine in order with its node's current step, and the
 // failures with the node's own error.
 func PrintStatus(w io.Writer, st *UpgradeStatus) error {
+	// What the cluster wrote is shown without the controls a terminal would act on.
+	st = CleanCopy(st)
 	ew := &errWriter{w: w}
 	printCascade(ew, st)
 	if len(st.Tasks) == 0 {
