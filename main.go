@@ -99,6 +99,7 @@ type options struct {
 	webhookClientCA         string
 	harvesterNodeImage      string
 	gateInterval            time.Duration
+	fetch                   fetchOptions
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
@@ -116,6 +117,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.harvesterNodeImage, "harvester-node-image", defaultNodeImage(), "the image whose node program (capi-inplace node ...) the Harvester updater runs on nodes when a HarvesterUpgrader leaves images.node empty; a tag or digest is required. The default is this manager's own image at its version")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set; the Harvester cluster upgrade's Cluster API stability window is 30s, and six intervals when it is set). Short values are for simulated clusters (make demo, tests)")
 	fs.DurationVar(&o.gateInterval, "gate-interval", upgradetask.DefaultGateInterval, "how often a running UpgradeTask's health gates (spec.gates, the Cluster's gates annotation) are evaluated again while a node waits for them; a node's end evaluates them at once. Each evaluation queries Prometheus, lists the objects of a CEL gate or looks at a Job gate, so keep it at seconds, not milliseconds, on a real cluster")
+	o.fetch.bind(fs)
 }
 
 func newScheme() (*runtime.Scheme, error) {
@@ -301,6 +303,7 @@ func run(opts options) error {
 	checks := preflight.Default(registry)
 	// Webhook notifications of the tasks, sent in the background (internal/notify).
 	notifier := notify.New(mgr.GetAPIReader(), faults.CountWarnings(mgr.GetEventRecorder("upgradetask-notify")), nil)
+	notifier.Fetch = opts.fetch.policy()
 	if err := mgr.Add(notifier); err != nil {
 		return fmt.Errorf("add the notification dispatcher to the manager: %w", err)
 	}

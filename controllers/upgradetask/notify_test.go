@@ -18,6 +18,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/fence"
 	"github.com/capi-inplace/capi-inplace/internal/notify"
 )
 
@@ -83,12 +84,14 @@ func eventTypes(evs []notify.Event) []string {
 }
 
 // startManagerNotifying runs the UpgradeTask controller with a notification dispatcher
-// that waits 10ms, doubled, between attempts.
+// that waits 10ms, doubled, between attempts, and lets webhooks be plain http (as
+// --allow-http-fetch does): the receivers here are http servers on loopback.
 func startManagerNotifying() (stop func()) {
 	GinkgoHelper()
 	mgr := newManager()
 	notifier := notify.New(mgr.GetAPIReader(), mgr.GetEventRecorder("upgradetask-notify"), nil)
 	notifier.BaseDelay = 10 * time.Millisecond
+	notifier.Fetch = fence.Policy{AllowHTTP: true}
 	Expect(mgr.Add(notifier)).To(Succeed())
 	r := &Reconciler{
 		Workload:     SameCluster{Management: k8s},

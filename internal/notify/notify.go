@@ -7,13 +7,11 @@ package notify
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -27,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/fence"
 )
 
 // Event types: what happened.
@@ -116,6 +115,9 @@ type Dispatcher struct {
 	BaseDelay   time.Duration
 	MaxDelay    time.Duration
 	Timeout     time.Duration
+	// Fetch fences the calls to the webhooks (internal/fence); its zero value is the
+	// strict one (https only, no link-local or metadata address).
+	Fetch fence.Policy
 
 	queues []chan Notification
 	// sleep waits d or until ctx ends (false then); tests replace it to see the delays
@@ -299,7 +301,7 @@ type webhook struct {
 	url     string
 	headers http.Header
 	format  inplacev1.NotifyFormat
-	client  *http.Client
+	client  *fence.Client
 }
 
 const secretKeys = `"url" (required), optionally "token", "headers", "ca.crt", "format"`
@@ -315,19 +317,24 @@ func (d *Dispatcher) readWebhook(ctx context.Context, n Notification) (*webhook,
 		}
 		return nil, fmt.Errorf("read Secret %s: %w", key, err)
 	}
-	return parseWebhook(key, secret, n.Format)
+	return parseWebhook(key, secret, n.Format, d.Fetch)
 }
 
-// parseWebhook checks a notification Secret's keys; format, when set, wins over the
-// Secret's. What is missing or does not parse is a *ConfigError that says what to do.
-func parseWebhook(key client.ObjectKey, secret *corev1.Secret, format inplacev1.NotifyFormat) (*webhook, error) {
+// parseWebhook checks a notification Secret's keys, and its URL against the fence;
+// format, when set, wins over the Secret's. What is missing, does not parse or is
+// refused is a *ConfigError that says what to do.
+func parseWebhook(key client.ObjectKey, secret *corev1.Secret, format inplacev1.NotifyFormat, fetch fence.Policy) (*webhook, error) {
 	raw := strings.TrimSpace(string(secret.Data[inplacev1.NotifyURLKey]))
 	if raw == "" {
 		return nil, &ConfigError{fmt.Sprintf("Secret %s has no %q key; add the webhook's URL under it", key, inplacev1.NotifyURLKey)}
 	}
+	// Neither url.Parse's error nor the URL is printed: a Slack webhook's path is its secret.
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, &ConfigError{fmt.Sprintf("Secret %s: %q is not an http or https URL; set it to the webhook's URL", key, inplacev1.NotifyURLKey)}
+	}
+	if err := fetch.CheckURL(fmt.Sprintf("Secret %s: %q", key, inplacev1.NotifyURLKey), u); err != nil {
+		return nil, &ConfigError{err.Error()}
 	}
 	hook := &webhook{url: raw, headers: http.Header{}, format: format}
 	if hook.format == "" {
@@ -354,16 +361,14 @@ func parseWebhook(key client.ObjectKey, secret *corev1.Secret, format inplacev1.
 	if token := strings.TrimSpace(string(secret.Data[inplacev1.NotifyTokenKey])); token != "" {
 		hook.headers.Set("Authorization", "Bearer "+token)
 	}
-	hook.client = &http.Client{}
+	var roots *x509.CertPool
 	if ca := secret.Data[inplacev1.NotifyCAKey]; len(ca) > 0 {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(ca) {
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(ca) {
 			return nil, &ConfigError{fmt.Sprintf("Secret %s: %q holds no PEM certificate; put the CA that signs the webhook's certificate there, or remove the key", key, inplacev1.NotifyCAKey)}
 		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		hook.client.Transport = tr
 	}
+	hook.client = fetch.NewClient(roots)
 	return hook, nil
 }
 
@@ -384,21 +389,19 @@ func (w *webhook) send(ctx context.Context, ev Event, timeout time.Duration) (pe
 		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := w.client.Do(req)
+	// The answer is read only for an excerpt of a refusal.
+	resp, err := w.client.Do(req, 4<<10)
 	if err != nil {
-		// The URL may carry a secret (Slack's does): say where, not the whole URL.
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err
-		}
-		return false, fmt.Errorf("POST to the webhook: %w", err)
+		// The fence's errors name no URL (a Slack webhook's path is its secret). A
+		// refusal of the fence is not tried again.
+		return fence.IsRefused(err), fmt.Errorf("POST to the webhook: %w", err)
 	}
-	defer func() { _ = resp.Body.Close() }()
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 	if resp.StatusCode/100 == 2 {
 		return false, nil
 	}
-	err = fmt.Errorf("the webhook answered %s: %s", resp.Status, strings.TrimSpace(string(snippet)))
+	// The status line's text and the body come from the server: its status code and a
+	// short excerpt without control characters or the request's credentials.
+	err = fmt.Errorf("the webhook answered HTTP %d: %s", resp.StatusCode, fence.Excerpt(resp.Body, fence.Secrets(req)...))
 	permanent = resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests
 	return permanent, err
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/internal/fence"
 )
 
 // receiver is a webhook that answers each call with the next status of answers (200
@@ -52,14 +53,24 @@ func testDispatcher(t *testing.T) (*Dispatcher, *[]time.Duration) {
 	return d, &delays
 }
 
+// lab is the fence of a manager started with --allow-http-fetch: the specs whose
+// webhook is a plain http server on loopback use it.
+var lab = fence.Policy{AllowHTTP: true}
+
 func hookFor(t *testing.T, url string, data map[string]string) func() (*webhook, error) {
+	t.Helper()
+	return hookWith(t, lab, url, data)
+}
+
+// hookWith loads the webhook of a Secret with url and data under a fence policy.
+func hookWith(t *testing.T, fetch fence.Policy, url string, data map[string]string) func() (*webhook, error) {
 	t.Helper()
 	secret := &corev1.Secret{Data: map[string][]byte{"url": []byte(url)}}
 	for k, v := range data {
 		secret.Data[k] = []byte(v)
 	}
 	return func() (*webhook, error) {
-		return parseWebhook(client.ObjectKey{Namespace: "ns", Name: "hook"}, secret, "")
+		return parseWebhook(client.ObjectKey{Namespace: "ns", Name: "hook"}, secret, "", fetch)
 	}
 }
 
@@ -197,7 +208,7 @@ func TestParseWebhook(t *testing.T) {
 			for k, v := range tc.data {
 				secret.Data[k] = []byte(v)
 			}
-			hook, err := parseWebhook(key, secret, tc.format)
+			hook, err := parseWebhook(key, secret, tc.format, lab)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error: got %v, want one containing %q", err, tc.wantErr)
