@@ -61,6 +61,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
+	"github.com/capi-inplace/capi-inplace/workloadcluster/etcdhealth"
 )
 
 // The secure metrics endpoint asks the API server who a caller is and whether it may read
@@ -300,7 +301,8 @@ func run(opts options) error {
 	}
 	// One list of preflight checks: the UpgradeTask controller holds nodes with it, and
 	// UpgradePreview shows what it would hold.
-	checks := preflight.Default(registry)
+	// With etcd's own view of a control plane (etcdhealth): control plane nodes only.
+	checks := preflight.WithEtcd(registry, &etcdhealth.Views{Reader: mgr.GetAPIReader(), Workload: workloads})
 	// Webhook notifications of the tasks, sent in the background (internal/notify).
 	notifier := notify.New(mgr.GetAPIReader(), faults.CountWarnings(mgr.GetEventRecorder("upgradetask-notify")), nil)
 	notifier.Fetch = opts.fetch.policy()

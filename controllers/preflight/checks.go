@@ -22,6 +22,7 @@ const (
 	UpdaterChecksName       = "UpdaterChecks"
 	NodeSchedulableName     = "NodeSchedulable"
 	ControlPlaneQuorumName  = "ControlPlaneQuorum"
+	EtcdHealthyName         = "EtcdHealthy"
 )
 
 // NodeReady holds a node that does not exist or is not Ready: upgrading a node that is

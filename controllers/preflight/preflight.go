@@ -64,6 +64,9 @@ type Input struct {
 	Budget *disruption.Budget
 	// Picked are the machines this round already picked to start with the candidate.
 	Picked []MachineNode
+
+	// etcd is etcd's view as EtcdHealthy read it this round; nil until it has.
+	etcd *etcdRead
 }
 
 // disruptedExcept names the Cluster's disrupted nodes other than the candidate's.
@@ -97,6 +100,13 @@ type Check interface {
 // updater's own checks (which may be the most expensive, so they run last).
 func Default(registry *nodeupdater.Registry) []Check {
 	return []Check{NodeReady{}, NotDeleting{}, NodeSchedulable{}, Availability{}, ControlPlaneHealthy{}, ControlPlaneQuorum{}, UpdaterChecks{Registry: registry}}
+}
+
+// WithEtcd returns the Default checks with etcd's own view of the control plane
+// (EtcdHealthy) after ControlPlaneQuorum: the manager's checks. A control plane node is
+// then started only when etcd says that its control plane is whole.
+func WithEtcd(registry *nodeupdater.Registry, view EtcdView) []Check {
+	return []Check{NodeReady{}, NotDeleting{}, NodeSchedulable{}, Availability{}, ControlPlaneHealthy{}, ControlPlaneQuorum{}, EtcdHealthy{View: view}, UpdaterChecks{Registry: registry}}
 }
 
 // Run runs every check for a candidate and returns every result, in order.

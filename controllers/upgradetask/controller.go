@@ -405,7 +405,7 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 	if err != nil {
 		return nil, err
 	}
-	s.failures = readFailureBudget(s.cluster, nus, s.now)
+	s.failures = readFailureBudget(s.cluster, nus, s.now, controlPlaneNodeUpdates(task, clusterMachines))
 	s.nodeUpdates = map[string]*inplacev1.NodeUpdate{}
 	s.skippedFirst = map[string]*inplacev1.NodeUpdate{}
 	s.upgradedBy = map[string]string{}

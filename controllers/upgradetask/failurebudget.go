@@ -20,6 +20,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 )
 
 // resetSkew is how far in the future a failure-budget-reset time may be and still count:
@@ -37,6 +38,9 @@ const maxFailuresListed = 10
 type failedNode struct {
 	machine, node, task, nodeUpdate, message string
 	ended                                    time.Time
+	// controlPlane is true for a node of the control plane: its failure alone exhausts
+	// the budget.
+	controlPlane bool
 }
 
 // failureBudget is a Cluster's failure budget as read at this reconcile, from the
@@ -62,8 +66,9 @@ type failureBudget struct {
 // failure counts when a NodeUpdate controlled by an UpgradeTask ended Failed (timed out, a
 // step failed, retries exhausted), after the reset time if one is set, and no later
 // NodeUpdate of the same machine succeeded: that node is no longer a failed node. An
-// aborted NodeUpdate is not a failure (a person or a removal stopped it).
-func readFailureBudget(cluster *clusterv1.Cluster, nus []inplacev1.NodeUpdate, now time.Time) *failureBudget {
+// aborted NodeUpdate is not a failure (a person or a removal stopped it). controlPlane
+// says which NodeUpdates upgrade a control plane node (nil: none).
+func readFailureBudget(cluster *clusterv1.Cluster, nus []inplacev1.NodeUpdate, now time.Time, controlPlane func(*inplacev1.NodeUpdate) bool) *failureBudget {
 	b := &failureBudget{limit: 1}
 	if cluster != nil {
 		b.cluster = *cluster
@@ -122,7 +127,7 @@ func readFailureBudget(cluster *clusterv1.Cluster, nus []inplacev1.NodeUpdate, n
 			msg = "failed without a message"
 		}
 		b.failed = append(b.failed, failedNode{machine: nu.Spec.MachineName, node: nu.Spec.NodeName, task: task,
-			nodeUpdate: nu.Name, message: truncate(msg, 512), ended: ended})
+			nodeUpdate: nu.Name, message: truncate(msg, 512), ended: ended, controlPlane: controlPlane != nil && controlPlane(nu)})
 	}
 	slices.SortFunc(b.failed, func(a, c failedNode) int {
 		if d := a.ended.Compare(c.ended); d != 0 {
@@ -141,8 +146,38 @@ func controllingTask(nu *inplacev1.NodeUpdate) string {
 	return ""
 }
 
-// exhausted reports whether the Cluster's failed nodes reached its budget.
-func (b *failureBudget) exhausted() bool { return b != nil && len(b.failed) >= b.limit }
+// controlPlaneNodeUpdates says which NodeUpdates of the Cluster upgrade a control plane
+// node: those of a machine with Cluster API's control plane label, and every NodeUpdate
+// of the task when it targets a control plane (its machine may be gone since).
+func controlPlaneNodeUpdates(task *inplacev1.UpgradeTask, machines []clusterv1.Machine) func(*inplacev1.NodeUpdate) bool {
+	names := map[string]bool{}
+	for i := range machines {
+		if disruption.IsControlPlane(&machines[i]) {
+			names[machines[i].Name] = true
+		}
+	}
+	return func(nu *inplacev1.NodeUpdate) bool {
+		return names[nu.Spec.MachineName] || (task.Spec.ControlPlaneRef != nil && metav1IsControlledBy(nu, task))
+	}
+}
+
+// exhausted reports whether the Cluster's failed nodes reached its budget. A failed
+// control plane node exhausts it whatever its size: etcd and the API server may have
+// lost a member, and every task of the Cluster depends on them. A person looks at etcd
+// before anything more is touched.
+func (b *failureBudget) exhausted() bool {
+	return b != nil && (len(b.failed) >= b.limit || b.failedControlPlane() != nil)
+}
+
+// failedControlPlane is the first failed control plane node that counts; nil when none.
+func (b *failureBudget) failedControlPlane() *failedNode {
+	for i := range b.failed {
+		if b.failed[i].controlPlane {
+			return &b.failed[i]
+		}
+	}
+	return nil
+}
 
 // counts reports whether the failure of a member's NodeUpdate counts against the budget.
 func (b *failureBudget) counts(mem *member) bool {
@@ -163,13 +198,22 @@ func (b *failureBudget) gateMessage() string {
 			names = append(names, fmt.Sprintf("and %d more", len(b.failed)-maxFailuresListed))
 			break
 		}
-		names = append(names, fmt.Sprintf("machine %s (node %s) of UpgradeTask %s failed at %s: %s",
-			f.machine, f.node, f.task, f.ended.UTC().Format(time.RFC3339), f.message))
+		kind := "machine"
+		if f.controlPlane {
+			kind = "control plane machine"
+		}
+		names = append(names, fmt.Sprintf("%s %s (node %s) of UpgradeTask %s failed at %s: %s",
+			kind, f.machine, f.node, f.task, f.ended.UTC().Format(time.RFC3339), f.message))
 	}
-	msg := fmt.Sprintf("the failure budget of Cluster %s is exhausted: %d failed node(s), budget %d (annotation %s): %s; no task of the Cluster starts a new node (nodes in progress finish). "+
-		"To lift it once you have looked: kubectl annotate cluster -n %s %s %s=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) --overwrite (failures that ended before that time no longer count; a failed node is not retried)",
-		b.cluster.Name, len(b.failed), b.limit, inplacev1.FailureBudgetAnnotation, strings.Join(names, "; "),
-		b.cluster.Namespace, b.cluster.Name, inplacev1.FailureBudgetResetAnnotation)
+	why, look := "", "once you have looked"
+	if cp := b.failedControlPlane(); cp != nil {
+		why = fmt.Sprintf(" (a failed control plane node exhausts it whatever its size: control plane machine %s failed and etcd may have lost a member)", cp.machine)
+		look = "once etcd is healthy again (every control plane node a started, voting member: etcdctl member list; no alarm: etcdctl alarm list) and the node is looked at"
+	}
+	msg := fmt.Sprintf("the failure budget of Cluster %s is exhausted%s: %d failed node(s), budget %d (annotation %s): %s; no task of the Cluster starts a new node (nodes in progress finish). "+
+		"To lift it %s: kubectl annotate cluster -n %s %s %s=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ) --overwrite (failures that ended before that time no longer count; a failed node is not retried)",
+		b.cluster.Name, why, len(b.failed), b.limit, inplacev1.FailureBudgetAnnotation, strings.Join(names, "; "),
+		look, b.cluster.Namespace, b.cluster.Name, inplacev1.FailureBudgetResetAnnotation)
 	if len(b.problems) > 0 {
 		msg += "; " + strings.Join(b.problems, "; ")
 	}

@@ -146,6 +146,35 @@ var _ = Describe("The failure budget of a Cluster", func() {
 		Expect(condition(t.Status.Conditions, inplacev1.DegradedCondition).Status).To(Equal(metav1.ConditionTrue))
 	})
 
+	It("with a budget of 3 stops a control plane's task at its first failed node, and names etcd and the reset in the condition", func() {
+		w := newCPWorld(3)
+		w.annotateCluster(inplacev1.FailureBudgetAnnotation, "3")
+		rec := watchNodeUpdates(w.ns)
+		sim := simulate(w.ns, 300*time.Millisecond)
+		sim.KeepNodesReady()
+		sim.FailMachine("cp-1", "step RKE2 failed: etcd did not rejoin")
+		Expect(k8s.Create(ctx, w.mdTask("cp", func(t *inplacev1.UpgradeTask) {
+			t.Spec.MachineDeploymentRef = nil
+			t.Spec.ControlPlaneRef = &inplacev1.ControlPlaneReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
+			t.Spec.NodeOrder = []string{w.node(0)}
+		}))).To(Succeed())
+
+		Eventually(w.phaseOf("cp"), timeout, poll).Should(Equal(inplacev1.TaskPhaseFailed))
+		Consistently(rec.Creations, 1500*time.Millisecond, poll).Should(Equal(map[string]int{"cp-1": 1}), "no other control plane node starts after a failed one, whatever the budget")
+		t := w.task("cp")
+		Expect(t.Status.Failed).To(Equal(int32(1)))
+		Expect(w.machineStatus("cp", "cp-2").Message).To(Equal("not started: the task stopped after machine cp-1 failed"))
+		exhausted := condition(t.Status.Conditions, inplacev1.FailureBudgetExhaustedCondition)
+		Expect(exhausted.Status).To(Equal(metav1.ConditionTrue))
+		Expect(exhausted.Reason).To(Equal(inplacev1.FailureBudgetExhaustedReason))
+		Expect(exhausted.Message).To(ContainSubstring("a failed control plane node exhausts it whatever its size: control plane machine cp-1 failed"))
+		Expect(exhausted.Message).To(ContainSubstring("1 failed node(s), budget 3"))
+		Expect(exhausted.Message).To(ContainSubstring("control plane machine cp-1 (node " + w.node(0) + ") of UpgradeTask cp failed at "))
+		Expect(exhausted.Message).To(ContainSubstring("step RKE2 failed: etcd did not rejoin"))
+		Expect(exhausted.Message).To(ContainSubstring("once etcd is healthy again"))
+		Expect(exhausted.Message).To(ContainSubstring("kubectl annotate cluster -n " + w.ns + " harvester " + inplacev1.FailureBudgetResetAnnotation + "="))
+	})
+
 	It("takes an unusable budget as 1, says so with the value, and stops at the first failed node", func() {
 		w := newMDWorld(3)
 		w.annotateCluster(inplacev1.FailureBudgetAnnotation, "two")
@@ -184,7 +213,7 @@ var _ = Describe("readFailureBudget", func() {
 	at := func(minutesAgo int) time.Time { return now.Add(-time.Duration(minutesAgo) * time.Minute) }
 	DescribeTable("counts the failures that ended after the reset and were not upgraded since",
 		func(annotations map[string]string, nus []inplacev1.NodeUpdate, wantLimit int, wantFailed []string, wantProblem string) {
-			b := readFailureBudget(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: annotations}}, nus, now)
+			b := readFailureBudget(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: annotations}}, nus, now, nil)
 			Expect(b.limit).To(Equal(wantLimit))
 			var failed []string
 			for _, f := range b.failed {
@@ -218,4 +247,19 @@ var _ = Describe("readFailureBudget", func() {
 			[]inplacev1.NodeUpdate{nu("n1", "m1", inplacev1.NodeUpdatePhaseFailed, at(30), at(10), "t")},
 			1, []string{"n1"}, "in the future"),
 	)
+
+	It("lets a failed worker node spend a budget of 3 but not a failed control plane node", func() {
+		cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: map[string]string{inplacev1.FailureBudgetAnnotation: "3"}}}
+		isControlPlane := func(nu *inplacev1.NodeUpdate) bool { return nu.Spec.MachineName == "cp-1" }
+		worker := readFailureBudget(cluster, []inplacev1.NodeUpdate{nu("n1", "w-1", inplacev1.NodeUpdatePhaseFailed, at(30), at(10), "t")}, now, isControlPlane)
+		Expect(worker.exhausted()).To(BeFalse())
+		Expect(worker.gateMessage()).To(BeEmpty())
+		cp := readFailureBudget(cluster, []inplacev1.NodeUpdate{nu("n2", "cp-1", inplacev1.NodeUpdatePhaseFailed, at(30), at(10), "t")}, now, isControlPlane)
+		Expect(cp.exhausted()).To(BeTrue())
+		Expect(cp.gateMessage()).To(ContainSubstring("control plane machine cp-1 failed"))
+		lifted := readFailureBudget(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: map[string]string{
+			inplacev1.FailureBudgetAnnotation: "3", inplacev1.FailureBudgetResetAnnotation: at(5).Format(time.RFC3339)}}},
+			[]inplacev1.NodeUpdate{nu("n2", "cp-1", inplacev1.NodeUpdatePhaseFailed, at(30), at(10), "t")}, now, isControlPlane)
+		Expect(lifted.exhausted()).To(BeFalse(), "the reset annotation lifts a control plane failure as any other")
+	})
 })
