@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"syscall"
 	"time"
 
@@ -97,7 +96,7 @@ type options struct {
 	concurrency             int
 	defaultUpdater          string
 	pollInterval            time.Duration
-	webhookClientCA         string
+	hookAuth                hookAuthOptions
 	harvesterNodeImage      string
 	gateInterval            time.Duration
 	fetch                   fetchOptions
@@ -106,7 +105,6 @@ type options struct {
 func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "port of the HTTPS server of Cluster API's in-place update hooks (registered by an ExtensionConfig)")
 	fs.IntVar(&o.externalHookPort, "external-hook-port", 9444, "port of the HTTPS server of capi-inplace's ExternalUpgradeRequest hook")
-	fs.StringVar(&o.webhookClientCA, "webhook-client-ca", "", "PEM bundle of the CAs whose client certificates the ExternalUpgradeRequest server requires; empty accepts any client. The server of Cluster API's hooks never requires one: Cluster API's runtime client presents no client certificate")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key, the serving certificate of both hook servers")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8443", "address the Prometheus metrics endpoint binds to; 0 disables it")
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS, to callers authenticated and authorized by the API server")
@@ -119,6 +117,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set; the Harvester cluster upgrade's Cluster API stability window is 30s, and six intervals when it is set). Short values are for simulated clusters (make demo, tests)")
 	fs.DurationVar(&o.gateInterval, "gate-interval", upgradetask.DefaultGateInterval, "how often a running UpgradeTask's health gates (spec.gates, the Cluster's gates annotation) are evaluated again while a node waits for them; a node's end evaluates them at once. Each evaluation queries Prometheus, lists the objects of a CEL gate or looks at a Job gate, so keep it at seconds, not milliseconds, on a real cluster")
 	o.fetch.bind(fs)
+	o.hookAuth.bind(fs)
 }
 
 func newScheme() (*runtime.Scheme, error) {
@@ -223,13 +222,12 @@ func run(opts options) error {
 	}
 
 	tlsOpts := []func(*tls.Config){extension.ServingTLS}
-	externalTLSOpts := tlsOpts
-	if opts.webhookClientCA != "" {
-		requireClientCerts, err := extension.RequireClientCertificates(opts.webhookClientCA)
-		if err != nil {
-			return fmt.Errorf("--webhook-client-ca: %w", err)
-		}
-		externalTLSOpts = append(slices.Clone(tlsOpts), requireClientCerts)
+	capiCallers, externalCallers, allowAnonymous, err := opts.hookAuth.servers()
+	if err != nil {
+		return err
+	}
+	if allowAnonymous {
+		log.Info("the ExternalUpgradeRequest server lets every caller in (--" + extension.FlagExternalHookAllowAnonymousLab + "): for a lab only")
 	}
 	metricsOpts := metricsserver.Options{
 		BindAddress:   opts.metricsBindAddress,
@@ -344,13 +342,14 @@ func run(opts options) error {
 		return fmt.Errorf("index NodeUpdates by machine: %w", err)
 	}
 	capiHooks, err := extension.NewCAPIHookServer(extension.ServerOptions{
-		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
+		Port: opts.webhookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts, Callers: capiCallers,
 	}, inPlaceHooks)
 	if err != nil {
 		return err
 	}
 	externalHooks, err := extension.NewExternalHookServer(extension.ServerOptions{
-		Port: opts.externalHookPort, CertDir: opts.webhookCertDir, TLSOpts: externalTLSOpts,
+		Port: opts.externalHookPort, CertDir: opts.webhookCertDir, TLSOpts: tlsOpts,
+		Callers: externalCallers, AllowAnonymous: allowAnonymous,
 	}, extension.NewExternalUpgradeHandler(requester))
 	if err != nil {
 		return err

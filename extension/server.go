@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"slices"
 
 	runtimecatalog "sigs.k8s.io/cluster-api/api/runtime/catalog"
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
@@ -32,8 +33,15 @@ type ServerOptions struct {
 	Port int
 	// CertDir holds tls.crt and tls.key.
 	CertDir string
-	// TLSOpts adjust the TLS configuration (minimum version, client certificates).
+	// TLSOpts adjust the TLS configuration (minimum version, cipher suites).
 	TLSOpts []func(*tls.Config)
+	// Callers say who may call the server. For the Cluster API hook server, the zero
+	// value lets every caller in; the ExternalUpgradeRequest server refuses every call
+	// unless Callers name a client CA or a token, or AllowAnonymous is set.
+	Callers Callers
+	// AllowAnonymous lets every caller of the ExternalUpgradeRequest server in when Callers
+	// name neither a client CA nor a token: a lab only.
+	AllowAnonymous bool
 }
 
 // CAPIHooks are the handlers of Cluster API's in-place update hooks.
@@ -55,7 +63,9 @@ func NewCAPIHookServer(opts ServerOptions, hooks CAPIHooks) (*runtimeserver.Serv
 	if err := runtimehooksv1.AddToCatalog(catalog); err != nil {
 		return nil, fmt.Errorf("build Cluster API hook catalog: %w", err)
 	}
-	srv, err := newServer(catalog, opts)
+	callers := opts.Callers
+	callers.RefuseAnonymous = false
+	srv, err := newServer(catalog, opts, newCallerGate(hookServerCAPI, callers, FlagHookClientCA, ""))
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +87,9 @@ func NewExternalHookServer(opts ServerOptions, hooks ExternalHooks) (*runtimeser
 	if err := hooksv1.AddToCatalog(catalog); err != nil {
 		return nil, fmt.Errorf("build capi-inplace hook catalog: %w", err)
 	}
-	srv, err := newServer(catalog, opts)
+	callers := opts.Callers
+	callers.RefuseAnonymous = !opts.AllowAnonymous
+	srv, err := newServer(catalog, opts, newCallerGate(hookServerExternalUpgradeRequest, callers, FlagExternalHookClientCA, FlagExternalHookTokenFile))
 	if err != nil {
 		return nil, err
 	}
@@ -87,16 +99,23 @@ func NewExternalHookServer(opts ServerOptions, hooks ExternalHooks) (*runtimeser
 	return srv, addHandlers(srv, handlers)
 }
 
-func newServer(catalog *runtimecatalog.Catalog, opts ServerOptions) (*runtimeserver.Server, error) {
+func newServer(catalog *runtimecatalog.Catalog, opts ServerOptions, gate *callerGate) (*runtimeserver.Server, error) {
+	tlsOpts := opts.TLSOpts
+	if gate.callers.ClientCAFile != "" {
+		tlsOpts = append(slices.Clone(tlsOpts), requestClientCertificates)
+	}
 	srv, err := runtimeserver.New(runtimeserver.Options{
 		Catalog: catalog,
 		Port:    opts.Port,
 		CertDir: opts.CertDir,
-		TLSOpts: opts.TLSOpts,
+		TLSOpts: tlsOpts,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create hook server on port %d: %w", opts.Port, err)
 	}
+	// Every handler, discovery included, is registered when the server starts, through
+	// the embedded webhook server's Register: the gate wraps them there.
+	srv.Server = gatedServer{Server: srv.Server, gate: gate}
 	return srv, nil
 }
 

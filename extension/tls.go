@@ -2,9 +2,6 @@ package extension
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"fmt"
-	"os"
 )
 
 // modernCipherSuites are the TLS 1.2 suites the hook servers accept: forward-secret
@@ -24,21 +21,4 @@ var modernCipherSuites = []uint16{
 func ServingTLS(c *tls.Config) {
 	c.MinVersion = tls.VersionTLS12
 	c.CipherSuites = modernCipherSuites
-}
-
-// RequireClientCertificates returns a TLS option that makes a server accept only clients
-// presenting a certificate signed by a CA of the PEM bundle in caFile.
-func RequireClientCertificates(caFile string) (func(*tls.Config), error) {
-	data, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("read the client CA bundle: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("the client CA bundle %s holds no PEM certificate", caFile)
-	}
-	return func(c *tls.Config) {
-		c.ClientCAs = pool
-		c.ClientAuth = tls.RequireAndVerifyClientCert
-	}, nil
 }

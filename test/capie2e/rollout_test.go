@@ -60,6 +60,11 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 			}
 		}
 		Expect(patched).To(BeNumerically(">", 0))
+
+		By("Cluster API's core and KubeadmControlPlane each called the hooks with their own client certificate (the manager requires one)")
+		expectCallers(inPlace.ns, "canupdatemachine", "capi-kubeadm-control-plane")
+		expectCallers(inPlace.ns, "canupdatemachineset", "capi-core")
+		expectCallers(inPlace.ns, "updatemachine", "capi-core")
 	})
 
 	It("answers a change it cannot do in place without a patch, and Cluster API replaces the machines", func() {
@@ -301,6 +306,17 @@ func condition(conds []metav1.Condition, t string) *metav1.Condition {
 }
 
 // exchangesOf returns the recorded calls of hook whose objects are in namespace.
+// expectCallers checks that some calls of hook for the namespace's clusters came with
+// the client certificate of controller (test/capienv's names).
+func expectCallers(namespace, hook, controller string) {
+	GinkgoHelper()
+	var callers []string
+	for _, e := range exchangesOf(namespace, hook) {
+		callers = append(callers, e.ClientCommonName)
+	}
+	Expect(callers).To(ContainElement(capi.ClientCerts[controller].CommonName), "callers of %s", hook)
+}
+
 func exchangesOf(namespace, hook string) []capienv.Exchange {
 	var out []capienv.Exchange
 	for _, e := range recorder.Exchanges(hook) {

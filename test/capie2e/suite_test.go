@@ -76,7 +76,8 @@ var _ = BeforeSuite(func() {
 	certs, err = manager.NewServingCerts(filepath.Join(workDir, "manager-certs"))
 	Expect(err).NotTo(HaveOccurred())
 	startManager()
-	recorder, err = capienv.NewHookRecorder(certs.Dir, certs.CAPEM, fmt.Sprintf("https://127.0.0.1:%d", mgr.WebhookPort))
+	recorder, err = capienv.NewHookRecorder(certs.Dir, certs.CAPEM, fmt.Sprintf("https://127.0.0.1:%d", mgr.WebhookPort),
+		capi.ExtensionClientAuth())
 	Expect(err).NotTo(HaveOccurred())
 	Expect(capienv.RegisterExtension(ctx, env.Client, "capi-inplace", recorder.URL, certs.CAPEM,
 		map[string]string{extension.DefaultUpdaterSetting: updaterSetting})).To(Succeed())
@@ -90,7 +91,9 @@ func startManager() {
 	logFile := filepath.Join(workDir, "manager.log")
 	var err error
 	mgr, err = manager.Start(manager.Options{Binary: managerBin, Kubeconfig: kubeconfig, CertDir: certs.Dir, LogFile: logFile,
-		ExtraArgs: []string{"--poll-interval=500ms"}})
+		ExtraArgs: []string{"--poll-interval=500ms",
+			// The hooks require the client certificates Cluster API's core and KCP present.
+			"--hook-client-ca=" + capi.ExtensionClientCA()}})
 	Expect(err).NotTo(HaveOccurred())
 	if err := mgr.WaitReady(time.Minute); err != nil {
 		log, _ := os.ReadFile(logFile)

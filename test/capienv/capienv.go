@@ -69,6 +69,19 @@ func Built(root string) error {
 	return nil
 }
 
+// ClientCert is a client certificate and its key, as files, and the certificate's
+// common name.
+type ClientCert struct {
+	CertFile, KeyFile, CommonName string
+}
+
+// The controllers that call runtime extensions, with the common name of the client
+// certificate each presents (the names of their Deployments in a clusterctl install).
+var extensionCallers = map[string]string{
+	"capi-core":                  "capi-controller-manager",
+	"capi-kubeadm-control-plane": "capi-kubeadm-control-plane-controller-manager",
+}
+
 // Controllers are Cluster API's controllers running against one test API server.
 type Controllers struct {
 	// WorkDir holds each process's log (<name>.log), the kubeconfig and the certificates.
@@ -78,6 +91,12 @@ type Controllers struct {
 	CAPEM []byte
 	// CertDir holds tls.crt and tls.key for 127.0.0.1, signed by CAPEM.
 	CertDir string
+	// ClientCerts are the client certificates (signed by CAPEM, for client
+	// authentication) the controllers that call runtime extensions present to them, by
+	// controller: core (discovery, CanUpdateMachineSet, UpdateMachine) and
+	// KubeadmControlPlane (CanUpdateMachine), through Cluster API's
+	// --runtime-extension-client-cert-file and --runtime-extension-client-key-file.
+	ClientCerts map[string]ClientCert
 
 	env    *testenv.Environment
 	procs  map[string]*process
@@ -111,6 +130,14 @@ func (c *Controllers) start(ctx context.Context) error {
 		return err
 	}
 	c.CAPEM, c.CertDir = certs.CAPEM, certs.Dir
+	c.ClientCerts = map[string]ClientCert{}
+	for name, commonName := range extensionCallers {
+		certFile, keyFile, err := certs.NewClientCertificate(name+"-extension-client", commonName)
+		if err != nil {
+			return err
+		}
+		c.ClientCerts[name] = ClientCert{CertFile: certFile, KeyFile: keyFile, CommonName: commonName}
+	}
 	kubeconfig := filepath.Join(c.WorkDir, "capi-kubeconfig")
 	if err := c.env.WriteKubeconfig(kubeconfig); err != nil {
 		return err
@@ -130,7 +157,7 @@ func (c *Controllers) start(ctx context.Context) error {
 		}
 	}
 	for i, p := range providers {
-		proc, err := startProcess(p.name, filepath.Join(BinDir(c.env.RepoRoot), p.name), kubeconfig, filepath.Join(c.WorkDir, p.name+".log"), []string{
+		args := []string{
 			"--webhook-port=" + strconv.Itoa(ports[3*i]),
 			"--webhook-cert-dir=" + c.CertDir,
 			"--health-addr=127.0.0.1:" + strconv.Itoa(ports[3*i+1]),
@@ -138,7 +165,12 @@ func (c *Controllers) start(ctx context.Context) error {
 			"--insecure-diagnostics=true",
 			"--leader-elect=false",
 			"--feature-gates=" + FeatureGates,
-		}, ports[3*i+1])
+		}
+		if cert, ok := c.ClientCerts[p.name]; ok {
+			// As config/capi-client-auth patches their Deployments: the hooks require it.
+			args = append(args, "--runtime-extension-client-cert-file="+cert.CertFile, "--runtime-extension-client-key-file="+cert.KeyFile)
+		}
+		proc, err := startProcess(p.name, filepath.Join(BinDir(c.env.RepoRoot), p.name), kubeconfig, filepath.Join(c.WorkDir, p.name+".log"), args, ports[3*i+1])
 		if err != nil {
 			return err
 		}

@@ -43,7 +43,7 @@ const maxCallErrors = 5
 // (spec.version) and the in-place update annotations; it removes the annotations when the
 // hook answers done.
 func upgradeByCAPI(ctx context.Context, s *scenario.Scenario, v *view) error {
-	tlsConfig, err := manager.TLSConfig(s.Certs.CAPEM)
+	tlsConfig, err := manager.ClientTLSConfig(s.Certs.Dir)
 	if err != nil {
 		return err
 	}

@@ -188,13 +188,16 @@ func (d *realCAPI) start(ctx context.Context) error {
 	}
 	d.managerLog = filepath.Join(d.workDir, "manager.log")
 	d.mgr, err = manager.StartReady(manager.Options{Binary: managerBin, Kubeconfig: d.kubeconfig, CertDir: certs.Dir, LogFile: d.managerLog,
-		ExtraArgs: []string{"--poll-interval=" + d.cfg.pollInterval.String()}}, time.Minute)
+		ExtraArgs: []string{"--poll-interval=" + d.cfg.pollInterval.String(),
+			// Cluster API's core and KCP present their client certificates to the hooks.
+			"--hook-client-ca=" + d.controllers.ExtensionClientCA()}}, time.Minute)
 	if err != nil {
 		return err
 	}
 	// Cluster API reaches the manager through a recording proxy, so the demo can show
 	// the hook calls Cluster API makes.
-	d.recorder, err = capienv.NewHookRecorder(certs.Dir, certs.CAPEM, fmt.Sprintf("https://127.0.0.1:%d", d.mgr.WebhookPort))
+	d.recorder, err = capienv.NewHookRecorder(certs.Dir, certs.CAPEM, fmt.Sprintf("https://127.0.0.1:%d", d.mgr.WebhookPort),
+		d.controllers.ExtensionClientAuth())
 	if err != nil {
 		return err
 	}

@@ -85,7 +85,7 @@ func upgradeByAnnotation(ctx context.Context, s *scenario.Scenario, v *view) err
 // for its UpgradeTask to complete, then does the same for the MachineDeployment with
 // the MachineDeployment's maxUnavailable.
 func upgradeByHook(ctx context.Context, s *scenario.Scenario, v *view) error {
-	tlsConfig, err := manager.TLSConfig(s.Certs.CAPEM)
+	tlsConfig, err := manager.ClientTLSConfig(s.Certs.Dir)
 	if err != nil {
 		return err
 	}

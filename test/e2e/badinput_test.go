@@ -49,7 +49,7 @@ var _ = Describe("Bad input", Ordered, func() {
 			log, _ := os.ReadFile(logFile)
 			Fail(fmt.Sprintf("%v\nmanager log:\n%s", err, log))
 		}
-		tlsConf := must(manager.TLSConfig(certs.CAPEM))
+		tlsConf := must(manager.ClientTLSConfig(certs.Dir))
 		capi = hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.WebhookPort), tlsConf, capiCatalog())
 		external = hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.ExternalHookPort), tlsConf, externalCatalog())
 

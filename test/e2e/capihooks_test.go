@@ -58,7 +58,7 @@ var _ = Describe("Cluster API's in-place update hooks over HTTPS", Ordered, func
 		settings := map[string]string{extension.DefaultUpdaterSetting: "JobUpdater/nodes"}
 
 		By("discovery first, as Cluster API registers an extension")
-		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.WebhookPort), must(manager.TLSConfig(certs.CAPEM)), capiCatalog())
+		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.WebhookPort), must(manager.ClientTLSConfig(certs.Dir)), capiCatalog())
 		discovery, err := hooks.Discover(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		canUpdateSet, update := handlerFor(discovery, "CanUpdateMachineSet"), handlerFor(discovery, "UpdateMachine")

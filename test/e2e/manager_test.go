@@ -63,7 +63,7 @@ var _ = Describe("The manager", Ordered, func() {
 			log, _ := os.ReadFile(logFile)
 			Fail(fmt.Sprintf("%v\nmanager log:\n%s", err, log))
 		}
-		tlsConf, err = manager.TLSConfig(certs.CAPEM)
+		tlsConf, err = manager.ClientTLSConfig(certs.Dir)
 		Expect(err).NotTo(HaveOccurred())
 	})
 

@@ -141,7 +141,7 @@ var _ = Describe("The manager under its rendered RBAC", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		jobUpdaterWorkload(ns, "kubeadm")
 
-		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.ExternalHookPort), must(manager.TLSConfig(certs.CAPEM)), externalCatalog())
+		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", proc.ExternalHookPort), must(manager.ClientTLSConfig(certs.Dir)), externalCatalog())
 		req := &hooksv1.ExternalUpgradeRequestRequest{
 			MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
 			NewMachineSpec:       hooksv1.NewMachineSpec{Version: "v1.36.3"},

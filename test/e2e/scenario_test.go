@@ -368,7 +368,7 @@ var _ = Describe("The three ways of asking for an upgrade, on a management and a
 	It("upgrades the control plane then the MachineDeployment by ExternalUpgradeRequests over HTTPS", func() {
 		s := startScenario("hook", scenario.Options{Namespace: "hook", WorkerMaxUnavailable: 2})
 		nu := watchNodeUpdates(s)
-		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", s.Manager.ExternalHookPort), must(manager.TLSConfig(s.Certs.CAPEM)), externalCatalog())
+		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", s.Manager.ExternalHookPort), must(manager.ClientTLSConfig(s.Certs.Dir)), externalCatalog())
 		discovery, err := hooks.Discover(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		handler := handlerFor(discovery, "ExternalUpgradeRequest")
@@ -402,7 +402,7 @@ var _ = Describe("The three ways of asking for an upgrade, on a management and a
 	It("upgrades every node through Cluster API's hook sequence: CanUpdateMachine[Set], then UpdateMachine per machine", func() {
 		s := startScenario("capi", scenario.Options{Namespace: "capi", WorkerMaxUnavailable: 2})
 		nu := watchNodeUpdates(s)
-		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", s.Manager.WebhookPort), must(manager.TLSConfig(s.Certs.CAPEM)), capiCatalog())
+		hooks := hookclient.New(fmt.Sprintf("https://127.0.0.1:%d", s.Manager.WebhookPort), must(manager.ClientTLSConfig(s.Certs.Dir)), capiCatalog())
 		discovery, err := hooks.Discover(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		canUpdateMachine, canUpdateSet, update := handlerFor(discovery, "CanUpdateMachine"), handlerFor(discovery, "CanUpdateMachineSet"), handlerFor(discovery, "UpdateMachine")

@@ -25,6 +25,7 @@ type Client struct {
 	baseURL string
 	http    *http.Client
 	catalog *runtimecatalog.Catalog
+	token   string
 }
 
 // New returns a client of the hook server at baseURL (https://host:port) that knows the
@@ -35,6 +36,14 @@ func New(baseURL string, tlsConfig *tls.Config, catalog *runtimecatalog.Catalog)
 		http:    &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}},
 		catalog: catalog,
 	}
+}
+
+// WithBearerToken returns a copy of c that sends "Authorization: Bearer <token>" with
+// every call, as a caller of the ExternalUpgradeRequest server with a token does.
+func (c *Client) WithBearerToken(token string) *Client {
+	out := *c
+	out.token = token
+	return &out
 }
 
 // Discover calls the Discovery hook.
@@ -73,6 +82,9 @@ func (c *Client) Post(ctx context.Context, path string, body []byte, response an
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return fmt.Errorf("call %s: %w", path, err)

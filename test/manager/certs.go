@@ -23,6 +23,9 @@ type ServingCerts struct {
 	Dir string
 	// CAPEM is the authority's certificate, to verify the servers with.
 	CAPEM []byte
+
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
 }
 
 // NewServingCerts creates the authority and the serving certificate in dir.
@@ -109,7 +112,45 @@ func NewServingCerts(dir string) (*ServingCerts, error) {
 			return nil, err
 		}
 	}
-	return &ServingCerts{Dir: dir, CAPEM: caPEM}, nil
+	return &ServingCerts{Dir: dir, CAPEM: caPEM, caCert: caCert, caKey: caKey}, nil
+}
+
+// NewClientCertificate has the authority sign one more client certificate (for client
+// authentication) with commonName, written as <name>.crt and <name>.key into Dir, and
+// returns the two paths.
+func (s *ServingCerts) NewClientCertificate(name, commonName string) (certFile, keyFile string, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", err
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		return "", "", err
+	}
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial.Add(serial, big.NewInt(16)),
+		Subject:      pkix.Name{CommonName: commonName},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, s.caCert, &key.PublicKey, s.caKey)
+	if err != nil {
+		return "", "", fmt.Errorf("sign client certificate %s: %w", commonName, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", err
+	}
+	certFile, keyFile = filepath.Join(s.Dir, name+".crt"), filepath.Join(s.Dir, name+".key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, nil
 }
 
 func certPool(caPEM []byte) (*x509.CertPool, error) {

@@ -54,7 +54,8 @@ type Options struct {
 	CertDir string
 	// LogFile receives the manager's standard output and error.
 	LogFile string
-	// ExtraArgs are appended to the flags (for example --default-updater=...).
+	// ExtraArgs are appended to the flags (for example --default-updater=...); a flag
+	// given here again overrides the one Start sets.
 	ExtraArgs []string
 	// LeaderElect turns on leader election.
 	LeaderElect bool
@@ -95,6 +96,10 @@ func Start(opts Options) (*Process, error) {
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(p.MetricsPort),
 		"--metrics-secure=false",
 		"--leader-elect=" + strconv.FormatBool(opts.LeaderElect),
+		// Both hook servers authenticate their callers, as the shipped config/ does: a
+		// client certificate of CertDir's CA (ClientTLSConfig presents one).
+		"--hook-client-ca=" + filepath.Join(opts.CertDir, "ca.crt"),
+		"--external-hook-client-ca=" + filepath.Join(opts.CertDir, "ca.crt"),
 	}
 	leNamespace := opts.LeaderElectionNamespace
 	if leNamespace == "" {
@@ -215,7 +220,28 @@ func (p *Process) signalAndWait(sig syscall.Signal) error {
 	}
 }
 
-// TLSConfig returns a client TLS configuration that trusts only caPEM.
+// ClientTLSConfig returns a client TLS configuration that trusts only the CA of certDir
+// (see NewServingCerts) and presents its client certificate: what the manager Start ran
+// lets in on both hook servers.
+func ClientTLSConfig(certDir string) (*tls.Config, error) {
+	caPEM, err := os.ReadFile(filepath.Join(certDir, "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	c, err := TLSConfig(caPEM)
+	if err != nil {
+		return nil, err
+	}
+	pair, err := tls.LoadX509KeyPair(filepath.Join(certDir, "client.crt"), filepath.Join(certDir, "client.key"))
+	if err != nil {
+		return nil, fmt.Errorf("load the test client certificate: %w", err)
+	}
+	c.Certificates = []tls.Certificate{pair}
+	return c, nil
+}
+
+// TLSConfig returns a client TLS configuration that trusts only caPEM and presents no
+// client certificate.
 func TLSConfig(caPEM []byte) (*tls.Config, error) {
 	pool, err := certPool(caPEM)
 	if err != nil {
