@@ -194,9 +194,18 @@ func (c *Client) describe(ctx context.Context, err error, timeout time.Duration)
 	}
 	var nerr net.Error
 	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &nerr) && nerr.Timeout()) {
-		return fmt.Errorf("no complete answer within %s (the server is slow or unreachable): %w", timeout.Round(time.Millisecond), err)
+		return fmt.Errorf("no complete answer within %s (the server is slow or unreachable): %w", roundTimeout(timeout), err)
 	}
 	return err
+}
+
+// roundTimeout rounds what was left of a caller's deadline (299.98ms) to what the caller
+// gave (300ms).
+func roundTimeout(d time.Duration) time.Duration {
+	if d >= 100*time.Millisecond {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
 }
 
 // checkRedirect follows a redirect only to the first request's origin, at most

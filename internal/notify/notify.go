@@ -383,7 +383,8 @@ func (w *webhook) send(ctx context.Context, ev Event, timeout time.Duration) (pe
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
-		return true, fmt.Errorf("build the request: %w", err)
+		// Its error repeats the URL, whose path may be a secret: not printed.
+		return true, errors.New("the URL does not make a request; set it to the webhook's URL")
 	}
 	for k, v := range w.headers {
 		req.Header[k] = v
