@@ -100,6 +100,7 @@ type options struct {
 	harvesterNodeImage      string
 	gateInterval            time.Duration
 	fetch                   fetchOptions
+	gates                   gateOptions
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
@@ -117,6 +118,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set; the Harvester cluster upgrade's Cluster API stability window is 30s, and six intervals when it is set). Short values are for simulated clusters (make demo, tests)")
 	fs.DurationVar(&o.gateInterval, "gate-interval", upgradetask.DefaultGateInterval, "how often a running UpgradeTask's health gates (spec.gates, the Cluster's gates annotation) are evaluated again while a node waits for them; a node's end evaluates them at once. Each evaluation queries Prometheus, lists the objects of a CEL gate or looks at a Job gate, so keep it at seconds, not milliseconds, on a real cluster")
 	o.fetch.bind(fs)
+	o.gates.bind(fs)
 	o.hookAuth.bind(fs)
 }
 
@@ -207,6 +209,10 @@ func run(opts options) error {
 	}
 	if opts.gateInterval <= 0 {
 		return fmt.Errorf("--gate-interval must be positive, got %s", opts.gateInterval)
+	}
+	gatePolicy, err := opts.gates.policy()
+	if err != nil {
+		return err
 	}
 	if err := config.CheckNodeImage(opts.harvesterNodeImage); err != nil {
 		return fmt.Errorf("--harvester-node-image: %w", err)
@@ -307,7 +313,7 @@ func run(opts options) error {
 	if err := mgr.Add(notifier); err != nil {
 		return fmt.Errorf("add the notification dispatcher to the manager: %w", err)
 	}
-	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval, GateInterval: opts.gateInterval, Notifier: notifier}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
+	if err := (&upgradetask.Reconciler{Registry: registry, Checks: checks, Workload: nodeCaches, PollInterval: opts.pollInterval, GateInterval: opts.gateInterval, GatePolicy: gatePolicy, Notifier: notifier}).SetupWithManager(ctx, mgr, controllerOpts); err != nil {
 		return fmt.Errorf("set up the UpgradeTask controller: %w", err)
 	}
 	// Every way of asking for an upgrade goes through the one Requester.

@@ -20,10 +20,16 @@ type HealthGate struct {
 	Prometheus *PrometheusGate `json:"prometheus,omitempty"`
 
 	// cel is green when an expression over objects of the workload cluster is true.
+	// It reads with the manager's rights, except the kinds the operator denies (Secrets
+	// by default), and gives only true or false: never a value of what it read.
 	// +optional
 	CEL *CELGate `json:"cel,omitempty"`
 
-	// job is green when a Job run on the workload cluster succeeds (exit 0).
+	// job is green when a Job run on the workload cluster succeeds (exit 0). It runs only
+	// in the namespace the operator allowed (capi-inplace-gates by default), under Pod
+	// Security's restricted profile and the ServiceAccount capi-inplace-gate, which has
+	// no rights unless the operator binds some. A job gate of the Cluster's gates
+	// annotation runs only when the manager allows it (--allow-annotation-job-gates).
 	// +optional
 	Job *JobGate `json:"job,omitempty"`
 }
@@ -87,15 +93,24 @@ type GateResource struct {
 
 // JobGate runs a Job on the workload cluster.
 type JobGate struct {
-	// namespace of the Job on the workload cluster.
-	// +required
-	// +kubebuilder:validation:MinLength=1
-	Namespace string `json:"namespace"`
+	// namespace of the Job on the workload cluster: empty, or the one namespace the
+	// manager runs gate Jobs in (its --gate-job-namespace, capi-inplace-gates by
+	// default). Any other namespace is a red gate; the Job is never created there.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
 
 	// template is the Job's pod template (a core/v1 PodTemplateSpec; the workload
-	// cluster's API server validates it). Its restartPolicy is set to Never and each
-	// container's terminationMessagePolicy to FallbackToLogsOnError, so a failed
-	// container's last log lines are kept as the gate's message.
+	// cluster's API server validates it). Its restartPolicy is set to Never, its
+	// serviceAccountName to capi-inplace-gate, and each container's
+	// terminationMessagePolicy to FallbackToLogsOnError, so a failed container's last
+	// log lines are kept as the gate's message. What Pod Security's restricted profile
+	// requires and the template leaves unset is set (runAsNonRoot, a RuntimeDefault
+	// seccomp profile, no privilege escalation, every capability dropped): the image must
+	// run as a non-root user. A template that names another ServiceAccount, or asks for a
+	// privileged container, a hostPath volume, hostNetwork, hostPID or hostIPC, is a red
+	// gate, as is one the namespace's Pod Security admission refuses (checked by a dry
+	// run before the Job is created).
 	// +required
 	// +kubebuilder:validation:Schemaless
 	// +kubebuilder:validation:Type=object

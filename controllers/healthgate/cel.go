@@ -3,6 +3,7 @@ package healthgate
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/common/types"
@@ -35,7 +36,10 @@ func CompileCEL(expression string) (cel.Program, error) {
 	return env.Program(ast, cel.CostLimit(celCostLimit), cel.InterruptCheckFrequency(100))
 }
 
-func evaluateCEL(ctx context.Context, g *inplacev1.CELGate, workload client.Client) (bool, string) {
+// celPageSize is how many objects a CEL gate asks the API server for at a time.
+const celPageSize = 500
+
+func evaluateCEL(ctx context.Context, g *inplacev1.CELGate, workload client.Client, policy *Policy) (bool, string) {
 	prg, err := CompileCEL(g.Expression)
 	if err != nil {
 		return false, fmt.Sprintf("the CEL expression does not compile: %v", err)
@@ -44,8 +48,9 @@ func evaluateCEL(ctx context.Context, g *inplacev1.CELGate, workload client.Clie
 	if err != nil {
 		return false, fmt.Sprintf("resource.apiVersion %q: %v", g.Resource.APIVersion, err)
 	}
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(gv.WithKind(g.Resource.Kind + "List"))
+	if policy.celDenied(gv.Group, g.Resource.Kind) {
+		return false, fmt.Sprintf("CEL gates may not read %s %s (the manager's --gate-cel-denied-kinds); read another kind that shows what the gate checks", g.Resource.APIVersion, g.Resource.Kind)
+	}
 	opts := []client.ListOption{}
 	if g.Resource.Namespace != "" {
 		opts = append(opts, client.InNamespace(g.Resource.Namespace))
@@ -57,23 +62,53 @@ func evaluateCEL(ctx context.Context, g *inplacev1.CELGate, workload client.Clie
 		}
 		opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
 	}
-	if err := workload.List(ctx, list, opts...); err != nil {
-		return false, fmt.Sprintf("list %s %s of the workload cluster: %v", g.Resource.APIVersion, g.Resource.Kind, err)
-	}
-	objects := make([]any, 0, len(list.Items))
-	for i := range list.Items {
-		objects = append(objects, list.Items[i].Object)
+	// Page by page, so that neither the API server nor the manager holds more than the
+	// bound.
+	maxObjects := policy.celMaxObjects()
+	objects := []any{}
+	for cont := ""; ; {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gv.WithKind(g.Resource.Kind + "List"))
+		if err := workload.List(ctx, list, append(opts, client.Limit(min(celPageSize, maxObjects+1)), client.Continue(cont))...); err != nil {
+			return false, fmt.Sprintf("list %s %s of the workload cluster: %v", g.Resource.APIVersion, g.Resource.Kind, err)
+		}
+		for i := range list.Items {
+			objects = append(objects, list.Items[i].Object)
+		}
+		if len(objects) > maxObjects {
+			return false, fmt.Sprintf("the gate reads more than %d %s objects (the manager's --gate-cel-max-objects); narrow resource.namespace or resource.selector", maxObjects, g.Resource.Kind)
+		}
+		if cont = list.GetContinue(); cont == "" {
+			break
+		}
 	}
 	out, _, err := prg.ContextEval(ctx, map[string]any{"objects": objects})
 	if err != nil {
-		return false, fmt.Sprintf("the CEL expression failed on %d %s object(s): %v", len(objects), g.Resource.Kind, err)
+		return false, fmt.Sprintf("the CEL expression failed on %d %s object(s): %s (the rest of the error is not shown: it may quote the objects); guard a field an object may lack with has(...)",
+			len(objects), g.Resource.Kind, celErrorKind(err))
 	}
 	b, ok := out.(types.Bool)
 	if !ok {
-		return false, fmt.Sprintf("the CEL expression gave %v (%s), not a bool", out, out.Type())
+		// Never the value: it is the workload cluster's data, and status, events and logs
+		// are read by others than those who may read that data.
+		return false, fmt.Sprintf("the CEL expression gave a %s, not a bool; make it give true or false", out.Type().TypeName())
 	}
 	if !b {
 		return false, fmt.Sprintf("%s is false over %d %s object(s)", g.Expression, len(objects), g.Resource.Kind)
 	}
 	return true, fmt.Sprintf("%s is true over %d %s object(s)", g.Expression, len(objects), g.Resource.Kind)
+}
+
+// celErrorKind is the part of an evaluation error that names what went wrong, before any
+// detail: cel-go's errors go on to quote values ("no such key: <key>", a string that does
+// not parse as a number), which may be the objects' data.
+func celErrorKind(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, ":"); i >= 0 {
+		msg = msg[:i]
+	}
+	if len(msg) > 80 {
+		msg = msg[:80]
+	}
+	return strings.TrimSpace(msg)
 }

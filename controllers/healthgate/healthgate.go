@@ -47,6 +47,9 @@ type Input struct {
 	Workload client.Client
 	// WorkloadErr says why the workload cluster cannot be reached.
 	WorkloadErr error
+	// FromCluster names the gates that come from the Cluster's gates annotation
+	// (FromCluster), which the Policy may allow less.
+	FromCluster map[string]bool
 }
 
 // Evaluator evaluates gates. Its zero value is not usable: Management must be set.
@@ -55,6 +58,8 @@ type Evaluator struct {
 	Management client.Reader
 	// Timeout bounds each gate's evaluation; zero means DefaultTimeout.
 	Timeout time.Duration
+	// Policy is what the operator allows gates to do; nil means DefaultPolicy().
+	Policy *Policy
 }
 
 // Evaluate evaluates every gate, concurrently, each within the timeout, and returns their
@@ -88,6 +93,10 @@ func (e *Evaluator) evaluate(ctx context.Context, g *inplacev1.HealthGate, in In
 	if err := Validate(g); err != nil {
 		return false, err.Error()
 	}
+	policy := e.Policy
+	if policy == nil {
+		policy = DefaultPolicy()
+	}
 	switch {
 	case g.Prometheus != nil:
 		return e.prometheus(ctx, g.Prometheus, in)
@@ -95,12 +104,15 @@ func (e *Evaluator) evaluate(ctx context.Context, g *inplacev1.HealthGate, in In
 		if in.Workload == nil {
 			return false, fmt.Sprintf("cannot reach the workload cluster: %v", in.WorkloadErr)
 		}
-		return evaluateCEL(ctx, g.CEL, in.Workload)
+		return evaluateCEL(ctx, g.CEL, in.Workload, policy)
 	default:
+		if msg := refuseJob(g, in, policy); msg != "" {
+			return false, msg
+		}
 		if in.Workload == nil {
 			return false, fmt.Sprintf("cannot reach the workload cluster: %v", in.WorkloadErr)
 		}
-		return evaluateJob(ctx, g, in)
+		return evaluateJob(ctx, g, in, policy.Namespace())
 	}
 }
 
@@ -127,10 +139,23 @@ func Validate(g *inplacev1.HealthGate) error {
 	if c := g.CEL; c != nil && (c.Expression == "" || c.Resource.APIVersion == "" || c.Resource.Kind == "") {
 		return fmt.Errorf("gate %q: cel needs expression, resource.apiVersion and resource.kind", g.Name)
 	}
-	if j := g.Job; j != nil && j.Namespace == "" {
-		return fmt.Errorf("gate %q: job.namespace is empty", g.Name)
-	}
 	return nil
+}
+
+// FromCluster returns the names of the gates of merged (Merge's) that are not the
+// task's own: those of the Cluster's gates annotation.
+func FromCluster(task, merged []inplacev1.HealthGate) map[string]bool {
+	own := map[string]bool{}
+	for _, g := range task {
+		own[g.Name] = true
+	}
+	out := map[string]bool{}
+	for _, g := range merged {
+		if !own[g.Name] {
+			out[g.Name] = true
+		}
+	}
+	return out
 }
 
 // Merge returns the task's gates followed by the Cluster's (its GatesAnnotation) whose

@@ -1,10 +1,12 @@
 package healthgate
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -56,5 +58,52 @@ func TestMerge(t *testing.T) {
 	}
 	if err := Validate(&inplacev1.HealthGate{Name: "two", CEL: &inplacev1.CELGate{}, Job: &inplacev1.JobGate{}}); err == nil || !strings.Contains(err.Error(), "set exactly one") {
 		t.Fatalf("Validate of two kinds: %v", err)
+	}
+}
+
+func TestParseKinds(t *testing.T) {
+	got, err := ParseKinds(" v1/Secret, Setting.x , longhorn.io/Setting,apps/v1/Deployment,ConfigMap,")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []schema.GroupKind{{Kind: "Secret"}, {Kind: "Setting.x"}, {Group: "longhorn.io", Kind: "Setting"}, {Group: "apps", Kind: "Deployment"}, {Kind: "ConfigMap"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("ParseKinds = %v, want %v", got, want)
+	}
+	if got, err := ParseKinds(""); err != nil || len(got) != 0 {
+		t.Fatalf("ParseKinds of nothing = %v, %v; want none", got, err)
+	}
+	for _, bad := range []string{"a/b/c/D", "v1/", "/Secret"} {
+		if _, err := ParseKinds(bad); err == nil {
+			t.Fatalf("ParseKinds(%q) gave no error", bad)
+		}
+	}
+	p := DefaultPolicy()
+	if !p.celDenied("", "Secret") || !p.celDenied("", "secret") || p.celDenied("example.io", "Secret") || p.celDenied("", "ConfigMap") {
+		t.Fatalf("the default policy denies %v: want core Secrets only", p.CELDeniedKinds)
+	}
+}
+
+// TestCELFailureQuotesNoValue evaluates expressions whose failures cel-go describes with
+// the value at hand: the gate's message keeps only what went wrong.
+func TestCELFailureQuotesNoValue(t *testing.T) {
+	const secret = "s3cr3t-token-value"
+	for _, expr := range []string{
+		`objects.all(o, int(o.data.token) > 0)`,
+		`objects.all(o, {"x": true}[o.data.token])`,
+		`objects.all(o, duration(o.data.token) > duration("1s"))`,
+		`objects.all(o, timestamp(o.data.token) > timestamp("2020-01-01T00:00:00Z"))`,
+	} {
+		prg, err := CompileCEL(expr)
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		_, _, err = prg.Eval(map[string]any{"objects": []any{map[string]any{"data": map[string]any{"token": secret}}}})
+		if err == nil {
+			t.Fatalf("%s did not fail", expr)
+		}
+		if kind := celErrorKind(err); kind == "" || strings.Contains(kind, secret) {
+			t.Fatalf("%s failed with %q; celErrorKind = %q, want the failure without the value", expr, err, kind)
+		}
 	}
 }

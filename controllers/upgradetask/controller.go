@@ -32,6 +32,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/disruption"
+	"github.com/capi-inplace/capi-inplace/controllers/healthgate"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
@@ -71,6 +72,9 @@ type Reconciler struct {
 	// GateInterval is how often a task's health gates are evaluated again; zero means
 	// DefaultGateInterval. A node ending evaluates them at once.
 	GateInterval time.Duration
+	// GatePolicy is what the operator allows health gates to do; nil means
+	// healthgate.DefaultPolicy().
+	GatePolicy *healthgate.Policy
 	// Notifier queues the notifications of the tasks' webhooks (spec.notify, the
 	// Cluster's notify-secret annotation); nil means none is sent.
 	Notifier *notify.Dispatcher
@@ -261,7 +265,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if task.Status.Phase.IsFinal() && task.Status.Phase != inplacev1.TaskPhasePlanned {
 		r.Metrics.observeTask(task)
 		r.status.forget(ctx, req.NamespacedName)
-		return ctrl.Result{}, nil
+		return r.deleteGateJobs(ctx, task), nil
 	}
 
 	defer r.clusters.lock(types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName})()
@@ -560,6 +564,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, task *inplacev1.Upgrad
 	if err := r.removePendingTaints(ctx, task); err != nil {
 		return ctrl.Result{}, err
 	}
+	// Once, whatever it gives: an unreachable workload cluster does not hold the deletion.
+	r.deleteGateJobs(ctx, task)
 	orig := task.DeepCopy()
 	controllerutil.RemoveFinalizer(task, inplacev1.UpgradeTaskFinalizer)
 	if err := r.Client.Patch(ctx, task, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {

@@ -26,6 +26,8 @@ const DefaultGateInterval = 20 * time.Second
 type gateResults struct {
 	mu     sync.Mutex
 	byTask map[types.UID]gateEntry
+	// jobsDeleted holds the ended tasks whose gate Jobs were deleted (deleteGateJobs).
+	jobsDeleted map[types.UID]bool
 }
 
 type gateEntry struct {
@@ -57,6 +59,20 @@ func (g *gateResults) forget(uid types.UID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.byTask, uid)
+}
+
+// deletedJobs tells whether the task's gate Jobs were deleted, and with done, records that
+// they were.
+func (g *gateResults) deletedJobs(uid types.UID, done bool) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if done {
+		if g.jobsDeleted == nil {
+			g.jobsDeleted = map[types.UID]bool{}
+		}
+		g.jobsDeleted[uid] = true
+	}
+	return g.jobsDeleted[uid]
 }
 
 // healthGates evaluates the task's health gates when their last results are older than
@@ -98,7 +114,7 @@ func (r *Reconciler) healthGates(ctx context.Context, s *taskScope) []preflight.
 	prev, cached := r.gateResults.get(task.UID)
 	results := prev.results
 	if !cached || prev.key != key || s.now.Sub(prev.at) >= interval {
-		in := healthgate.Input{Namespace: task.Namespace, Task: task.Name, Ended: ended}
+		in := healthgate.Input{Namespace: task.Namespace, Task: task.Name, Ended: ended, FromCluster: healthgate.FromCluster(task.Spec.Gates, gates)}
 		if s.cluster != nil {
 			in.Workload, in.WorkloadErr = r.Workload.Client(ctx, types.NamespacedName{Namespace: s.cluster.Namespace, Name: s.cluster.Name})
 		} else {
@@ -108,7 +124,7 @@ func (r *Reconciler) healthGates(ctx context.Context, s *taskScope) []preflight.
 		if reader == nil {
 			reader = r.Client
 		}
-		ev := &healthgate.Evaluator{Management: reader}
+		ev := &healthgate.Evaluator{Management: reader, Policy: r.GatePolicy}
 		results = append(bad, ev.Evaluate(ctx, gates, in)...)
 		r.gateResults.put(task.UID, gateEntry{at: s.now, key: key, results: results})
 		ctrl.LoggerFrom(ctx).V(4).Info("health gates evaluated", "ended", ended, "results", results)
