@@ -172,6 +172,10 @@ func (c *Client) Do(req *http.Request, limit int64) (*Response, error) {
 	}
 	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err == nil && int64(len(body)) <= limit {
+		// The transport may end a body cut by the deadline as if it were whole.
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		return nil, c.describe(ctx, fmt.Errorf("read the answer: %w", err), timeout)
 	}

@@ -60,7 +60,7 @@ type DialFunc func(ctx context.Context, node string) (net.Conn, error)
 const ClientCertificateLifetime = 10 * time.Minute
 
 // defaultCallTimeout bounds each call to a member when CallTimeout is zero.
-const defaultCallTimeout = 5 * time.Second
+const defaultCallTimeout = 3 * time.Second
 
 // MemberSource is the Source of a MemberView's report.
 const MemberSource = "etcd's member list, member status and alarms"
@@ -96,7 +96,7 @@ func ParseCA(certPEM, keyPEM []byte) (CA, error) {
 type MemberView struct {
 	// Dial reaches a member; in the manager, the workload API server's port-forward.
 	Dial DialFunc
-	// CallTimeout bounds the dial and each call to a member; zero means five seconds.
+	// CallTimeout bounds the dial and each call to a member; zero means three seconds.
 	CallTimeout time.Duration
 }
 
@@ -198,10 +198,24 @@ func (v MemberView) memberStatus(ctx context.Context, node string, tlsConfig *tl
 		return fmt.Sprintf("etcd member %s does not answer: %v", node, err)
 	case st.Leader == 0:
 		return fmt.Sprintf("etcd member %s knows no leader", node)
-	case len(st.Errors) > 0:
-		return fmt.Sprintf("etcd member %s reports: %s", node, strings.Join(st.Errors, "; "))
+	}
+	if errs := statusErrors(st.Errors); len(errs) > 0 {
+		return fmt.Sprintf("etcd member %s reports: %s", node, strings.Join(errs, "; "))
 	}
 	return ""
+}
+
+// statusErrors are the errors a member's status reports, less the active alarms, which
+// etcd lists there too ("memberID:... alarm:NOSPACE") and which the alarm list names.
+func statusErrors(errs []string) []string {
+	var out []string
+	for _, e := range errs {
+		if strings.HasPrefix(e, "memberID:") && strings.Contains(e, " alarm:") {
+			continue
+		}
+		out = append(out, strings.TrimSpace(e))
+	}
+	return out
 }
 
 func (v MemberView) callTimeout() time.Duration {

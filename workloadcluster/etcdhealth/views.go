@@ -19,7 +19,7 @@ import (
 
 // DefaultTimeout bounds one read of a view when Views.Timeout is zero: a preflight waits
 // no longer for etcd, and an etcd that does not answer within it holds the node.
-const DefaultTimeout = 15 * time.Second
+const DefaultTimeout = 10 * time.Second
 
 // CASecretName is the Secret Cluster API keeps the etcd CA of a kubeadm Cluster in
 // (keys tls.crt and tls.key), in the Cluster's namespace.
@@ -40,7 +40,7 @@ type Views struct {
 	Workload RESTConfigs
 	// Timeout bounds one read; zero means DefaultTimeout.
 	Timeout time.Duration
-	// CallTimeout bounds each call to one etcd member; zero means five seconds.
+	// CallTimeout bounds each call to one etcd member; zero means three seconds.
 	CallTimeout time.Duration
 	// Dial, when set, replaces the port-forward to the members (PortForward): a test
 	// points it straight at an etcd process.
