@@ -108,7 +108,8 @@ var _ = Describe("config/default", Ordered, func() {
 	It("is accepted by a real API server (server-side dry run, strict field validation)", func() {
 		strict := client.WithFieldValidation(env.Client, metav1.FieldValidationStrict)
 		ns := findObject(objs, "Namespace", "capi-inplace-system")
-		Expect(env.Client.Create(ctx, ns.DeepCopy())).To(Succeed(), "the namespace is created for real so namespaced objects can be dry-run into it")
+		// config/capi-client-auth's spec may have created it already.
+		Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, ns.DeepCopy()))).To(Succeed(), "the namespace is created for real so namespaced objects can be dry-run into it")
 		for _, o := range objs {
 			if o.GetKind() == "Namespace" {
 				continue
