@@ -325,6 +325,7 @@ func run(opts options) error {
 	inPlaceHooks := &extension.InPlaceHooks{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
 		RetryAfterSeconds: hookRetryAfter(opts.pollInterval), Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
+		Refusals: extension.NewRefusalLog(),
 	}
 	if err := (&preview.Reconciler{
 		Workload: nodeCaches, Registry: registry, Checks: checks, Hooks: inPlaceHooks, DefaultUpdater: opts.defaultUpdater,

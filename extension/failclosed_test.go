@@ -64,6 +64,7 @@ var _ = Describe("A fail-closed Cluster", func() {
 	})
 
 	It("still answers a change it covers, which Cluster API then does in place", func() {
+		w.controlPlaneRuns(toVersion)
 		req := canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil)
 		resp := callSet(req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
@@ -93,6 +94,7 @@ var _ = Describe("RemainingMachineSet and RemainingMachine", func() {
 	BeforeEach(func() {
 		w = newWorld(map[string]string{inplacev1.UpdaterAnnotation: updaterAnnotation})
 		hooks = newInPlaceHooks("")
+		w.controlPlaneRuns(toVersion) // the workers may follow (no VersionSkew refusal)
 	})
 
 	// Cluster API's own verdict (test/capisim follows its v1.14 code) and the product's

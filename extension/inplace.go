@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -74,6 +74,10 @@ type InPlaceHooks struct {
 	// Recorder shows a fail-closed Cluster's refusals as events on the Cluster; nil
 	// records none.
 	Recorder events.EventRecorder
+	// Refusals, when set, remembers the CanUpdateMachineSet answers "not in place" that
+	// Cluster API keeps for 24 hours (RefusalLog), for UpgradePreview to name the
+	// machines Cluster API would replace on them. Nil remembers none.
+	Refusals *RefusalLog
 }
 
 // retryAfter returns the retry interval to answer: def, or RetryAfterSeconds when set.
@@ -107,6 +111,9 @@ func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehook
 		settings:       req.Settings,
 		prefix:         []string{"spec", "template", "spec"},
 	}
+	in.target = func(ctx context.Context, h *InPlaceHooks, _ *clusterv1.Cluster) (upgraderequest.Target, error) {
+		return machineSetTarget(ctx, h, in, firstNonEmptyLabels(current.Labels, desired.Labels))
+	}
 	patches, message, err := h.canUpdate(ctx, in, current, desired,
 		[2]namedRaw{{"current.bootstrapConfigTemplate", req.Current.BootstrapConfigTemplate}, {"desired.bootstrapConfigTemplate", req.Desired.BootstrapConfigTemplate}},
 		[2]namedRaw{{"current.infrastructureMachineTemplate", req.Current.InfrastructureMachineTemplate}, {"desired.infrastructureMachineTemplate", req.Desired.InfrastructureMachineTemplate}})
@@ -119,6 +126,11 @@ func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehook
 	resp.InfrastructureMachineTemplatePatch = patches.infrastructure
 	resp.SetStatus(runtimehooksv1.ResponseStatusSuccess)
 	resp.SetMessage(message)
+	if h.Refusals != nil {
+		// What Cluster API will keep: "not in place" when anything is left after the patches.
+		left, err := RemainingMachineSet(req, resp)
+		h.Refusals.answered(client.ObjectKeyFromObject(current), client.ObjectKeyFromObject(desired), err != nil || len(left) > 0, message, time.Now())
+	}
 }
 
 // CanUpdateMachine implements CAPIHooks: KubeadmControlPlane asks whether the change from
@@ -142,6 +154,9 @@ func (h *InPlaceHooks) CanUpdateMachine(ctx context.Context, req *runtimehooksv1
 		controlPlane:   true,
 		settings:       req.Settings,
 		prefix:         []string{"spec"},
+		target: func(_ context.Context, _ *InPlaceHooks, cluster *clusterv1.Cluster) (upgraderequest.Target, error) {
+			return controlPlaneTarget(cluster)
+		},
 	}
 	patches, message, err := h.canUpdate(ctx, in, current, desired,
 		[2]namedRaw{{"current.bootstrapConfig", req.Current.BootstrapConfig}, {"desired.bootstrapConfig", req.Desired.BootstrapConfig}},
@@ -166,6 +181,8 @@ type canUpdateInput struct {
 	settings                       map[string]string
 	// prefix is where the machine spec sits in the Machine or MachineSet document.
 	prefix []string
+	// target finds the control plane or MachineDeployment whose machines are asked about.
+	target func(context.Context, *InPlaceHooks, *clusterv1.Cluster) (upgraderequest.Target, error)
 }
 
 type namedRaw struct {
@@ -218,12 +235,21 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 	// answer answers with patches and msg, unless something is left that Cluster API
 	// would replace machines for: then a Failure naming it on a fail-closed Cluster, else
 	// a Success whose message names it (when msg does not already say it is replaced).
-	answer := func(msg string, patches canUpdatePatches, saysReplaced bool) (canUpdatePatches, string, error) {
+	//
+	// An answer that lets Cluster API update machines in place (something covered,
+	// nothing left) is judged first as UpdateMachine will judge it (judgeHandOver): what
+	// UpdateMachine would decline is refused now, before Cluster API moves any machine.
+	answer := func(msg string, patches canUpdatePatches, saysReplaced bool, inPlace bool) (canUpdatePatches, string, error) {
 		left, err := remainingAfter(in, curDoc, wantDoc, docs, bootstrap, infra, patches)
 		if err != nil {
 			return out, "", withReason(HookReasonInvalidRequest, err)
 		}
 		if len(left) == 0 {
+			if inPlace {
+				if err := h.judgeHandOver(ctx, in, cluster); err != nil {
+					return out, "", err
+				}
+			}
 			return patches, msg, nil
 		}
 		if FailClosed(cluster) {
@@ -243,14 +269,14 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 	}
 	if fields == nil {
 		log.V(4).Info("not in place", "reason", message)
-		return answer(message, out, true)
+		return answer(message, out, true, false)
 	}
 
 	verdict := judgeVersion(in.currentVersion, in.desiredVersion, in.controlPlane)
 	if verdict.changed && !verdict.covered {
 		msg := fmt.Sprintf("capi-inplace cannot do this change in place: %s; Cluster API rolls it out by replacing machines", verdict.reason)
 		log.V(4).Info("not in place", "reason", msg)
-		return answer(msg, out, true)
+		return answer(msg, out, true, false)
 	}
 	machinePaths := fieldPaths(fields, nodeupdater.MachineObject, in.object, verdict.changed)
 	if verdict.changed {
@@ -286,7 +312,7 @@ func (h *InPlaceHooks) canUpdate(ctx context.Context, in canUpdateInput, current
 		msg = fmt.Sprintf("capi-inplace covers %s in place with updater %s", strings.Join(covered, ", "), ref)
 	}
 	log.V(4).Info("answered", "covered", covered)
-	return answer(msg, out, false)
+	return answer(msg, out, false, len(covered) > 0)
 }
 
 func prefixed(object string, paths []string) []string {
@@ -465,22 +491,9 @@ func (h *InPlaceHooks) UpdateMachine(ctx context.Context, req *runtimehooksv1.Up
 	}
 
 	// Cluster API paces the machines (maxUnavailable, maxSurge, KCP one at a time); the
-	// task's own checks still hold a node that is not safe to start. A control plane
-	// task says 1 all the same: a control plane is upgraded one node at a time.
-	maxUnavailable := intstr.FromString("100%")
-	if target.IsControlPlane() {
-		maxUnavailable = intstr.FromInt32(1)
-	}
-	decision, err := h.Requester.Request(ctx, upgraderequest.Request{
-		Namespace:        machine.Namespace,
-		ClusterName:      machine.Spec.ClusterName,
-		Target:           target,
-		Version:          version,
-		UpdaterRef:       fromSettings,
-		Pacing:           inplacev1.PacingExternal,
-		MaxUnavailable:   &maxUnavailable,
-		KeepRunningNodes: true,
-	})
+	// task's own checks still hold a node that is not safe to start. The CanUpdate hooks
+	// judged this same request before Cluster API marked the machine (judgeHandOver).
+	decision, err := h.Requester.Request(ctx, handOverRequest(machine.Namespace, machine.Spec.ClusterName, target, version, fromSettings))
 	if err != nil {
 		call.fail(HookReasonAPIError, fmt.Errorf("could not hand Machine %s/%s over: %w", machine.Namespace, machine.Name, err))
 		return
@@ -746,4 +759,14 @@ func IndexNodeUpdates(ctx context.Context, indexer client.FieldIndexer) error {
 		}
 		return []string{nu.Spec.MachineName}
 	})
+}
+
+// firstNonEmptyLabels returns the first of the label maps that has any label.
+func firstNonEmptyLabels(maps ...map[string]string) map[string]string {
+	for _, m := range maps {
+		if len(m) > 0 {
+			return m
+		}
+	}
+	return nil
 }

@@ -234,6 +234,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 	}
 
 	It("covers a version bump of a MachineSet, so Cluster API finds nothing left and updates in place, and writes nothing", func() {
+		w.controlPlaneRuns(toVersion) // else the workers' skew is refused (judge_test.go)
 		before := snapshot(w.ns)
 		req := canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil)
 		resp := callSet(req)
@@ -288,6 +289,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		Expect(inPlace).To(BeFalse())
 
 		By("the ExtensionConfig's defaultUpdater setting configures one")
+		w2.controlPlaneRuns(toVersion)
 		req = canUpdateMachineSetRequest(w2.ns, fromVersion, toVersion, map[string]string{extension.DefaultUpdaterSetting: "ConfigMap/upgrader"}, nil)
 		resp = callSet(req)
 		inPlace, left, err := capisim.VerdictMachineSet(req, resp)
@@ -323,6 +325,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 	)
 
 	It("covers a worker's version skipping a minor (kubelet skew allows it) and a build-metadata-only bump", func() {
+		w.controlPlaneRuns("v1.35.0+rke2r1")
 		for _, to := range []string{"v1.35.0+rke2r1", "v1.33.3+rke2r2", "v1.33.3+rke2r10"} {
 			req := canUpdateMachineSetRequest(w.ns, fromVersion, to, nil, nil)
 			resp := callSet(req)
@@ -333,6 +336,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 	})
 
 	It("covers a control plane machine's version bump together with the KubeadmConfig change KubeadmControlPlane derives from it (v1.35 to v1.36)", func() {
+		w.controlPlaneRuns("v1.35.2")
 		req := canUpdateMachineRequest(w, "v1.35.2", "v1.36.0", 35, 36, nil, nil)
 		resp := callMachine(req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)

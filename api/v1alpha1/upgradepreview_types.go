@@ -124,6 +124,32 @@ const (
 	MachineOutcomeAtTarget MachineOutcome = "AtTarget"
 )
 
+// UnaskedPath is a path of Cluster API that replaces or deletes a machine without asking
+// capi-inplace's CanUpdate hooks, or on an answer it cached: the hooks' answer, and a
+// fail-closed Cluster, cannot stop it.
+// +kubebuilder:validation:Enum=RolloutBefore;RolloutAfter;PreflightFallback;MaxSurge;CachedRefusal
+type UnaskedPath string
+
+const (
+	// UnaskedPathRolloutBefore: KubeadmControlPlane's spec.rollout.before: the machine's
+	// certificates expire within certificatesExpiryDays, so it is replaced.
+	UnaskedPathRolloutBefore UnaskedPath = "RolloutBefore"
+	// UnaskedPathRolloutAfter: the spec.rollout.after of the KubeadmControlPlane or
+	// MachineDeployment has passed and the machine (its MachineSet) is older: replaced.
+	UnaskedPathRolloutAfter UnaskedPath = "RolloutAfter"
+	// UnaskedPathPreflightFallback: KubeadmControlPlane picked the machine for the next
+	// in-place update, and it alone fails KubeadmControlPlane's preflight checks (its
+	// control plane components or etcd member are not healthy): deleted instead.
+	UnaskedPathPreflightFallback UnaskedPath = "PreflightFallback"
+	// UnaskedPathMaxSurge: the rollout surges (maxSurge 1 or more, maxUnavailable 0): Cluster
+	// API creates one new machine first, and deletes the last old one rather than update it.
+	UnaskedPathMaxSurge UnaskedPath = "MaxSurge"
+	// UnaskedPathCachedRefusal: capi-inplace's CanUpdateMachineSet answered "not in place"
+	// for the machine's MachineSet, and Cluster API's MachineDeployment controller keeps
+	// that answer for 24 hours without asking again: its machines are replaced.
+	UnaskedPathCachedRefusal UnaskedPath = "CachedRefusal"
+)
+
 // PreviewPhase is where an UpgradePreview stands.
 // +kubebuilder:validation:Enum=Computing;Ready;Failed
 type PreviewPhase string
@@ -164,6 +190,13 @@ type PreviewMachine struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Reason string `json:"reason,omitempty"`
+
+	// unaskedPath, on a Replaced machine, names the path of Cluster API that would replace
+	// or delete it without asking capi-inplace's hooks (or on an answer it cached), which
+	// neither the hooks nor a fail-closed Cluster can stop; empty when the hooks' answer
+	// decides.
+	// +optional
+	UnaskedPath UnaskedPath `json:"unaskedPath,omitempty"`
 
 	// order is the machine's place in the order nodes would go, starting at 1 (0 for a
 	// machine that would not be upgraded in place).

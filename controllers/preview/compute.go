@@ -10,6 +10,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/nodeorder"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
+	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/controllers/upgradetask"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -30,6 +31,7 @@ func (r *Reconciler) compute(ctx context.Context, p *inplacev1.UpgradePreview) (
 	}
 	for _, step := range []func(context.Context, *previewScope) error{
 		r.judgeOutcomes,
+		r.unasked,
 		r.order,
 		r.runPreflight,
 		r.previewDisruption,
@@ -46,6 +48,11 @@ func (r *Reconciler) compute(ctx context.Context, p *inplacev1.UpgradePreview) (
 // do with the hooks' answers.
 func (r *Reconciler) judgeOutcomes(ctx context.Context, s *previewScope) error {
 	for _, t := range s.targets {
+		if !t.ref.IsControlPlane() && controlPlaneReaches(s) {
+			// The run upgrades the control plane first: the workers' hooks judge the
+			// kubelet skew against the version it will run by then.
+			ctx = upgraderequest.WithControlPlaneAt(ctx, s.preview.Spec.Version)
+		}
 		var bySet map[string]verdict
 		if !t.ref.IsControlPlane() {
 			var err error
@@ -83,6 +90,21 @@ func (r *Reconciler) judgeOutcomes(ctx context.Context, s *previewScope) error {
 		}
 	}
 	return nil
+}
+
+// controlPlaneReaches reports whether the preview's control plane reaches the version
+// before the workers go: it has one, judged already, and no machine of it is refused
+// (a machine replaced comes back at the version).
+func controlPlaneReaches(s *previewScope) bool {
+	if len(s.targets) == 0 || !s.targets[0].ref.IsControlPlane() || len(s.targets[0].entries) == 0 {
+		return false
+	}
+	for _, e := range s.targets[0].entries {
+		if e.status.Outcome == inplacev1.MachineOutcomeRefused {
+			return false
+		}
+	}
+	return true
 }
 
 func machineSetOf(m *clusterv1.Machine) string {

@@ -57,12 +57,14 @@ func hookSettings(p *inplacev1.UpgradePreview) map[string]string {
 	return map[string]string{extension.DefaultUpdaterSetting: p.Spec.UpdaterRef.String()}
 }
 
-// silentHooks is the manager's InPlaceHooks without its event recorder: a preview asks
-// as Cluster API would, and must not record the refusal events of a fail-closed Cluster
-// that only a real rollout should show.
+// silentHooks is the manager's InPlaceHooks without its event recorder and its refusal
+// log: a preview asks as Cluster API would, and must not record the refusal events of a
+// fail-closed Cluster that only a real rollout should show, nor answers Cluster API
+// never received (the preview reads the log, unasked.go).
 func (r *Reconciler) silentHooks() *extension.InPlaceHooks {
 	h := *r.Hooks
 	h.Recorder = nil
+	h.Refusals = nil
 	return &h
 }
 

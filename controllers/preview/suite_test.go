@@ -33,6 +33,8 @@ var (
 	env *testenv.Environment
 	k8s client.Client
 	ctx = context.Background()
+	// managerHooks are the running manager's hooks, which Cluster API would call.
+	managerHooks *extension.InPlaceHooks
 )
 
 func TestPreview(t *testing.T) {
@@ -121,7 +123,9 @@ func startManager(registry *nodeupdater.Registry) (stop func()) {
 	Expect((&upgradetask.Reconciler{Workload: workload, Registry: registry, Checks: checks, PollInterval: 100 * time.Millisecond}).
 		SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	// With an event recorder, as main.go builds them: a preview must still record none.
-	hooks := &extension.InPlaceHooks{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Registry: registry, Recorder: mgr.GetEventRecorder("capi-inplace-hooks")}
+	hooks := &extension.InPlaceHooks{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Registry: registry, Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
+		Refusals: extension.NewRefusalLog()}
+	managerHooks = hooks
 	Expect((&Reconciler{Workload: workload, Registry: registry, Checks: checks, Hooks: hooks}).
 		SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	stopManager := testenv.RunManager(ctx, mgr)

@@ -309,6 +309,42 @@ func (r *Requester) checkOptions(ctx context.Context, cluster *clusterv1.Cluster
 	return nil, nil
 }
 
+// Judge decides, reading only, whether Request would decline req for what it asks: its
+// shape, its options, the version against the target's machines (a downgrade, a skipped
+// minor version of a control plane), the updater, and a worker kubelet newer than its
+// control plane (VersionSkew). It is the judgement Request makes after it aborted older
+// tasks, without the abort and without creating a task, so that a question asked before
+// the upgrade (Cluster API's CanUpdateMachineSet and CanUpdateMachine) is answered as
+// UpdateMachine's request will be. The target's existence is not checked (Request does):
+// the CanUpdate hooks' target is the object Cluster API asks about. Nil means acceptable.
+func (r *Requester) Judge(ctx context.Context, req Request) (*Decision, error) {
+	if d, bad := validateShape(req); bad {
+		return &d, nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: req.ClusterName}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			d := decline(ReasonClusterNotFound, "Cluster %s/%s not found", req.Namespace, req.ClusterName)
+			return &d, nil
+		}
+		return nil, fmt.Errorf("read Cluster %s/%s: %w", req.Namespace, req.ClusterName, err)
+	}
+	if d, err := r.checkOptions(ctx, cluster, req); err != nil || d != nil {
+		return d, err
+	}
+	return r.decide(ctx, cluster, req)
+}
+
+// controlPlaneAtKey carries the version the control plane is assumed to run (WithControlPlaneAt).
+type controlPlaneAtKey struct{}
+
+// WithControlPlaneAt makes the VersionSkew judgement of ctx take the control plane as
+// running v: UpgradePreview judges the workers of an upgrade whose control plane goes
+// first, to v, in the same run. Nothing on the path that acts sets it.
+func WithControlPlaneAt(ctx context.Context, v string) context.Context {
+	return context.WithValue(ctx, controlPlaneAtKey{}, v)
+}
+
 // decide checks that the upgrade can be done: the version, the machines, the updater.
 // It returns nil when the request is acceptable.
 func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req Request) (*Decision, error) {
@@ -455,6 +491,11 @@ func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, r
 	}
 	if order, err := kubeversion.Compare(target, lowestVersion); err == nil && order <= 0 {
 		return nil, nil
+	}
+	if assumed, ok := ctx.Value(controlPlaneAtKey{}).(string); ok {
+		if order, err := kubeversion.CompareStrings(assumed, req.Version); err == nil && order >= 0 {
+			return nil, nil
+		}
 	}
 	tasks, err := r.tasksOf(ctx, cluster.Namespace, cluster.Name, cpTarget)
 	if err != nil {

@@ -246,8 +246,11 @@ func TestBodyLimit(t *testing.T) {
 		_, _ = io.WriteString(w, strings.Repeat("x", 5000))
 	}))
 	resp, err := get(t, c, srv.URL, nil)
-	if err != nil || len(resp.Body) != 1<<10 || !resp.Truncated {
-		t.Fatalf("a 5000-byte answer read with a limit of 1024: %d bytes, truncated=%v, %v", len(resp.Body), resp != nil && resp.Truncated, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Body) != 1<<10 || !resp.Truncated {
+		t.Fatalf("a 5000-byte answer read with a limit of 1024: %d bytes, truncated=%v", len(resp.Body), resp.Truncated)
 	}
 }
 

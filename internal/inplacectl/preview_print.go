@@ -110,13 +110,22 @@ func printPreviewHeader(w *errWriter, p *inplacev1.UpgradePreview) {
 	}
 }
 
+// outcome is the machine's outcome, with the path of Cluster API that replaces or deletes
+// it without asking the hooks when there is one: Replaced/MaxSurge.
+func outcome(m inplacev1.PreviewMachine) string {
+	if m.UnaskedPath != "" {
+		return string(m.Outcome) + "/" + string(m.UnaskedPath)
+	}
+	return string(m.Outcome)
+}
+
 func printPreviewTable(w *errWriter, machines []inplacev1.PreviewMachine) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	_, _ = fmt.Fprintln(tw, "ORDER\tMACHINE\tNODE\tTARGET\tOUTCOME\tHOLDS\tVMS MIGRATE/STOP\tPDB-BLOCKED\tDEGRADED VOLS\tESTIMATE\tREASON")
 	for _, m := range machines {
 		d := disruptionOf(m)
 		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\t%s\n",
-			order(m.Order), m.Name, orDash(m.NodeName), orDash(m.Target), m.Outcome,
+			order(m.Order), m.Name, orDash(m.NodeName), orDash(m.Target), outcome(m),
 			holds(m),
 			len(d.MigratingVMs), len(d.StoppedVMs), len(d.BlockingPods), len(d.DegradedVolumes),
 			duration(m.EstimatedDuration), orDash(oneLine(m.Reason)))

@@ -116,3 +116,15 @@ func TestPrintStatusStripsControls(t *testing.T) {
 		t.Errorf("the status lost the messages:\n%s", buf.String())
 	}
 }
+
+// A machine Cluster API replaces without asking shows the path beside the outcome.
+func TestPrintPreviewUnaskedPath(t *testing.T) {
+	p := samplePreview()
+	p.Status.Machines[3].UnaskedPath = inplacev1.UnaskedPathMaxSurge
+	p.Status.Machines[3].Reason = "Cluster API deletes the machine without asking capi-inplace: MachineDeployment harvester-workers surges"
+	var buf bytes.Buffer
+	if err := PrintPreview(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	lineWith(t, buf.String(), "harvester-workers-3", "Replaced/MaxSurge", "deletes the machine without asking")
+}
