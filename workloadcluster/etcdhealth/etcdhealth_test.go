@@ -172,7 +172,7 @@ var _ = Describe("MemberView, against a real etcd reached through its dialer", f
 			})).To(Succeed())
 			r := check(views, controlPlaneInput(ns, "cp-a"))
 			Expect(r.Passed).To(BeFalse())
-			Expect(r.Message).To(ContainSubstring("Secret " + ns + "/c-etcd: parse the etcd CA"))
+			Expect(r.Message).To(ContainSubstring("the etcd CA Secret " + ns + "/c-etcd: parse the etcd CA"))
 		})
 
 		It("passes a worker without reading etcd", func() {

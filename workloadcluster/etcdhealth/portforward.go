@@ -71,9 +71,12 @@ func PortForward(cfg *rest.Config) DialFunc {
 			return nil, fmt.Errorf("port-forward to pod %s/%s: %w", metav1.NamespaceSystem, pod, ctx.Err())
 		}
 		ports, err := fw.GetPorts()
-		if err != nil || len(ports) == 0 {
+		if err == nil && len(ports) == 0 {
+			err = errors.New("no local port")
+		}
+		if err != nil {
 			closeForward()
-			return nil, fmt.Errorf("port-forward to pod %s/%s: no local port: %v", metav1.NamespaceSystem, pod, err)
+			return nil, fmt.Errorf("port-forward to pod %s/%s: %w", metav1.NamespaceSystem, pod, err)
 		}
 		var d net.Dialer
 		conn, err := d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", ports[0].Local))

@@ -81,7 +81,7 @@ func (v *Views) Read(ctx context.Context, cluster types.NamespacedName, nodes []
 	}
 	ca, err := ParseCA(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
 	if err != nil {
-		return Report{Source: MemberSource}, fmt.Errorf("Secret %s: %w", key, err)
+		return Report{Source: MemberSource}, fmt.Errorf("the etcd CA Secret %s: %w", key, err)
 	}
 	dial := PortForward(cfg)
 	if v.Dial != nil {
@@ -111,9 +111,9 @@ func (ReadyzView) Read(ctx context.Context, cfg *rest.Config, nodes []string) (R
 	}
 	var code int
 	body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz/etcd").Param("verbose", "true").Do(ctx).StatusCode(&code).Raw()
-	switch {
-	case code == 200:
-	case code == 500 || code == 503:
+	switch code {
+	case 200:
+	case 500, 503:
 		report.Problems = append(report.Problems, fmt.Sprintf("the API server's /readyz/etcd answers %d: %s", code, excerpt(body, 300)))
 	default:
 		return report, fmt.Errorf("read the API server's /readyz/etcd: %w", err)
