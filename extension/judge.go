@@ -97,7 +97,7 @@ func machineSetTarget(ctx context.Context, h *InPlaceHooks, in canUpdateInput, l
 	}
 	ms := &clusterv1.MachineSet{}
 	if err := h.Client.Get(ctx, client.ObjectKey{Namespace: in.namespace, Name: in.name}, ms); err != nil {
-		return upgraderequest.Target{}, withReason(HookReasonUnknownOwner, fmt.Errorf("MachineSet %s/%s has no %s label and cannot be read (%v): capi-inplace cannot tell which MachineDeployment it belongs to", in.namespace, in.name, clusterv1.MachineDeploymentNameLabel, err))
+		return upgraderequest.Target{}, withReason(HookReasonUnknownOwner, fmt.Errorf("MachineSet %s/%s has no %s label and cannot be read, so capi-inplace cannot tell which MachineDeployment it belongs to: %w", in.namespace, in.name, clusterv1.MachineDeploymentNameLabel, err))
 	}
 	for _, ref := range ms.OwnerReferences {
 		if ref.Kind == "MachineDeployment" && groupOf(ref.APIVersion) == clusterv1.GroupVersion.Group {
