@@ -214,6 +214,7 @@ func run(opts options) error {
 	if err != nil {
 		return err
 	}
+	gatePolicy.Fetch = opts.fetch.policy()
 	if err := config.CheckNodeImage(opts.harvesterNodeImage); err != nil {
 		return fmt.Errorf("--harvester-node-image: %w", err)
 	}

@@ -8,7 +8,8 @@ const NotifySecretAnnotation = AnnotationPrefix + "notify-secret"
 
 // Keys of a notification Secret.
 const (
-	// NotifyURLKey holds the webhook's URL (http or https). Required.
+	// NotifyURLKey holds the webhook's URL: https, or http when the manager runs with
+	// --allow-http-fetch. Required.
 	NotifyURLKey = "url"
 	// NotifyTokenKey holds a bearer token sent as "Authorization: Bearer <token>". Optional.
 	NotifyTokenKey = "token"
@@ -48,7 +49,9 @@ const (
 type NotifySpec struct {
 	// secretRef names a Secret in the task's namespace with the webhook's "url"
 	// (required), and optionally "token" (sent as a bearer token), "headers" (one
-	// "Name: value" a line), "ca.crt" (PEM) and "format". A missing Secret or key is a
+	// "Name: value" a line), "ca.crt" (PEM) and "format". The url must be https (http
+	// only when the manager runs with --allow-http-fetch); link-local and cloud metadata
+	// addresses and redirects to another host are refused. A missing Secret or key is a
 	// Warning event on the task; the upgrade goes on.
 	// +required
 	SecretRef LocalSecretReference `json:"secretRef"`
