@@ -175,6 +175,14 @@ var _ = Describe("MemberView, against a real etcd reached through its dialer", f
 			Expect(r.Message).To(ContainSubstring("the etcd CA Secret " + ns + "/c-etcd: parse the etcd CA"))
 		})
 
+		It("holds the node when the port-forward to the member's static pod fails (the manager's dialer, against an API server without that pod)", func() {
+			views.Dial = nil
+			r := check(views, controlPlaneInput(ns, "cp-a"))
+			Expect(r.Passed).To(BeFalse())
+			Expect(r.Message).To(ContainSubstring("no etcd member answered: etcd on node cp-a: "))
+			Expect(r.Message).To(ContainSubstring("port-forward to pod kube-system/etcd-cp-a"))
+		})
+
 		It("passes a worker without reading etcd", func() {
 			in := controlPlaneInput(ns, "cp-a")
 			in.ControlPlane = false

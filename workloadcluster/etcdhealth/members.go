@@ -31,6 +31,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -115,7 +116,7 @@ func (v MemberView) Read(ctx context.Context, ca CA, nodes []string) (Report, er
 
 	// The first member that answers gives the member list and the alarms, as KCP reads them.
 	var reached []string
-	var first *clientv3.Client
+	var first *memberClient
 	for _, node := range nodes {
 		c, err := v.client(node, tlsConfig)
 		if err == nil {
@@ -225,51 +226,79 @@ func (v MemberView) callTimeout() time.Duration {
 	return defaultCallTimeout
 }
 
+// memberClient is a client of one member, with the last error of its dial: gRPC reports
+// a failed dial as a deadline, and the dial's own error says why.
+type memberClient struct {
+	*clientv3.Client
+	mu      sync.Mutex
+	dialErr error
+}
+
+// explain adds the last dial error to an error of a call.
+func (c *memberClient) explain(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil || c.dialErr == nil {
+		return err
+	}
+	return fmt.Errorf("%w (dial: %w)", err, c.dialErr)
+}
+
 // client makes a client of the member of one node. The endpoint only names the member:
 // the connection is Dial's.
-func (v MemberView) client(node string, tlsConfig *tls.Config) (*clientv3.Client, error) {
+func (v MemberView) client(node string, tlsConfig *tls.Config) (*memberClient, error) {
 	if v.Dial == nil {
 		return nil, errors.New("no way to reach etcd is configured")
 	}
-	return clientv3.New(clientv3.Config{
+	mc := &memberClient{}
+	c, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{"etcd-" + node},
 		DialTimeout: v.callTimeout(),
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return v.Dial(ctx, node)
+			conn, err := v.Dial(ctx, node)
+			mc.mu.Lock()
+			mc.dialErr = err
+			mc.mu.Unlock()
+			return conn, err
 		})},
 		TLS:    tlsConfig,
 		Logger: zap.NewNop(),
 		// One try per call: the preflight asks again at its next round.
 		MaxUnaryRetries: 1,
 	})
+	if err != nil {
+		return nil, mc.explain(err)
+	}
+	mc.Client = c
+	return mc, nil
 }
 
-func (v MemberView) status(ctx context.Context, c *clientv3.Client, node string) (*clientv3.StatusResponse, error) {
+func (v MemberView) status(ctx context.Context, c *memberClient, node string) (*clientv3.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, v.callTimeout())
 	defer cancel()
 	st, err := c.Status(ctx, "etcd-"+node)
 	if err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+		return nil, fmt.Errorf("status: %w", c.explain(err))
 	}
 	return st, nil
 }
 
-func (v MemberView) members(ctx context.Context, c *clientv3.Client) ([]*pb.Member, error) {
+func (v MemberView) members(ctx context.Context, c *memberClient) ([]*pb.Member, error) {
 	ctx, cancel := context.WithTimeout(ctx, v.callTimeout())
 	defer cancel()
 	resp, err := c.MemberList(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read etcd's member list: %w", err)
+		return nil, fmt.Errorf("read etcd's member list: %w", c.explain(err))
 	}
 	return resp.Members, nil
 }
 
-func (v MemberView) alarms(ctx context.Context, c *clientv3.Client) ([]*pb.AlarmMember, error) {
+func (v MemberView) alarms(ctx context.Context, c *memberClient) ([]*pb.AlarmMember, error) {
 	ctx, cancel := context.WithTimeout(ctx, v.callTimeout())
 	defer cancel()
 	resp, err := c.AlarmList(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read etcd's alarms: %w", err)
+		return nil, fmt.Errorf("read etcd's alarms: %w", c.explain(err))
 	}
 	return resp.Alarms, nil
 }
