@@ -40,6 +40,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/cascade"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/controllers/preflight"
 	"github.com/capi-inplace/capi-inplace/controllers/preview"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
@@ -273,11 +274,11 @@ func run(opts options) error {
 	}
 	registry := nodeupdater.NewRegistry()
 	harvester := &harvesteradapter.Updater{
-		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: repository.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Workloads: nodeCaches, Releases: repository.ClusterReleaseReader{Configs: workloads}, PollInterval: opts.pollInterval,
 		NodeImage: opts.harvesterNodeImage, Version: version, Recorder: mgr.GetEventRecorder("harvester-updater"),
 	}
 	updaters := []nodeupdater.Registration{
-		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval}).Registration(),
+		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval, Ledger: &disruption.Ledger{Live: mgr.GetAPIReader(), Client: mgr.GetClient()}}).Registration(),
 		harvester.Registration(),
 	}
 	for _, reg := range updaters {

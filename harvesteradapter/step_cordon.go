@@ -16,12 +16,15 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterchecks"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/internal/kube"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/releases"
+	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 )
 
@@ -69,11 +72,78 @@ func (u *Updater) runCordon(ctx context.Context, r *nodeRun) (bool, string, erro
 			}
 		}
 	}
+	node, err := u.node(ctx, r)
+	if err != nil {
+		return false, "", err
+	}
+	if held, err := u.admit(ctx, r, node, "be cordoned"); err != nil || held != "" {
+		return false, held, err
+	}
 	held, err := u.cordonAsOurs(ctx, r)
 	if err != nil || held != "" {
 		return false, held, err
 	}
 	return true, fmt.Sprintf("node %s is cordoned", r.nu.Spec.NodeName), nil
+}
+
+// admit asks the Cluster's disruption ledger, read from the API server, whether the
+// node may take its next disruptive step, and writes its claim down when it may
+// (disruption.Admit): every NodeUpdate of the Cluster past its first disruption counts,
+// whatever a cache says, and two NodeUpdates asking at once cannot both pass where the
+// budget has room for one.
+func (u *Updater) admit(ctx context.Context, r *nodeRun, node *corev1.Node, step string) (string, error) {
+	live := u.APIReader
+	if live == nil {
+		live = u.Client
+	}
+	ledger := disruption.Ledger{Live: live, Client: u.Client}
+	return ledger.Admit(ctx, r.nu, controlPlaneNode(node), step)
+}
+
+// freshBudget is the budget asked again before a disruptive step after the cordon (RKE2's
+// restart, the reboot the OS upgrade arms): the ledger (admit), and for a control plane
+// node the quorum on the nodes as they are now. "" when the node may go on.
+func (u *Updater) freshBudget(ctx context.Context, r *nodeRun, node *corev1.Node, step string) (string, error) {
+	if singleNode(r) {
+		return "", nil // nothing else to keep up: the single node's steps run as they come
+	}
+	if held, err := u.admit(ctx, r, node, step); err != nil || held != "" {
+		return held, err
+	}
+	if !controlPlaneNode(node) {
+		return "", nil
+	}
+	nodes, err := u.planNodes(ctx, r)
+	if err != nil {
+		return "", err
+	}
+	var down []string
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Name != node.Name && controlPlaneNode(n) && nodeDown(n) {
+			down = append(down, n.Name)
+		}
+	}
+	if len(down) == 0 {
+		return "", nil
+	}
+	slices.Sort(down)
+	return fmt.Sprintf("holding control plane node %s before it is allowed to %s: control plane node(s) %s are down (not Ready or cordoned) now; one control plane node at a time keeps etcd's and the API server's quorum",
+		node.Name, step, strings.Join(down, ", ")), nil
+}
+
+// disruptivePlanStep names what a node's Plan of a kind does to the node when it is
+// disruptive (RKE2 restarts, the OS upgrade arms a reboot), "" when it is not.
+func disruptivePlanStep(r *nodeRun, kind suc.PlanKind) string {
+	switch kind {
+	case suc.PlanKubernetes, suc.PlanRKE2Restart:
+		return "restart RKE2"
+	case suc.PlanOS:
+		if releases.UpgradesOS(r.cfg) {
+			return "reboot"
+		}
+	}
+	return ""
 }
 
 // planNodes lists the cluster's nodes, as its UpgradePlan covers them (spec.nodeSelector).

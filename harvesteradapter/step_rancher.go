@@ -135,6 +135,12 @@ func (u *Updater) rancherKubernetes(ctx context.Context, r *nodeRun, owner *ranc
 		}
 		return false, fmt.Sprintf("waiting for Rancher to ask for node %s's pre-drain hook again", node.Name), nil
 	}
+	if !rancher.Answered(owner.Secret, rancher.PreDrainRequest, rancher.PreDrainHook) {
+		// The answer lets Rancher restart RKE2 on the node: the budget is asked again.
+		if held, err := u.freshBudget(ctx, r, node, "restart RKE2"); err != nil || held != "" {
+			return false, held, err
+		}
+	}
 	if err := rancher.Answer(ctx, r.wc, owner.Secret, rancher.PreDrainRequest, rancher.PreDrainHook); err != nil {
 		return false, "", err
 	}

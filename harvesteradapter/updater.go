@@ -33,6 +33,10 @@ import (
 type Updater struct {
 	// Client reads HarvesterUpgraders on the management cluster.
 	Client client.Client
+	// APIReader reads the management cluster from its API server, never from a cache:
+	// the Cluster's disruption ledger and the NodeUpdates it names (freshBudget). Nil
+	// uses Client.
+	APIReader client.Reader
 	// Workloads gives clients of the workload clusters.
 	Workloads kube.WorkloadClients
 	// Releases reads release metadata from repositories.
@@ -248,6 +252,13 @@ func (u *Updater) applyPlan(ctx context.Context, r *nodeRun, kind suc.PlanKind) 
 		want.Spec.Upgrade = suc.NodeProgram(want.Spec.Upgrade.Image, upgradeplan.PreloadArgs(r.plan), r.repo, r.cfg.Spec.Release.Version, want.Spec.Upgrade.SecurityContext)
 		if existing != nil && existing.Spec.Upgrade != nil {
 			want.Spec.Upgrade.Args = slices.Clone(existing.Spec.Upgrade.Args)
+		}
+	}
+	if existing == nil {
+		if step := disruptivePlanStep(r, kind); step != "" {
+			if held, err := u.freshBudget(ctx, r, node, step); err != nil || held != "" {
+				return false, held, err
+			}
 		}
 	}
 	if kind == suc.PlanOS {

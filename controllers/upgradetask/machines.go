@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
 
@@ -257,6 +259,12 @@ func (r *Reconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *mem
 			Labels: map[string]string{
 				inplacev1.UpgradeTaskLabel: upgraderequest.LabelValue(task.Name),
 				inplacev1.ClusterNameLabel: task.Spec.ClusterName,
+			},
+			// What the Cluster's disruption ledger judges the node's disruptive steps by
+			// (disruption.Admit): its target and the task's maxUnavailable over it.
+			Annotations: map[string]string{
+				disruption.TargetAnnotation:         disruption.TaskTarget(task),
+				disruption.MaxUnavailableAnnotation: strconv.Itoa(s.maxUnavailable),
 			},
 			// Set at creation, where the NodeUpdate controller would add it on its first
 			// reconcile: one write less per node, and no moment without it.

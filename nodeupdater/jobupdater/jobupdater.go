@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 )
@@ -67,6 +68,9 @@ type Updater struct {
 	Clusters WorkloadClients
 	// PollInterval is how often a running Job is looked at; DefaultPollInterval when zero.
 	PollInterval time.Duration
+	// Ledger, when set, is asked before the node's Job is created, the node's first
+	// disruption (disruption.Admit): the Job waits while the Cluster's ledger has no room.
+	Ledger *disruption.Ledger
 }
 
 var _ nodeupdater.Updater = &Updater{}
@@ -120,6 +124,17 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 			// upgrade the node twice. A person decides.
 			return nodeupdater.Result{}, nodeupdater.Permanentf("JobDeleted",
 				"Job %s was deleted on the workload cluster before it finished", key)
+		}
+		if u.Ledger != nil {
+			held, err := u.Ledger.Admit(ctx, nu, false, "run its update Job")
+			if err != nil {
+				return nodeupdater.Result{}, err
+			}
+			if held != "" {
+				// The step stays Pending (a Running step without its Job is a deleted Job).
+				nodeupdater.SetStepMessage(nu, StepName, held)
+				return nodeupdater.Result{RequeueAfter: u.pollInterval()}, nil
+			}
 		}
 		job = desiredJob(nu, cfg, key)
 		if err := wc.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {

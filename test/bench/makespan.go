@@ -477,7 +477,7 @@ func startMakespanManager(ctx context.Context, b *bench, ns string, poll time.Du
 		return nil, err
 	}
 	harvester := &harvesteradapter.Updater{
-		Client: mgr.GetClient(), Workloads: nodeCaches, Releases: upgraderepo.HTTPReleaseReader{},
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Workloads: nodeCaches, Releases: upgraderepo.HTTPReleaseReader{},
 		RepositoryURL: func(string) string { return repository.URL() },
 		PollInterval:  poll, NodeImage: makespanNodeImage, Version: "v0.4.0", Recorder: mgr.GetEventRecorder("harvester-updater"),
 	}
