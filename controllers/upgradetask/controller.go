@@ -133,7 +133,8 @@ func (c *clusterLocks) lock(cluster types.NamespacedName) (unlock func()) {
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=kubeadmcontrolplanes;rke2controlplanes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// Nodes are read and tainted on the workload clusters, through their kubeconfig Secrets:
+// the manager needs no right on the management cluster's Nodes.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
