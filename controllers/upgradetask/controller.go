@@ -123,7 +123,7 @@ func (c *clusterLocks) lock(cluster types.NamespacedName) (unlock func()) {
 	return l.Unlock
 }
 
-// +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=upgradetasks/status;upgradetasks/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=inplace.cluster.x-k8s.io,resources=nodeupdates,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines;machines/status,verbs=get;list;watch;update;patch
