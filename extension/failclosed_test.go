@@ -25,18 +25,13 @@ var _ = Describe("A fail-closed Cluster", func() {
 		recorder = events.NewFakeRecorder(10)
 		hooks.Recorder = recorder
 	})
-	callSet := func(req *runtimehooksv1.CanUpdateMachineSetRequest) *runtimehooksv1.CanUpdateMachineSetResponse {
-		resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
-		hooks.CanUpdateMachineSet(ctx, req, resp)
-		return viaWire(resp)
-	}
 	newFile := func(_ *clusterv1.MachineSet, bootstrap, _ map[string]any) {
 		bootstrap["files"] = append(bootstrap["files"].([]any), map[string]any{"path": "/etc/new", "content": "x"})
 	}
 
 	It("answers Failure naming the fields no updater covers, with no patch, and shows it on the Cluster", func() {
 		before := snapshot(w.ns)
-		resp := callSet(canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, newFile))
+		resp := askSet(hooks, canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, newFile))
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
 		Expect(resp.Message).To(ContainSubstring("Cluster " + w.ns + "/harvester is fail-closed (" + inplacev1.FailClosedAnnotation + "=true)"))
 		Expect(resp.Message).To(ContainSubstring("MachineSet " + w.ns + "/workers-ms cannot be updated in place"))
@@ -50,7 +45,7 @@ var _ = Describe("A fail-closed Cluster", func() {
 	})
 
 	It("answers Failure for a version change it must not do in place, with the reason", func() {
-		resp := callSet(canUpdateMachineSetRequest(w.ns, toVersion, fromVersion, nil, nil))
+		resp := askSet(hooks, canUpdateMachineSetRequest(w.ns, toVersion, fromVersion, nil, nil))
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
 		Expect(resp.Message).To(ContainSubstring("Not covered: MachineSet spec.template.spec.version"))
 		Expect(resp.Message).To(ContainSubstring("is a downgrade"))
@@ -58,7 +53,7 @@ var _ = Describe("A fail-closed Cluster", func() {
 
 	It("answers Failure when the Cluster has no updater at all", func() {
 		w2 := newWorld(map[string]string{inplacev1.FailClosedAnnotation: "true"})
-		resp := callSet(canUpdateMachineSetRequest(w2.ns, fromVersion, toVersion, nil, nil))
+		resp := askSet(hooks, canUpdateMachineSetRequest(w2.ns, fromVersion, toVersion, nil, nil))
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
 		Expect(resp.Message).To(ContainSubstring("no updater configured"))
 	})
@@ -66,7 +61,7 @@ var _ = Describe("A fail-closed Cluster", func() {
 	It("still answers a change it covers, which Cluster API then does in place", func() {
 		w.controlPlaneRuns(toVersion)
 		req := canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil)
-		resp := callSet(req)
+		resp := askSet(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		inPlace, left, err := capisim.VerdictMachineSet(req, resp)
 		Expect(err).NotTo(HaveOccurred())
@@ -77,7 +72,7 @@ var _ = Describe("A fail-closed Cluster", func() {
 	It("does as before once the annotation is removed: Success, the uncovered fields named, Cluster API replaces", func() {
 		w.annotateCluster(inplacev1.FailClosedAnnotation, "")
 		req := canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, newFile)
-		resp := callSet(req)
+		resp := askSet(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(resp.Message).To(HaveSuffix("not covered, so Cluster API replaces the machines: KubeadmConfigTemplate spec.template.spec.files"))
 		inPlace, _, err := capisim.VerdictMachineSet(req, resp)

@@ -105,6 +105,26 @@ func kubeadmConfigSpec(minor int) map[string]any {
 	return spec
 }
 
+// askSet, askMachine and askUpdate call a hook's handler as Cluster API's runtime client
+// does and return its answer as read off the wire.
+func askSet(hooks *extension.InPlaceHooks, req *runtimehooksv1.CanUpdateMachineSetRequest) *runtimehooksv1.CanUpdateMachineSetResponse {
+	resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
+	hooks.CanUpdateMachineSet(ctx, req, resp)
+	return viaWire(resp)
+}
+
+func askMachine(hooks *extension.InPlaceHooks, req *runtimehooksv1.CanUpdateMachineRequest) *runtimehooksv1.CanUpdateMachineResponse {
+	resp := &runtimehooksv1.CanUpdateMachineResponse{}
+	hooks.CanUpdateMachine(ctx, req, resp)
+	return viaWire(resp)
+}
+
+func askUpdate(hooks *extension.InPlaceHooks, req *runtimehooksv1.UpdateMachineRequest) *runtimehooksv1.UpdateMachineResponse {
+	resp := &runtimehooksv1.UpdateMachineResponse{}
+	hooks.UpdateMachine(ctx, req, resp)
+	return viaWire(resp)
+}
+
 // viaWire sends a request through JSON, as the runtime SDK server receives it.
 func viaWire[T any](in *T) *T {
 	raw, err := json.Marshal(in)
@@ -222,22 +242,11 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		hooks = newInPlaceHooks("")
 	})
 
-	callSet := func(req *runtimehooksv1.CanUpdateMachineSetRequest) *runtimehooksv1.CanUpdateMachineSetResponse {
-		resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
-		hooks.CanUpdateMachineSet(ctx, req, resp)
-		return viaWire(resp)
-	}
-	callMachine := func(req *runtimehooksv1.CanUpdateMachineRequest) *runtimehooksv1.CanUpdateMachineResponse {
-		resp := &runtimehooksv1.CanUpdateMachineResponse{}
-		hooks.CanUpdateMachine(ctx, req, resp)
-		return viaWire(resp)
-	}
-
 	It("covers a version bump of a MachineSet, so Cluster API finds nothing left and updates in place, and writes nothing", func() {
 		w.controlPlaneRuns(toVersion) // else the workers' skew is refused (judge_test.go)
 		before := snapshot(w.ns)
 		req := canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil)
-		resp := callSet(req)
+		resp := askSet(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(resp.MachineSetPatch.PatchType).To(Equal(runtimehooksv1.JSONPatchType))
 		Expect(string(resp.MachineSetPatch.Patch)).To(MatchJSON(`[{"op":"replace","path":"/spec/template/spec/version","value":"v1.34.1+rke2r1"}]`))
@@ -256,7 +265,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		req := canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, func(_ *clusterv1.MachineSet, bootstrap, _ map[string]any) {
 			bootstrap["files"] = append(bootstrap["files"].([]any), map[string]any{"path": "/etc/new", "content": "x"})
 		})
-		resp := callSet(req)
+		resp := askSet(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(resp.MachineSetPatch.IsDefined()).To(BeTrue(), "the version is still covered")
 		inPlace, left, err := capisim.VerdictMachineSet(req, resp)
@@ -268,7 +277,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		req = canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, func(ms *clusterv1.MachineSet, _, _ map[string]any) {
 			ms.Spec.Template.Spec.FailureDomain = "zone-b"
 		})
-		resp = callSet(req)
+		resp = askSet(hooks, req)
 		inPlace, left, err = capisim.VerdictMachineSet(req, resp)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(inPlace).To(BeFalse())
@@ -278,7 +287,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 	It("answers without a patch when the cluster has no updater configured", func() {
 		w2 := newWorld(nil)
 		req := canUpdateMachineSetRequest(w2.ns, fromVersion, toVersion, nil, nil)
-		resp := callSet(req)
+		resp := askSet(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(resp.MachineSetPatch.IsDefined()).To(BeFalse())
 		Expect(resp.BootstrapConfigTemplatePatch.IsDefined()).To(BeFalse())
@@ -291,7 +300,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		By("the ExtensionConfig's defaultUpdater setting configures one")
 		w2.controlPlaneRuns(toVersion)
 		req = canUpdateMachineSetRequest(w2.ns, fromVersion, toVersion, map[string]string{extension.DefaultUpdaterSetting: "ConfigMap/upgrader"}, nil)
-		resp = callSet(req)
+		resp = askSet(hooks, req)
 		inPlace, left, err := capisim.VerdictMachineSet(req, resp)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(inPlace).To(BeTrue(), "left: %v; message: %s", left, resp.Message)
@@ -300,7 +309,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 	DescribeTable("does not cover a version change it must not do in place",
 		func(from, to, message string) {
 			req := canUpdateMachineSetRequest(w.ns, from, to, nil, nil)
-			resp := callSet(req)
+			resp := askSet(hooks, req)
 			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 			Expect(resp.MachineSetPatch.IsDefined()).To(BeFalse())
 			Expect(resp.Message).To(Equal(message))
@@ -328,7 +337,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		w.controlPlaneRuns("v1.35.0+rke2r1")
 		for _, to := range []string{"v1.35.0+rke2r1", "v1.33.3+rke2r2", "v1.33.3+rke2r10"} {
 			req := canUpdateMachineSetRequest(w.ns, fromVersion, to, nil, nil)
-			resp := callSet(req)
+			resp := askSet(hooks, req)
 			inPlace, left, err := capisim.VerdictMachineSet(req, resp)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(inPlace).To(BeTrue(), "%s: left %v, message %s", to, left, resp.Message)
@@ -338,7 +347,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 	It("covers a control plane machine's version bump together with the KubeadmConfig change KubeadmControlPlane derives from it (v1.35 to v1.36)", func() {
 		w.controlPlaneRuns("v1.35.2")
 		req := canUpdateMachineRequest(w, "v1.35.2", "v1.36.0", 35, 36, nil, nil)
-		resp := callMachine(req)
+		resp := askMachine(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(string(resp.MachinePatch.Patch)).To(MatchJSON(`[{"op":"replace","path":"/spec/version","value":"v1.36.0"}]`))
 		Expect(string(resp.BootstrapConfigPatch.Patch)).To(MatchJSON(`[{"op":"remove","path":"/spec/clusterConfiguration/featureGates"}]`), "the emptied featureGates goes too: desired has none")
@@ -349,7 +358,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 
 		By("the same KubeadmConfig change without a version change is not covered")
 		req = canUpdateMachineRequest(w, "v1.36.0", "v1.36.0", 35, 36, nil, nil)
-		resp = callMachine(req)
+		resp = askMachine(hooks, req)
 		Expect(resp.BootstrapConfigPatch.IsDefined()).To(BeFalse())
 		inPlace, left, err = capisim.VerdictMachine(req, resp)
 		Expect(err).NotTo(HaveOccurred())
@@ -359,7 +368,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 
 	It("never lets a control plane skip a minor version", func() {
 		req := canUpdateMachineRequest(w, "v1.33.3+rke2r1", "v1.35.0+rke2r1", 33, 35, nil, nil)
-		resp := callMachine(req)
+		resp := askMachine(hooks, req)
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(resp.MachinePatch.IsDefined()).To(BeFalse())
 		Expect(resp.Message).To(ContainSubstring("skips a minor version, which Kubernetes does not support for a control plane; upgrade to v1.34 first"))
@@ -375,7 +384,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		req := canUpdateMachineRequest(w, "v1.33.3+rke2r1", "v1.34.1+rke2r1", 33, 34, nil, func(_ *clusterv1.Machine, _, infra map[string]any) {
 			infra["cpuCount"] = int64(16)
 		})
-		resp := callMachine(req)
+		resp := askMachine(hooks, req)
 		Expect(string(resp.InfrastructureMachinePatch.Patch)).To(MatchJSON(`[{"op":"replace","path":"/spec/cpuCount","value":16}]`))
 		inPlace, left, err := capisim.VerdictMachine(req, resp)
 		Expect(err).NotTo(HaveOccurred())
@@ -385,7 +394,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		req = canUpdateMachineRequest(w, "v1.33.3+rke2r1", "v1.34.1+rke2r1", 33, 34, nil, func(_ *clusterv1.Machine, _, infra map[string]any) {
 			infra["memory"] = "32Gi"
 		})
-		resp = callMachine(req)
+		resp = askMachine(hooks, req)
 		inPlace, left, err = capisim.VerdictMachine(req, resp)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(inPlace).To(BeFalse())
@@ -396,7 +405,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		req = canUpdateMachineRequest(w, "v1.33.3+rke2r1", "v1.34.1+rke2r1", 33, 34, nil, func(_ *clusterv1.Machine, _, infra map[string]any) {
 			infra["cpuCount"] = int64(16)
 		})
-		resp = callMachine(req)
+		resp = askMachine(hooks, req)
 		Expect(resp.InfrastructureMachinePatch.IsDefined()).To(BeFalse())
 		inPlace, _, err = capisim.VerdictMachine(req, resp)
 		Expect(err).NotTo(HaveOccurred())
@@ -440,7 +449,7 @@ var _ = Describe("CanUpdateMachineSet and CanUpdateMachine", func() {
 		}
 		for name, c := range cases {
 			req := c.req()
-			resp := callSet(req)
+			resp := askSet(hooks, req)
 			Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure), name)
 			Expect(resp.Message).To(HavePrefix(c.want), name)
 			Expect(resp.MachineSetPatch.IsDefined()).To(BeFalse(), name)

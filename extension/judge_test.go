@@ -26,20 +26,10 @@ var _ = Describe("One judge for CanUpdateMachineSet and UpdateMachine", func() {
 		w = newWorld(map[string]string{inplacev1.UpdaterAnnotation: updaterAnnotation})
 		hooks = newInPlaceHooks("")
 	})
-	callSet := func(req *runtimehooksv1.CanUpdateMachineSetRequest) *runtimehooksv1.CanUpdateMachineSetResponse {
-		resp := &runtimehooksv1.CanUpdateMachineSetResponse{}
-		hooks.CanUpdateMachineSet(ctx, req, resp)
-		return viaWire(resp)
-	}
-	callUpdate := func(req *runtimehooksv1.UpdateMachineRequest) *runtimehooksv1.UpdateMachineResponse {
-		resp := &runtimehooksv1.UpdateMachineResponse{}
-		hooks.UpdateMachine(ctx, req, resp)
-		return viaWire(resp)
-	}
 
 	It("refuses workers newer than their control plane (VersionSkew) at CanUpdateMachineSet, in UpdateMachine's words, and writes nothing", func() {
 		before := snapshot(w.ns)
-		resp := callSet(canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil))
+		resp := askSet(hooks, canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil))
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusFailure), "a yes lets Cluster API move and mark the machines that UpdateMachine then declines: %s", resp.Message)
 		Expect(resp.MachineSetPatch.IsDefined()).To(BeFalse())
 		Expect(resp.Message).To(HavePrefix("capi-inplace refuses to update the machines of MachineDeployment workers in place (VersionSkew): "))
@@ -49,7 +39,7 @@ var _ = Describe("One judge for CanUpdateMachineSet and UpdateMachine", func() {
 		// UpdateMachine declines the same machines for the same reason, in the same words.
 		marked := setDesiredVersion(w.workers[0], toVersion)
 		before = snapshot(w.ns)
-		update := callUpdate(updateMachineRequest(marked, nil))
+		update := askUpdate(hooks, updateMachineRequest(marked, nil))
 		Expect(update.Status).To(Equal(runtimehooksv1.ResponseStatusFailure))
 		prefix := fmt.Sprintf("capi-inplace declines to update Machine %s/workers-1 in place (VersionSkew): ", w.ns)
 		Expect(update.Message).To(HavePrefix(prefix))
@@ -59,7 +49,7 @@ var _ = Describe("One judge for CanUpdateMachineSet and UpdateMachine", func() {
 
 	It("answers in place once the control plane runs the version, as UpdateMachine then accepts", func() {
 		w.controlPlaneRuns(toVersion)
-		resp := callSet(canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil))
+		resp := askSet(hooks, canUpdateMachineSetRequest(w.ns, fromVersion, toVersion, nil, nil))
 		Expect(resp.Status).To(Equal(runtimehooksv1.ResponseStatusSuccess), resp.Message)
 		Expect(resp.MachineSetPatch.IsDefined()).To(BeTrue())
 	})
