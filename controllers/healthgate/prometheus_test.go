@@ -24,6 +24,7 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/healthgate"
 	"github.com/capi-inplace/capi-inplace/internal/fence"
+	"github.com/capi-inplace/capi-inplace/internal/fence/fencetest"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
 
@@ -127,15 +128,7 @@ func TestPrometheusGateFence(t *testing.T) {
 	})
 
 	t.Run("a slow server is a red gate naming the timeout", func(t *testing.T) {
-		release := make(chan struct{})
-		srv := httptest.NewTLSServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			}
-		}))
-		defer srv.Close()
-		defer close(release)
+		srv := fencetest.SlowTLSServer(t)
 		start := time.Now()
 		r := gate(t, fence.Policy{}, 300*time.Millisecond, map[string]string{"address": srv.URL, "ca.crt": caOf(srv)})
 		if took := time.Since(start); took > 5*time.Second {

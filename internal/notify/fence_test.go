@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/capi-inplace/capi-inplace/internal/fence"
+	"github.com/capi-inplace/capi-inplace/internal/fence/fencetest"
 )
 
 // The specs of the fence around the webhook calls (internal/fence): each runs the
@@ -171,15 +172,7 @@ func TestAnEchoedAnswerIsExcerpted(t *testing.T) {
 }
 
 func TestASlowWebhookFailsWithinTheTimeout(t *testing.T) {
-	release := make(chan struct{})
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer srv.Close()
-	defer close(release)
+	srv := fencetest.SlowTLSServer(t)
 	d, rec := fencedDispatcher(t)
 	d.Timeout = 200 * time.Millisecond
 	d.MaxAttempts = 2
