@@ -153,8 +153,9 @@ demo: test-binaries ## A whole in-place upgrade of simulated Harvester nodes by 
 	@$(BIN)/capi-inplace-demo $(ARGS)
 
 .PHONY: tilt-certs
-tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_DIR (.tilt/certs) if none is there.
+tilt-certs: ## Write a self-signed serving certificate for localhost into $CERT_DIR (.tilt/certs) if none is there, and the ExternalUpgradeRequest token (external-hook-token).
 	@[ -f "$(CERT_DIR)/tls.crt" ] || $(GO) run ./hack/servingcerts --dir "$(CERT_DIR)"
+	@[ -f "$(CERT_DIR)/external-hook-token" ] || (umask 077 && head -c 32 /dev/urandom | base64 > "$(CERT_DIR)/external-hook-token")
 
 ##@ Generate
 .PHONY: generate

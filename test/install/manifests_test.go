@@ -284,3 +284,23 @@ func providerNamespace(provider string) string {
 	Expect(k.Namespace).NotTo(BeEmpty(), "%s's default kustomization names its namespace", provider)
 	return k.Namespace
 }
+
+// managerArgs returns the args of the manager container of the rendered objects.
+func managerArgs(objs []*unstructured.Unstructured) []string {
+	GinkgoHelper()
+	deployment := convert(findObject(objs, "Deployment", "capi-inplace-controller-manager"), &appsv1.Deployment{})
+	return deployment.Spec.Template.Spec.Containers[0].Args
+}
+
+var _ = Describe("config/tilt-provider, Cluster API's Tilt dev loop", func() {
+	It("serves Cluster API's hooks without a client CA (Cluster API's Tilt presents none) and keeps the ExternalUpgradeRequest token, where config/default requires both", func() {
+		provider := kustomizeBuild("config/tilt-provider")
+		Expect(managerArgs(provider)).NotTo(ContainElement(HavePrefix("--hook-client-ca")))
+		Expect(managerArgs(provider)).To(ContainElement(HavePrefix("--external-hook-token-file=")))
+		deployment := convert(findObject(provider, "Deployment", "capi-inplace-controller-manager"), &appsv1.Deployment{})
+		for _, v := range deployment.Spec.Template.Spec.Volumes {
+			Expect(v.Name).NotTo(Equal("hook-client-ca"), "a volume of a Secret nobody writes in the dev loop would hold the pod")
+		}
+		Expect(managerArgs(kustomizeBuild("config/default"))).To(ContainElement("--hook-client-ca=/etc/capi-inplace/hook-client-ca/ca.crt"))
+	})
+})
