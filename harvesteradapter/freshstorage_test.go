@@ -297,8 +297,7 @@ var _ = Describe("A node's budget asked again before each disruptive step", func
 		}
 		Expect(drive(c.updater, first, 90*time.Second)).To(Succeed())
 		By("the first ended: the second goes through")
-		first.Status.Phase = inplacev1.NodeUpdatePhaseSucceeded
-		Expect(env.Client.Status().Update(ctx, first)).To(Succeed())
+		succeededAsReconciled(first)
 		Expect(drive(c.updater, held, 90*time.Second)).To(Succeed())
 	})
 })

@@ -354,6 +354,9 @@ var _ = Describe("Every ending of a node's Rancher route, the remaining cells", 
 		By("the agent there applies its plan: Rancher takes the first node, and later the second with its own NodeUpdate")
 		planner.ClearInstallFailure(failing)
 		Expect(drive(c.updater, nu, 180*time.Second)).To(Succeed())
+		// Ended as the NodeUpdate reconciler ends it: until then its claim in the Cluster's
+		// disruption ledger holds the other control plane node.
+		succeededAsReconciled(nu)
 		Expect(drive(c.updater, c.nodeUpdate(failing), 180*time.Second)).To(Succeed())
 		Expect(planner.MaxCordoned()).To(Equal(1), "Rancher held one node at a time: %s", hookHistory(planner))
 		for _, n := range c.nodes {

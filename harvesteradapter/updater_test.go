@@ -213,6 +213,17 @@ func (c *harvesterCluster) nodeUpdateTo(node, version string) *inplacev1.NodeUpd
 	return nu
 }
 
+// succeededAsReconciled sets a NodeUpdate that drive brought to its end Succeeded, as the
+// NodeUpdate reconciler does once its updater says done: a spec that drives a next
+// control plane node by hand needs it, since the Cluster's disruption ledger counts a
+// NodeUpdate until it has ended.
+func succeededAsReconciled(nu *inplacev1.NodeUpdate) {
+	GinkgoHelper()
+	Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(nu), nu)).To(Succeed())
+	nu.Status.Phase = inplacev1.NodeUpdatePhaseSucceeded
+	Expect(env.Client.Status().Update(ctx, nu)).To(Succeed())
+}
+
 // drive calls the updater the way the NodeUpdate reconciler does (Reconcile, persist the
 // status, again after RequeueAfter) until it is done or fails, and returns the error.
 func drive(u *harvesteradapter.Updater, nu *inplacev1.NodeUpdate, limit time.Duration) error {
