@@ -232,6 +232,17 @@ func nodeUpdatePhase(nu *inplacev1.NodeUpdate) func(Gomega) inplacev1.NodeUpdate
 	}
 }
 
+// seenFinal waits for the witness's watch to show the NodeUpdate final and returns when
+// it first did. A Get can see the final status a moment before the watch delivers it (a
+// loaded CI machine saw the Get first), so the spec waits for the delivery; a NodeUpdate
+// the watch never shows final within 10 s fails here.
+func seenFinal(w *sim.NodeUpdateWitness, name string) time.Time {
+	GinkgoHelper()
+	Eventually(w.FinalAt).WithArguments(name).WithTimeout(10*time.Second).WithPolling(20*time.Millisecond).
+		ShouldNot(BeZero(), "the watch saw NodeUpdate %s final", name)
+	return w.FinalAt(name)
+}
+
 // expectPutBack asserts what a skipped node is left with: its NodeUpdate Skipped naming
 // the blocking pod and its budget, the node uncordoned, no Plan of the NodeUpdate, no Job
 // of it still running, and every SUC run of its Plans ended before a watch showed the
@@ -298,7 +309,7 @@ var _ = Describe("drainPolicy Skip under the NodeUpdate lifecycle", func() {
 		Eventually(nodeUpdatePhase(nu), 60*time.Second, 50*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped),
 			func() string { return fmt.Sprintf("%+v\nruns %+v", nu.Status, c.rec.Runs()) })
 		Expect(time.Since(blockedAt)).To(BeNumerically(">=", grace/2), "not before the grace period")
-		expectPutBack(c.harvesterCluster, nu, "web", witness.FinalAt(nu.Name))
+		expectPutBack(c.harvesterCluster, nu, "web", seenFinal(witness, nu.Name))
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: "web"}, &corev1.Pod{})).To(Succeed(), "Skip never deletes the pod")
 		Expect(runStrategy(c.getVM("vm-pinned"))).To(Equal(kubevirtv1.RunStrategyAlways), "the VM the node's evacuation stopped is started again")
 		Eventually(c.kubevirt.NodeOf).WithArguments(pinnedVM).WithTimeout(10*time.Second).Should(Equal(n2), "and runs on its node again")
@@ -389,8 +400,7 @@ func (w *skipWorld) expectSafeRun() {
 	for i := range nus.Items {
 		nu := &nus.Items[i]
 		Expect(nu.Status.Phase.IsFinal()).To(BeTrue(), "NodeUpdate %s has not ended", nu.Name)
-		ended := w.witness.FinalAt(nu.Name)
-		Expect(ended).NotTo(BeZero(), "the watch saw NodeUpdate %s final", nu.Name)
+		ended := seenFinal(w.witness, nu.Name)
 		for _, run := range w.rec.Runs() {
 			for _, kind := range []string{"preload", "drain", "rke2", "os", "unguard", "reguard"} {
 				if run.Plan != harvesteradapter.PlanName(kind, nu) {
@@ -413,7 +423,7 @@ var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harve
 		m1, m2, m3 := w.machines[0].Name, w.machines[1].Name, w.machines[2].Name
 		first := w.nodeUpdate(upgraderequest.NodeUpdateName(w.task.Name, m2))
 		Eventually(nodeUpdatePhase(first), 90*time.Second, 100*time.Millisecond).Should(Equal(inplacev1.NodeUpdatePhaseSkipped))
-		expectPutBack(w.harvesterCluster, first, "web", w.witness.FinalAt(first.Name))
+		expectPutBack(w.harvesterCluster, first, "web", seenFinal(w.witness, first.Name))
 
 		By("the task records the skip, and goes on with the third machine once it is no longer held")
 		Eventually(func(g Gomega) inplacev1.MachineState {
@@ -485,7 +495,7 @@ var _ = Describe("An UpgradeTask with drainPolicy Skip, carried out by the Harve
 		retry := w.nodeUpdate(upgraderequest.RetryNodeUpdateName(w.task.Name, m2))
 		for _, nu := range []*inplacev1.NodeUpdate{first, retry} {
 			Expect(nodeUpdatePhase(nu)(Default)).To(Equal(inplacev1.NodeUpdatePhaseSkipped))
-			expectPutBack(w.harvesterCluster, nu, "web", w.witness.FinalAt(nu.Name))
+			expectPutBack(w.harvesterCluster, nu, "web", seenFinal(w.witness, nu.Name))
 		}
 		Expect(w.witness.StartOrder()).To(Equal([]string{m1, m2, m3, m2}), "tried again once, not more")
 		Consistently(func() int { return w.witness.Creations()[m2] }, 2*time.Second, 200*time.Millisecond).Should(Equal(2))
@@ -522,7 +532,7 @@ var _ = Describe("A node whose evacuation a VM blocks", func() {
 		Expect(nodeupdater.StepState(nu, harvesteradapter.StepKubernetesUpgrade)).To(Equal(inplacev1.StepStatePending), "the node was not upgraded")
 		Expect(unschedulable(n2)).To(BeFalse(), "the skipped node is uncordoned")
 		expectNoPlanOf(nu)
-		Expect(witness.FinalAt(nu.Name)).NotTo(BeZero())
+		seenFinal(witness, nu.Name)
 		Expect(runStrategy(c.getVM("vm-a"))).To(Equal(kubevirtv1.RunStrategyAlways), "Skip never stops the VM")
 		Expect(c.kubevirt.NodeOf(a)).To(Equal(n2), "it runs where it ran")
 		Expect(c.kubevirt.Starts(a)).To(Equal(1))
