@@ -167,7 +167,7 @@ type nodeCachingClient struct {
 
 func (c *nodeCachingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	nodes, ok := list.(*corev1.NodeList)
-	if !ok || len(opts) > 0 {
+	if !ok || !onlyUnsafeDisableDeepCopy(opts) {
 		return c.Client.List(ctx, list, opts...)
 	}
 	cache, err := c.caches.reader(ctx, c.cluster, c.cache)
@@ -177,7 +177,19 @@ func (c *nodeCachingClient) List(ctx context.Context, list client.ObjectList, op
 	if cache == nil {
 		return c.Client.List(ctx, nodes)
 	}
-	return cache.List(ctx, nodes)
+	return cache.List(ctx, nodes, opts...)
+}
+
+// onlyUnsafeDisableDeepCopy says whether a List of every Node asks for nothing but,
+// perhaps, the cached Nodes themselves (client.UnsafeDisableDeepCopy: the caller only
+// reads them): such a List is served from the cache.
+func onlyUnsafeDisableDeepCopy(opts []client.ListOption) bool {
+	for _, o := range opts {
+		if o != client.UnsafeDisableDeepCopy {
+			return false
+		}
+	}
+	return true
 }
 
 // reader returns the synced Node cache c of a Cluster, or nil when its Nodes are to be

@@ -294,6 +294,22 @@ func TestNodeCacheServesListsFromWatch(t *testing.T) {
 	if got := counter.count("list", "nodes"); got != lists {
 		t.Errorf("lists of Nodes once the cache synced sent %d LIST nodes requests, want none", got-lists)
 	}
+	// A reader of the cached Nodes themselves (an UpgradeTask reconcile) is served from the
+	// cache too; any other option goes to the API server.
+	uncopied := &corev1.NodeList{}
+	if err := c.List(context.Background(), uncopied, client.UnsafeDisableDeepCopy); err != nil {
+		t.Fatalf("list Nodes with UnsafeDisableDeepCopy: %v", err)
+	}
+	if got := counter.count("list", "nodes"); got != lists || len(uncopied.Items) < 2 {
+		t.Errorf("a list of Nodes with UnsafeDisableDeepCopy sent %d LIST nodes requests and gave %d Nodes, want none and at least 2", got-lists, len(uncopied.Items))
+	}
+	if err := c.List(context.Background(), &corev1.NodeList{}, client.MatchingLabels{"absent": "x"}); err != nil {
+		t.Fatalf("list Nodes by label: %v", err)
+	}
+	if got := counter.count("list", "nodes"); got != lists+1 {
+		t.Errorf("a list of Nodes by label sent %d LIST nodes requests, want 1 (served by the API server)", got-lists)
+	}
+	lists++
 
 	third := createNode(t, "cached")
 	eventually(t, 30*time.Second, "a Node created after the sync is listed", func() error {

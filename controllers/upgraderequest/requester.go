@@ -411,7 +411,7 @@ func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req 
 // ParseTargetVersion parses the version an upgrade asks for; a version that does not
 // parse is declined with what to give instead. UpgradePreview shows the same words.
 func ParseTargetVersion(v string) (*version.Version, *Decision) {
-	target, err := version.ParseSemantic(v)
+	target, err := kubeversion.ParseSemantic(v)
 	if err != nil {
 		d := decline(ReasonInvalidVersion, "version %q is not a valid semantic version: give MAJOR.MINOR.PATCH with an optional v prefix, pre-release and build metadata, for example v1.33.3 or v1.33.3+rke2r1", v)
 		return nil, &d
@@ -426,7 +426,7 @@ func ParseTargetVersion(v string) (*version.Version, *Decision) {
 func CheckMachineVersions(v string, target *version.Version, machines []clusterv1.Machine, controlPlane bool) *Decision {
 	for i := range machines {
 		m := &machines[i]
-		cur, err := version.ParseSemantic(CurrentVersion(m))
+		cur, err := kubeversion.ParseSemantic(CurrentVersion(m))
 		if err != nil {
 			continue
 		}
@@ -478,7 +478,7 @@ func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, r
 	var lowest *clusterv1.Machine
 	var lowestVersion *version.Version
 	for i := range cpMachines {
-		v, err := version.ParseSemantic(CurrentVersion(&cpMachines[i]))
+		v, err := kubeversion.ParseSemantic(CurrentVersion(&cpMachines[i]))
 		if err != nil {
 			continue
 		}

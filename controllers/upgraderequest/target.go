@@ -3,7 +3,8 @@ package upgraderequest
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -77,20 +78,38 @@ func ClusterMachines(ctx context.Context, c client.Reader, namespace, clusterNam
 }
 
 // TargetMachines lists the Machines of a target, sorted by name: for a control plane the
-// machines it owns, for a MachineDeployment the machines of the MachineSets it owns.
+// machines it owns, for a MachineDeployment the machines of the MachineSets it owns. They
+// are the caller's own copies.
 func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName string, t Target) ([]clusterv1.Machine, error) {
 	// The Cluster's Machines as the cache holds them, not copied: only those of the target
 	// are copied, below.
-	machines := &clusterv1.MachineList{}
-	if err := c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list machines of Cluster %s/%s: %w", namespace, clusterName, err)
+	all, err := ClusterMachines(ctx, c, namespace, clusterName)
+	if err != nil {
+		return nil, err
 	}
-	var out []clusterv1.Machine
+	shared, err := TargetMachinesOf(ctx, c, namespace, clusterName, all, t)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]clusterv1.Machine, len(shared))
+	for i := range shared {
+		shared[i].DeepCopyInto(&out[i])
+	}
+	return out, nil
+}
+
+// TargetMachinesOf picks the Machines of a target out of the Cluster's Machines (all,
+// from ClusterMachines), sorted by name, without copying them: each shares its maps and
+// slices with all (and the cache all came from), so the caller only reads them, and
+// copies one before it changes it. A reconcile of a task of hundreds of machines copies
+// only the few it writes (issue #55).
+func TargetMachinesOf(ctx context.Context, c client.Reader, namespace, clusterName string, all []clusterv1.Machine, t Target) ([]clusterv1.Machine, error) {
+	var in []*clusterv1.Machine
 	switch {
 	case t.ControlPlaneRef != nil:
-		for i := range machines.Items {
-			if m := &machines.Items[i]; ownedBy(m.OwnerReferences, t.ControlPlaneRef.APIGroup, t.ControlPlaneRef.Kind, t.ControlPlaneRef.Name) {
-				out = append(out, *m.DeepCopy())
+		for i := range all {
+			if m := &all[i]; ownedBy(m.OwnerReferences, t.ControlPlaneRef.APIGroup, t.ControlPlaneRef.Kind, t.ControlPlaneRef.Name) {
+				in = append(in, m)
 			}
 		}
 	case t.MachineDeploymentRef != nil:
@@ -104,17 +123,22 @@ func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName
 				ownSets[ms.Name] = true
 			}
 		}
-		for i := range machines.Items {
-			m := &machines.Items[i]
+		for i := range all {
+			m := &all[i]
 			for _, ref := range m.OwnerReferences {
 				if ref.Kind == "MachineSet" && groupOf(ref.APIVersion) == clusterv1.GroupVersion.Group && ownSets[ref.Name] {
-					out = append(out, *m.DeepCopy())
+					in = append(in, m)
 					break
 				}
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	// Sorted as pointers: sorting the Machines would move whole structs.
+	slices.SortFunc(in, func(a, b *clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
+	out := make([]clusterv1.Machine, len(in))
+	for i, m := range in {
+		out[i] = *m
+	}
 	return out, nil
 }
 
@@ -148,8 +172,8 @@ func groupOf(apiVersion string) string {
 func CurrentVersion(m *clusterv1.Machine) string {
 	release := m.Annotations[inplacev1.UpgradeReleaseAnnotation]
 	kubelet := nodeKubeletVersion(m)
-	rv, rerr := version.ParseSemantic(release)
-	kv, kerr := version.ParseSemantic(kubelet)
+	rv, rerr := kubeversion.ParseSemantic(release)
+	kv, kerr := kubeversion.ParseSemantic(kubelet)
 	switch {
 	case rerr == nil && kerr == nil:
 		if order, err := kubeversion.Compare(kv, rv); err == nil && order > 0 {
@@ -171,7 +195,7 @@ func CurrentVersion(m *clusterv1.Machine) string {
 // +rke2r2) does not: it is not known to be older, and a change that may be a downgrade is
 // never made in place (the Requester declines such a request up front).
 func RequiresUpgrade(m *clusterv1.Machine, target *version.Version) bool {
-	cur, err := version.ParseSemantic(CurrentVersion(m))
+	cur, err := kubeversion.ParseSemantic(CurrentVersion(m))
 	if err != nil {
 		return true
 	}
@@ -193,7 +217,7 @@ func RequiresUpgrade(m *clusterv1.Machine, target *version.Version) bool {
 // whose later step failed is still upgraded again.
 func ReachedInPlace(m *clusterv1.Machine, target *version.Version) bool {
 	for _, v := range []string{m.Annotations[inplacev1.UpgradeReleaseAnnotation], nodeKubeletVersion(m)} {
-		if cur, err := version.ParseSemantic(v); err == nil && sameRelease(cur, target) {
+		if cur, err := kubeversion.ParseSemantic(v); err == nil && sameRelease(cur, target) {
 			return true
 		}
 	}
@@ -219,7 +243,7 @@ func sameRelease(a, b *version.Version) bool {
 // in place, or one whose kubelet was upgraded and whose later step failed) counts only if
 // the updater, when it judges (nodeupdater.TargetJudge), agrees; why says what is missing.
 func AtTarget(ctx context.Context, registry *nodeupdater.Registry, target nodeupdater.PreflightTarget, m *clusterv1.Machine, v *version.Version) (bool, string, error) {
-	if rel, err := version.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation]); err == nil && sameRelease(rel, v) {
+	if rel, err := kubeversion.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation]); err == nil && sameRelease(rel, v) {
 		return true, "", nil
 	}
 	if !ReachedInPlace(m, v) {

@@ -124,7 +124,7 @@ func liveOrder(s *taskScope, m *clusterv1.Machine) (order int, known bool) {
 
 // releaseIs reports whether the machine's release annotation records target.
 func releaseIs(m *clusterv1.Machine, target *version.Version) bool {
-	rel, err := version.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation])
+	rel, err := kubeversion.ParseSemantic(m.Annotations[inplacev1.UpgradeReleaseAnnotation])
 	return err == nil && kubeversion.SameRelease(rel, target)
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 	"github.com/capi-inplace/capi-inplace/internal/ctrlqueue"
 	"github.com/capi-inplace/capi-inplace/internal/faults"
+	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/internal/notify"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -84,6 +85,9 @@ type Reconciler struct {
 	// machines writes the bookkeeping of the tasks' Machines in the background; set by
 	// SetupWithManager.
 	machines *machineWriter
+	// taints writes the upgrade-pending taints of running tasks in the background; set by
+	// SetupWithManager.
+	taints *taintWriter
 	// created holds the NodeUpdates created that the cache may not show yet.
 	created createdNodeUpdates
 	// writtenMachines holds the Machines written that the cache may not show as written.
@@ -174,6 +178,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		r.recordClaims, sendRetry)
 	if err := mgr.Add(r.machines); err != nil {
 		return fmt.Errorf("add the UpgradeTask Machine writer to the manager: %w", err)
+	}
+	r.taints = newTaintWriter(r.Workload.Client, func(key types.NamespacedName) {
+		// After a poll interval: a workload cluster that refused a write is asked again
+		// at the pace of the task's polls, not in a loop.
+		time.AfterFunc(r.PollInterval, func() { sendRetry(key) })
+	})
+	if err := mgr.Add(r.taints); err != nil {
+		return fmt.Errorf("add the UpgradeTask taint writer to the manager: %w", err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&inplacev1.UpgradeTask{}).
@@ -305,6 +317,7 @@ func (r *Reconciler) readTask(ctx context.Context, key types.NamespacedName) (*i
 			r.Metrics.forgetTask(key.Namespace, key.Name)
 			r.status.forget(ctx, key)
 			r.notified.forget(key)
+			r.taints.forget(key)
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read UpgradeTask %s: %w", key, err)
@@ -367,7 +380,7 @@ type taskScope struct {
 
 func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask) (*taskScope, error) {
 	s := &taskScope{task: task, now: r.Clock.Now()}
-	v, err := version.ParseSemantic(task.Spec.Version)
+	v, err := kubeversion.ParseSemantic(task.Spec.Version)
 	if err != nil {
 		s.problem = fmt.Sprintf("spec.version %q is not a semantic version: %v", task.Spec.Version, err)
 		return s, nil
@@ -386,7 +399,13 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 		s.cluster.Namespace, s.cluster.Name = task.Namespace, task.Spec.ClusterName
 	}
 
-	if s.targetMachines, err = upgraderequest.TargetMachines(ctx, r.Client, task.Namespace, task.Spec.ClusterName, upgraderequest.TargetOf(task)); err != nil {
+	clusterMachines, err := upgraderequest.ClusterMachines(ctx, r.Client, task.Namespace, task.Spec.ClusterName)
+	if err != nil {
+		return nil, err
+	}
+	// Not copied: the reconcile reads them, and copies a Machine before it writes it
+	// (settleMembers).
+	if s.targetMachines, err = upgraderequest.TargetMachinesOf(ctx, r.Client, task.Namespace, task.Spec.ClusterName, clusterMachines, upgraderequest.TargetOf(task)); err != nil {
 		return nil, err
 	}
 	r.writtenMachines.overlay(s.targetMachines, time.Now())
@@ -399,11 +418,6 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 		// whatever maxUnavailable or pacing says.
 		s.maxUnavailable = 1
 	}
-	clusterMachines, err := upgraderequest.ClusterMachines(ctx, r.Client, task.Namespace, task.Spec.ClusterName)
-	if err != nil {
-		return nil, err
-	}
-
 	// Every NodeUpdate of the Cluster, this task's and others': a node another task (or a
 	// hand-made NodeUpdate) is upgrading is unavailable too.
 	nus, err := r.listNodeUpdates(ctx, client.ObjectKeyFromObject(s.cluster))
@@ -451,8 +465,11 @@ func (r *Reconciler) readScope(ctx context.Context, task *inplacev1.UpgradeTask)
 			s.problem = fmt.Sprintf("cannot reach the workload cluster of Cluster %s: %v; no node is started until it is reachable", key, err)
 			return s, nil
 		}
+		// The cached Nodes themselves, not copies: a reconcile only reads them (the
+		// taints are written to copies), and a copy of every Node of a big cluster at
+		// every reconcile was a tenth of the manager's CPU time (issue #55).
 		nodes := &corev1.NodeList{}
-		if err := workload.List(ctx, nodes); err != nil {
+		if err := workload.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {
 			s.problem = fmt.Sprintf("cannot list the Nodes of the workload cluster of Cluster %s: %v; no node is started until it is reachable", key, err)
 			return s, nil
 		}

@@ -308,8 +308,8 @@ func (r *Reconciler) startNodeUpdate(ctx context.Context, s *taskScope, mem *mem
 }
 
 // settleMembers waits for the background writes of the members' Machines, drops those
-// pending, and goes on from the Machines as the task last wrote them: the reconcile writes
-// them itself.
+// pending, and goes on from copies of the Machines as the task last wrote them: the
+// reconcile writes them itself.
 func (r *Reconciler) settleMembers(ctx context.Context, task *inplacev1.UpgradeTask, members []*member) error {
 	var machines []*clusterv1.Machine
 	var with []*member
@@ -327,6 +327,11 @@ func (r *Reconciler) settleMembers(ctx context.Context, task *inplacev1.UpgradeT
 		return fmt.Errorf("wait for the Machine writes of UpgradeTask %s: %w", klog.KObj(task), err)
 	}
 	for i, mem := range with {
+		if latest[i] == mem.machine {
+			// The reconcile's Machines share their maps with the cache (TargetMachinesOf):
+			// the reconcile writes its own copy.
+			latest[i] = mem.machine.DeepCopy()
+		}
 		mem.machine = latest[i]
 	}
 	return nil
@@ -344,7 +349,7 @@ func (r *Reconciler) writeMachinesNow(ctx context.Context, task *inplacev1.Upgra
 	}
 	var claimedMu sync.Mutex
 	var claimed []string
-	err := forEachConcurrently(members, func(mem *member) error {
+	err := forEachConcurrently(members, MachineWriteConcurrency, func(mem *member) error {
 		wasClaimed := mem.isClaimed(task)
 		if err := r.writeMachine(ctx, mem.machine, want(mem), task); err != nil {
 			return err
@@ -384,9 +389,9 @@ func (r *Reconciler) recordClaims(task *inplacev1.UpgradeTask, names []string) {
 		"claimed %d machine(s) for the in-place upgrade to %s: %s", len(names), task.Spec.Version, listed)
 }
 
-// forEachConcurrently calls fn for every member, at most MachineWriteConcurrency at a
-// time, and returns every error it returned. fn must touch only its own member.
-func forEachConcurrently(members []*member, fn func(*member) error) error {
+// forEachConcurrently calls fn for every member, at most limit at a time, and returns
+// every error it returned. fn must touch only its own member.
+func forEachConcurrently(members []*member, limit int, fn func(*member) error) error {
 	if len(members) == 0 {
 		return nil
 	}
@@ -397,7 +402,7 @@ func forEachConcurrently(members []*member, fn func(*member) error) error {
 		wg   sync.WaitGroup
 		mu   sync.Mutex
 		errs []error
-		sem  = make(chan struct{}, MachineWriteConcurrency)
+		sem  = make(chan struct{}, limit)
 	)
 	for _, mem := range members {
 		wg.Add(1)

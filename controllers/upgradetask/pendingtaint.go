@@ -57,19 +57,25 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 	if len(s.nodes) == 0 {
 		return nil
 	}
-	wc, err := r.Workload.Client(ctx, types.NamespacedName{Namespace: s.task.Namespace, Name: s.task.Spec.ClusterName})
+	key := client.ObjectKeyFromObject(s.task)
+	cluster := types.NamespacedName{Namespace: s.task.Namespace, Name: s.task.Spec.ClusterName}
+	if !phase.IsFinal() {
+		// Off the reconcile's path: the next hand-off waits for no taint (taintWriter).
+		r.taints.submit(key, cluster, pendingTaint(s.task), s.nodes, want)
+		return nil
+	}
+	written, err := r.taints.settle(ctx, key)
+	if err != nil {
+		return fmt.Errorf("wait for the upgrade-pending taint writes of UpgradeTask %s: %w", key, err)
+	}
+	wc, err := r.Workload.Client(ctx, cluster)
 	if err != nil {
 		return fmt.Errorf("reach the workload cluster of Cluster %s/%s to set the upgrade-pending taints: %w", s.task.Namespace, s.task.Spec.ClusterName, err)
 	}
 	for _, node := range s.nodes {
-		err := setPendingTaint(ctx, wc, node, pendingTaint(s.task), want[node.Name])
-		if err != nil && apierrors.IsConflict(err) && !phase.IsFinal() {
-			// The next reconcile, a poll interval away, reads the node again; the task
-			// goes on meanwhile. A task that ends waits for its taints to be gone.
-			ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint not written yet", "node", node.Name, "error", err.Error())
-			continue
-		}
-		if err != nil {
+		// A task that ends waits for its taints to be gone: a conflict is an error, and
+		// the reconcile reads the node again.
+		if err := setPendingTaintNow(ctx, wc, written, node, pendingTaint(s.task), want[node.Name]); err != nil {
 			return err
 		}
 	}
@@ -81,6 +87,10 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 // only makes the scheduler prefer other nodes, and a later task's first reconcile
 // rewrites the taints of the nodes it still has to upgrade.
 func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.UpgradeTask) error {
+	written, err := r.taints.settle(ctx, client.ObjectKeyFromObject(task))
+	if err != nil {
+		return fmt.Errorf("wait for the upgrade-pending taint writes of UpgradeTask %s/%s: %w", task.Namespace, task.Name, err)
+	}
 	cluster := types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName}
 	wc, err := r.Workload.Client(ctx, cluster)
 	if err != nil {
@@ -93,7 +103,7 @@ func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.Up
 		return nil
 	}
 	for i := range nodes.Items {
-		if err := setPendingTaint(ctx, wc, &nodes.Items[i], pendingTaint(task), false); err != nil {
+		if err := setPendingTaintNow(ctx, wc, written, &nodes.Items[i], pendingTaint(task), false); err != nil {
 			return err
 		}
 	}
@@ -106,15 +116,11 @@ func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.Up
 // the patch conflicts, and the next reconcile reads the node again. A node that carries
 // the key with another task's value is left alone (key and effect are unique on a node).
 func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, want bool) error {
+	if !needsTaintWrite(node, taint, want) {
+		return nil
+	}
 	ours := func(t corev1.Taint) bool {
 		return t.Key == taint.Key && t.Value == taint.Value && t.Effect == taint.Effect
-	}
-	other := func(t corev1.Taint) bool {
-		return t.Key == taint.Key && t.Effect == taint.Effect && t.Value != taint.Value
-	}
-	has := slices.ContainsFunc(node.Spec.Taints, ours)
-	if has == want || (want && slices.ContainsFunc(node.Spec.Taints, other)) {
-		return nil
 	}
 	patched := node.DeepCopy()
 	if want {

@@ -2,6 +2,7 @@ package upgradetask
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,26 +47,28 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		if err := r.settleMembers(ctx, task, picked); err != nil {
 			return ctrl.Result{}, err
 		}
+		// Each picked machine is claimed and then started, the machines of a round side
+		// by side: a machine's NodeUpdate waits for its own claim only, not for the
+		// claims of the others (one write each, through an API server that may be
+		// busy), and the round takes about one claim and one creation.
+		var claimedMu sync.Mutex
 		var claimed []string
-		for _, mem := range picked {
-			if mem.isClaimed(task) && hasSkipRemediationOf(mem.machine, upgraderequest.LabelValue(task.Name)) {
-				continue
+		err := forEachConcurrently(picked, HandOffConcurrency, func(mem *member) error {
+			if !mem.isClaimed(task) || !hasSkipRemediationOf(mem.machine, upgraderequest.LabelValue(task.Name)) {
+				wasClaimed := mem.isClaimed(task)
+				// The claim alone: its InProgress condition is written in the background.
+				// With skip-remediation: the node may go NotReady (drain, reboot) as soon
+				// as its NodeUpdate exists, and a MachineHealthCheck must not replace it
+				// for that.
+				if err := r.writeMachine(ctx, mem.machine, machineWant{claim: true, skipRemediation: true}, task); err != nil {
+					return err
+				}
+				if !wasClaimed {
+					claimedMu.Lock()
+					claimed = append(claimed, mem.name)
+					claimedMu.Unlock()
+				}
 			}
-			wasClaimed := mem.isClaimed(task)
-			// The claim alone: its InProgress condition is written in the background.
-			// With skip-remediation: the node may go NotReady (drain, reboot) as soon as
-			// its NodeUpdate exists, and a MachineHealthCheck must not replace it for that.
-			if err := r.writeMachine(ctx, mem.machine, machineWant{claim: true, skipRemediation: true}, task); err != nil {
-				return ctrl.Result{}, err
-			}
-			if !wasClaimed {
-				claimed = append(claimed, mem.name)
-			}
-		}
-		r.recordClaims(task, claimed)
-		// The nodes picked in one round start together: the planned order (spec.nodeOrder
-		// first) decides which nodes a round picks, not which of them is created first.
-		err := forEachConcurrently(picked, func(mem *member) error {
 			nu, err := r.startNodeUpdate(ctx, s, mem)
 			if err != nil {
 				return err
@@ -73,6 +76,7 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 			mem.nu, mem.state, mem.message = nu, inplacev1.MachineStateInProgress, ""
 			return nil
 		})
+		r.recordClaims(task, claimed)
 		for _, mem := range picked {
 			if mem.nu == nil {
 				continue
@@ -122,6 +126,11 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
+
+// HandOffConcurrency bounds the machines of one round claimed and started at once: a
+// round is at most maxUnavailable machines, each one claim and one creation, the writes
+// every other write of the task waits behind (MachineWriteConcurrency bounds those).
+const HandOffConcurrency = 16
 
 // computePhase derives the task's phase from its members.
 func computePhase(s *taskScope, aborting bool) inplacev1.TaskPhase {

@@ -85,11 +85,11 @@ func compareCounters(a, b string) int {
 
 // CompareStrings parses a and b as semantic versions and compares them (Compare).
 func CompareStrings(a, b string) (int, error) {
-	va, err := version.ParseSemantic(a)
+	va, err := ParseSemantic(a)
 	if err != nil {
 		return 0, fmt.Errorf("version %q: %w", a, err)
 	}
-	vb, err := version.ParseSemantic(b)
+	vb, err := ParseSemantic(b)
 	if err != nil {
 		return 0, fmt.Errorf("version %q: %w", b, err)
 	}

@@ -1,0 +1,274 @@
+package upgradetask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// taintWriter brings the upgrade-pending taints of a running task's nodes to what its
+// last reconcile wants, off the reconcile's path. A task's first reconcile taints every
+// node still to go (hundreds of writes to the workload cluster, one per node), and each
+// node that ends has its taint taken off: a reconcile that waited for them would hold
+// the next hand-off, as the reconciles of one task run one after the other. The taint
+// only makes kube-scheduler prefer other nodes, so nothing else waits for it.
+//
+// A task has at most one hand-over being written and one pending; a later hand-over
+// replaces the pending one. Each node is written with the resourceVersion its reconcile
+// read, so a node changed since is never overwritten: the write conflicts, and the next
+// reconcile, which reads the node again, hands it over again.
+//
+// A task that ends, is aborted to its end or is deleted settles its writes first (settle)
+// and then writes its taints itself, so that no taint is written after its last reconcile.
+//
+// taintWriter is a manager.Runnable: writes begin once the manager started it and end
+// with the manager.
+type taintWriter struct {
+	// workload returns the client of a Cluster's workload cluster.
+	workload func(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
+	// retry asks for a reconcile of a task one of whose taint writes failed.
+	retry func(key types.NamespacedName)
+
+	ctx     context.Context
+	workers sync.WaitGroup
+
+	mu      sync.Mutex
+	stopped bool
+	tasks   map[types.NamespacedName]*taintSlot
+	// written holds, by task and node, the last taint write the writer made: a reconcile
+	// whose cache does not show it yet hands the node over again as it was before the
+	// write, and is not written again (a conflict per node, hundreds of them while a
+	// task's first taints are written).
+	written map[types.NamespacedName]map[string]taintWritten
+}
+
+// taintWritten is a write the writer made: the node's resourceVersion it was written
+// from, and whether the node carries the taint since.
+type taintWritten struct {
+	from string
+	has  bool
+}
+
+// taintSlot is what is kept about a task while a hand-over of its taints is pending or
+// being written.
+type taintSlot struct {
+	pending *taintJob
+	running bool
+	// idle is closed once no hand-over of the task is pending or being written.
+	idle chan struct{}
+}
+
+// taintJob is one hand-over: the nodes as the reconcile read them, and which of them
+// carry the task's taint.
+type taintJob struct {
+	task    types.NamespacedName
+	cluster types.NamespacedName
+	taint   corev1.Taint
+	nodes   []*corev1.Node
+	want    map[string]bool
+}
+
+// TaintWriteConcurrency bounds the taint writes of one task in flight at once.
+const TaintWriteConcurrency = 4
+
+func newTaintWriter(workload func(context.Context, types.NamespacedName) (client.Client, error), retry func(types.NamespacedName)) *taintWriter {
+	return &taintWriter{workload: workload, retry: retry, tasks: map[types.NamespacedName]*taintSlot{}, written: map[types.NamespacedName]map[string]taintWritten{}}
+}
+
+// Start implements manager.Runnable: writes run until the manager stops, which then
+// waits for the writes in flight. Hand-overs pending then are dropped.
+func (w *taintWriter) Start(ctx context.Context) error {
+	w.mu.Lock()
+	w.ctx = ctx
+	w.mu.Unlock()
+	<-ctx.Done()
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+	w.workers.Wait()
+	return nil
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: the writes are the
+// reconciles', which run only on the leader.
+func (w *taintWriter) NeedLeaderElection() bool { return false }
+
+// submit hands over the taints of a task's nodes: the node named in want true carry
+// taint, every other node of nodes does not. It returns at once.
+func (w *taintWriter) submit(task, cluster types.NamespacedName, taint corev1.Taint, nodes map[string]*corev1.Node, want map[string]bool) {
+	job := &taintJob{task: task, cluster: cluster, taint: taint, want: want}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.ctx == nil {
+		return
+	}
+	written := w.written[task]
+	for _, n := range nodes {
+		if !needsTaintWrite(n, taint, want[n.Name]) {
+			continue
+		}
+		if lags, _ := lagging(written, n); lags {
+			// The node as it was before the writer's last write of it: written with
+			// the resourceVersion read, it would conflict. The next reconcile sees it.
+			continue
+		}
+		job.nodes = append(job.nodes, n.DeepCopy())
+	}
+	slot := w.tasks[task]
+	if slot == nil {
+		if len(job.nodes) == 0 {
+			return
+		}
+		slot = &taintSlot{idle: make(chan struct{})}
+		w.tasks[task] = slot
+	}
+	// Even an empty hand-over replaces the pending one: the last reconcile wins.
+	slot.pending = job
+	if !slot.running {
+		slot.running = true
+		w.workers.Add(1)
+		go w.run(task, slot)
+	}
+}
+
+// run writes the task's hand-overs until none is pending.
+func (w *taintWriter) run(task types.NamespacedName, slot *taintSlot) {
+	defer w.workers.Done()
+	for {
+		w.mu.Lock()
+		job := slot.pending
+		slot.pending = nil
+		if job == nil || w.stopped {
+			slot.running = false
+			delete(w.tasks, task)
+			close(slot.idle)
+			w.mu.Unlock()
+			return
+		}
+		ctx := w.ctx
+		w.mu.Unlock()
+		if err := w.write(ctx, job); err != nil && ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "writing the upgrade-pending taints of an UpgradeTask failed; they are written again at its next reconcile",
+				"controller", "upgradetask", "UpgradeTask", task)
+			w.retry(task)
+		}
+	}
+}
+
+// write brings the job's nodes to what it wants, at most TaintWriteConcurrency at once.
+// A node changed since it was read is left to the next reconcile.
+func (w *taintWriter) write(ctx context.Context, job *taintJob) error {
+	if len(job.nodes) == 0 {
+		return nil
+	}
+	wc, err := w.workload(ctx, job.cluster)
+	if err != nil {
+		return fmt.Errorf("reach the workload cluster of Cluster %s to set the upgrade-pending taints: %w", job.cluster, err)
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, TaintWriteConcurrency)
+	)
+	for _, node := range job.nodes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			from := node.ResourceVersion
+			err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name])
+			if err == nil {
+				w.mu.Lock()
+				if w.written[job.task] == nil {
+					w.written[job.task] = map[string]taintWritten{}
+				}
+				w.written[job.task][node.Name] = taintWritten{from: from, has: job.want[node.Name]}
+				w.mu.Unlock()
+			}
+			if apierrors.IsConflict(err) {
+				ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint not written yet", "node", node.Name, "error", err.Error())
+				return
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// settle drops the task's pending hand-over and waits for the one being written: after
+// it, no taint the task handed over is written. It returns the writes the writer made
+// for the task (lagging tells a node the cache shows as it was before one of them).
+func (w *taintWriter) settle(ctx context.Context, task types.NamespacedName) (map[string]taintWritten, error) {
+	w.mu.Lock()
+	if slot := w.tasks[task]; slot != nil {
+		slot.pending = nil
+		idle := slot.idle
+		w.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		w.mu.Lock()
+	}
+	defer w.mu.Unlock()
+	return maps.Clone(w.written[task]), nil
+}
+
+// forget drops what is kept about a task that is gone.
+func (w *taintWriter) forget(task types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.written, task)
+}
+
+// lagging says whether the cache shows node as it was before the writer's last write of
+// it, and if so whether that write left the taint on it.
+func lagging(written map[string]taintWritten, node *corev1.Node) (lags, has bool) {
+	last, ok := written[node.Name]
+	return ok && last.from == node.ResourceVersion, last.has
+}
+
+// setPendingTaintNow is setPendingTaint for a node the cache may show from before one
+// of the writer's writes (written, from settle): a node already as wanted is left alone,
+// and one that is not is a conflict, for the reconcile to read it again.
+func setPendingTaintNow(ctx context.Context, wc client.Client, written map[string]taintWritten, node *corev1.Node, taint corev1.Taint, want bool) error {
+	if lags, has := lagging(written, node); lags {
+		if has == want {
+			return nil
+		}
+		return apierrors.NewConflict(corev1.Resource("nodes"), node.Name,
+			fmt.Errorf("the cache does not show the upgrade-pending taint written at resourceVersion %s yet", node.ResourceVersion))
+	}
+	return setPendingTaint(ctx, wc, node, taint, want)
+}
+
+// needsTaintWrite says whether node must be written to carry taint (want) or not.
+func needsTaintWrite(node *corev1.Node, taint corev1.Taint, want bool) bool {
+	has, other := false, false
+	for _, t := range node.Spec.Taints {
+		if t.Key != taint.Key || t.Effect != taint.Effect {
+			continue
+		}
+		if t.Value == taint.Value {
+			has = true
+		} else {
+			other = true
+		}
+	}
+	return has != want && (!want || !other)
+}

@@ -1,0 +1,271 @@
+package upgradetask
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
+)
+
+// nodePatches is the taint writer's workload client, as the specs see it: every patch of
+// a Node is recorded (the node and whether it sends the taint), and patches can be held
+// until released. Everything goes to the suite's API server.
+type nodePatches struct {
+	mu      sync.Mutex
+	sent    []string
+	hold    chan struct{}
+	holding int
+	// refuse names a node whose patches are refused (Forbidden), without reaching the
+	// API server.
+	refuse string
+}
+
+func (p *nodePatches) client() client.Client {
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: k8s.Scheme()})
+	Expect(err).NotTo(HaveOccurred())
+	return interceptor.NewClient(c, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if n, ok := obj.(*corev1.Node); ok {
+				p.mu.Lock()
+				tainted := false
+				for _, t := range n.Spec.Taints {
+					tainted = tainted || t.Key == inplacev1.UpgradePendingTaint
+				}
+				p.sent = append(p.sent, n.Name+"="+map[bool]string{true: "tainted", false: "untainted"}[tainted])
+				hold := p.hold
+				if hold != nil {
+					p.holding++
+				}
+				refuse := p.refuse
+				p.mu.Unlock()
+				if hold != nil {
+					<-hold
+				}
+				if n.Name == refuse {
+					return apierrors.NewForbidden(corev1.Resource("nodes"), n.Name, errors.New("refused by the spec"))
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+}
+
+func (p *nodePatches) patches() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.sent...)
+}
+
+func (p *nodePatches) held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holding
+}
+
+// taintWriterWorld is a taint writer running on the suite's API server, with nodes of
+// its own and a recorder of the retries it asks for.
+type taintWriterWorld struct {
+	w       *taintWriter
+	patches *nodePatches
+	nodes   []string
+	task    types.NamespacedName
+	taint   corev1.Taint
+	retries chan types.NamespacedName
+}
+
+func newTaintWriterWorld(nodes int, hold bool) *taintWriterWorld {
+	GinkgoHelper()
+	suffix := rand.String(5)
+	tw := &taintWriterWorld{patches: &nodePatches{}, task: types.NamespacedName{Namespace: "ns-" + suffix, Name: "task"}, retries: make(chan types.NamespacedName, 16)}
+	tw.taint = corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: "ns-" + suffix + ".task", Effect: corev1.TaintEffectPreferNoSchedule}
+	if hold {
+		tw.patches.hold = make(chan struct{})
+	}
+	for i := range nodes {
+		name := "tw-" + suffix + "-" + string(rune('a'+i))
+		Expect(fixtures.CreateNode(ctx, k8s, name, true)).To(Succeed())
+		tw.nodes = append(tw.nodes, name)
+		DeferCleanup(func() {
+			Expect(client.IgnoreNotFound(k8s.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}))).To(Succeed())
+		})
+	}
+	wc := tw.patches.client()
+	tw.w = newTaintWriter(func(context.Context, types.NamespacedName) (client.Client, error) { return wc, nil },
+		func(key types.NamespacedName) { tw.retries <- key })
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(tw.w.Start(runCtx)).To(Succeed())
+	}()
+	Eventually(func() bool { tw.w.mu.Lock(); defer tw.w.mu.Unlock(); return tw.w.ctx != nil }).Should(BeTrue())
+	DeferCleanup(func() {
+		if tw.patches.hold != nil {
+			select {
+			case <-tw.patches.hold:
+			default:
+				close(tw.patches.hold)
+			}
+		}
+		cancel()
+		<-done
+	})
+	return tw
+}
+
+// written waits until the writer wrote every hand-over of the task (nothing pending or
+// being written), and returns what it wrote. settle is not it: settle drops a pending
+// hand-over.
+func (tw *taintWriterWorld) written() map[string]taintWritten {
+	GinkgoHelper()
+	Eventually(func() bool {
+		tw.w.mu.Lock()
+		defer tw.w.mu.Unlock()
+		_, busy := tw.w.tasks[tw.task]
+		return busy
+	}).Should(BeFalse())
+	written, err := tw.w.settle(ctx, tw.task)
+	Expect(err).NotTo(HaveOccurred())
+	return written
+}
+
+// read returns the nodes as the API server has them, by name.
+func (tw *taintWriterWorld) read() map[string]*corev1.Node {
+	GinkgoHelper()
+	out := map[string]*corev1.Node{}
+	for _, name := range tw.nodes {
+		n := &corev1.Node{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: name}, n)).To(Succeed())
+		out[name] = n
+	}
+	return out
+}
+
+func (tw *taintWriterWorld) want(names ...string) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range names {
+		out[n] = true
+	}
+	return out
+}
+
+var _ = Describe("The upgrade-pending taint writer", func() {
+	It("writes a hand-over off the caller's path: submit returns while the writes are held, settle waits for them", func() {
+		tw := newTaintWriterWorld(3, true)
+		nodes := tw.read()
+		returned := make(chan struct{})
+		go func() {
+			tw.w.submit(tw.task, tw.task, tw.taint, nodes, tw.want(tw.nodes...))
+			close(returned)
+		}()
+		Eventually(returned).Should(BeClosed(), "submit does not wait for the workload cluster")
+		Eventually(tw.patches.held).Should(Equal(3), "written side by side (TaintWriteConcurrency)")
+
+		settled := make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			_, err := tw.w.settle(ctx, tw.task)
+			Expect(err).NotTo(HaveOccurred())
+			close(settled)
+		}()
+		Consistently(settled, 300*time.Millisecond).ShouldNot(BeClosed(), "settle waits for the writes in flight")
+		close(tw.patches.hold)
+		Eventually(settled).Should(BeClosed())
+		Expect(pendingTainted(tw.nodes...)).To(ConsistOf(tw.nodes), "every node carries the taint once settled")
+	})
+
+	It("writes the last hand-over: one submitted while another is written replaces the one pending", func() {
+		tw := newTaintWriterWorld(2, true)
+		a, b := tw.nodes[0], tw.nodes[1]
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a))
+		Eventually(tw.patches.held).Should(Equal(1))
+		// Pending, then replaced before it is written: b is never tainted.
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b))
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want())
+		close(tw.patches.hold)
+		_, err := tw.w.settle(ctx, tw.task)
+		Expect(err).NotTo(HaveOccurred())
+		// The last hand-over read a untainted (the first write had not ended) and wants
+		// it untainted: nothing to write for it; the first write's taint stays for the
+		// next reconcile, which reads it.
+		Expect(tw.patches.patches()).To(Equal([]string{a + "=tainted"}), "the replaced hand-over wrote nothing")
+	})
+
+	It("does not write a node again that the caller's cache shows from before the writer's write, and a task that ends is told to read it again", func() {
+		tw := newTaintWriterWorld(1, false)
+		n := tw.nodes[0]
+		before := tw.read()
+		tw.w.submit(tw.task, tw.task, tw.taint, before, tw.want(n))
+		written := tw.written()
+		Expect(tw.patches.patches()).To(Equal([]string{n + "=tainted"}))
+
+		By("a reconcile whose cache lags hands the node over as it was: not written again")
+		tw.w.submit(tw.task, tw.task, tw.taint, before, tw.want(n))
+		tw.written()
+		Expect(tw.patches.patches()).To(HaveLen(1), "no write that could only conflict")
+
+		By("the task's end, from the lagging cache: the taint it does not see is a conflict, not a node left tainted")
+		wc := tw.patches.client()
+		err := setPendingTaintNow(ctx, wc, written, before[n], tw.taint, false)
+		Expect(apierrors.IsConflict(err)).To(BeTrue(), "got %v", err)
+		Expect(pendingTainted(n)).To(ConsistOf(n))
+		Expect(setPendingTaintNow(ctx, wc, written, before[n], tw.taint, true)).To(Succeed(), "already as wanted")
+		Expect(tw.patches.patches()).To(HaveLen(1))
+
+		By("from a fresh read it is written")
+		Expect(setPendingTaintNow(ctx, wc, written, tw.read()[n], tw.taint, false)).To(Succeed())
+		Expect(pendingTainted(n)).To(BeEmpty())
+	})
+
+	It("asks for the task again when the workload cluster refuses a write, and leaves another task's taint alone", func() {
+		tw := newTaintWriterWorld(3, false)
+		a, b, c := tw.nodes[0], tw.nodes[1], tw.nodes[2]
+		// b carries another task's taint (key and effect are unique on a node).
+		other := corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: "other.task", Effect: corev1.TaintEffectPreferNoSchedule}
+		node := &corev1.Node{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: b}, node)).To(Succeed())
+		node.Spec.Taints = append(node.Spec.Taints, other)
+		Expect(k8s.Update(ctx, node)).To(Succeed())
+
+		tw.patches.mu.Lock()
+		tw.patches.refuse = c
+		tw.patches.mu.Unlock()
+		nodes := tw.read()
+		gone := nodes[a].DeepCopy()
+		gone.Name = a + "-gone" // a Node that is gone meanwhile: not an error
+		nodes[gone.Name] = gone
+		tw.w.submit(tw.task, tw.task, tw.taint, nodes, tw.want(a, b, c, gone.Name))
+		Eventually(tw.retries).Should(Receive(Equal(tw.task)), "a refused write asks for the task again")
+		Expect(tw.patches.patches()).To(ConsistOf(a+"=tainted", gone.Name+"=tainted", c+"=tainted"), "b is not written: another task holds the key")
+		Expect(pendingTainted(a, c)).To(ConsistOf(a))
+		Consistently(tw.retries, 300*time.Millisecond).ShouldNot(Receive(), "once")
+
+		By("once accepted, the refused node is written; another task's taint is never taken off")
+		tw.patches.mu.Lock()
+		tw.patches.refuse = ""
+		tw.patches.mu.Unlock()
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b, c))
+		tw.written()
+		Expect(pendingTainted(a, c)).To(ConsistOf(a, c))
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want())
+		tw.written()
+		Expect(pendingTainted(a, c)).To(BeEmpty())
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: b}, node)).To(Succeed())
+		Expect(node.Spec.Taints).To(ContainElement(other), "b keeps the other task's taint")
+		Expect(node.Spec.Taints).NotTo(ContainElement(HaveField("Value", tw.taint.Value)), "and never got this task's")
+	})
+})
