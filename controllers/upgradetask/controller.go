@@ -189,8 +189,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&inplacev1.UpgradeTask{}).
-		Owns(&inplacev1.NodeUpdate{}).
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask)).
+		Owns(&inplacev1.NodeUpdate{}, builder.WithPredicates(notCreateEvents())).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToTask), builder.WithPredicates(machineChangedBeyondBookkeeping())).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToTasks), builder.WithPredicates(failureBudgetChanged())).
 		Watches(&inplacev1.NodeUpdate{}, handler.EnqueueRequestsFromMapFunc(r.failedNodeUpdateToTasks), builder.WithPredicates(nodeUpdateFailed())).
 		WatchesRawSource(source.Channel(retry, &handler.TypedEnqueueRequestForObject[*inplacev1.UpgradeTask]{})).

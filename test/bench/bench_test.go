@@ -72,6 +72,11 @@ func TestSmoke(t *testing.T) {
 		if len(o.workloadReads) == 0 {
 			t.Errorf("the workload cluster's reads were not counted: %v", o.workloadReads)
 		}
+		// Every node but the first carries the task's upgrade-pending taint until it ends
+		// (the taint writer writes it in the background), and none at the end.
+		if got := o.workloadWrites["PATCH nodes"]; got < n-o.maxUnavailable {
+			t.Errorf("%d machines: %d taint writes to the workload cluster counted, want at least %d: %v", n, got, n-o.maxUnavailable, o.workloadWrites)
+		}
 	}
 
 	if len(rep.memory) != len(cfg.memClusters) {

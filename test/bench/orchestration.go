@@ -82,11 +82,13 @@ type orchResult struct {
 	// maxRunning is the most NodeUpdates unfinished at once, as the watch saw them.
 	maxRunning int
 	// writes and reads are the manager's requests to the management API server by verb
-	// and resource; workloadReads its requests to the workload cluster's.
-	writes        map[string]int
-	writesTotal   int
-	reads         map[string]int
-	workloadReads map[string]int
+	// and resource; workloadWrites and workloadReads its requests to the workload
+	// cluster's (the upgrade-pending taints), which the writes per node leave out.
+	writes         map[string]int
+	writesTotal    int
+	reads          map[string]int
+	workloadWrites map[string]int
+	workloadReads  map[string]int
 	// reconciles counts the reconciles of each controller.
 	reconciles map[string]int
 	// events counts the Events in the namespace after the run by reason, each with the
@@ -226,7 +228,7 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 	sleep(ctx, time.Second)
 	res.writes, res.reads = split(counter.snapshot())
 	res.writesTotal, _ = writeTotals(res.writes)
-	_, res.workloadReads = split(workloadCounter.snapshot())
+	res.workloadWrites, res.workloadReads = split(workloadCounter.snapshot())
 	reconcilesAfter, err := reconcileTotals()
 	if err != nil {
 		return res, err

@@ -196,10 +196,14 @@ func (r *report) renderLimits(w io.Writer) {
 	p("- **Hand-off.** An UpgradeTask reconcile reads only from caches: the task (with the status it last computed), the Machines ")
 	p("(those it wrote taken as written until the cache shows the write), the NodeUpdates (those it created and the cache does not ")
 	p("show yet counted in, as the ReplicaSet controller counts the Pods it created) and the workload cluster's Nodes (a watch per ")
-	p("workload cluster). On its path to the next node it writes only the claim of each machine it picks and the machine's NodeUpdate ")
-	p("(the NodeUpdates of one round created together). The rest is handed to writers in the background: the Machines' conditions, ")
+	p("workload cluster), without copying them (a Machine is copied before it is written), and parses each version string once. ")
+	p("On its path to the next node it writes only the claim of each machine it picks and the machine's NodeUpdate, the machines of ")
+	p("one round side by side (at most %d). The rest is handed to writers in the background: the Machines' conditions, ", upgradetask.HandOffConcurrency)
 	p("release annotations and the claims of waiting machines (at most %d writes in flight; the last hand-over of a Machine wins), ", upgradetask.MachineWriteConcurrency)
-	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second. Only a task's ")
+	p("the workload Nodes' upgrade-pending taints (at most %d in flight per task: a task's first reconcile taints every node ", upgradetask.TaintWriteConcurrency)
+	p("still to go, which took 13 s at 500 nodes when the reconcile wrote them itself), ")
+	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second. The task's own ")
+	p("writes to a Machine wake no reconcile of it (only a change of something else does). Only a task's ")
 	p("end, an abort or a deletion writes its Machines before it returns. What remains is the API server: on the same two cores it ")
 	p("spends most of its time decoding, validating and storing Machines (`--apiserver-cpuprofile`; at maxUnavailable 10 it uses most ")
 	p("of the two cores). With maxUnavailable 10 and node work that takes no time, maxUnavailable nodes run at once and a node ends ")
@@ -462,14 +466,15 @@ func (r *report) renderWrites(w io.Writer, full bool) {
 	}
 	p("\n")
 	p("What the writes come with, per node: reconciles of each controller (controller-runtime's `controller_runtime_reconcile_total`), ")
-	p("reads of the management API server (cached reads are not requests and do not show) and of the workload cluster's:\n\n")
-	p("| machines | maxUnavailable | reconciles per node | reads per node | workload reads per node |\n|---:|---:|---|---|---|\n")
+	p("reads of the management API server (cached reads are not requests and do not show), and the requests to the workload cluster ")
+	p("(its Nodes' upgrade-pending taints: written to the workload cluster, not counted in the writes above):\n\n")
+	p("| machines | maxUnavailable | reconciles per node | reads per node | workload reads per node | workload writes per node |\n|---:|---:|---|---|---|---|\n")
 	for _, o := range r.orchestration {
 		size := strconv.Itoa(o.machines)
 		if !o.finished {
 			size += " (not finished)"
 		}
-		p("| %s | %d | %s | %s | %s |\n", size, o.maxUnavailable, perNode(o.reconciles, o.machines), perNode(o.reads, o.machines), perNode(o.workloadReads, o.machines))
+		p("| %s | %d | %s | %s | %s | %s |\n", size, o.maxUnavailable, perNode(o.reconciles, o.machines), perNode(o.reads, o.machines), perNode(o.workloadReads, o.machines), perNode(o.workloadWrites, o.machines))
 	}
 	p("\n")
 	p("Events recorded per node, by the kind they regard and their reason (an event repeated as a series counts each time):\n\n")
