@@ -79,6 +79,8 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 			return err
 		}
 	}
+	// Nothing more is written for a task that ended: what the writer wrote is not needed.
+	r.taints.forget(key)
 	return nil
 }
 
@@ -107,6 +109,7 @@ func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.Up
 			return err
 		}
 	}
+	r.taints.forget(client.ObjectKeyFromObject(task))
 	return nil
 }
 

@@ -229,7 +229,8 @@ func (w *taintWriter) settle(ctx context.Context, task types.NamespacedName) (ma
 	return maps.Clone(w.written[task]), nil
 }
 
-// forget drops what is kept about a task that is gone.
+// forget drops what is kept about a task whose taints were all written at its end, or
+// that is gone.
 func (w *taintWriter) forget(task types.NamespacedName) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -71,6 +71,20 @@ func (c *workloadCluster) waitProvisioned() {
 	var err error
 	c.before, err = capienv.WaitProvisioned(ctx, env.Client, c.ns, c.name, c.size(), c.shape.Version, 5*time.Minute)
 	Expect(err).NotTo(HaveOccurred())
+	// And KubeadmControlPlane sees every member healthy: bumped before that, it scales
+	// down (replaces) the member that looks unhealthy rather than updating it in place.
+	Eventually(func() string {
+		machines, err := capienv.Machines(ctx, env.Client, c.ns, c.name)
+		if err != nil {
+			return err.Error()
+		}
+		for i := range machines {
+			if cond := capienv.UnhealthyControlPlaneComponent(&machines[i]); cond != "" {
+				return machines[i].Name + ": " + cond
+			}
+		}
+		return ""
+	}).WithTimeout(2*time.Minute).WithPolling(500*time.Millisecond).Should(BeEmpty(), "KubeadmControlPlane's view of its members")
 }
 
 // bump changes the Cluster's spec.topology.version, as a user does.

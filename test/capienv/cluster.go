@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -177,6 +178,28 @@ func WaitProvisioned(ctx context.Context, c client.Client, namespace, cluster st
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// controlPlaneComponentConditions are the conditions KubeadmControlPlane sets on each of
+// its Machines from the workload cluster's static pods and etcd members (Cluster API
+// v1.14 util/conditions/sort.go).
+var controlPlaneComponentConditions = []string{"APIServerPodHealthy", "ControllerManagerPodHealthy", "SchedulerPodHealthy", "EtcdPodHealthy", "EtcdMemberHealthy"}
+
+// UnhealthyControlPlaneComponent names the first of a control plane Machine's component
+// conditions that is not True; empty for a worker or a healthy control plane Machine. A
+// cluster is provisioned once KubeadmControlPlane sees its new members healthy: a version
+// bump before that makes it scale down the member that looks unhealthy (a replacement),
+// not update it in place (a CI run saw the newest of three deleted 8 s after it was created).
+func UnhealthyControlPlaneComponent(m *clusterv1.Machine) string {
+	if !IsControlPlane(m) {
+		return ""
+	}
+	for _, t := range controlPlaneComponentConditions {
+		if !meta.IsStatusConditionTrue(m.Status.Conditions, t) {
+			return t
+		}
+	}
+	return ""
 }
 
 // RegisterExtension registers a capi-inplace manager's hook server (url, serving

@@ -284,8 +284,11 @@ func (d *realCAPI) waitProvisioned(ctx context.Context) error {
 			ready := 0
 			for i := range machines {
 				m := &machines[i]
+				// A control plane member counts once KubeadmControlPlane sees it healthy:
+				// bumped before that, KCP replaces the member that looks unhealthy.
 				if m.DeletionTimestamp.IsZero() && m.Status.NodeRef.IsDefined() && m.Status.NodeInfo != nil &&
-					m.Status.NodeInfo.KubeletVersion == capiFromVersion && m.Spec.Version == capiFromVersion {
+					m.Status.NodeInfo.KubeletVersion == capiFromVersion && m.Spec.Version == capiFromVersion &&
+					capienv.UnhealthyControlPlaneComponent(m) == "" {
 					ready++
 				}
 			}
