@@ -54,19 +54,24 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 			want[mem.nodeName] = true
 		}
 	}
-	if len(s.nodes) == 0 {
-		return nil
-	}
 	key := client.ObjectKeyFromObject(s.task)
 	cluster := types.NamespacedName{Namespace: s.task.Namespace, Name: s.task.Spec.ClusterName}
 	if !phase.IsFinal() {
 		// Off the reconcile's path: the next hand-off waits for no taint (taintWriter).
-		r.taints.submit(key, cluster, pendingTaint(s.task), s.nodes, want)
+		if len(s.nodes) > 0 {
+			r.taints.submit(key, cluster, pendingTaint(s.task), s.nodes, want)
+		}
 		return nil
 	}
+	// Even without a node left to look at: a hand-over of an earlier reconcile must not
+	// be written after the task ended.
 	written, err := r.taints.settle(ctx, key)
 	if err != nil {
 		return fmt.Errorf("wait for the upgrade-pending taint writes of UpgradeTask %s: %w", key, err)
+	}
+	if len(s.nodes) == 0 {
+		r.taints.forget(key)
+		return nil
 	}
 	wc, err := r.Workload.Client(ctx, cluster)
 	if err != nil {
