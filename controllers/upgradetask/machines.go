@@ -389,14 +389,14 @@ func (r *Reconciler) recordClaims(task *inplacev1.UpgradeTask, names []string) {
 		"claimed %d machine(s) for the in-place upgrade to %s: %s", len(names), task.Spec.Version, listed)
 }
 
-// forEachConcurrently calls fn for every member, at most limit at a time, and returns
-// every error it returned. fn must touch only its own member.
-func forEachConcurrently(members []*member, limit int, fn func(*member) error) error {
-	if len(members) == 0 {
+// forEachConcurrently calls fn for every item, at most limit at a time, and returns
+// every error it returned. fn must touch only its own item.
+func forEachConcurrently[T any](items []T, limit int, fn func(T) error) error {
+	if len(items) == 0 {
 		return nil
 	}
-	if len(members) == 1 {
-		return fn(members[0])
+	if len(items) == 1 {
+		return fn(items[0])
 	}
 	var (
 		wg   sync.WaitGroup
@@ -404,12 +404,12 @@ func forEachConcurrently(members []*member, limit int, fn func(*member) error) e
 		errs []error
 		sem  = make(chan struct{}, limit)
 	)
-	for _, mem := range members {
+	for _, item := range items {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := fn(mem); err != nil {
+			if err := fn(item); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()

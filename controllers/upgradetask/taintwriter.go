@@ -2,7 +2,6 @@ package upgradetask
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"sync"
@@ -173,40 +172,23 @@ func (w *taintWriter) write(ctx context.Context, job *taintJob) error {
 	if err != nil {
 		return fmt.Errorf("reach the workload cluster of Cluster %s to set the upgrade-pending taints: %w", job.cluster, err)
 	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		sem  = make(chan struct{}, TaintWriteConcurrency)
-	)
-	for _, node := range job.nodes {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			from := node.ResourceVersion
-			err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name])
-			if err == nil {
-				w.mu.Lock()
-				if w.written[job.task] == nil {
-					w.written[job.task] = map[string]taintWritten{}
-				}
-				w.written[job.task][node.Name] = taintWritten{from: from, has: job.want[node.Name]}
-				w.mu.Unlock()
+	return forEachConcurrently(job.nodes, TaintWriteConcurrency, func(node *corev1.Node) error {
+		from := node.ResourceVersion
+		err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name])
+		if err == nil {
+			w.mu.Lock()
+			if w.written[job.task] == nil {
+				w.written[job.task] = map[string]taintWritten{}
 			}
-			if apierrors.IsConflict(err) {
-				ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint not written yet", "node", node.Name, "error", err.Error())
-				return
-			}
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+			w.written[job.task][node.Name] = taintWritten{from: from, has: job.want[node.Name]}
+			w.mu.Unlock()
+		}
+		if apierrors.IsConflict(err) {
+			ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint not written yet", "node", node.Name, "error", err.Error())
+			return nil
+		}
+		return err
+	})
 }
 
 // settle drops the task's pending hand-over and waits for the one being written: after
