@@ -232,17 +232,28 @@ func (r *runner) upgradeKubeOVN(ctx context.Context) (string, string, error) {
 			}}},
 		}},
 	}
-	switch err := r.c.Get(ctx, kubeOVNCRDChart, chart); {
-	case apierrors.IsNotFound(err):
-		chart.SetNamespace(kubeOVNCRDChart.Namespace)
-		chart.SetName(kubeOVNCRDChart.Name)
-		chart.Object["spec"] = spec
-		if err := r.c.Create(ctx, chart); err != nil {
+	err = r.c.Get(ctx, kubeOVNCRDChart, chart)
+	if apierrors.IsNotFound(err) {
+		created := chart.DeepCopy()
+		created.SetNamespace(kubeOVNCRDChart.Namespace)
+		created.SetName(kubeOVNCRDChart.Name)
+		created.Object["spec"] = spec
+		switch err = r.c.Create(ctx, created); {
+		case err == nil:
+			did = append(did, fmt.Sprintf("ManagedChart %s created at %s", kubeOVNCRDChart.Name, version))
+		case apierrors.IsAlreadyExists(err):
+			// Created by someone else between the read and the create (the pod of a plan
+			// deleted a moment before; the release's kubectl apply does not mind either):
+			// brought to the version as one that exists.
+			err = r.c.Get(ctx, kubeOVNCRDChart, chart)
+		default:
 			return "", "", fmt.Errorf("create ManagedChart %s at %s: %w", kubeOVNCRDChart, version, err)
 		}
-		did = append(did, fmt.Sprintf("ManagedChart %s created at %s", kubeOVNCRDChart.Name, version))
+	}
+	switch {
 	case err != nil:
 		return "", "", fmt.Errorf("read ManagedChart %s: %w", kubeOVNCRDChart, err)
+	case len(did) > 0: // created above
 	default:
 		if cur, _, _ := unstructured.NestedString(chart.Object, "spec", "version"); cur != version {
 			patch, err := json.Marshal(map[string]any{"spec": spec})

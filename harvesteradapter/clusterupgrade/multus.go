@@ -34,19 +34,26 @@ func (r *runner) patchMultusFailurePolicy(ctx context.Context) (StepState, strin
 	cfg := &unstructured.Unstructured{}
 	cfg.SetGroupVersionKind(helmChartConfigGVK)
 	err := r.c.Get(ctx, multusConfigKey, cfg)
-	switch {
-	case apierrors.IsNotFound(err):
-		cfg = &unstructured.Unstructured{}
-		cfg.SetGroupVersionKind(helmChartConfigGVK)
-		cfg.SetNamespace(multusConfigKey.Namespace)
-		cfg.SetName(multusConfigKey.Name)
-		if err := unstructured.SetNestedField(cfg.Object, failurePolicyAbort, "spec", "failurePolicy"); err != nil {
+	if apierrors.IsNotFound(err) {
+		created := &unstructured.Unstructured{}
+		created.SetGroupVersionKind(helmChartConfigGVK)
+		created.SetNamespace(multusConfigKey.Namespace)
+		created.SetName(multusConfigKey.Name)
+		if err := unstructured.SetNestedField(created.Object, failurePolicyAbort, "spec", "failurePolicy"); err != nil {
 			return "", "", err
 		}
-		if err := r.c.Create(ctx, cfg); err != nil {
+		err = r.c.Create(ctx, created)
+		switch {
+		case err == nil:
+			return StateDone, fmt.Sprintf("created HelmChartConfig %s with failurePolicy %s", multusConfigKey, failurePolicyAbort), nil
+		case !apierrors.IsAlreadyExists(err):
 			return "", "", fmt.Errorf("create HelmChartConfig %s with failurePolicy %s: %w", multusConfigKey, failurePolicyAbort, err)
 		}
-		return StateDone, fmt.Sprintf("created HelmChartConfig %s with failurePolicy %s", multusConfigKey, failurePolicyAbort), nil
+		// Created by someone else between the read and the create (RKE2, or the pod of a
+		// plan deleted a moment before): set as one that exists.
+		err = r.c.Get(ctx, multusConfigKey, cfg)
+	}
+	switch {
 	case err != nil:
 		return "", "", fmt.Errorf("read HelmChartConfig %s (RKE2's helm-controller serves it on every Harvester cluster): %w", multusConfigKey, err)
 	}
