@@ -144,3 +144,45 @@ var _ = Describe("An UpgradePlan on a cluster whose RKE2 certificates expire soo
 		Expect(c.rec.MaxDown()).To(BeZero(), "no node went down")
 	})
 })
+
+var _ = Describe("An UpgradePlan deleted while its cluster upgrade Job's pod runs", func() {
+	It("is gone only once the Job's pod has stopped, and the Job with it: nothing of the cluster upgrade runs after the plan gave back what it changed", func() {
+		wl, err := testenv.Start()
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(wl.Stop)
+		// The pod's run lasts (as a real Rancher upgrade does), and its container goes on
+		// for a while after its Job is deleted: the garbage collector's and the kubelet's
+		// time to stop it.
+		const terminationDelay = 4 * time.Second
+		jobs := startRancherWithJobs(wl, sim.HarvesterRelease{Version: "v1.7.1", Rancher: "v2.13.1"}, func(j *sim.ClusterUpgradeJobs) {
+			j.MinDuration = 5 * time.Minute
+			j.TerminationDelay = terminationDelay
+		})
+		c := newClusterWith(wl, true, 1, "Harvester v1.7.1", nil)
+		job := client.ObjectKey{Namespace: repository.Namespace, Name: clusterupgrade.JobName(c.plan.Name)}
+		Eventually(func(g Gomega) int32 {
+			j := &batchv1.Job{}
+			g.Expect(wl.Client.Get(ctx, job, j)).To(Succeed())
+			return j.Status.Active
+		}).WithTimeout(2*time.Minute).WithPolling(100*time.Millisecond).Should(BeEquivalentTo(1), "the cluster upgrade Job's pod runs")
+
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(c.plan), plan)).To(Succeed())
+		Expect(plan.Status.Phase).To(Equal(harvesterv1.UpgradePlanClusterUpgrading))
+		patch := client.MergeFrom(plan.DeepCopy())
+		if plan.Annotations == nil {
+			plan.Annotations = map[string]string{}
+		}
+		plan.Annotations[upgradeplan.AnnotationAllowDeletion] = "true"
+		Expect(env.Client.Patch(ctx, plan, patch)).To(Succeed())
+		deleted := time.Now()
+		Expect(env.Client.Delete(ctx, plan)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+		}).WithTimeout(time.Minute).WithPolling(50*time.Millisecond).Should(BeTrue(), "the plan's finalizer has cleaned up")
+		ended, ok := jobs.Ended(job.Namespace, job.Name)
+		Expect(ok).To(BeTrue(), "the plan went %s after its deletion while the cluster upgrade's pod still ran", time.Since(deleted).Round(time.Millisecond))
+		Expect(ended).To(Equal(sim.StoppedMessage))
+		Expect(apierrors.IsNotFound(wl.Client.Get(ctx, job, &batchv1.Job{}))).To(BeTrue(), "the Job went with its pod")
+	})
+})

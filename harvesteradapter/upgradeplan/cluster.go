@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	longhornv1 "github.com/longhorn/longhorn-manager/k8s/pkg/apis/longhorn/v1beta2"
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/clusterupgrade"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/longhorn"
@@ -107,6 +110,10 @@ func (r *PlanReconciler) upgradeCluster(ctx context.Context, pr *PlanRun) (bool,
 		return false, fmt.Sprintf("created the cluster upgrade Job %s/%s", want.Namespace, want.Name), nil
 	case err != nil:
 		return false, "", fmt.Errorf("get the cluster upgrade Job %s: %w", want.Name, err)
+	case job.DeletionTimestamp != nil:
+		// An earlier plan of this name ended while its pod did not stop in time
+		// (stopClusterUpgrade): this plan's Job comes once that one is gone.
+		return false, fmt.Sprintf("waiting for the cluster upgrade Job %s/%s of an earlier plan of this name to be gone (its pod is still being stopped)", job.Namespace, job.Name), nil
 	}
 	steps, err := clusterupgrade.ReadProgress(ctx, pr.Workload, clusterupgrade.ProgressKey(want.Namespace, pr.Plan.Name))
 	if err != nil {
@@ -215,4 +222,46 @@ func raiseReplicaReplenishment(ctx context.Context, pr *PlanRun) (string, error)
 		return "", fmt.Errorf("raise Longhorn's setting %s to %d for the roll: %w", key.Name, replenishmentDuringRoll, err)
 	}
 	return fmt.Sprintf("; Longhorn's %s raised from %s to %d for the nodes", key.Name, setting.Value, replenishmentDuringRoll), nil
+}
+
+// clusterUpgradeStopWait bounds how long the end of a plan waits for its cluster upgrade
+// Job's pod to stop (stopClusterUpgrade): the kubelet kills a container that ignores
+// SIGTERM once its pod's terminationGracePeriodSeconds (30 s by default) have passed, so
+// past this bound the pod's node is taken to be down, its container with it.
+const clusterUpgradeStopWait = 3 * time.Minute
+
+// stopClusterUpgrade deletes the plan's cluster upgrade Job, if it is there, with its pod
+// first (foreground propagation: the garbage collector removes the Job only once the
+// kubelet has stopped the pod's container and the pod is gone), and says what it waits
+// for while the Job is still there. Every end of a plan (success, failure, deletion)
+// comes through here before it gives anything back: a container still running the
+// cluster upgrade after that would change again what was given back, or race the run of
+// a plan created again under the same name (the Rancher soak's seed 9). Past
+// clusterUpgradeStopWait it goes on, and says so in the log.
+func stopClusterUpgrade(ctx context.Context, wc client.Client, plan string, now time.Time) (string, error) {
+	job := &batchv1.Job{}
+	key := client.ObjectKey{Namespace: repository.Namespace, Name: clusterupgrade.JobName(plan)}
+	switch err := wc.Get(ctx, key, job); {
+	case apierrors.IsNotFound(err):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("read the cluster upgrade Job %s: %w", key, err)
+	}
+	if job.Labels[LabelUpgradePlan] != plan {
+		return "", nil // not this plan's: removeLabelled leaves it too
+	}
+	if job.DeletionTimestamp == nil {
+		err := wc.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationForeground), client.Preconditions{UID: &job.UID})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return "", fmt.Errorf("delete the cluster upgrade Job %s: %w", key, err)
+		}
+		return fmt.Sprintf("stopping the cluster upgrade Job %s: its pod is deleted first; what the plan changed is given back once it is gone", key), nil
+	}
+	if waited := now.Sub(job.DeletionTimestamp.Time); waited > clusterUpgradeStopWait {
+		logf.FromContext(ctx).Info("the cluster upgrade Job's pod did not stop in time; giving back what the plan changed all the same (its node may be down)",
+			"job", key, "deleting", job.DeletionTimestamp.Time, "bound", clusterUpgradeStopWait)
+		return "", nil
+	}
+	return fmt.Sprintf("stopping the cluster upgrade Job %s: waiting for its pod to be gone (deleted %s ago); what the plan changed is given back once it is", key,
+		now.Sub(job.DeletionTimestamp.Time).Round(time.Second)), nil
 }

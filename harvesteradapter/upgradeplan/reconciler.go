@@ -634,6 +634,13 @@ func (r *PlanReconciler) finalize(ctx context.Context, plan *harvesterv1.Upgrade
 		if werr != nil {
 			return reconcile.Result{}, werr
 		}
+		stopping, err := stopClusterUpgrade(ctx, wc, plan.Name, r.now())
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if stopping != "" {
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
+		}
 		if err := removeLabelled(ctx, wc, plan.Name); err != nil {
 			return reconcile.Result{}, err
 		}

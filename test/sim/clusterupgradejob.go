@@ -47,6 +47,18 @@ import (
 // (kubernetes pkg/controller/job/job_controller.go, syncJob and deleteActivePods). The
 // pod is placed on the first Ready, schedulable node by name, standing for the
 // scheduler's pick. Ended records how each run ended as the simulator saw it, for tests.
+// A Job deleted while its pod runs stops the pod as the garbage collector and the kubelet
+// do (kubernetes pkg/controller/garbagecollector: a Job's pods are its dependents, deleted
+// with it; pkg/kubelet/kuberuntime killContainer: SIGTERM, then SIGKILL once the pod's
+// grace period has passed): after TerminationDelay the program's context is cancelled, as
+// the node program's SIGTERM handler cancels it (main.go runNodeProgram), and the pod's
+// run ends without writing to its Job. Deleted with foreground propagation, the Job stays,
+// its deletionTimestamp set and the finalizer foregroundDeletion on it (k8s.io/apiserver
+// pkg/registry/generic/registry/store.go), until that pod and the failed pods it left are
+// gone; then the finalizer is taken off and the Job goes (the garbage collector's
+// processDeletingDependentsItem). Deleted in the background, the Job goes at once and its
+// pod is stopped all the same: the two can overlap with the pod of a Job created again
+// under the same name, as on a real cluster.
 // One pod is run per Job: the backoffLimit retries a real Job controller makes first
 // (shared/facts/harvester-release-steps.md fact 6 for Harvester's own Job,
 // clusterupgrade.DefaultBackoffLimit for this one) are not played; a test runs the Job
@@ -81,9 +93,16 @@ type ClusterUpgradeJobs struct {
 	// --kubeconfig for the helm it runs: in a pod, helm uses the pod's service account.
 	Kubeconfig func() ([]byte, error)
 
+	// TerminationDelay is how long the pod of a deleted Job goes on running before its
+	// container is stopped: the garbage collector's deletion of the pod and the kubelet's
+	// SIGTERM. Default 0: at the simulator's next pass.
+	TerminationDelay time.Duration
+
 	loop    passLoop
 	mu      sync.Mutex
 	started map[types.UID]bool
+	// running are the pods whose program runs, by their Job's UID.
+	running map[types.UID]*upgradePod
 	runs    int
 	// ended is how the run of each Job (namespace/name) ended; podLogs the logs of the
 	// failed pods' containers (namespace/pod/container).
@@ -100,7 +119,7 @@ func (j *ClusterUpgradeJobs) Runs() int {
 
 // Ended is how the last run of the Job namespace/name ended, as the simulator saw it: the
 // program's termination message, or why its pod never ran the program (an image that
-// could not be pulled); false while it runs or before it started. A real cluster shows
+// could not be pulled), or StoppedMessage; false while it runs or before it started. A real cluster shows
 // the latter only on the pod while it waits, and in its events.
 func (j *ClusterUpgradeJobs) Ended(namespace, name string) (string, bool) {
 	j.mu.Lock()
@@ -132,18 +151,21 @@ func (j *ClusterUpgradeJobs) pass(ctx context.Context) error {
 	if err := j.Client.List(ctx, jobs, client.InNamespace(ns)); err != nil {
 		return err
 	}
+	present := map[types.UID]bool{}
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
-		if job.DeletionTimestamp != nil || jobCondition(job, batchv1.JobComplete) != nil || jobCondition(job, batchv1.JobFailed) != nil || ptr.Deref(job.Spec.Suspend, false) {
+		args := clusterUpgradeArgs(job)
+		if args == nil {
 			continue
 		}
-		var args []string
-		for _, c := range job.Spec.Template.Spec.Containers {
-			if nodeSubcommand(c.Image, c.Args) == "cluster-upgrade" {
-				args = c.Args[2:]
+		present[job.UID] = true
+		if job.DeletionTimestamp != nil {
+			if !j.stop(job.UID) {
+				j.collect(ctx, client.ObjectKeyFromObject(job), job.UID)
 			}
+			continue
 		}
-		if args == nil {
+		if jobCondition(job, batchv1.JobComplete) != nil || jobCondition(job, batchv1.JobFailed) != nil || ptr.Deref(job.Spec.Suspend, false) {
 			continue
 		}
 		j.mu.Lock()
@@ -152,25 +174,114 @@ func (j *ClusterUpgradeJobs) pass(ctx context.Context) error {
 		}
 		started := j.started[job.UID]
 		j.started[job.UID] = true
+		var pod *upgradePod
 		if !started {
 			j.runs++
+			podCtx, kill := context.WithCancel(ctx)
+			pod = &upgradePod{namespace: job.Namespace, ctx: podCtx, kill: kill}
+			if j.running == nil {
+				j.running = map[types.UID]*upgradePod{}
+			}
+			j.running[job.UID] = pod
 		}
 		j.mu.Unlock()
-		if !started {
-			go j.run(ctx, job.DeepCopy(), args)
+		if pod != nil {
+			go j.run(ctx, pod, job.DeepCopy(), args)
+		}
+	}
+	// A Job deleted in the background is gone at once; its pod is stopped all the same.
+	j.mu.Lock()
+	var gone []types.UID
+	for uid, pod := range j.running {
+		if !present[uid] && pod.namespace == ns {
+			gone = append(gone, uid)
+		}
+	}
+	j.mu.Unlock()
+	for _, uid := range gone {
+		j.stop(uid)
+	}
+	return nil
+}
+
+// clusterUpgradeArgs are the arguments of `node cluster-upgrade` in the Job's pod, nil
+// when its pod runs no such program.
+func clusterUpgradeArgs(job *batchv1.Job) []string {
+	for _, c := range job.Spec.Template.Spec.Containers {
+		if nodeSubcommand(c.Image, c.Args) == "cluster-upgrade" {
+			return c.Args[2:]
 		}
 	}
 	return nil
 }
 
-func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []string) {
+// upgradePod is the pod of a Job whose program runs: ctx is cancelled when its container
+// is stopped (kill), stopping says that its Job was deleted.
+type upgradePod struct {
+	namespace string
+	ctx       context.Context
+	kill      context.CancelFunc
+	stopping  bool
+}
+
+// stop stops, after TerminationDelay, the container of the running pod of the Job uid,
+// and says whether there is one.
+func (j *ClusterUpgradeJobs) stop(uid types.UID) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	pod := j.running[uid]
+	if pod == nil {
+		return false
+	}
+	if !pod.stopping {
+		pod.stopping = true
+		time.AfterFunc(j.TerminationDelay, pod.kill)
+	}
+	return true
+}
+
+// collect plays the garbage collector for the Job key (of uid) deleted with foreground
+// propagation, once no pod of it runs: the failed pods it left are deleted, then the
+// finalizer foregroundDeletion is taken off, which lets the Job go.
+func (j *ClusterUpgradeJobs) collect(ctx context.Context, key client.ObjectKey, uid types.UID) {
+	job := &batchv1.Job{}
+	if err := j.Client.Get(ctx, key, job); err != nil || job.UID != uid || job.DeletionTimestamp == nil ||
+		!slices.Contains(job.Finalizers, metav1.FinalizerDeleteDependents) {
+		return
+	}
+	pods := &corev1.PodList{}
+	if err := j.Client.List(ctx, pods, client.InNamespace(key.Namespace), client.MatchingLabels{LabelJobName: key.Name}); err != nil {
+		return
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if owner := metav1.GetControllerOf(pod); owner != nil && owner.UID == uid {
+			if err := j.Client.Delete(ctx, pod); client.IgnoreNotFound(err) != nil {
+				return
+			}
+		}
+	}
+	before := job.DeepCopy()
+	job.Finalizers = slices.DeleteFunc(job.Finalizers, func(f string) bool { return f == metav1.FinalizerDeleteDependents })
+	_ = j.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}
+
+func (j *ClusterUpgradeJobs) run(ctx context.Context, pod *upgradePod, job *batchv1.Job, args []string) {
+	defer func() {
+		j.mu.Lock()
+		delete(j.running, job.UID)
+		j.mu.Unlock()
+		pod.kill()
+		// The pod is gone: a Job deleted in the foreground goes now.
+		j.collect(ctx, client.ObjectKeyFromObject(job), job.UID)
+	}()
 	start := metav1.Now()
 	if err := j.updateStatus(ctx, job, func(st *batchv1.JobStatus) {
 		st.StartTime, st.Active, st.Ready = &start, 1, ptr.To[int32](1)
 	}); err != nil {
 		return
 	}
-	runCtx, cancel := jobDeadline(ctx, job)
+	runCtx, cancel := jobDeadline(pod.ctx, job)
 	defer cancel()
 	failing := clusterupgrade.ReleaseFilesContainer
 	args, cleanup, err := j.releaseFiles(runCtx, job, args)
@@ -184,6 +295,9 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 	switch {
 	case ctx.Err() != nil:
 		return // the test ended
+	case pod.ctx.Err() != nil:
+		j.stopped(job) // the Job was deleted and its pod stopped
+		return
 	case err != nil && runCtx.Err() != nil:
 		j.finish(ctx, job, start, err.Error(), nil, true) // an image never pulled, until the deadline
 		return
@@ -203,6 +317,9 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 	switch {
 	case ctx.Err() != nil:
 		return // the test ended
+	case pod.ctx.Err() != nil:
+		j.stopped(job) // the Job was deleted and its pod stopped
+		return
 	case runCtx.Err() != nil:
 		j.finish(ctx, job, start, exit.termination, nil, true) // the pod was still active at the deadline
 	case exit.code != 0:
@@ -210,6 +327,20 @@ func (j *ClusterUpgradeJobs) run(ctx context.Context, job *batchv1.Job, args []s
 	default:
 		j.finish(ctx, job, start, exit.termination, nil, false)
 	}
+}
+
+// StoppedMessage is what Ended reports of a run whose pod was stopped because its Job was
+// deleted.
+const StoppedMessage = "stopped: its Job was deleted"
+
+// stopped records that the run of job ended because its Job was deleted.
+func (j *ClusterUpgradeJobs) stopped(job *batchv1.Job) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.ended == nil {
+		j.ended = map[string]string{}
+	}
+	j.ended[job.Namespace+"/"+job.Name] = StoppedMessage
 }
 
 // program runs the pod's apply container: the node program's `node cluster-upgrade`
