@@ -230,10 +230,10 @@ func raiseReplicaReplenishment(ctx context.Context, pr *PlanRun) (string, error)
 // past this bound the pod's node is taken to be down, its container with it.
 const clusterUpgradeStopWait = 3 * time.Minute
 
-// stopClusterUpgrade deletes the plan's cluster upgrade Job, if it is there, with its pod
-// first (foreground propagation: the garbage collector removes the Job only once the
-// kubelet has stopped the pod's container and the pod is gone), and says what it waits
-// for while the Job is still there. Every end of a plan (success, failure, deletion)
+// stopClusterUpgrade deletes the plan's cluster upgrade Job, if it is there and has not
+// ended, with its pod first (foreground propagation: the garbage collector removes the
+// Job only once the kubelet has stopped the pod's container and the pod is gone), and
+// says what it waits for while the Job is still there. Every end of a plan (success, failure, deletion)
 // comes through here before it gives anything back: a container still running the
 // cluster upgrade after that would change again what was given back, or race the run of
 // a plan created again under the same name (the Rancher soak's seed 9). Past
@@ -249,6 +249,13 @@ func stopClusterUpgrade(ctx context.Context, wc client.Client, plan string, now 
 	}
 	if job.Labels[LabelUpgradePlan] != plan {
 		return "", nil // not this plan's: removeLabelled leaves it too
+	}
+	if done, failed, _ := clusterupgrade.JobState(job); done || failed {
+		// A Job is Complete or Failed only once its pods have terminated (kubernetes
+		// pkg/controller/job/job_controller.go delayTerminalCondition: SuccessCriteriaMet
+		// and FailureTarget first, with JobPodReplacementPolicy or JobManagedBy, on by
+		// default since 1.29 and 1.32): nothing of it runs; removeLabelled deletes it.
+		return "", nil
 	}
 	if job.DeletionTimestamp == nil {
 		err := wc.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationForeground), client.Preconditions{UID: &job.UID})

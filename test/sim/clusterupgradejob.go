@@ -119,8 +119,8 @@ func (j *ClusterUpgradeJobs) Runs() int {
 
 // Ended is how the last run of the Job namespace/name ended, as the simulator saw it: the
 // program's termination message, or why its pod never ran the program (an image that
-// could not be pulled), or StoppedMessage; false while it runs or before it started. A real cluster shows
-// the latter only on the pod while it waits, and in its events.
+// could not be pulled; a real cluster shows that only on the pod while it waits, and in
+// its events), or StoppedMessage; false while it runs or before it started.
 func (j *ClusterUpgradeJobs) Ended(namespace, name string) (string, bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
