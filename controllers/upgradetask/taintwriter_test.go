@@ -269,3 +269,57 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		Expect(node.Spec.Taints).NotTo(ContainElement(HaveField("Value", tw.taint.Value)), "and never got this task's")
 	})
 })
+
+// A task that ends while its taint writes are held by a slow workload cluster: the end
+// waits for them, then takes every taint off, and nothing is written after it.
+var _ = Describe("An UpgradeTask that ends while its upgrade-pending taint writes are held", func() {
+	var (
+		patches *nodePatches
+		w       *world
+	)
+	BeforeEach(func() {
+		patches = &nodePatches{hold: make(chan struct{})}
+		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond}))
+		// Before the manager stops (cleanups run last first): it waits for the writes.
+		DeferCleanup(func() {
+			select {
+			case <-patches.hold:
+			default:
+				close(patches.hold)
+			}
+		})
+		w = newMDWorld(3)
+		s := simulate(w.ns, time.Hour)
+		s.SetAbortDelay(200 * time.Millisecond)
+		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		Eventually(patches.held, timeout, poll).ShouldNot(BeZero(), "the first hand-over's taint writes are held")
+	})
+	nodes := func() []string { return []string{w.node(0), w.node(1), w.node(2)} }
+	expectNoTaintFromNowOn := func() {
+		GinkgoHelper()
+		Expect(pendingTainted(nodes()...)).To(BeEmpty(), "a task that ended leaves no upgrade-pending taint")
+		Consistently(func() []string { return pendingTainted(nodes()...) }, 1500*time.Millisecond, poll).Should(BeEmpty(),
+			"nothing the writer held is written after the task ended")
+	}
+
+	It("aborted: does not end while the writes are held, then ends Aborted with no node tainted", func() {
+		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.Phase = inplacev1.TaskActionAbort })
+		Consistently(w.phaseOf("md"), 1500*time.Millisecond, poll).ShouldNot(Equal(inplacev1.TaskPhaseAborted), "the end waits for the held writes")
+		close(patches.hold)
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
+		expectNoTaintFromNowOn()
+	})
+
+	It("deleted: is gone once the held writes are done, with no node tainted", func() {
+		Expect(k8s.Delete(ctx, w.task("md"))).To(Succeed())
+		Consistently(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "md"}, &inplacev1.UpgradeTask{})
+		}, time.Second, poll).
+			Should(Succeed(), "the deletion waits for the held writes")
+		close(patches.hold)
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "md"}, &inplacev1.UpgradeTask{}))
+		}, timeout, poll).Should(BeTrue())
+		expectNoTaintFromNowOn()
+	})
+})
