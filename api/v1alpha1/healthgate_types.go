@@ -40,8 +40,8 @@ type PrometheusGate struct {
 	// secretRef names a Secret in the task's namespace with the key address (for example
 	// https://prometheus.monitoring:9090), and optionally token (a bearer token) or
 	// username and password, and ca.crt (PEM) to verify the server. The address must be
-	// https (http only when the manager runs with --allow-http-fetch); link-local and
-	// cloud metadata addresses and redirects to another host are refused.
+	// https (http only when the manager runs with --allow-http-fetch); link-local, cloud
+	// metadata and loopback addresses and redirects to another host are refused.
 	// +required
 	SecretRef corev1.LocalObjectReference `json:"secretRef"`
 

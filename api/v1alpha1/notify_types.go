@@ -50,8 +50,8 @@ type NotifySpec struct {
 	// secretRef names a Secret in the task's namespace with the webhook's "url"
 	// (required), and optionally "token" (sent as a bearer token), "headers" (one
 	// "Name: value" a line), "ca.crt" (PEM) and "format". The url must be https (http
-	// only when the manager runs with --allow-http-fetch); link-local and cloud metadata
-	// addresses and redirects to another host are refused. A missing Secret or key is a
+	// only when the manager runs with --allow-http-fetch); link-local, cloud metadata and
+	// loopback addresses and redirects to another host are refused. A missing Secret or key is a
 	// Warning event on the task; the upgrade goes on.
 	// +required
 	SecretRef LocalSecretReference `json:"secretRef"`

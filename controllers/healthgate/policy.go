@@ -54,7 +54,7 @@ type Policy struct {
 	// CELMaxObjects bounds how many objects one CEL gate reads; more is a red gate.
 	CELMaxObjects int
 	// Fetch fences the calls of Prometheus gates (internal/fence); its zero value is
-	// the strict one (https only, no link-local or metadata address).
+	// the strict one (https only, no link-local, metadata or loopback address).
 	Fetch fence.Policy
 }
 

@@ -65,16 +65,16 @@ func TestPrometheusGateFence(t *testing.T) {
 	t.Run("https by default, http only when allowed", func(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(alerts))
 		defer srv.Close()
-		r := gate(t, fence.Policy{}, 0, map[string]string{"address": srv.URL})
+		r := gate(t, fence.Policy{AllowLoopback: true}, 0, map[string]string{"address": srv.URL})
 		if r.Green || !strings.Contains(r.Message, "is plain http, and the manager fetches only https URLs") || !strings.Contains(r.Message, "--allow-http-fetch") {
 			t.Errorf("an http address under the default fence: %+v, want red naming --allow-http-fetch", r)
 		}
-		if r := gate(t, fence.Policy{AllowHTTP: true}, 0, map[string]string{"address": srv.URL}); !r.Green {
+		if r := gate(t, fence.Policy{AllowHTTP: true, AllowLoopback: true}, 0, map[string]string{"address": srv.URL}); !r.Green {
 			t.Errorf("an http address with http allowed: %+v, want green", r)
 		}
 		tlsSrv := httptest.NewTLSServer(http.HandlerFunc(alerts))
 		defer tlsSrv.Close()
-		if r := gate(t, fence.Policy{}, 0, map[string]string{"address": tlsSrv.URL, "ca.crt": caOf(tlsSrv)}); !r.Green || r.Message != "none of NodeDown is firing" {
+		if r := gate(t, fence.Policy{AllowLoopback: true}, 0, map[string]string{"address": tlsSrv.URL, "ca.crt": caOf(tlsSrv)}); !r.Green || r.Message != "none of NodeDown is firing" {
 			t.Errorf("an https address under the default fence: %+v, want green", r)
 		}
 	})
@@ -93,7 +93,7 @@ func TestPrometheusGateFence(t *testing.T) {
 			http.Redirect(w, r, other.URL+r.URL.Path, http.StatusFound)
 		}))
 		defer srv.Close()
-		r := gate(t, fence.Policy{}, 0, map[string]string{"address": srv.URL, "token": "s3cret", "ca.crt": caOf(srv)})
+		r := gate(t, fence.Policy{AllowLoopback: true}, 0, map[string]string{"address": srv.URL, "token": "s3cret", "ca.crt": caOf(srv)})
 		if c := calls.Load(); c != 0 {
 			t.Fatalf("the other host was called %d times, with Authorization %q", c, leaked.Load())
 		}
@@ -109,7 +109,7 @@ func TestPrometheusGateFence(t *testing.T) {
 			_, _ = io.WriteString(w, "\x1b[2J\x1b]8;;http://evil\x07proxy error for "+r.Header.Get("Authorization")+"\u202e\r\n"+strings.Repeat("trace ", 3000))
 		}))
 		defer srv.Close()
-		r := gate(t, fence.Policy{}, 0, map[string]string{"address": srv.URL, "token": "s3cret-t0ken", "ca.crt": caOf(srv)})
+		r := gate(t, fence.Policy{AllowLoopback: true}, 0, map[string]string{"address": srv.URL, "token": "s3cret-t0ken", "ca.crt": caOf(srv)})
 		want := "GET " + srv.URL + "/api/v1/alerts: HTTP 502, not a Prometheus API response: [2J ]8;;http://evil proxy error for [redacted] trace trace"
 		if r.Green || !strings.HasPrefix(r.Message, want) {
 			t.Errorf("got %+v, want red starting %q", r, want)
@@ -130,7 +130,7 @@ func TestPrometheusGateFence(t *testing.T) {
 	t.Run("a slow server is a red gate naming the timeout", func(t *testing.T) {
 		srv := fencetest.SlowTLSServer(t)
 		start := time.Now()
-		r := gate(t, fence.Policy{}, 300*time.Millisecond, map[string]string{"address": srv.URL, "ca.crt": caOf(srv)})
+		r := gate(t, fence.Policy{AllowLoopback: true}, 300*time.Millisecond, map[string]string{"address": srv.URL, "ca.crt": caOf(srv)})
 		if took := time.Since(start); took > 5*time.Second {
 			t.Errorf("the gate took %s", took)
 		}
@@ -148,13 +148,25 @@ func TestPrometheusGateFence(t *testing.T) {
 		}
 	})
 
+	t.Run("the manager's own loopback is refused unless allowed", func(t *testing.T) {
+		srv := httptest.NewTLSServer(http.HandlerFunc(alerts))
+		defer srv.Close()
+		r := gate(t, fence.Policy{}, 0, map[string]string{"address": srv.URL, "ca.crt": caOf(srv)})
+		if r.Green || !strings.Contains(r.Message, "a loopback address") || !strings.Contains(r.Message, "--allow-loopback-fetch") {
+			t.Errorf("a Prometheus on the manager's loopback under the default fence: %+v, want red naming --allow-loopback-fetch", r)
+		}
+		if r := gate(t, fence.Policy{AllowLoopback: true}, 0, map[string]string{"address": srv.URL, "ca.crt": caOf(srv)}); !r.Green {
+			t.Errorf("with loopback allowed: %+v, want green", r)
+		}
+	})
+
 	t.Run("userinfo is never printed", func(t *testing.T) {
 		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 		}))
 		defer srv.Close()
 		address := strings.Replace(srv.URL, "https://", "https://alice:pa55word@", 1) + "/?sig=q5ecret"
-		r := gate(t, fence.Policy{}, 0, map[string]string{"address": address, "ca.crt": caOf(srv)})
+		r := gate(t, fence.Policy{AllowLoopback: true}, 0, map[string]string{"address": address, "ca.crt": caOf(srv)})
 		if want := "GET " + srv.URL + "/api/v1/alerts: HTTP 401, not a Prometheus API response: Unauthorized"; r.Message != want {
 			t.Errorf("got %q, want %q", r.Message, want)
 		}

@@ -45,6 +45,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/healthgate"
+	"github.com/capi-inplace/capi-inplace/internal/fence"
 	"github.com/capi-inplace/capi-inplace/test/procguard"
 	"github.com/capi-inplace/capi-inplace/test/testenv"
 )
@@ -258,7 +259,11 @@ func TestRealPrometheus(t *testing.T) {
 	for i, c := range cases {
 		gates[i] = inplacev1.HealthGate{Name: c.name, Prometheus: &c.gate}
 	}
-	ev := &healthgate.Evaluator{Management: e.Client}
+	// The Prometheus runs beside the check, on loopback: the fence lets that through only
+	// with --allow-loopback-fetch.
+	policy := healthgate.DefaultPolicy()
+	policy.Fetch = fence.Policy{AllowLoopback: true}
+	ev := &healthgate.Evaluator{Management: e.Client, Policy: policy}
 	results := ev.Evaluate(ctx, gates, healthgate.Input{Namespace: "default", Task: "real-prometheus", WorkloadErr: errors.New("no workload cluster in this check")})
 	for i, c := range cases {
 		r := results[i]

@@ -84,14 +84,15 @@ func eventTypes(evs []notify.Event) []string {
 }
 
 // startManagerNotifying runs the UpgradeTask controller with a notification dispatcher
-// that waits 10ms, doubled, between attempts, and lets webhooks be plain http (as
-// --allow-http-fetch does): the receivers here are http servers on loopback.
+// that waits 10ms, doubled, between attempts, and lets webhooks be plain http on
+// loopback (as --allow-http-fetch and --allow-loopback-fetch do): the receivers here are
+// http servers on loopback.
 func startManagerNotifying() (stop func()) {
 	GinkgoHelper()
 	mgr := newManager()
 	notifier := notify.New(mgr.GetAPIReader(), mgr.GetEventRecorder("upgradetask-notify"), nil)
 	notifier.BaseDelay = 10 * time.Millisecond
-	notifier.Fetch = fence.Policy{AllowHTTP: true}
+	notifier.Fetch = fence.Policy{AllowHTTP: true, AllowLoopback: true}
 	Expect(mgr.Add(notifier)).To(Succeed())
 	r := &Reconciler{
 		Workload:     SameCluster{Management: k8s},

@@ -7,14 +7,19 @@
 //   - no link-local or cloud metadata address, checked on the address actually dialed,
 //     so a DNS name, a redirect or a rebinding cannot reach one either, unless the
 //     operator allows it (--allow-link-local-fetch);
+//   - no loopback or unspecified address (127.0.0.0/8, ::1, 0.0.0.0, ::), checked the
+//     same way, unless the operator allows it (--allow-loopback-fetch): the manager's
+//     loopback is its own pod's (its metrics, probes and hook servers, a sidecar's
+//     ports), or the host's on a host-network pod (RKE2's supervisor, etcd, the
+//     kubelet), none of which a user's URL has any business reaching;
 //   - redirects only within the same origin (scheme, host and port), at most
 //     MaxRedirects: the Secret's token and headers never reach another host;
 //   - a bounded time for the whole call and a bounded body;
 //   - messages that carry no userinfo, no query and at most a short, sanitized excerpt
 //     of what the server answered.
 //
-// Loopback and private addresses stay allowed: an in-cluster Prometheus or webhook lives
-// there, and the manager's own network is the operator's to restrict (NetworkPolicy).
+// Private addresses stay allowed: an in-cluster Prometheus or webhook lives there, and
+// the manager's own network is the operator's to restrict (NetworkPolicy).
 package fence
 
 import (
@@ -39,6 +44,7 @@ import (
 const (
 	AllowHTTPFlag      = "allow-http-fetch"
 	AllowLinkLocalFlag = "allow-link-local-fetch"
+	AllowLoopbackFlag  = "allow-loopback-fetch"
 )
 
 // Bounds of a fenced call.
@@ -53,12 +59,14 @@ const (
 )
 
 // Policy is what the manager's fenced calls may do. Its zero value is the strict one:
-// https only, no link-local or metadata address, DefaultTimeout.
+// https only, no link-local, metadata, loopback or unspecified address, DefaultTimeout.
 type Policy struct {
 	// AllowHTTP lets http URLs be fetched; false means https only.
 	AllowHTTP bool
 	// AllowLinkLocal lets link-local and cloud metadata addresses be dialed.
 	AllowLinkLocal bool
+	// AllowLoopback lets loopback and unspecified addresses be dialed.
+	AllowLoopback bool
 	// Timeout bounds one call; zero means DefaultTimeout.
 	Timeout time.Duration
 
@@ -233,7 +241,7 @@ func (p Policy) checkRedirect(req *http.Request, via []*http.Request) error {
 // for direct calls.
 func (p Policy) proxy(req *http.Request) (*url.URL, error) {
 	proxy, err := http.ProxyFromEnvironment(req)
-	if err != nil || proxy == nil || p.AllowLinkLocal {
+	if err != nil || proxy == nil || (p.AllowLinkLocal && p.AllowLoopback) {
 		return proxy, err
 	}
 	resolver := p.resolver
@@ -253,7 +261,7 @@ func (p Policy) proxy(req *http.Request) (*url.URL, error) {
 // controlDial is the dialer's Control: it sees the address about to be connected,
 // after DNS resolution, for every connection (redirects and retries included).
 func (p Policy) controlDial(_, address string, _ syscall.RawConn) error {
-	if p.AllowLinkLocal {
+	if p.AllowLinkLocal && p.AllowLoopback {
 		return nil
 	}
 	ap, err := netip.ParseAddrPort(address)
@@ -264,14 +272,41 @@ func (p Policy) controlDial(_, address string, _ syscall.RawConn) error {
 }
 
 func (p Policy) checkAddr(a netip.Addr) error {
-	if p.AllowLinkLocal {
-		return nil
-	}
-	if why := Fenced(a); why != "" {
+	if why := Fenced(a); why != "" && !p.AllowLinkLocal {
 		return &RefusedError{fmt.Sprintf("the URL leads to %s, %s, which the manager does not connect to; start the manager with --%s to allow it",
 			a.WithZone(""), why, AllowLinkLocalFlag)}
 	}
+	if why := Local(a); why != "" && !p.AllowLoopback {
+		return &RefusedError{fmt.Sprintf("the URL leads to %s, %s, which the manager does not connect to; start the manager with --%s to allow it",
+			a.WithZone(""), why, AllowLoopbackFlag)}
+	}
 	return nil
+}
+
+// Local says why an address is the manager's own (a loopback or unspecified address),
+// or "" when it is not. IPv4 addresses embedded in IPv6 (mapped, NAT64) are judged as
+// IPv4.
+func Local(a netip.Addr) string {
+	a = embedded(a)
+	switch {
+	case a.IsLoopback():
+		return "a loopback address (the manager's own pod, or its host on a host-network pod)"
+	case a.IsUnspecified():
+		// Dialing 0.0.0.0 or :: connects to the local host.
+		return "an unspecified address (dialed, it reaches the manager's own host)"
+	}
+	return ""
+}
+
+// embedded is a without zone, and the IPv4 address it embeds when it is IPv4-mapped or
+// NAT64 (RFC 6052).
+func embedded(a netip.Addr) netip.Addr {
+	a = a.Unmap().WithZone("")
+	if nat64.Contains(a) {
+		b := a.As16()
+		a = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
+	}
+	return a
 }
 
 // metadata are the cloud metadata and host addresses outside the link-local ranges.
@@ -292,11 +327,7 @@ var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 // Fenced says why an address is fenced (a link-local or metadata address), or "" when it
 // is not. IPv4 addresses embedded in IPv6 (mapped, NAT64) are judged as IPv4.
 func Fenced(a netip.Addr) string {
-	a = a.Unmap().WithZone("")
-	if nat64.Contains(a) {
-		b := a.As16()
-		a = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
-	}
+	a = embedded(a)
 	if why, ok := metadata[a]; ok {
 		return why
 	}

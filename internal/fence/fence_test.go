@@ -130,11 +130,11 @@ func get(t *testing.T, c *Client, u string, header http.Header) (*Response, erro
 
 func TestRedirects(t *testing.T) {
 	var elsewhere atomic.Int32
-	other, _ := tlsServer(t, Policy{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	other, _ := tlsServer(t, Policy{AllowLoopback: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		elsewhere.Add(1)
 		_, _ = io.WriteString(w, "got "+r.Header.Get("Authorization")+r.Header.Get("X-Api-Key"))
 	}))
-	srv, c := tlsServer(t, Policy{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, c := tlsServer(t, Policy{AllowLoopback: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/away":
 			http.Redirect(w, r, other.URL+"/steal", http.StatusTemporaryRedirect)
@@ -188,30 +188,73 @@ func TestRefusesLinkLocalAddresses(t *testing.T) {
 	}
 }
 
+// TestRefusesLoopbackAddresses: the manager's own pod and host are out of a user's
+// URL's reach by default, in every spelling (loopback, unspecified, IPv4-mapped, NAT64),
+// and the refusal names the flag that lifts it; with the flag the call goes through.
+func TestRefusesLoopbackAddresses(t *testing.T) {
+	srv, _ := tlsServer(t, Policy{AllowLoopback: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	_, port, _ := net.SplitHostPort(mustParse(t, srv.URL).Host)
+	c := Policy{AllowHTTP: true, Timeout: 2 * time.Second}.NewClient(nil)
+	for _, u := range []string{srv.URL, "http://127.0.0.1:" + port + "/", "http://127.9.9.9:" + port + "/", "http://[::1]:" + port + "/",
+		"http://0.0.0.0:" + port + "/", "http://[::]:" + port + "/", "http://[::ffff:127.0.0.1]:" + port + "/", "http://[64:ff9b::7f00:1]:" + port + "/"} {
+		_, err := get(t, c, u, nil)
+		if !IsRefused(err) || !strings.Contains(err.Error(), "--"+AllowLoopbackFlag) {
+			t.Errorf("GET %s: %v, want a refusal naming --%s", u, err, AllowLoopbackFlag)
+		}
+	}
+	for _, a := range []string{"127.0.0.1", "::1", "0.0.0.0", "::", "::ffff:127.0.0.1"} {
+		if Local(netip.MustParseAddr(a)) == "" {
+			t.Errorf("%s is not judged the manager's own", a)
+		}
+	}
+	for _, a := range []string{"10.0.0.1", "192.168.1.10", "fd00::1", "8.8.8.8"} {
+		if why := Local(netip.MustParseAddr(a)); why != "" {
+			t.Errorf("%s judged the manager's own (%s): a private address is an in-cluster service's", a, why)
+		}
+	}
+	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	if resp, err := get(t, (Policy{AllowLoopback: true}).NewClient(roots), srv.URL, nil); err != nil || string(resp.Body) != "ok" {
+		t.Fatalf("with loopback allowed: %+v, %v; want the answer", resp, err)
+	}
+	if err := (Policy{AllowLoopback: true}).controlDial("tcp", "169.254.169.254:80", nil); err == nil {
+		t.Error("allowing loopback let a link-local address through")
+	}
+	if err := (Policy{AllowLinkLocal: true}).controlDial("tcp", "127.0.0.1:80", nil); err == nil {
+		t.Error("allowing link-local let a loopback address through")
+	}
+}
+
 // TestChecksTheResolvedAddress: a name is judged by the address it resolves to, when it
-// is dialed: a name of the metadata address is refused, a name of loopback is not.
+// is dialed: a name of the metadata address is refused, and so is a name of loopback,
+// unless loopback is allowed.
 func TestChecksTheResolvedAddress(t *testing.T) {
-	srv, _ := tlsServer(t, Policy{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := tlsServer(t, Policy{AllowLoopback: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 	}))
 	_, port, _ := net.SplitHostPort(mustParse(t, srv.URL).Host)
 	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 
-	metadata := Policy{resolver: fakeDNS(netip.MustParseAddr("169.254.169.254"))}.NewClient(roots)
+	metadata := Policy{AllowLoopback: true, resolver: fakeDNS(netip.MustParseAddr("169.254.169.254"))}.NewClient(roots)
 	if _, err := get(t, metadata, "https://metadata.test:"+port+"/", nil); !IsRefused(err) || !strings.Contains(err.Error(), "169.254.169.254") {
 		t.Fatalf("a name of 169.254.169.254: %v, want a refusal at dial time", err)
 	}
 	// The httptest certificate is for example.com, 127.0.0.1 and ::1.
-	loopback := Policy{resolver: fakeDNS(netip.MustParseAddr("127.0.0.1"))}.NewClient(roots)
+	fenced := Policy{resolver: fakeDNS(netip.MustParseAddr("127.0.0.1"))}.NewClient(roots)
+	if _, err := get(t, fenced, "https://example.com:"+port+"/", nil); !IsRefused(err) || !strings.Contains(err.Error(), "--"+AllowLoopbackFlag) {
+		t.Fatalf("a name of 127.0.0.1: %v, want a refusal at dial time naming --%s", err, AllowLoopbackFlag)
+	}
+	loopback := Policy{AllowLoopback: true, resolver: fakeDNS(netip.MustParseAddr("127.0.0.1"))}.NewClient(roots)
 	if resp, err := get(t, loopback, "https://example.com:"+port+"/", nil); err != nil || string(resp.Body) != "ok" {
-		t.Fatalf("a name of 127.0.0.1: %+v, %v; want the answer", resp, err)
+		t.Fatalf("a name of 127.0.0.1 with loopback allowed: %+v, %v; want the answer", resp, err)
 	}
 }
 
 func TestSlowServers(t *testing.T) {
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
-	srv, c := tlsServer(t, Policy{Timeout: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, c := tlsServer(t, Policy{AllowLoopback: true, Timeout: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/body" {
 			w.WriteHeader(http.StatusOK)
 			_, _ = io.WriteString(w, "start")
@@ -242,7 +285,7 @@ func TestSlowServers(t *testing.T) {
 }
 
 func TestBodyLimit(t *testing.T) {
-	srv, c := tlsServer(t, Policy{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, c := tlsServer(t, Policy{AllowLoopback: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, strings.Repeat("x", 5000))
 	}))
 	resp, err := get(t, c, srv.URL, nil)

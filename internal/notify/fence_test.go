@@ -83,7 +83,7 @@ func TestPlainHTTPIsRefusedUnlessAllowed(t *testing.T) {
 	defer srv.Close()
 	d, rec := fencedDispatcher(t)
 
-	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{}, srv.URL+"/services/T0/B0/s3cretpath", nil))
+	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{AllowLoopback: true}, srv.URL+"/services/T0/B0/s3cretpath", nil))
 
 	if len(rc.bodies) != 0 {
 		t.Fatalf("the http webhook was called %d times", len(rc.bodies))
@@ -122,7 +122,7 @@ func TestCrossHostRedirectIsNotFollowed(t *testing.T) {
 	d, rec := fencedDispatcher(t)
 
 	// One CA signs every httptest TLS server: the other host's certificate is trusted too.
-	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{}, srv.URL+"/hook", map[string]string{
+	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{AllowLoopback: true}, srv.URL+"/hook", map[string]string{
 		"token": "s3cret", "headers": "X-Api-Key: k3y", "ca.crt": caOf(srv),
 	}))
 
@@ -148,7 +148,7 @@ func TestAnEchoedAnswerIsExcerpted(t *testing.T) {
 	defer srv.Close()
 	d, rec := fencedDispatcher(t)
 
-	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{}, srv.URL, map[string]string{
+	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{AllowLoopback: true}, srv.URL, map[string]string{
 		"token": "s3cret-t0ken", "headers": "X-Api-Key: k3y-value", "ca.crt": caOf(srv),
 	}))
 
@@ -178,7 +178,7 @@ func TestASlowWebhookFailsWithinTheTimeout(t *testing.T) {
 	d.MaxAttempts = 2
 
 	start := time.Now()
-	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{}, srv.URL, map[string]string{"ca.crt": caOf(srv)}))
+	d.deliverWith(context.Background(), startedAbout(), hookWith(t, fence.Policy{AllowLoopback: true}, srv.URL, map[string]string{"ca.crt": caOf(srv)}))
 
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("two attempts of 200ms took %s", took)

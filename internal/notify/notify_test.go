@@ -55,7 +55,7 @@ func testDispatcher(t *testing.T) (*Dispatcher, *[]time.Duration) {
 
 // lab is the fence of a manager started with --allow-http-fetch: the specs whose
 // webhook is a plain http server on loopback use it.
-var lab = fence.Policy{AllowHTTP: true}
+var lab = fence.Policy{AllowHTTP: true, AllowLoopback: true}
 
 func hookFor(t *testing.T, url string, data map[string]string) func() (*webhook, error) {
 	t.Helper()
