@@ -327,7 +327,9 @@ func run(opts options) error {
 	inPlaceHooks := &extension.InPlaceHooks{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Requester: requester, Registry: registry, DefaultUpdater: opts.defaultUpdater,
 		RetryAfterSeconds: hookRetryAfter(opts.pollInterval), Recorder: mgr.GetEventRecorder("capi-inplace-hooks"),
-		Refusals: extension.NewRefusalLog(),
+		// Kept in a Lease of each MachineSets' namespace: the preview (on the leader) reads
+		// what any replica's hook server answered, before and after a restart.
+		Refusals: &extension.RefusalLog{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
 	}
 	if err := (&preview.Reconciler{
 		Workload: nodeCaches, Registry: registry, Checks: checks, Hooks: inPlaceHooks, DefaultUpdater: opts.defaultUpdater,

@@ -129,7 +129,10 @@ func (h *InPlaceHooks) CanUpdateMachineSet(ctx context.Context, req *runtimehook
 	if h.Refusals != nil {
 		// What Cluster API will keep: "not in place" when anything is left after the patches.
 		left, err := RemainingMachineSet(req, resp)
-		h.Refusals.answered(client.ObjectKeyFromObject(current), client.ObjectKeyFromObject(desired), err != nil || len(left) > 0, message, time.Now())
+		if werr := h.Refusals.answered(ctx, client.ObjectKeyFromObject(current), client.ObjectKeyFromObject(desired), err != nil || len(left) > 0, message, time.Now()); werr != nil {
+			ctrl.LoggerFrom(ctx).Error(werr, "cannot record the CanUpdateMachineSet answer Cluster API keeps; UpgradePreview will not name the machines it replaces without asking again",
+				"machineSet", client.ObjectKeyFromObject(current), "desired", client.ObjectKeyFromObject(desired))
+		}
 	}
 }
 

@@ -284,7 +284,11 @@ func (r *Reconciler) unaskedMachineDeployment(ctx context.Context, s *previewSco
 		// ask again: a "not in place" capi-inplace gave is what Cluster API acts on, even
 		// where the hooks would now answer in place or Failure (a fail-closed Cluster).
 		if r.Hooks != nil && decidedByHooks(e) {
-			for _, ref := range r.Hooks.Refusals.Of(client.ObjectKeyFromObject(ms), now.Time) {
+			refusals, err := r.Hooks.Refusals.Of(ctx, client.ObjectKeyFromObject(ms), now.Time)
+			if err != nil {
+				return err
+			}
+			for _, ref := range refusals {
 				if ref.NewMachineSet.Namespace != ms.Namespace || byName[ref.NewMachineSet.Name] == nil {
 					continue
 				}
