@@ -173,6 +173,61 @@ func TestLedger(t *testing.T) {
 		}
 	})
 
+	// Every other way a NodeUpdate past its first disruption can end: aborted (an abort,
+	// and a timeout, end it Aborted or Failed), deleted, or made again under its name
+	// (another UID). Its entry no longer holds the next node, with no clean-up.
+	for _, ending := range []struct {
+		name string
+		end  func(t *testing.T, nu *inplacev1.NodeUpdate)
+	}{
+		{"aborted", func(t *testing.T, nu *inplacev1.NodeUpdate) {
+			nu.Status.Phase = inplacev1.NodeUpdatePhaseAborted
+			if err := c.Status().Update(ctx, nu); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"deleted", func(t *testing.T, nu *inplacev1.NodeUpdate) {
+			if err := c.Delete(ctx, nu); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"made again", func(t *testing.T, nu *inplacev1.NodeUpdate) {
+			if err := c.Delete(ctx, nu); err != nil {
+				t.Fatal(err)
+			}
+			again := nu.DeepCopy()
+			again.ResourceVersion, again.UID = "", ""
+			again.Status = inplacev1.NodeUpdateStatus{}
+			if err := c.Create(ctx, again); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run("an entry no longer counts once its NodeUpdate was "+ending.name, func(t *testing.T) {
+			cluster := "gone-" + strings.ReplaceAll(ending.name, " ", "-")
+			a := newNodeUpdate(t, cluster+"-a", disruption.ControlPlaneTarget("cp"), 1)
+			b := newNodeUpdate(t, cluster+"-b", disruption.ControlPlaneTarget("cp"), 1)
+			admit := func(nu *inplacev1.NodeUpdate) string {
+				t.Helper()
+				held, err := disruption.Admit(ctx, c, c, ns.Name, cluster, disruption.ClaimFor(ctx, c, nu, true, "be cordoned"), time.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return held
+			}
+			if held := admit(a); held != "" {
+				t.Fatalf("first claim held: %s", held)
+			}
+			if held := admit(b); held == "" {
+				t.Fatal("a second control plane claim passed while the first counts")
+			}
+			ending.end(t, a)
+			if held := admit(b); held != "" {
+				t.Fatalf("the claim was still held after the first NodeUpdate was %s: %s", ending.name, held)
+			}
+		})
+	}
+
 	t.Run("a ledger nobody can read is an error that says what to do, and no claim passes", func(t *testing.T) {
 		nu := newNodeUpdate(t, "bad-a", disruption.ControlPlaneTarget("cp"), 1)
 		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: disruption.LedgerName("bad"),
