@@ -67,14 +67,7 @@ func TestRefusalLog(t *testing.T) {
 // A log kept in Leases is what another replica, or the manager after a restart, reads:
 // the preview on the leader knows what any hook server answered.
 func TestRefusalLogInLeases(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a test API server")
-	}
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.ForTest(t)
 	ctx := context.Background()
 	ns := "refusals"
 	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {

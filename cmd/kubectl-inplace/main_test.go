@@ -25,14 +25,7 @@ import (
 // plays it (playPreviewController), writing the status the controller would, so what is
 // tested is the plugin's side: create or refresh, wait for the refresh, print, exit codes.
 func TestPlugin(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts an API server")
-	}
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.ForTest(t)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := env.WriteKubeconfig(kubeconfig); err != nil {
 		t.Fatal(err)

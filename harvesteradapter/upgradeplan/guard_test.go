@@ -53,14 +53,7 @@ func (w *writes) client(c client.WithWatch) client.Client {
 // defaults the policy's selectors, match policy and rules' scope, a look that finds it
 // as it should be writes nothing; a plan whose guard says something else rewrites it.
 func TestGuardWrittenOnlyWhenMissingOrChanged(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a test API server")
-	}
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.ForTest(t)
 	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		t.Fatal(err)

@@ -24,14 +24,7 @@ import (
 // clusterUpgradeStopWait past its deletion; a Job that ended, or another plan's, is not
 // waited for.
 func TestStopClusterUpgrade(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a test API server")
-	}
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.ForTest(t)
 	ctx := context.Background()
 	wc := env.Client
 	if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: repository.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
