@@ -374,11 +374,9 @@ func (r *PlanReconciler) cleanUp(ctx context.Context, pr *PlanRun) (bool, string
 // plan placed the file, and kept until it has completed on every node: it then says what
 // it waits for. It may be called again at any time.
 func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) (string, error) {
-	// The failed Jobs' words first, then the cluster upgrade stopped, before anything is
-	// given back (stopClusterUpgrade).
-	if _, err := r.keepFailedJobLogs(ctx, pr); err != nil {
-		return "", err
-	}
+	// The cluster upgrade stopped before anything is given back (stopClusterUpgrade). It
+	// deletes only a Job that has not ended: a failed one's words are kept below, before
+	// removeLabelled deletes it.
 	if stopping, err := stopClusterUpgrade(ctx, pr.Workload, pr.Plan.Name, r.now()); err != nil || stopping != "" {
 		return stopping, err
 	}
@@ -428,6 +426,9 @@ func (r *PlanReconciler) removeClusterObjects(ctx context.Context, pr *PlanRun) 
 	var keeping []string
 	if keep != "" {
 		keeping = append(keeping, keep)
+	}
+	if _, err := r.keepFailedJobLogs(ctx, pr); err != nil {
+		return "", err
 	}
 	if err := removeLabelled(ctx, pr.Workload, pr.Plan.Name, keeping...); err != nil {
 		return "", err
