@@ -26,6 +26,7 @@ func TestSmoke(t *testing.T) {
 	cfg.hookClients = []int{1, 4}
 	cfg.hookDuration, cfg.hookWarmup, cfg.hookMachines = 200*time.Millisecond, 50*time.Millisecond, 4
 	cfg.orchSizes, cfg.orchMaxUnavailable, cfg.orchTimeout = []int{4}, []int{1, 2}, 2*time.Minute
+	cfg.fleetClusters, cfg.fleetMachines, cfg.fleetMaxUnavailable, cfg.fleetTimeout = 3, 3, 1, 2*time.Minute
 	cfg.memClusters, cfg.machinesPerCluster, cfg.memSettle = []int{1, 2}, 3, 0
 	cfg.memQuiet, cfg.memSampleEvery = 500*time.Millisecond, 50*time.Millisecond
 	cfg.makespanSizes, cfg.makespanScale = []int{2}, 1000
@@ -76,6 +77,27 @@ func TestSmoke(t *testing.T) {
 		// (the taint writer writes it in the background), and none at the end.
 		if got := o.workloadWrites["PATCH nodes"]; got < n-o.maxUnavailable {
 			t.Errorf("%d machines: %d taint writes to the workload cluster counted, want at least %d: %v", n, got, n-o.maxUnavailable, o.workloadWrites)
+		}
+	}
+
+	// The fleet: every Cluster's machines upgraded through its own view of the workload
+	// cluster (a Node cache that saw other Clusters' Nodes would still finish, so the
+	// view itself is proven by TestFleetView), the hand-offs of all pooled.
+	if f := rep.fleet; f == nil {
+		t.Error("no fleet run")
+	} else {
+		n := cfg.fleetClusters * cfg.fleetMachines
+		if f.clusters != cfg.fleetClusters || f.machines != n || !f.finished || f.upgraded != n || f.total <= 0 {
+			t.Errorf("fleet: %d Clusters, %d machines, finished %v, %d upgraded, total %s", f.clusters, f.machines, f.finished, f.upgraded, f.total)
+		}
+		if want := cfg.fleetClusters * (cfg.fleetMachines - cfg.fleetMaxUnavailable); f.handoff.n != want {
+			t.Errorf("fleet: %d hand-offs, want %d", f.handoff.n, want)
+		}
+		if got := f.writes["POST nodeupdates"]; got != n {
+			t.Errorf("fleet: the manager created %d NodeUpdates, want %d", got, n)
+		}
+		if f.usage.cpu <= 0 || f.usage.wall <= 0 || f.usage.rssPeak == 0 || f.usage.heapPeak == 0 {
+			t.Errorf("fleet: the process's usage was not measured: %+v", f.usage)
 		}
 	}
 
@@ -134,7 +156,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade", "## 7. UpgradePreview of a 3+3 cluster"} {
+	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 2b. A fleet upgraded at once", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade", "## 7. UpgradePreview of a 3+3 cluster"} {
 		if !strings.Contains(string(doc), want) {
 			t.Errorf("the report lacks %q:\n%s", want, doc)
 		}

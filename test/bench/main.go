@@ -31,6 +31,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -60,6 +61,11 @@ type config struct {
 	orchMaxUnavailable []int
 	orchTimeout        time.Duration
 
+	// The fleet section: fleetClusters Clusters of fleetMachines machines each, all
+	// upgraded at once with maxUnavailable fleetMaxUnavailable.
+	fleetClusters, fleetMachines, fleetMaxUnavailable int
+	fleetTimeout                                      time.Duration
+
 	memClusters        []int
 	machinesPerCluster int
 	memSettle          time.Duration
@@ -85,23 +91,27 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		sections:           []string{sectionHooks, sectionOrchestration, sectionMemory, sectionMakespan, sectionPreview},
-		hookClients:        []int{1, 8, 64},
-		hookDuration:       2 * time.Second,
-		hookWarmup:         300 * time.Millisecond,
-		hookMachines:       64,
-		orchSizes:          []int{100, 250, 500},
-		orchMaxUnavailable: []int{1, 10},
-		orchTimeout:        2 * time.Minute,
-		memClusters:        []int{10, 25, 50},
-		machinesPerCluster: 100,
-		memSettle:          5 * time.Second,
-		memQuiet:           3 * time.Second,
-		memSampleEvery:     time.Second,
-		makespanSizes:      []int{3, 5, 10},
-		makespanScale:      100,
-		makespanPoll:       20 * time.Millisecond,
-		previewIterations:  300,
+		sections:            []string{sectionHooks, sectionOrchestration, sectionFleet, sectionMemory, sectionMakespan, sectionPreview},
+		hookClients:         []int{1, 8, 64},
+		hookDuration:        2 * time.Second,
+		hookWarmup:          300 * time.Millisecond,
+		hookMachines:        64,
+		orchSizes:           []int{100, 250, 500},
+		orchMaxUnavailable:  []int{1, 10},
+		orchTimeout:         2 * time.Minute,
+		fleetClusters:       20,
+		fleetMachines:       50,
+		fleetMaxUnavailable: 1,
+		fleetTimeout:        5 * time.Minute,
+		memClusters:         []int{10, 25, 50},
+		machinesPerCluster:  100,
+		memSettle:           5 * time.Second,
+		memQuiet:            3 * time.Second,
+		memSampleEvery:      time.Second,
+		makespanSizes:       []int{3, 5, 10},
+		makespanScale:       100,
+		makespanPoll:        20 * time.Millisecond,
+		previewIterations:   300,
 	}
 }
 
@@ -109,6 +119,7 @@ func defaultConfig() config {
 const (
 	sectionHooks         = "hooks"
 	sectionOrchestration = "orchestration"
+	sectionFleet         = "fleet"
 	sectionMemory        = "memory"
 	sectionMakespan      = "makespan"
 	sectionPreview       = "preview"
@@ -116,10 +127,10 @@ const (
 
 func (c *config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.out, "out", c.out, "write the figures as Markdown to this file (make bench: docs/benchmarks.md); empty writes none")
-	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, memory, makespan, preview (default all)", func(s string) error {
+	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, fleet, memory, makespan, preview (default all)", func(s string) error {
 		c.sections = strings.Split(s, ",")
 		for _, sec := range c.sections {
-			if sec != sectionHooks && sec != sectionOrchestration && sec != sectionMemory && sec != sectionMakespan && sec != sectionPreview {
+			if !slices.Contains([]string{sectionHooks, sectionOrchestration, sectionFleet, sectionMemory, sectionMakespan, sectionPreview}, sec) {
 				return fmt.Errorf("unknown section %q", sec)
 			}
 		}
@@ -133,6 +144,10 @@ func (c *config) bind(fs *flag.FlagSet) {
 	intList(fs, &c.orchSizes, "orchestration-sizes", "machines of the upgraded MachineDeployment")
 	intList(fs, &c.orchMaxUnavailable, "max-unavailable", "maxUnavailable of each upgrade")
 	fs.DurationVar(&c.orchTimeout, "orchestration-timeout", c.orchTimeout, "give up on one upgrade after this long and report how far it got")
+	fs.IntVar(&c.fleetClusters, "fleet-clusters", c.fleetClusters, "Clusters the fleet section upgrades at once, each in a namespace of its own")
+	fs.IntVar(&c.fleetMachines, "fleet-machines", c.fleetMachines, "machines of each fleet Cluster's MachineDeployment")
+	fs.IntVar(&c.fleetMaxUnavailable, "fleet-max-unavailable", c.fleetMaxUnavailable, "maxUnavailable of each fleet Cluster's upgrade")
+	fs.DurationVar(&c.fleetTimeout, "fleet-timeout", c.fleetTimeout, "give up on the fleet after this long and report how far it got")
 	intList(fs, &c.memClusters, "memory-clusters", "numbers of Clusters the manager's memory is measured with")
 	fs.IntVar(&c.machinesPerCluster, "machines-per-cluster", c.machinesPerCluster, "Machines (each with its Node) per Cluster of the memory measurement")
 	fs.DurationVar(&c.memSettle, "memory-settle", c.memSettle, "wait after the manager's controllers started before its memory is read")
@@ -274,6 +289,24 @@ func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, 
 					return fmt.Errorf("orchestration: %w", err)
 				}
 			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	if cfg.has(sectionFleet) {
+		// A fresh API server: the fleet's Machines, Nodes and watches are its own.
+		err := withEnvironment(ctx, cfg, out, tmp, func(b *bench) error {
+			_, _ = fmt.Fprintf(out, "== 2b. A fleet: %d Clusters of %d machines upgraded at once\n", cfg.fleetClusters, cfg.fleetMachines)
+			s := time.Now()
+			res, err := runFleetBench(ctx, b)
+			rep.fleet, rep.fleetTime = &res, time.Since(s)
+			if err != nil {
+				return fmt.Errorf("fleet: %w", err)
+			}
+			b.printf("  %s; hand-off p50 %s ms p99 %s ms; %.1f writes/node; %.2f cores, peak RSS %s\n",
+				totalText(res, cfg.fleetTimeout), ms(res.handoff.p50), ms(res.handoff.p99), res.writesPerNode(), res.usage.cores(), mib(res.usage.rssPeak))
 			return nil
 		})
 		if err != nil {

@@ -65,6 +65,9 @@ func (zeroTimeUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) [
 
 // orchResult is one upgrade of a MachineDeployment.
 type orchResult struct {
+	// clusters is how many Clusters were upgraded at once (1 but in the fleet section);
+	// machines counts the machines of all of them.
+	clusters                 int
 	machines, maxUnavailable int
 	// finished is false when the upgrade did not complete before the run's timeout.
 	finished bool
@@ -94,6 +97,8 @@ type orchResult struct {
 	// events counts the Events in the namespace after the run by reason, each with the
 	// number of times it occurred (an Event series counts every occurrence).
 	events map[string]int
+	// usage is the bench process's CPU time and memory while the upgrade ran.
+	usage processUsage
 }
 
 func (r orchResult) writesPerNode() float64 {
@@ -109,35 +114,69 @@ func (r orchResult) writesPerNode() float64 {
 // Cluster's kubeconfig Secret, Nodes from a cache per workload cluster), with an updater
 // that finishes every node at once.
 func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, error) {
-	res := orchResult{machines: n, maxUnavailable: mu}
-	c := b.client
-	ns, err := fixtures.Namespace(ctx, c, "bench-orch")
-	if err != nil {
-		return res, err
-	}
-	const clusterName = "bench"
-	if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: zeroTimeUpdaterName}}); err != nil {
-		return res, err
-	}
-	if err := c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: workloadcluster.KubeconfigSecretName(clusterName)},
-		Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: b.kubeconfig},
-	}); err != nil {
-		return res, err
-	}
-	if err := createCluster(ctx, c, clusterShape{
-		namespace: ns, name: clusterName, machines: n, version: orchFromVersion,
-		annotations: map[string]string{inplacev1.UpdaterAnnotation: "ConfigMap/" + zeroTimeUpdaterName},
-	}); err != nil {
-		return res, err
-	}
-	defer func() { _ = deleteNodes(ctx, c, ns) }()
+	return runUpgrades(ctx, b, 1, n, mu, b.cfg.orchTimeout)
+}
 
-	rec, err := watchNodeUpdates(ctx, b, ns, n)
-	if err != nil {
-		return res, err
+// benchCluster is one Cluster of an upgrade run: its namespace, its witness and its task.
+type benchCluster struct {
+	ns   string
+	rec  *nodeUpdateRecorder
+	task string
+	// completed is when its task was seen Completed; zero if it was not.
+	completed time.Time
+}
+
+// runUpgrades upgrades, at once and by one manager, the MachineDeployments of clusters
+// Clusters of n machines each (each in a namespace of its own), every one with
+// maxUnavailable mu, and measures the whole run: hand-offs pooled over the Clusters, the
+// manager's requests, and the bench process's CPU time and memory (the manager runs in
+// it). With more than one Cluster, each Cluster's workload cluster is the test API server
+// seen through fleetView: its Node cache holds the Nodes of that Cluster only, as with a
+// workload API server per Cluster.
+func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout time.Duration) (orchResult, error) {
+	res := orchResult{clusters: clusters, machines: n * clusters, maxUnavailable: mu}
+	c := b.client
+	const clusterName = "bench"
+	runs := make([]*benchCluster, clusters)
+	namespaces := map[string]cache.Config{}
+	for i := range runs {
+		prefix := "bench-orch"
+		if clusters > 1 {
+			prefix = "bench-fleet"
+		}
+		ns, err := fixtures.Namespace(ctx, c, prefix)
+		if err != nil {
+			return res, err
+		}
+		runs[i] = &benchCluster{ns: ns}
+		namespaces[ns] = cache.Config{}
+		kubeconfig := b.kubeconfig
+		if clusters > 1 {
+			if kubeconfig, err = fleetKubeconfig(b.kubeconfig, ns); err != nil {
+				return res, err
+			}
+		}
+		if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: zeroTimeUpdaterName}}); err != nil {
+			return res, err
+		}
+		if err := c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: workloadcluster.KubeconfigSecretName(clusterName)},
+			Data:       map[string][]byte{workloadcluster.KubeconfigSecretKey: kubeconfig},
+		}); err != nil {
+			return res, err
+		}
+		if err := createCluster(ctx, c, clusterShape{
+			namespace: ns, name: clusterName, machines: n, version: orchFromVersion,
+			annotations: map[string]string{inplacev1.UpdaterAnnotation: "ConfigMap/" + zeroTimeUpdaterName},
+		}); err != nil {
+			return res, err
+		}
+		defer func() { _ = deleteNodes(ctx, c, ns) }()
+		if runs[i].rec, err = watchNodeUpdates(ctx, b, ns, n); err != nil {
+			return res, err
+		}
+		defer runs[i].rec.stop()
 	}
-	defer rec.stop()
 
 	registry := nodeupdater.NewRegistry()
 	if err := registry.Register(nodeupdater.Registration{
@@ -156,14 +195,18 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 		// main.go caches every namespace. Here earlier runs' objects sit in other
 		// namespaces; caching only this run's keeps each run on its own, as on a
 		// management cluster where nothing else is being upgraded.
-		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}, DefaultTransform: cache.TransformStripManagedFields()},
+		Cache: cache.Options{DefaultNamespaces: namespaces, DefaultTransform: cache.TransformStripManagedFields()},
 	})
 	if err != nil {
 		return res, err
 	}
 	opts := controller.Options{MaxConcurrentReconciles: managerConcurrency}
-	// Counting the workload cluster's requests changes nothing else of the clients.
-	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Configure: workloadCounter.wrapInPlace}
+	// Counting the workload cluster's requests changes nothing else of the clients; the
+	// fleet's view (outermost) takes its path prefix off before they are counted.
+	workloads := &workloadcluster.Clients{Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Configure: func(cfg *rest.Config) {
+		workloadCounter.wrapInPlace(cfg)
+		fleetView(cfg)
+	}}
 	if err := (&nodeupdater.Reconciler{Registry: registry}).SetupWithManager(mgr, opts); err != nil {
 		return res, err
 	}
@@ -188,42 +231,57 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 	if err != nil {
 		return res, err
 	}
+	usage := startUsage(ctx)
 
 	requester := &upgraderequest.Requester{Client: c, Registry: registry}
 	t0 := time.Now()
-	decision, err := requester.Request(ctx, upgraderequest.Request{
-		Namespace: ns, ClusterName: clusterName,
-		Target:         upgraderequest.Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: mdName}},
-		Version:        orchToVersion,
-		MaxUnavailable: ptr.To(intstr.FromInt32(int32(mu))),
-	})
-	if err != nil {
-		return res, err
-	}
-	if !decision.Accepted {
-		return res, fmt.Errorf("the upgrade request was declined (%s): %s", decision.Reason, decision.Message)
-	}
-
-	if b.cfg.apiserverProfile != "" {
-		go profileAPIServer(ctx, b, fmt.Sprintf("%s-%d-%d", b.cfg.apiserverProfile, n, mu))
-	}
-	// Watching the task itself would add a decode of its whole status (an entry per
-	// machine) at every write to the load measured; the NodeUpdates say when to look.
-	deadline := time.After(b.cfg.orchTimeout)
-	select {
-	case <-rec.allSucceeded:
-		completedAt, err := waitTaskCompleted(ctx, c, ns, decision.TaskName, t0.Add(b.cfg.orchTimeout))
+	for _, run := range runs {
+		decision, err := requester.Request(ctx, upgraderequest.Request{
+			Namespace: run.ns, ClusterName: clusterName,
+			Target:         upgraderequest.Target{MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: mdName}},
+			Version:        orchToVersion,
+			MaxUnavailable: ptr.To(intstr.FromInt32(int32(mu))),
+		})
 		if err != nil {
 			return res, err
 		}
-		if !completedAt.IsZero() {
-			res.finished = true
-			res.total = completedAt.Sub(t0)
+		if !decision.Accepted {
+			return res, fmt.Errorf("the upgrade request of namespace %s was declined (%s): %s", run.ns, decision.Reason, decision.Message)
 		}
-	case <-deadline:
-	case <-ctx.Done():
-		return res, ctx.Err()
+		run.task = decision.TaskName
 	}
+
+	if b.cfg.apiserverProfile != "" {
+		name := fmt.Sprintf("%s-%d-%d", b.cfg.apiserverProfile, n, mu)
+		if clusters > 1 {
+			name = fmt.Sprintf("%s-fleet-%dx%d-%d", b.cfg.apiserverProfile, clusters, n, mu)
+		}
+		go profileAPIServer(ctx, b, name)
+	}
+	// Watching the tasks themselves would add a decode of their whole status (an entry
+	// per machine) at every write to the load measured; the NodeUpdates say when to look.
+	deadline := t0.Add(timeout)
+	res.finished = true
+	for _, run := range runs {
+		select {
+		case <-run.rec.allSucceeded:
+			if run.completed, err = waitTaskCompleted(ctx, c, run.ns, run.task, deadline); err != nil {
+				return res, err
+			}
+		case <-time.After(time.Until(deadline)):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		if run.completed.IsZero() {
+			res.finished = false
+			continue
+		}
+		res.total = max(res.total, run.completed.Sub(t0))
+	}
+	if !res.finished {
+		res.total = 0
+	}
+	res.usage = usage.stop()
 	// Trailing writes of the last node (its events, the task's last status) land.
 	sleep(ctx, time.Second)
 	res.writes, res.reads = split(counter.snapshot())
@@ -238,24 +296,33 @@ func runOrchestration(ctx context.Context, b *bench, n, mu int) (orchResult, err
 		res.reconciles[name] = n - reconcilesBefore[name]
 	}
 
-	if res.events, err = eventsByReason(ctx, c, ns); err != nil {
-		return res, err
+	res.events = map[string]int{}
+	var handoff, next []time.Duration
+	for _, run := range runs {
+		events, err := eventsByReason(ctx, c, run.ns)
+		if err != nil {
+			return res, err
+		}
+		for k, v := range events {
+			res.events[k] += v
+		}
+		created, succeeded, maxRunning := run.rec.results()
+		res.upgraded += len(succeeded)
+		if maxRunning > mu {
+			return res, fmt.Errorf("%d NodeUpdates of namespace %s ran at once, more than maxUnavailable %d", maxRunning, run.ns, mu)
+		}
+		res.maxRunning = max(res.maxRunning, maxRunning)
+		if len(created) > 0 {
+			res.firstStart = max(res.firstStart, created[0].Sub(t0))
+		}
+		handoff = append(handoff, handoffs(created, succeeded, mu)...)
+		next = append(next, nextStarts(created, succeeded, mu)...)
+		if !run.completed.IsZero() && len(succeeded) != n {
+			return res, fmt.Errorf("the task of namespace %s completed with %d of %d NodeUpdates succeeded", run.ns, len(succeeded), n)
+		}
 	}
-
-	created, succeeded, maxRunning := rec.results()
-	res.upgraded = len(succeeded)
-	res.maxRunning = maxRunning
-	if len(created) > 0 {
-		res.firstStart = created[0].Sub(t0)
-	}
-	res.handoff = summarize(handoffs(created, succeeded, mu))
-	res.nextStart = summarize(nextStarts(created, succeeded, mu))
-	if res.finished && res.upgraded != n {
-		return res, fmt.Errorf("the task completed with %d of %d NodeUpdates succeeded", res.upgraded, n)
-	}
-	if maxRunning > mu {
-		return res, fmt.Errorf("%d NodeUpdates ran at once, more than maxUnavailable %d", maxRunning, mu)
-	}
+	res.handoff = summarize(handoff)
+	res.nextStart = summarize(next)
 	return res, nil
 }
 

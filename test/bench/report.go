@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,12 +17,14 @@ import (
 	harvesterv1 "github.com/capi-inplace/capi-inplace/harvesteradapter/api/v1alpha1"
 )
 
-// Targets of issue #10.
+// Targets of issues #10 and #55.
 const (
-	targetHookP99        = 5 * time.Millisecond
-	targetHookRatio      = 1.5
+	targetHookP99   = 5 * time.Millisecond
+	targetHookRatio = 1.5
+	// The hand-off p99 at maxUnavailable 1 and above it (issue #55).
 	targetHandoffP99     = 200 * time.Millisecond
-	targetBigUpgrade     = 2 * time.Minute
+	targetHandoffP99Wide = 500 * time.Millisecond
+	targetBigUpgrade     = 30 * time.Second
 	targetBigMachines    = 500
 	targetBigMU          = 10
 	targetWritesPerNode  = 12
@@ -127,6 +130,8 @@ type report struct {
 	hooksTime         time.Duration
 	orchestration     []orchResult
 	orchestrationTime time.Duration
+	fleet             *orchResult
+	fleetTime         time.Duration
 	memory            []memResult
 	memoryTime        time.Duration
 	makespan          []makespanResult
@@ -165,11 +170,12 @@ func (r *report) render(w io.Writer, full bool) error {
 		p("| Go | %s, GOMAXPROCS %d |\n", r.machine.goVersion, r.machine.gomaxprocs)
 		p("| Commit | %s |\n", r.commit)
 		p("| Test control plane | kube-apiserver v1.36.3 and etcd v3.6.14 built into `bin/k8s`, run by envtest on the same machine |\n")
-		p("| Run time | %s (hooks %s, orchestration %s, memory %s, makespan %s, preview %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.memoryTime.Round(time.Second), r.makespanTime.Round(time.Second), r.previewTime.Round(time.Second))
+		p("| Run time | %s (hooks %s, orchestration %s, fleet %s, memory %s, makespan %s, preview %s) |\n\n", r.elapsed.Round(time.Second), r.hooksTime.Round(time.Second), r.orchestrationTime.Round(time.Second), r.fleetTime.Round(time.Second), r.memoryTime.Round(time.Second), r.makespanTime.Round(time.Second), r.previewTime.Round(time.Second))
 	}
 	r.renderTargets(w)
 	r.renderHooks(w, full)
 	r.renderOrchestration(w, full)
+	r.renderFleet(w, full)
 	r.renderWrites(w, full)
 	r.renderMemory(w, full)
 	r.renderGrowth(w, full)
@@ -233,7 +239,7 @@ func yesNo(ok bool) string {
 
 func (r *report) renderTargets(w io.Writer) {
 	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
-	p("## Targets (issue #10)\n\n| target | measured | met |\n|---|---|---|\n")
+	p("## Targets (issues #10 and #55)\n\n| target | measured | met |\n|---|---|---|\n")
 	if r.hooks != nil {
 		var figs, ratios []string
 		okAbs, okRatio, any64 := true, true, false
@@ -264,14 +270,32 @@ func (r *report) renderTargets(w io.Writer) {
 			p("| hook p99 at most %.1f× the reference's (worst over %s clients) | %s | %s |\n", targetHookRatio, joinInts(r.cfg.hookClients), strings.Join(ratios, "; "), yesNo(okRatio))
 		}
 	}
-	if len(r.orchestration) > 0 {
-		var worst orchResult
-		for _, o := range r.orchestration {
-			if o.handoff.p99 >= worst.handoff.p99 {
-				worst = o
+	runs := r.orchestration
+	if r.fleet != nil {
+		runs = append(slices.Clip(runs), *r.fleet)
+	}
+	for _, wide := range []bool{false, true} {
+		var worst *orchResult
+		finished := true
+		for i, o := range runs {
+			if (o.maxUnavailable > 1) != wide {
+				continue
+			}
+			finished = finished && o.finished
+			if worst == nil || o.handoff.p99 >= worst.handoff.p99 {
+				worst = &runs[i]
 			}
 		}
-		p("| hand-off p99 under %s ms | worst %s ms (%d machines, maxUnavailable %d) | %s |\n", ms(targetHandoffP99), ms(worst.handoff.p99), worst.machines, worst.maxUnavailable, yesNo(worst.handoff.p99 < targetHandoffP99 && allFinished(r.orchestration)))
+		if worst == nil {
+			continue
+		}
+		target, at := targetHandoffP99, "at maxUnavailable 1"
+		if wide {
+			target, at = targetHandoffP99Wide, "above maxUnavailable 1"
+		}
+		p("| hand-off p99 under %s ms %s | worst %s ms (%s) | %s |\n", ms(target), at, ms(worst.handoff.p99), worst.shape(), yesNo(worst.handoff.p99 < target && finished))
+	}
+	if len(r.orchestration) > 0 {
 		for _, o := range r.orchestration {
 			if o.machines == targetBigMachines && o.maxUnavailable == targetBigMU {
 				p("| %d machines at maxUnavailable %d in under %s | %s | %s |\n", targetBigMachines, targetBigMU, targetBigUpgrade, totalText(o, r.cfg.orchTimeout), yesNo(o.finished && o.total < targetBigUpgrade))
@@ -316,6 +340,14 @@ func (r *report) renderTargets(w io.Writer) {
 		}
 	}
 	p("\n")
+}
+
+// shape names a run: its machines and maxUnavailable, and its Clusters in a fleet.
+func (o orchResult) shape() string {
+	if o.clusters > 1 {
+		return fmt.Sprintf("fleet of %d Clusters of %d machines, maxUnavailable %d", o.clusters, o.machines/o.clusters, o.maxUnavailable)
+	}
+	return fmt.Sprintf("%d machines, maxUnavailable %d", o.machines, o.maxUnavailable)
 }
 
 func allFinished(runs []orchResult) bool {
@@ -442,6 +474,37 @@ func (r *report) renderOrchestration(w io.Writer, full bool) {
 			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), ms(o.nextStart.p50), ms(o.nextStart.p99), o.maxRunning)
 	}
 	p("\n")
+}
+
+func (r *report) renderFleet(w io.Writer, full bool) {
+	f := r.fleet
+	if f == nil {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 2b. A fleet upgraded at once\n\n")
+	if full {
+		p("%d Clusters, each in a namespace of its own with a MachineDeployment of %d machines as in section 2, are upgraded at once by one ", f.clusters, f.machines/max(f.clusters, 1))
+		p("manager wired as in section 2 (the same updater, `--concurrency %d`), on a test API server of their own: an UpgradeTask per Cluster, ", managerConcurrency)
+		p("requested one after the other, each with maxUnavailable %d. Each Cluster's workload cluster is the same test API server, reached ", f.maxUnavailable)
+		p("through a kubeconfig whose server URL carries a path of the Cluster's own (as a proxy such as Rancher's hands out); a transport ")
+		p("of the bench takes the path off and keeps, in the lists and watches of Nodes, the Nodes of that Cluster only, so that each ")
+		p("Cluster's Node cache holds its own %d Nodes, as with an API server per workload cluster. The hand-offs of every Cluster are ", f.machines/max(f.clusters, 1))
+		p("pooled. Total: from the first request to the last task seen `Completed`; first node: the latest of the Clusters' first NodeUpdates. ")
+		p("The manager runs in the bench process, so its CPU and memory are the process's (with the bench's watches of the NodeUpdates): ")
+		p("CPU is user and system time from the first request to the last completion, divided by that time; VmRSS and the Go heap in use are ")
+		p("sampled every %s, and the process's VmRSS at the start is what earlier sections left.\n\n", usageSampleEvery)
+	}
+	p("| Clusters | machines each | maxUnavailable | total | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | writes per node | manager CPU (cores) | VmRSS at start | peak VmRSS | peak Go heap |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	writes := "-"
+	if f.finished {
+		writes = fmt.Sprintf("%.1f", f.writesPerNode())
+	}
+	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.machines/max(f.clusters, 1), f.maxUnavailable,
+		totalText(*f, r.cfg.fleetTimeout), secs(f.firstStart), f.handoff.n, ms(f.handoff.p50), ms(f.handoff.p99), ms(f.handoff.max),
+		ms(f.nextStart.p50), ms(f.nextStart.p99), writes, f.usage.cores(), mib(f.usage.rssStart), mib(f.usage.rssPeak), mib(f.usage.heapPeak))
+	p("Per node: %s; reconciles %s; workload writes %s.\n\n", perNode(f.writes, f.machines), perNode(f.reconciles, f.machines), perNode(f.workloadWrites, f.machines))
 }
 
 func (r *report) renderWrites(w io.Writer, full bool) {
