@@ -350,15 +350,6 @@ func (o orchResult) shape() string {
 	return fmt.Sprintf("%d machines, maxUnavailable %d", o.machines, o.maxUnavailable)
 }
 
-func allFinished(runs []orchResult) bool {
-	for _, o := range runs {
-		if !o.finished {
-			return false
-		}
-	}
-	return true
-}
-
 func totalText(o orchResult, timeout time.Duration) string {
 	if !o.finished {
 		return fmt.Sprintf("not finished after %s (%d/%d upgraded)", timeout, o.upgraded, o.machines)
