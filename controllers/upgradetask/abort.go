@@ -2,6 +2,7 @@ package upgradetask
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -41,7 +42,11 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *taskScope) (ctrl.Res
 	if err := r.writeMachinesNow(ctx, task, members, func(mem *member) machineWant { return desiredMachine(s, mem, phase, false) }); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.reconcilePendingTaints(ctx, s, phase); err != nil {
+	if err := r.reconcilePendingTaints(ctx, s, phase); errors.Is(err, errTaintWritesInFlight) {
+		// Aborted once they are written (the writer asks for the task again then); until
+		// then the task says it is being aborted.
+		phase = inplacev1.TaskPhaseAborting
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.writeStatus(ctx, s, phase, preflight.GateResult{Open: true}); err != nil {

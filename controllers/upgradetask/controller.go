@@ -5,6 +5,7 @@ package upgradetask
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -183,7 +184,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		// After a poll interval: a workload cluster that refused a write is asked again
 		// at the pace of the task's polls, not in a loop.
 		time.AfterFunc(r.PollInterval, func() { sendRetry(key) })
-	})
+	}, sendRetry)
 	if err := mgr.Add(r.taints); err != nil {
 		return fmt.Errorf("add the UpgradeTask taint writer to the manager: %w", err)
 	}
@@ -579,7 +580,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, task *inplacev1.Upgrad
 			return ctrl.Result{}, err
 		}
 	}
-	if err := r.removePendingTaints(ctx, task); err != nil {
+	if err := r.removePendingTaints(ctx, task); errors.Is(err, errTaintWritesInFlight) {
+		// The writer asks for the task again once they are written.
+		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	// Once, whatever it gives: an unreachable workload cluster does not hold the deletion.

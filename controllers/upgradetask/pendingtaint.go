@@ -2,6 +2,7 @@ package upgradetask
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -14,6 +15,10 @@ import (
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/upgraderequest"
 )
+
+// errTaintWritesInFlight says that a task cannot end yet: the taint writer still writes a
+// hand-over of its taints, and asks for the task again once it is done (trySettle).
+var errTaintWritesInFlight = errors.New("upgrade-pending taint writes of the task are still in flight")
 
 // pendingTaint is the taint a task puts on the nodes it has still to upgrade: its value
 // names the task, <namespace>.<name> (shortened with a digest past 63 characters), so
@@ -65,9 +70,9 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 	}
 	// Even without a node left to look at: a hand-over of an earlier reconcile must not
 	// be written after the task ended.
-	written, err := r.taints.settle(ctx, key)
-	if err != nil {
-		return fmt.Errorf("wait for the upgrade-pending taint writes of UpgradeTask %s: %w", key, err)
+	written, settled := r.taints.trySettle(key)
+	if !settled {
+		return errTaintWritesInFlight
 	}
 	if len(s.nodes) == 0 {
 		r.taints.forget(key)
@@ -94,9 +99,9 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 // only makes the scheduler prefer other nodes, and a later task's first reconcile
 // rewrites the taints of the nodes it still has to upgrade.
 func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.UpgradeTask) error {
-	written, err := r.taints.settle(ctx, client.ObjectKeyFromObject(task))
-	if err != nil {
-		return fmt.Errorf("wait for the upgrade-pending taint writes of UpgradeTask %s/%s: %w", task.Namespace, task.Name, err)
+	written, settled := r.taints.trySettle(client.ObjectKeyFromObject(task))
+	if !settled {
+		return errTaintWritesInFlight
 	}
 	cluster := types.NamespacedName{Namespace: task.Namespace, Name: task.Spec.ClusterName}
 	wc, err := r.Workload.Client(ctx, cluster)

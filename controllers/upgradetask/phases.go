@@ -2,6 +2,7 @@ package upgradetask
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -111,7 +112,10 @@ func (r *Reconciler) reconcileOngoing(ctx context.Context, s *taskScope) (ctrl.R
 		r.machines.submit(task, members, want)
 	}
 
-	if err := r.reconcilePendingTaints(ctx, s, phase); err != nil {
+	if err := r.reconcilePendingTaints(ctx, s, phase); errors.Is(err, errTaintWritesInFlight) {
+		// The task ends once they are written: the writer asks for it again then.
+		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.writeStatus(ctx, s, phase, gate); err != nil {

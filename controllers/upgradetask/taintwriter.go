@@ -25,16 +25,20 @@ import (
 // read, so a node changed since is never overwritten: the write conflicts, and the next
 // reconcile, which reads the node again, hands it over again.
 //
-// A task that ends, is aborted to its end or is deleted settles its writes first (settle)
-// and then writes its taints itself, so that no taint is written after its last reconcile.
+// A task that ends, is aborted to its end or is deleted settles its writes first
+// (trySettle) and then writes its taints itself, so that no taint is written after its
+// last reconcile. While a hand-over is still being written the reconcile does not wait for
+// it (a slow workload cluster would hold one of the controller's workers): it ends without
+// the task's end, and the writer asks for the task again once the write is done.
 //
 // taintWriter is a manager.Runnable: writes begin once the manager started it and end
 // with the manager.
 type taintWriter struct {
 	// workload returns the client of a Cluster's workload cluster.
 	workload func(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
-	// retry asks for a reconcile of a task one of whose taint writes failed.
-	retry func(key types.NamespacedName)
+	// retry asks for a reconcile of a task one of whose taint writes failed; wake asks for
+	// one at once, for a task that waits to settle.
+	retry, wake func(key types.NamespacedName)
 
 	ctx     context.Context
 	workers sync.WaitGroup
@@ -61,8 +65,9 @@ type taintWritten struct {
 type taintSlot struct {
 	pending *taintJob
 	running bool
-	// idle is closed once no hand-over of the task is pending or being written.
-	idle chan struct{}
+	// waited says that a reconcile found the hand-over being written and waits to settle:
+	// the task is woken once the writer is done.
+	waited bool
 }
 
 // taintJob is one hand-over: the nodes as the reconcile read them, and which of them
@@ -78,8 +83,8 @@ type taintJob struct {
 // TaintWriteConcurrency bounds the taint writes of one task in flight at once.
 const TaintWriteConcurrency = 4
 
-func newTaintWriter(workload func(context.Context, types.NamespacedName) (client.Client, error), retry func(types.NamespacedName)) *taintWriter {
-	return &taintWriter{workload: workload, retry: retry, tasks: map[types.NamespacedName]*taintSlot{}, written: map[types.NamespacedName]map[string]taintWritten{}}
+func newTaintWriter(workload func(context.Context, types.NamespacedName) (client.Client, error), retry, wake func(types.NamespacedName)) *taintWriter {
+	return &taintWriter{workload: workload, retry: retry, wake: wake, tasks: map[types.NamespacedName]*taintSlot{}, written: map[types.NamespacedName]map[string]taintWritten{}}
 }
 
 // Start implements manager.Runnable: writes run until the manager stops, which then
@@ -126,7 +131,7 @@ func (w *taintWriter) submit(task, cluster types.NamespacedName, taint corev1.Ta
 		if len(job.nodes) == 0 {
 			return
 		}
-		slot = &taintSlot{idle: make(chan struct{})}
+		slot = &taintSlot{}
 		w.tasks[task] = slot
 	}
 	// Even an empty hand-over replaces the pending one: the last reconcile wins.
@@ -148,8 +153,11 @@ func (w *taintWriter) run(task types.NamespacedName, slot *taintSlot) {
 		if job == nil || w.stopped {
 			slot.running = false
 			delete(w.tasks, task)
-			close(slot.idle)
+			waited := slot.waited && !w.stopped
 			w.mu.Unlock()
+			if waited {
+				w.wake(task)
+			}
 			return
 		}
 		ctx := w.ctx
@@ -191,24 +199,20 @@ func (w *taintWriter) write(ctx context.Context, job *taintJob) error {
 	})
 }
 
-// settle drops the task's pending hand-over and waits for the one being written: after
-// it, no taint the task handed over is written. It returns the writes the writer made
-// for the task (lagging tells a node the cache shows as it was before one of them).
-func (w *taintWriter) settle(ctx context.Context, task types.NamespacedName) (map[string]taintWritten, error) {
+// trySettle drops the task's pending hand-over and says whether the writer is done with
+// the task: then no taint the task handed over is written any more, and it returns the
+// writes the writer made for it (lagging tells a node the cache shows as it was before
+// one of them). While a hand-over is being written it returns false, and the writer asks
+// for the task (wake) once that write is done.
+func (w *taintWriter) trySettle(task types.NamespacedName) (map[string]taintWritten, bool) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	if slot := w.tasks[task]; slot != nil {
 		slot.pending = nil
-		idle := slot.idle
-		w.mu.Unlock()
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		w.mu.Lock()
+		slot.waited = true
+		return nil, false
 	}
-	defer w.mu.Unlock()
-	return maps.Clone(w.written[task]), nil
+	return maps.Clone(w.written[task]), true
 }
 
 // forget drops what is kept about a task whose taints were all written at its end, or

@@ -84,12 +84,13 @@ type taintWriterWorld struct {
 	task    types.NamespacedName
 	taint   corev1.Taint
 	retries chan types.NamespacedName
+	wakes   chan types.NamespacedName
 }
 
 func newTaintWriterWorld(nodes int, hold bool) *taintWriterWorld {
 	GinkgoHelper()
 	suffix := rand.String(5)
-	tw := &taintWriterWorld{patches: &nodePatches{}, task: types.NamespacedName{Namespace: "ns-" + suffix, Name: "task"}, retries: make(chan types.NamespacedName, 16)}
+	tw := &taintWriterWorld{patches: &nodePatches{}, task: types.NamespacedName{Namespace: "ns-" + suffix, Name: "task"}, retries: make(chan types.NamespacedName, 16), wakes: make(chan types.NamespacedName, 16)}
 	tw.taint = corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: "ns-" + suffix + ".task", Effect: corev1.TaintEffectPreferNoSchedule}
 	if hold {
 		tw.patches.hold = make(chan struct{})
@@ -104,7 +105,7 @@ func newTaintWriterWorld(nodes int, hold bool) *taintWriterWorld {
 	}
 	wc := tw.patches.client()
 	tw.w = newTaintWriter(func(context.Context, types.NamespacedName) (client.Client, error) { return wc, nil },
-		func(key types.NamespacedName) { tw.retries <- key })
+		func(key types.NamespacedName) { tw.retries <- key }, func(key types.NamespacedName) { tw.wakes <- key })
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -128,7 +129,7 @@ func newTaintWriterWorld(nodes int, hold bool) *taintWriterWorld {
 }
 
 // written waits until the writer wrote every hand-over of the task (nothing pending or
-// being written), and returns what it wrote. settle is not it: settle drops a pending
+// being written), and returns what it wrote. trySettle is not it: it drops a pending
 // hand-over.
 func (tw *taintWriterWorld) written() map[string]taintWritten {
 	GinkgoHelper()
@@ -138,8 +139,8 @@ func (tw *taintWriterWorld) written() map[string]taintWritten {
 		_, busy := tw.w.tasks[tw.task]
 		return busy
 	}).Should(BeFalse())
-	written, err := tw.w.settle(ctx, tw.task)
-	Expect(err).NotTo(HaveOccurred())
+	written, settled := tw.w.trySettle(tw.task)
+	Expect(settled).To(BeTrue())
 	return written
 }
 
@@ -164,7 +165,7 @@ func (tw *taintWriterWorld) want(names ...string) map[string]bool {
 }
 
 var _ = Describe("The upgrade-pending taint writer", func() {
-	It("writes a hand-over off the caller's path: submit returns while the writes are held, settle waits for them", func() {
+	It("writes a hand-over off the caller's path: submit returns while the writes are held, trySettle does not wait for them and the task is woken once they are written", func() {
 		tw := newTaintWriterWorld(3, true)
 		nodes := tw.read()
 		returned := make(chan struct{})
@@ -175,17 +176,15 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		Eventually(returned).Should(BeClosed(), "submit does not wait for the workload cluster")
 		Eventually(tw.patches.held).Should(Equal(3), "written side by side (TaintWriteConcurrency)")
 
-		settled := make(chan struct{})
-		go func() {
-			defer GinkgoRecover()
-			_, err := tw.w.settle(ctx, tw.task)
-			Expect(err).NotTo(HaveOccurred())
-			close(settled)
-		}()
-		Consistently(settled, 300*time.Millisecond).ShouldNot(BeClosed(), "settle waits for the writes in flight")
+		_, settled := tw.w.trySettle(tw.task)
+		Expect(settled).To(BeFalse(), "not settled while the writes are in flight")
+		Consistently(tw.wakes, 300*time.Millisecond).ShouldNot(Receive(), "no wake while the writes are held")
 		close(tw.patches.hold)
-		Eventually(settled).Should(BeClosed())
+		Eventually(tw.wakes).Should(Receive(Equal(tw.task)), "the task is woken once they are written")
+		_, settled = tw.w.trySettle(tw.task)
+		Expect(settled).To(BeTrue())
 		Expect(pendingTainted(tw.nodes...)).To(ConsistOf(tw.nodes), "every node carries the taint once settled")
+		Consistently(tw.wakes, 300*time.Millisecond).ShouldNot(Receive(), "woken once")
 	})
 
 	It("writes the last hand-over: one submitted while another is written replaces the one pending", func() {
@@ -197,8 +196,7 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b))
 		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want())
 		close(tw.patches.hold)
-		_, err := tw.w.settle(ctx, tw.task)
-		Expect(err).NotTo(HaveOccurred())
+		Eventually(func() bool { _, settled := tw.w.trySettle(tw.task); return settled }).Should(BeTrue())
 		// The last hand-over read a untainted (the first write had not ended) and wants
 		// it untainted: nothing to write for it; the first write's taint stays for the
 		// next reconcile, which reads it.
@@ -302,9 +300,10 @@ var _ = Describe("An UpgradeTask that ends while its upgrade-pending taint write
 			"nothing the writer held is written after the task ended")
 	}
 
-	It("aborted: does not end while the writes are held, then ends Aborted with no node tainted", func() {
+	It("aborted: says Aborting and does not end while the writes are held, then ends Aborted with no node tainted", func() {
 		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.Phase = inplacev1.TaskActionAbort })
-		Consistently(w.phaseOf("md"), 1500*time.Millisecond, poll).ShouldNot(Equal(inplacev1.TaskPhaseAborted), "the end waits for the held writes")
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborting), "the task says it is being aborted while it waits")
+		Consistently(w.phaseOf("md"), 1500*time.Millisecond, poll).Should(Equal(inplacev1.TaskPhaseAborting), "the end waits for the held writes")
 		close(patches.hold)
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
 		expectNoTaintFromNowOn()
