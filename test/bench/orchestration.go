@@ -76,6 +76,9 @@ type orchResult struct {
 	total time.Duration
 	// firstStart is from the UpgradeTask's creation to its first NodeUpdate's.
 	firstStart time.Duration
+	// ending is the longest time from a task's last NodeUpdate success to its Completed
+	// phase: its end (Machines released, taints removed, the last status).
+	ending time.Duration
 	// handoff is, for every NodeUpdate that succeeded while machines still waited, the
 	// time from its success to the creation of the NodeUpdate that took its place.
 	handoff latencies
@@ -312,6 +315,9 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 			return res, fmt.Errorf("%d NodeUpdates of namespace %s ran at once, more than maxUnavailable %d", maxRunning, run.ns, mu)
 		}
 		res.maxRunning = max(res.maxRunning, maxRunning)
+		if len(succeeded) > 0 && !run.completed.IsZero() {
+			res.ending = max(res.ending, run.completed.Sub(succeeded[len(succeeded)-1]))
+		}
 		if len(created) > 0 {
 			res.firstStart = max(res.firstStart, created[0].Sub(t0))
 		}
@@ -459,8 +465,8 @@ func runOrchestrationBench(ctx context.Context, b *bench) ([]orchResult, error) 
 			if !r.finished {
 				writes = fmt.Sprintf("%d writes", r.writesTotal)
 			}
-			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms; %s\n",
-				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), writes)
+			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms; ended %s ms after the last node; %s\n",
+				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), ms(r.ending), writes)
 			out = append(out, r)
 		}
 	}
