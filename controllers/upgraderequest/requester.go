@@ -292,7 +292,7 @@ func (r *Requester) checkOptions(ctx context.Context, cluster *clusterv1.Cluster
 	if !req.Target.IsControlPlane() || req.MaxUnavailable == nil {
 		return nil, nil
 	}
-	machines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
+	machines, err := sharedTargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
 	if err != nil {
 		return nil, err
 	}
@@ -353,7 +353,7 @@ func (r *Requester) decide(ctx context.Context, cluster *clusterv1.Cluster, req 
 		return d, nil
 	}
 
-	machines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
+	machines, err := sharedTargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, req.Target)
 	if err != nil {
 		return nil, err
 	}
@@ -471,7 +471,7 @@ func (r *Requester) checkSkew(ctx context.Context, cluster *clusterv1.Cluster, r
 		return nil, nil
 	}
 	cpTarget := Target{ControlPlaneRef: &inplacev1.ControlPlaneReference{APIGroup: ref.APIGroup, Kind: ref.Kind, Name: ref.Name}}
-	cpMachines, err := TargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, cpTarget)
+	cpMachines, err := sharedTargetMachines(ctx, r.Client, cluster.Namespace, cluster.Name, cpTarget)
 	if err != nil {
 		return nil, err
 	}
