@@ -349,7 +349,7 @@ func (r *Reconciler) writeMachinesNow(ctx context.Context, task *inplacev1.Upgra
 	}
 	var claimedMu sync.Mutex
 	var claimed []string
-	err := forEachConcurrently(members, MachineWriteConcurrency, func(mem *member) error {
+	err := forEachConcurrently(members, EndWriteConcurrency, func(mem *member) error {
 		wasClaimed := mem.isClaimed(task)
 		if err := r.writeMachine(ctx, mem.machine, want(mem), task); err != nil {
 			return err

@@ -101,6 +101,12 @@ type claimBatch struct {
 // overlap; a bound leaves the API server room for the writes that start nodes.
 const MachineWriteConcurrency = 4
 
+// EndWriteConcurrency bounds the Machine writes in flight at once when a task ends, is
+// aborted or is deleted (writeMachinesNow): the task starts no node any more, so its
+// writes leave no hand-off waiting, and a task whose background writer fell behind (node
+// work that takes no time, make bench) wrote its backlog 4 at a time for seconds.
+const EndWriteConcurrency = 16
+
 // machineConflictRetry is how long after a Machine write conflicted its task is
 // reconciled again: long enough for the cache to show the write that came in between.
 const machineConflictRetry = 100 * time.Millisecond
