@@ -83,11 +83,7 @@ func ClusterMachines(ctx context.Context, c client.Reader, namespace, clusterNam
 func TargetMachines(ctx context.Context, c client.Reader, namespace, clusterName string, t Target) ([]clusterv1.Machine, error) {
 	// The Cluster's Machines as the cache holds them, not copied: only those of the target
 	// are copied, below.
-	all, err := ClusterMachines(ctx, c, namespace, clusterName)
-	if err != nil {
-		return nil, err
-	}
-	shared, err := TargetMachinesOf(ctx, c, namespace, clusterName, all, t)
+	shared, err := sharedTargetMachines(ctx, c, namespace, clusterName, t)
 	if err != nil {
 		return nil, err
 	}

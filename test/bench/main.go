@@ -91,7 +91,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		sections:            []string{sectionHooks, sectionOrchestration, sectionFleet, sectionMemory, sectionMakespan, sectionPreview},
+		sections:            allSections,
 		hookClients:         []int{1, 8, 64},
 		hookDuration:        2 * time.Second,
 		hookWarmup:          300 * time.Millisecond,
@@ -125,12 +125,15 @@ const (
 	sectionPreview       = "preview"
 )
 
+// allSections are the sections of the bench, in the order they run.
+var allSections = []string{sectionHooks, sectionOrchestration, sectionFleet, sectionMemory, sectionMakespan, sectionPreview}
+
 func (c *config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.out, "out", c.out, "write the figures as Markdown to this file (make bench: docs/benchmarks.md); empty writes none")
 	fs.Func("sections", "comma-separated sections to run: hooks, orchestration, fleet, memory, makespan, preview (default all)", func(s string) error {
 		c.sections = strings.Split(s, ",")
 		for _, sec := range c.sections {
-			if !slices.Contains([]string{sectionHooks, sectionOrchestration, sectionFleet, sectionMemory, sectionMakespan, sectionPreview}, sec) {
+			if !slices.Contains(allSections, sec) {
 				return fmt.Errorf("unknown section %q", sec)
 			}
 		}

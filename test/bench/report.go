@@ -342,10 +342,13 @@ func (r *report) renderTargets(w io.Writer) {
 	p("\n")
 }
 
+// perCluster is the machines of each of the run's Clusters.
+func (o orchResult) perCluster() int { return o.machines / max(o.clusters, 1) }
+
 // shape names a run: its machines and maxUnavailable, and its Clusters in a fleet.
 func (o orchResult) shape() string {
 	if o.clusters > 1 {
-		return fmt.Sprintf("fleet of %d Clusters of %d machines, maxUnavailable %d", o.clusters, o.machines/o.clusters, o.maxUnavailable)
+		return fmt.Sprintf("fleet of %d Clusters of %d machines, maxUnavailable %d", o.clusters, o.perCluster(), o.maxUnavailable)
 	}
 	return fmt.Sprintf("%d machines, maxUnavailable %d", o.machines, o.maxUnavailable)
 }
@@ -475,12 +478,12 @@ func (r *report) renderFleet(w io.Writer, full bool) {
 	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
 	p("## 2b. A fleet upgraded at once\n\n")
 	if full {
-		p("%d Clusters, each in a namespace of its own with a MachineDeployment of %d machines as in section 2, are upgraded at once by one ", f.clusters, f.machines/max(f.clusters, 1))
+		p("%d Clusters, each in a namespace of its own with a MachineDeployment of %d machines as in section 2, are upgraded at once by one ", f.clusters, f.perCluster())
 		p("manager wired as in section 2 (the same updater, `--concurrency %d`), on a test API server of their own: an UpgradeTask per Cluster, ", managerConcurrency)
 		p("requested one after the other, each with maxUnavailable %d. Each Cluster's workload cluster is the same test API server, reached ", f.maxUnavailable)
 		p("through a kubeconfig whose server URL carries a path of the Cluster's own (as a proxy such as Rancher's hands out); a transport ")
 		p("of the bench takes the path off and keeps, in the lists and watches of Nodes, the Nodes of that Cluster only, so that each ")
-		p("Cluster's Node cache holds its own %d Nodes, as with an API server per workload cluster. The hand-offs of every Cluster are ", f.machines/max(f.clusters, 1))
+		p("Cluster's Node cache holds its own %d Nodes, as with an API server per workload cluster. The hand-offs of every Cluster are ", f.perCluster())
 		p("pooled. Total: from the first request to the last task seen `Completed`; first node: the latest of the Clusters' first NodeUpdates. ")
 		p("The manager runs in the bench process, so its CPU and memory are the process's (with the bench's watches of the NodeUpdates): ")
 		p("CPU is user and system time from the first request to the last completion, divided by that time; VmRSS and the Go heap in use are ")
@@ -492,7 +495,7 @@ func (r *report) renderFleet(w io.Writer, full bool) {
 	if f.finished {
 		writes = fmt.Sprintf("%.1f", f.writesPerNode())
 	}
-	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.machines/max(f.clusters, 1), f.maxUnavailable,
+	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.perCluster(), f.maxUnavailable,
 		totalText(*f, r.cfg.fleetTimeout), secs(f.firstStart), f.handoff.n, ms(f.handoff.p50), ms(f.handoff.p99), ms(f.handoff.max),
 		ms(f.nextStart.p50), ms(f.nextStart.p99), writes, f.usage.cores(), mib(f.usage.rssStart), mib(f.usage.rssPeak), mib(f.usage.heapPeak))
 	p("Per node: %s; reconciles %s; workload writes %s.\n\n", perNode(f.writes, f.machines), perNode(f.reconciles, f.machines), perNode(f.workloadWrites, f.machines))
