@@ -189,7 +189,7 @@ func (s *binarySource) validate(needed []string) error {
 			return usagef("--source url needs the SHA-256 of %s: add --sha256 %s=<64 hex digits> for each (dl.k8s.io publishes it as <binary>.sha256 next to each binary)",
 				strings.Join(missing, ", "), missing[0])
 		}
-		if s.arch != "" && !regexp.MustCompile(`^[a-z0-9_]+$`).MatchString(s.arch) {
+		if s.arch != "" && !archName.MatchString(s.arch) {
 			return usagef("--arch %q is not an architecture name such as amd64 or arm64", s.arch)
 		}
 		return s.parseTemplate()
@@ -205,6 +205,9 @@ func (s *binarySource) validate(needed []string) error {
 		return usagef("--source %q is not one of packages, url, dir", s.kind)
 	}
 }
+
+// archName is an architecture as release paths name them (amd64, arm64, ppc64le).
+var archName = regexp.MustCompile(`^[a-z0-9_]+$`)
 
 // urlFields are what --url-template may use.
 type urlFields struct{ Version, Arch, Binary string }
