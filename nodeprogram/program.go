@@ -61,6 +61,12 @@ type Env struct {
 	// Client returns the client of the cluster the program runs in (cluster-upgrade).
 	// Default: the in-cluster configuration of the pod's service account.
 	Client func() (client.Client, error)
+	// KubeadmClusterConfiguration returns the ClusterConfiguration document of a kubeadm
+	// cluster (ConfigMap kube-system/kubeadm-config, key ClusterConfiguration), read with
+	// the kubeconfig file kubeconfig, a path as this program sees it (`kubeadm upgrade`
+	// on a control plane node reads it to choose between apply and node). Default: a
+	// client built from that file.
+	KubeadmClusterConfiguration func(ctx context.Context, kubeconfig string) (string, error)
 
 	// The flags every subcommand accepts, before or after its name.
 	hostRoot       string
@@ -102,6 +108,9 @@ func commands() []command {
 		{name: "rke2-settings", summary: "write the release's RKE2 and kubelet settings of one stage of the node's upgrade (--stage pre-drain or post-drain)", run: runRKE2Settings},
 		{name: "os-upgrade", summary: "install the release's operating system from the repository and schedule the reboot", run: runOSUpgrade},
 		{name: "copy-files", summary: "copy files of this container's image into a directory (the cluster upgrade Job takes Rancher's chart and helm out of an image without a shell with it)", run: runCopyFiles},
+		{name: "kubeadm fetch", summary: "put the target kubeadm, kubelet and kubectl where the next kubeadm phases take them (packages, a checksummed URL or a directory) and install kubeadm", run: runKubeadmFetch},
+		{name: "kubeadm upgrade", summary: "run `kubeadm upgrade apply` on the first control plane node, `kubeadm upgrade node` on every other node", run: runKubeadmUpgrade},
+		{name: "kubeadm kubelet", summary: "install the target kubelet and kubectl, reload systemd and restart the kubelet (after the node is drained)", run: runKubeadmKubelet},
 		{name: "cluster-upgrade", summary: "upgrade Rancher, the chart repository and Harvester's charts (run in a Job, not on a node)", run: runClusterUpgrade},
 	}
 }
