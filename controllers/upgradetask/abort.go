@@ -42,15 +42,18 @@ func (r *Reconciler) reconcileAbort(ctx context.Context, s *taskScope) (ctrl.Res
 	if err := r.writeMachinesNow(ctx, task, members, func(mem *member) machineWant { return desiredMachine(s, mem, phase, false) }); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.reconcilePendingTaints(ctx, s, phase); errors.Is(err, errTaintWritesInFlight) {
-		// Aborted once they are written (the writer asks for the task again then); until
-		// then the task says it is being aborted.
+	taintErr := r.reconcilePendingTaints(ctx, s, phase)
+	if taintErr != nil {
+		// Aborted once the taints are written (the writer asks for the task again when its
+		// writes are done; a write the workload cluster refused or left unanswered is
+		// tried again); until then the task says it is being aborted.
 		phase = inplacev1.TaskPhaseAborting
-	} else if err != nil {
-		return ctrl.Result{}, err
 	}
 	if err := r.writeStatus(ctx, s, phase, preflight.GateResult{Open: true}); err != nil {
 		return ctrl.Result{}, err
+	}
+	if taintErr != nil && !errors.Is(taintErr, errTaintWritesInFlight) {
+		return ctrl.Result{}, taintErr
 	}
 	if phase.IsFinal() {
 		return ctrl.Result{}, nil

@@ -77,6 +77,10 @@ type Reconciler struct {
 	// GatePolicy is what the operator allows health gates to do; nil means
 	// healthgate.DefaultPolicy().
 	GatePolicy *healthgate.Policy
+	// WorkloadWriteTimeout is how long one write to a workload cluster (a Node's
+	// upgrade-pending taint) may go unanswered before it is given up, to be written again
+	// at a later reconcile; zero means DefaultWorkloadWriteTimeout.
+	WorkloadWriteTimeout time.Duration
 	// Notifier queues the notifications of the tasks' webhooks (spec.notify, the
 	// Cluster's notify-secret annotation); nil means none is sent.
 	Notifier *notify.Dispatcher
@@ -180,7 +184,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if err := mgr.Add(r.machines); err != nil {
 		return fmt.Errorf("add the UpgradeTask Machine writer to the manager: %w", err)
 	}
-	r.taints = newTaintWriter(r.Workload.Client, func(key types.NamespacedName) {
+	r.taints = newTaintWriter(r.Workload.Client, r.workloadWriteTimeout(), func(key types.NamespacedName) {
 		// After a poll interval: a workload cluster that refused a write is asked again
 		// at the pace of the task's polls, not in a loop.
 		time.AfterFunc(r.PollInterval, func() { sendRetry(key) })

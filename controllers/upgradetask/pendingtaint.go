@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -85,7 +86,7 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 	for _, node := range s.nodes {
 		// A task that ends waits for its taints to be gone: a conflict is an error, and
 		// the reconcile reads the node again.
-		if err := setPendingTaintNow(ctx, wc, written, node, pendingTaint(s.task), want[node.Name]); err != nil {
+		if err := setPendingTaintNow(ctx, wc, written, node, pendingTaint(s.task), want[node.Name], r.workloadWriteTimeout()); err != nil {
 			return err
 		}
 	}
@@ -115,7 +116,7 @@ func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.Up
 		return nil
 	}
 	for i := range nodes.Items {
-		if err := setPendingTaintNow(ctx, wc, written, &nodes.Items[i], pendingTaint(task), false); err != nil {
+		if err := setPendingTaintNow(ctx, wc, written, &nodes.Items[i], pendingTaint(task), false, r.workloadWriteTimeout()); err != nil {
 			return err
 		}
 	}
@@ -123,15 +124,34 @@ func (r *Reconciler) removePendingTaints(ctx context.Context, task *inplacev1.Up
 	return nil
 }
 
+// DefaultWorkloadWriteTimeout is how long a write to a workload cluster may go unanswered
+// when the Reconciler's WorkloadWriteTimeout is zero: half of kube-apiserver's own
+// request timeout (60s), so that a write the server still serves is not cut short.
+const DefaultWorkloadWriteTimeout = 30 * time.Second
+
+func (r *Reconciler) workloadWriteTimeout() time.Duration {
+	if r.WorkloadWriteTimeout > 0 {
+		return r.WorkloadWriteTimeout
+	}
+	return DefaultWorkloadWriteTimeout
+}
+
 // setPendingTaint adds the taint to node, or removes it, when the node is not that way
 // yet. The patch carries the resourceVersion read (spec.taints has no merge key: a merge
 // patch replaces the whole list), so a taint someone else changed since is never lost:
 // the patch conflicts, and the next reconcile reads the node again. A node that carries
 // the key with another task's value is left alone (key and effect are unique on a node).
-func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, want bool) error {
+//
+// The patch is given up after timeout: a workload API server (or a proxy in front of it)
+// that took the request and never answers would otherwise hold the write, and with it the
+// task's end, for as long as the connection lives. A write given up is an error like any
+// refused one: it is made again at a later reconcile, on a new request.
+func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, want bool, timeout time.Duration) error {
 	if !needsTaintWrite(node, taint, want) {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	ours := func(t corev1.Taint) bool {
 		return t.Key == taint.Key && t.Value == taint.Value && t.Effect == taint.Effect
 	}
@@ -148,6 +168,9 @@ func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, t
 		verb := "remove the upgrade-pending taint from"
 		if want {
 			verb = "put the upgrade-pending taint on"
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return fmt.Errorf("%s node %s: the workload cluster did not answer within %s; written again at a later reconcile: %w", verb, node.Name, timeout, err)
 		}
 		return fmt.Errorf("%s node %s: %w", verb, node.Name, err)
 	}

@@ -2,15 +2,20 @@ package upgradetask
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 )
 
 // taintWriter brings the upgrade-pending taints of a running task's nodes to what its
@@ -36,6 +41,8 @@ import (
 type taintWriter struct {
 	// workload returns the client of a Cluster's workload cluster.
 	workload func(ctx context.Context, cluster types.NamespacedName) (client.Client, error)
+	// timeout bounds each write (setPendingTaint).
+	timeout time.Duration
 	// retry asks for a reconcile of a task one of whose taint writes failed; wake asks for
 	// one at once, for a task that waits to settle.
 	retry, wake func(key types.NamespacedName)
@@ -54,10 +61,14 @@ type taintWriter struct {
 }
 
 // taintWritten is a write the writer made: the node's resourceVersion it was written
-// from, and whether the node carries the taint since.
+// from, and whether the node carries the taint since. unsure marks a put the workload
+// cluster took and never answered (given up after the writer's timeout, or cut by the
+// connection): the server may still carry it out later, so the task's end fences the
+// node (fenceNode) even when no taint shows on it.
 type taintWritten struct {
-	from string
-	has  bool
+	from   string
+	has    bool
+	unsure bool
 }
 
 // taintSlot is what is kept about a task while a hand-over of its taints is pending or
@@ -83,8 +94,8 @@ type taintJob struct {
 // TaintWriteConcurrency bounds the taint writes of one task in flight at once.
 const TaintWriteConcurrency = 4
 
-func newTaintWriter(workload func(context.Context, types.NamespacedName) (client.Client, error), retry, wake func(types.NamespacedName)) *taintWriter {
-	return &taintWriter{workload: workload, retry: retry, wake: wake, tasks: map[types.NamespacedName]*taintSlot{}, written: map[types.NamespacedName]map[string]taintWritten{}}
+func newTaintWriter(workload func(context.Context, types.NamespacedName) (client.Client, error), timeout time.Duration, retry, wake func(types.NamespacedName)) *taintWriter {
+	return &taintWriter{workload: workload, timeout: timeout, retry: retry, wake: wake, tasks: map[types.NamespacedName]*taintSlot{}, written: map[types.NamespacedName]map[string]taintWritten{}}
 }
 
 // Start implements manager.Runnable: writes run until the manager stops, which then
@@ -182,14 +193,12 @@ func (w *taintWriter) write(ctx context.Context, job *taintJob) error {
 	}
 	return forEachConcurrently(job.nodes, TaintWriteConcurrency, func(node *corev1.Node) error {
 		from := node.ResourceVersion
-		err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name])
-		if err == nil {
-			w.mu.Lock()
-			if w.written[job.task] == nil {
-				w.written[job.task] = map[string]taintWritten{}
-			}
-			w.written[job.task][node.Name] = taintWritten{from: from, has: job.want[node.Name]}
-			w.mu.Unlock()
+		err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name], w.timeout)
+		switch {
+		case err == nil:
+			w.record(job.task, node.Name, taintWritten{from: from, has: job.want[node.Name]})
+		case job.want[node.Name] && outcomeUnknown(err):
+			w.record(job.task, node.Name, taintWritten{unsure: true})
 		}
 		if apierrors.IsConflict(err) {
 			ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint not written yet", "node", node.Name, "error", err.Error())
@@ -197,6 +206,23 @@ func (w *taintWriter) write(ctx context.Context, job *taintJob) error {
 		}
 		return err
 	})
+}
+
+func (w *taintWriter) record(task types.NamespacedName, node string, written taintWritten) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.written[task] == nil {
+		w.written[task] = map[string]taintWritten{}
+	}
+	w.written[task][node] = written
+}
+
+// outcomeUnknown says whether a write that failed with err may still be carried out by
+// the server: it never answered (a deadline, a connection cut), rather than refused it
+// with a status.
+func outcomeUnknown(err error) bool {
+	var status apierrors.APIStatus
+	return err != nil && !errors.As(err, &status)
 }
 
 // trySettle drops the task's pending hand-over and says whether the writer is done with
@@ -233,7 +259,7 @@ func lagging(written map[string]taintWritten, node *corev1.Node) (lags, has bool
 // setPendingTaintNow is setPendingTaint for a node the cache may show from before one
 // of the writer's writes (written, from settle): a node already as wanted is left alone,
 // and one that is not is a conflict, for the reconcile to read it again.
-func setPendingTaintNow(ctx context.Context, wc client.Client, written map[string]taintWritten, node *corev1.Node, taint corev1.Taint, want bool) error {
+func setPendingTaintNow(ctx context.Context, wc client.Client, written map[string]taintWritten, node *corev1.Node, taint corev1.Taint, want bool, timeout time.Duration) error {
 	if lags, has := lagging(written, node); lags {
 		if has == want {
 			return nil
@@ -241,7 +267,42 @@ func setPendingTaintNow(ctx context.Context, wc client.Client, written map[strin
 		return apierrors.NewConflict(corev1.Resource("nodes"), node.Name,
 			fmt.Errorf("the cache does not show the upgrade-pending taint written at resourceVersion %s yet", node.ResourceVersion))
 	}
-	return setPendingTaint(ctx, wc, node, taint, want)
+	if !want && written[node.Name].unsure && !needsTaintWrite(node, taint, false) {
+		return fenceNode(ctx, wc, node, taint, timeout)
+	}
+	return setPendingTaint(ctx, wc, node, taint, want, timeout)
+}
+
+// PendingFenceAnnotation is set on a Node and taken off again at once by a task's end,
+// when a put of the task's taint on the node went unanswered (fenceNode).
+const PendingFenceAnnotation = inplacev1.AnnotationPrefix + "upgrade-pending-fence"
+
+// fenceNode makes a put of the task's taint that the workload cluster took and never
+// answered fail if the server carries it out after all: each put carries the
+// resourceVersion it was read at, so a write of the node after it (an annotation set, then
+// taken off) leaves it to conflict. Both writes carry the resourceVersion read too: a put
+// that landed since makes them conflict, and the next reconcile, which then sees the taint,
+// takes it off (which fences the node as well).
+func fenceNode(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, set := range []bool{true, false} {
+		fenced := node.DeepCopy()
+		if set {
+			metav1.SetMetaDataAnnotation(&fenced.ObjectMeta, PendingFenceAnnotation, taint.Value)
+		} else {
+			delete(fenced.Annotations, PendingFenceAnnotation)
+		}
+		if err := wc.Patch(ctx, fenced, client.MergeFromWithOptions(node, client.MergeFromWithOptimisticLock{})); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("fence node %s against an upgrade-pending taint put the workload cluster did not answer: %w", node.Name, err)
+		}
+		node = fenced
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("upgrade-pending taint put that went unanswered fenced", "node", node.Name)
+	return nil
 }
 
 // needsTaintWrite says whether node must be written to carry taint (want) or not.

@@ -3,6 +3,7 @@ package upgradetask
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -31,6 +32,18 @@ type nodePatches struct {
 	// refuse names a node whose patches are refused (Forbidden), without reaching the
 	// API server.
 	refuse string
+	// nodes, when set, are the only nodes whose patches are held: other tasks on the
+	// suite's API server (earlier specs' tasks, which this spec's manager reconciles too)
+	// write as usual.
+	nodes map[string]bool
+	// silent makes a held patch end only with its caller's context, as a workload API
+	// server that took the request and never answers: the caller's deadline, or none.
+	// A patch its caller gave up is applied when the hold is released (late), as a
+	// server that answers again may still carry out what it took.
+	silent bool
+	late   sync.WaitGroup
+	// landed are the late patches, as "node: the API server's answer".
+	landed []string
 }
 
 func (p *nodePatches) client() client.Client {
@@ -46,12 +59,42 @@ func (p *nodePatches) client() client.Client {
 				}
 				p.sent = append(p.sent, n.Name+"="+map[bool]string{true: "tainted", false: "untainted"}[tainted])
 				hold := p.hold
+				if p.nodes != nil && !p.nodes[n.Name] {
+					hold = nil
+				}
 				if hold != nil {
 					p.holding++
 				}
-				refuse := p.refuse
+				refuse, silent := p.refuse, p.silent
 				p.mu.Unlock()
-				if hold != nil {
+				switch {
+				case hold != nil && silent:
+					select {
+					case <-hold:
+					case <-ctx.Done():
+						// The server took the request: it may still apply it once it
+						// answers again, after the caller gave up (with the
+						// resourceVersion the patch carries, so only if the node did not
+						// change since).
+						data, err := patch.Data(obj)
+						if err != nil {
+							return err
+						}
+						late, typ := obj.DeepCopyObject().(client.Object), patch.Type()
+						p.mu.Lock()
+						p.late.Add(1)
+						p.mu.Unlock()
+						go func() {
+							defer p.late.Done()
+							<-hold
+							err := c.Patch(context.Background(), late, client.RawPatch(typ, data))
+							p.mu.Lock()
+							p.landed = append(p.landed, fmt.Sprintf("%s: %v", late.GetName(), err))
+							p.mu.Unlock()
+						}()
+						return ctx.Err()
+					}
+				case hold != nil:
 					<-hold
 				}
 				if n.Name == refuse {
@@ -73,6 +116,15 @@ func (p *nodePatches) held() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.holding
+}
+
+// nodeSet is the set of the world's nodes (nodePatches.nodes).
+func (w *world) nodeSet() map[string]bool {
+	set := map[string]bool{}
+	for i := range w.machines {
+		set[w.node(i)] = true
+	}
+	return set
 }
 
 // taintWriterWorld is a taint writer running on the suite's API server, with nodes of
@@ -104,7 +156,7 @@ func newTaintWriterWorld(nodes int, hold bool) *taintWriterWorld {
 		})
 	}
 	wc := tw.patches.client()
-	tw.w = newTaintWriter(func(context.Context, types.NamespacedName) (client.Client, error) { return wc, nil },
+	tw.w = newTaintWriter(func(context.Context, types.NamespacedName) (client.Client, error) { return wc, nil }, DefaultWorkloadWriteTimeout,
 		func(key types.NamespacedName) { tw.retries <- key }, func(key types.NamespacedName) { tw.wakes <- key })
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -218,14 +270,14 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 
 		By("the task's end, from the lagging cache: the taint it does not see is a conflict, not a node left tainted")
 		wc := tw.patches.client()
-		err := setPendingTaintNow(ctx, wc, written, before[n], tw.taint, false)
+		err := setPendingTaintNow(ctx, wc, written, before[n], tw.taint, false, DefaultWorkloadWriteTimeout)
 		Expect(apierrors.IsConflict(err)).To(BeTrue(), "got %v", err)
 		Expect(pendingTainted(n)).To(ConsistOf(n))
-		Expect(setPendingTaintNow(ctx, wc, written, before[n], tw.taint, true)).To(Succeed(), "already as wanted")
+		Expect(setPendingTaintNow(ctx, wc, written, before[n], tw.taint, true, DefaultWorkloadWriteTimeout)).To(Succeed(), "already as wanted")
 		Expect(tw.patches.patches()).To(HaveLen(1))
 
 		By("from a fresh read it is written")
-		Expect(setPendingTaintNow(ctx, wc, written, tw.read()[n], tw.taint, false)).To(Succeed())
+		Expect(setPendingTaintNow(ctx, wc, written, tw.read()[n], tw.taint, false, DefaultWorkloadWriteTimeout)).To(Succeed())
 		Expect(pendingTainted(n)).To(BeEmpty())
 	})
 
@@ -276,7 +328,8 @@ var _ = Describe("An UpgradeTask that ends while its upgrade-pending taint write
 		w       *world
 	)
 	BeforeEach(func() {
-		patches = &nodePatches{hold: make(chan struct{})}
+		w = newMDWorld(3)
+		patches = &nodePatches{hold: make(chan struct{}), nodes: w.nodeSet()}
 		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond}))
 		// Before the manager stops (cleanups run last first): it waits for the writes.
 		DeferCleanup(func() {
@@ -286,7 +339,6 @@ var _ = Describe("An UpgradeTask that ends while its upgrade-pending taint write
 				close(patches.hold)
 			}
 		})
-		w = newMDWorld(3)
 		s := simulate(w.ns, time.Hour)
 		s.SetAbortDelay(200 * time.Millisecond)
 		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
@@ -320,5 +372,80 @@ var _ = Describe("An UpgradeTask that ends while its upgrade-pending taint write
 			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "md"}, &inplacev1.UpgradeTask{}))
 		}, timeout, poll).Should(BeTrue())
 		expectNoTaintFromNowOn()
+	})
+})
+
+// A workload API server that takes the taint writes and never answers them, then answers
+// again: a write is given up after the Reconciler's WorkloadWriteTimeout, so the task's
+// end is held only while the server is silent, and ends once it answers, with no node
+// tainted. Without a deadline, a write held by a silent connection would hold the end for
+// as long as that connection lives, the server answering again or not.
+var _ = Describe("An UpgradeTask whose workload cluster goes silent while its taints are written", func() {
+	It("aborted: says Aborting while the removals go unanswered, and ends Aborted with no node tainted once the server answers again", func() {
+		silence := make(chan struct{})
+		DeferCleanup(func() { close(silence) }) // what is still held ends, before the manager stops
+		w := newMDWorld(3)
+		patches := &nodePatches{silent: true, nodes: w.nodeSet()}
+		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond,
+			WorkloadWriteTimeout: time.Second}))
+		s := simulate(w.ns, time.Hour)
+		s.SetAbortDelay(200 * time.Millisecond)
+		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		nodes := []string{w.node(0), w.node(1), w.node(2)}
+		Eventually(func() []string { return pendingTainted(nodes...) }, timeout, poll).ShouldNot(BeEmpty(), "the first hand-over's taints are written")
+
+		By("the server goes silent, and the task is aborted")
+		patches.mu.Lock()
+		patches.hold = silence
+		patches.mu.Unlock()
+		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.Phase = inplacev1.TaskActionAbort })
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborting))
+		Consistently(w.phaseOf("md"), 2500*time.Millisecond, poll).Should(Equal(inplacev1.TaskPhaseAborting), "no taint can be taken off while the server is silent")
+		Expect(patches.held()).NotTo(BeZero(), "the removals went unanswered")
+
+		By("the server answers again: writes from now on go through; those it took while silent stay unanswered")
+		patches.mu.Lock()
+		patches.hold = nil
+		patches.mu.Unlock()
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
+		Expect(pendingTainted(nodes...)).To(BeEmpty(), "a task that ended leaves no upgrade-pending taint")
+		Consistently(func() []string { return pendingTainted(nodes...) }, 1500*time.Millisecond, poll).Should(BeEmpty())
+	})
+})
+
+// A write the silent server took may still be carried out after the writer gave it up.
+// A task that ended meanwhile must not be left with its taint on a node: the end makes
+// every node whose put went unanswered refuse such a late write (a write that moves the
+// node's resourceVersion past the one the late patch carries), or takes the taint off if
+// it landed first.
+var _ = Describe("An UpgradeTask whose taint puts a silent workload cluster carries out after it gave them up", func() {
+	It("aborted: no node carries its taint once it ended, whenever the puts it gave up land", func() {
+		silence := make(chan struct{})
+		var once sync.Once
+		answer := func() { once.Do(func() { close(silence) }) }
+		w := newMDWorld(3)
+		patches := &nodePatches{hold: silence, silent: true, nodes: w.nodeSet()}
+		DeferCleanup(func() { answer(); patches.late.Wait() })
+		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond,
+			WorkloadWriteTimeout: time.Second}))
+		s := simulate(w.ns, time.Hour)
+		s.SetAbortDelay(200 * time.Millisecond)
+		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		nodes := []string{w.node(0), w.node(1), w.node(2)}
+		Eventually(patches.held, timeout, poll).Should(BeNumerically(">=", 2), "the first hand-over's puts go unanswered")
+		Expect(pendingTainted(nodes...)).To(BeEmpty())
+
+		w.editTask("md", func(t *inplacev1.UpgradeTask) { t.Spec.Phase = inplacev1.TaskActionAbort })
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Or(Equal(inplacev1.TaskPhaseAborting), Equal(inplacev1.TaskPhaseAborted)))
+
+		By("the server answers again, and carries out the puts it took")
+		patches.mu.Lock()
+		patches.hold = nil
+		patches.mu.Unlock()
+		answer()
+		patches.late.Wait()
+		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
+		Consistently(func() []string { return pendingTainted(nodes...) }, 2*time.Second, poll).Should(BeEmpty(),
+			"a put the writer gave up landed on a node after its task ended (late patches: %v)", patches.landed)
 	})
 })
