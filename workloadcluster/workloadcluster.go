@@ -42,6 +42,11 @@ func (e *SecretNotFoundError) Error() string {
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 
+// DefaultRequestTimeout is how long a request of a workload cluster's client may take: the
+// request timeout kube-apiserver itself gives a request (its --request-timeout, 60s), past
+// which a server that still answers would have answered with an error.
+const DefaultRequestTimeout = 60 * time.Second
+
 // Clients hands out clients of workload clusters. The zero value is not usable: set
 // Reader and Scheme.
 type Clients struct {
@@ -53,6 +58,13 @@ type Clients struct {
 	// Configure, when set, adjusts the REST config built from the kubeconfig (QPS,
 	// timeouts, user agent).
 	Configure func(*rest.Config)
+	// RequestTimeout bounds each request of the clients Client hands out, from sending it
+	// to reading its answer; DefaultRequestTimeout when zero. Without it a workload API
+	// server, or a proxy in front of it, that takes a request and never answers would hold
+	// the reconcile that sent it, and with it its NodeUpdate's timeout and abort, for as long
+	// as the connection lives. RESTConfig's configs (watches, logs, port-forwards) are not
+	// bounded by it.
+	RequestTimeout time.Duration
 	// Recheck is how long a client is handed out after its Secret was read before the
 	// Secret is read again; zero reads it on every call. SecretRecheck is what the
 	// manager uses: a rotated kubeconfig is picked up within it, and the reconciles of
@@ -136,7 +148,12 @@ func (c *Clients) entry(ctx context.Context, cluster types.NamespacedName) (entr
 	if c.Configure != nil {
 		c.Configure(cfg)
 	}
-	cl, err := client.New(cfg, client.Options{Scheme: c.Scheme})
+	bounded := rest.CopyConfig(cfg)
+	bounded.Timeout = c.RequestTimeout
+	if bounded.Timeout <= 0 {
+		bounded.Timeout = DefaultRequestTimeout
+	}
+	cl, err := client.New(bounded, client.Options{Scheme: c.Scheme})
 	if err != nil {
 		return entry{}, fmt.Errorf("create client of workload cluster %s: %w", cluster, err)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -136,5 +138,44 @@ func TestClientsErrors(t *testing.T) {
 	_, err = clients.Client(ctx, types.NamespacedName{Namespace: "clusters", Name: "empty"})
 	if err == nil || err.Error() != `kubeconfig Secret clusters/empty-kubeconfig has no key "value"` {
 		t.Errorf("a Secret without the key must say so, got %v", err)
+	}
+}
+
+// A workload API server that takes a request and never answers: the client's request
+// ends with an error after RequestTimeout instead of holding its caller.
+func TestClientsRequestTimeout(t *testing.T) {
+	release := make(chan struct{})
+	server := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer server.Close()
+	defer close(release)
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "silent-kubeconfig", Namespace: "clusters"},
+		Data:       map[string][]byte{KubeconfigSecretKey: kubeconfigFor(server.URL)},
+	}
+	clients := &Clients{Reader: fake.NewClientBuilder().WithObjects(secret).Build(), Scheme: clientgoscheme.Scheme, RequestTimeout: 300 * time.Millisecond}
+	cl, err := clients.Client(context.Background(), types.NamespacedName{Namespace: "clusters", Name: "silent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- cl.Patch(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, client.RawPatch(types.MergePatchType, []byte(`{}`)))
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a request the server never answered succeeded")
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("the request ended after %s, want about the RequestTimeout (300ms)", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request to a workload API server that never answers was still waiting after 10s")
 	}
 }
