@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -65,7 +64,11 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 	if !phase.IsFinal() {
 		// Off the reconcile's path: the next hand-off waits for no taint (taintWriter).
 		if len(s.nodes) > 0 {
-			r.taints.submit(key, cluster, pendingTaint(s.task), s.nodes, want)
+			stray, err := r.strayPendingTaints(ctx, pendingTaint(s.task), s.nodes)
+			if err != nil {
+				return err
+			}
+			r.taints.submit(key, cluster, pendingTaint(s.task), s.nodes, want, stray)
 		}
 		return nil
 	}
@@ -93,6 +96,44 @@ func (r *Reconciler) reconcilePendingTaints(ctx context.Context, s *taskScope, p
 	// Nothing more is written for a task that ended: what the writer wrote is not needed.
 	r.taints.forget(key)
 	return nil
+}
+
+// strayPendingTaints are the values of the upgrade-pending taints on nodes that no task
+// that has not ended carries (every namespace, from the cache): left by a task deleted
+// while its workload cluster could not be reached, or by a put of the taint that its
+// workload cluster carried out after the task ended and that a restarted manager could
+// not fence (fenceNode). A running task takes them off the nodes of its workload cluster:
+// nothing else would, and the Harvester updater keeps evacuated VMs off every node that
+// carries the key. A task ends only once its own taints are off, so a value of a task
+// that ended is stray. nil when every value of the key on the nodes is this task's.
+func (r *Reconciler) strayPendingTaints(ctx context.Context, own corev1.Taint, nodes map[string]*corev1.Node) (map[string]bool, error) {
+	var stray map[string]bool
+	for _, n := range nodes {
+		for _, t := range n.Spec.Taints {
+			if t.Key == own.Key && t.Effect == own.Effect && t.Value != own.Value {
+				if stray == nil {
+					stray = map[string]bool{}
+				}
+				stray[t.Value] = true
+			}
+		}
+	}
+	if stray == nil {
+		return nil, nil
+	}
+	tasks := &inplacev1.UpgradeTaskList{}
+	if err := r.Client.List(ctx, tasks, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list UpgradeTasks to find upgrade-pending taints of tasks that ended: %w", err)
+	}
+	for i := range tasks.Items {
+		if t := &tasks.Items[i]; !t.Status.Phase.IsFinal() {
+			delete(stray, pendingTaint(t).Value)
+		}
+	}
+	if len(stray) == 0 {
+		return nil, nil
+	}
+	return stray, nil
 }
 
 // removePendingTaints takes the task's taint off every node of its workload cluster,
@@ -146,21 +187,18 @@ func (r *Reconciler) workloadWriteTimeout() time.Duration {
 // that took the request and never answers would otherwise hold the write, and with it the
 // task's end, for as long as the connection lives. A write given up is an error like any
 // refused one: it is made again at a later reconcile, on a new request.
-func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, want bool, timeout time.Duration) error {
-	if !needsTaintWrite(node, taint, want) {
+//
+// The taints of the key with a stray value (strayPendingTaints) are taken off in the same
+// patch.
+func setPendingTaint(ctx context.Context, wc client.Client, node *corev1.Node, taint corev1.Taint, want bool, stray map[string]bool, timeout time.Duration) error {
+	taints, changed := wantedTaints(node, taint, want, stray)
+	if !changed {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ours := func(t corev1.Taint) bool {
-		return t.Key == taint.Key && t.Value == taint.Value && t.Effect == taint.Effect
-	}
 	patched := node.DeepCopy()
-	if want {
-		patched.Spec.Taints = append(patched.Spec.Taints, taint)
-	} else {
-		patched.Spec.Taints = slices.DeleteFunc(patched.Spec.Taints, ours)
-	}
+	patched.Spec.Taints = taints
 	if err := wc.Patch(ctx, patched, client.MergeFromWithOptions(node, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil

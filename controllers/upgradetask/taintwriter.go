@@ -89,6 +89,9 @@ type taintJob struct {
 	taint   corev1.Taint
 	nodes   []*corev1.Node
 	want    map[string]bool
+	// stray are values of the taint's key that no task that has not ended carries: taken
+	// off wherever they are (strayPendingTaints).
+	stray map[string]bool
 }
 
 // TaintWriteConcurrency bounds the taint writes of one task in flight at once.
@@ -118,8 +121,8 @@ func (w *taintWriter) NeedLeaderElection() bool { return false }
 
 // submit hands over the taints of a task's nodes: the node named in want true carry
 // taint, every other node of nodes does not. It returns at once.
-func (w *taintWriter) submit(task, cluster types.NamespacedName, taint corev1.Taint, nodes map[string]*corev1.Node, want map[string]bool) {
-	job := &taintJob{task: task, cluster: cluster, taint: taint, want: want}
+func (w *taintWriter) submit(task, cluster types.NamespacedName, taint corev1.Taint, nodes map[string]*corev1.Node, want, stray map[string]bool) {
+	job := &taintJob{task: task, cluster: cluster, taint: taint, want: want, stray: stray}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped || w.ctx == nil {
@@ -127,7 +130,7 @@ func (w *taintWriter) submit(task, cluster types.NamespacedName, taint corev1.Ta
 	}
 	written := w.written[task]
 	for _, n := range nodes {
-		if !needsTaintWrite(n, taint, want[n.Name]) {
+		if _, changed := wantedTaints(n, taint, want[n.Name], stray); !changed {
 			continue
 		}
 		if lags, _ := lagging(written, n); lags {
@@ -193,7 +196,7 @@ func (w *taintWriter) write(ctx context.Context, job *taintJob) error {
 	}
 	return forEachConcurrently(job.nodes, TaintWriteConcurrency, func(node *corev1.Node) error {
 		from := node.ResourceVersion
-		err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name], w.timeout)
+		err := setPendingTaint(ctx, wc, node, job.taint, job.want[node.Name], job.stray, w.timeout)
 		switch {
 		case err == nil:
 			w.record(job.task, node.Name, taintWritten{from: from, has: job.want[node.Name]})
@@ -270,7 +273,7 @@ func setPendingTaintNow(ctx context.Context, wc client.Client, written map[strin
 	if !want && written[node.Name].unsure && !needsTaintWrite(node, taint, false) {
 		return fenceNode(ctx, wc, node, taint, timeout)
 	}
-	return setPendingTaint(ctx, wc, node, taint, want, timeout)
+	return setPendingTaint(ctx, wc, node, taint, want, nil, timeout)
 }
 
 // PendingFenceAnnotation is set on a Node and taken off again at once by a task's end,
@@ -307,16 +310,37 @@ func fenceNode(ctx context.Context, wc client.Client, node *corev1.Node, taint c
 
 // needsTaintWrite says whether node must be written to carry taint (want) or not.
 func needsTaintWrite(node *corev1.Node, taint corev1.Taint, want bool) bool {
-	has, other := false, false
+	_, changed := wantedTaints(node, taint, want, nil)
+	return changed
+}
+
+// wantedTaints are the taints node carries once it carries taint (want) or not and none
+// of the stray values of taint's key: a taint of the key with another value that is not
+// stray belongs to another task and is left alone, and then taint is not put on (key and
+// effect are unique on a node). changed says whether they differ from the node's.
+func wantedTaints(node *corev1.Node, taint corev1.Taint, want bool, stray map[string]bool) ([]corev1.Taint, bool) {
+	sameKey := func(t corev1.Taint) bool { return t.Key == taint.Key && t.Effect == taint.Effect }
+	out := make([]corev1.Taint, 0, len(node.Spec.Taints)+1)
+	has, other, changed := false, false, false
 	for _, t := range node.Spec.Taints {
-		if t.Key != taint.Key || t.Effect != taint.Effect {
-			continue
-		}
-		if t.Value == taint.Value {
+		switch {
+		case !sameKey(t):
+		case t.Value == taint.Value:
+			if !want {
+				changed = true
+				continue
+			}
 			has = true
-		} else {
+		case stray[t.Value]:
+			changed = true
+			continue
+		default:
 			other = true
 		}
+		out = append(out, t)
 	}
-	return has != want && (!want || !other)
+	if want && !has && !other {
+		out, changed = append(out, taint), true
+	}
+	return out, changed
 }

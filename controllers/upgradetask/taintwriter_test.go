@@ -222,7 +222,7 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		nodes := tw.read()
 		returned := make(chan struct{})
 		go func() {
-			tw.w.submit(tw.task, tw.task, tw.taint, nodes, tw.want(tw.nodes...))
+			tw.w.submit(tw.task, tw.task, tw.taint, nodes, tw.want(tw.nodes...), nil)
 			close(returned)
 		}()
 		Eventually(returned).Should(BeClosed(), "submit does not wait for the workload cluster")
@@ -242,11 +242,11 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 	It("writes the last hand-over: one submitted while another is written replaces the one pending", func() {
 		tw := newTaintWriterWorld(2, true)
 		a, b := tw.nodes[0], tw.nodes[1]
-		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a))
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a), nil)
 		Eventually(tw.patches.held).Should(Equal(1))
 		// Pending, then replaced before it is written: b is never tainted.
-		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b))
-		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want())
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b), nil)
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(), nil)
 		close(tw.patches.hold)
 		Eventually(func() bool { _, settled := tw.w.trySettle(tw.task); return settled }).Should(BeTrue())
 		// The last hand-over read a untainted (the first write had not ended) and wants
@@ -259,12 +259,12 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		tw := newTaintWriterWorld(1, false)
 		n := tw.nodes[0]
 		before := tw.read()
-		tw.w.submit(tw.task, tw.task, tw.taint, before, tw.want(n))
+		tw.w.submit(tw.task, tw.task, tw.taint, before, tw.want(n), nil)
 		written := tw.written()
 		Expect(tw.patches.patches()).To(Equal([]string{n + "=tainted"}))
 
 		By("a reconcile whose cache lags hands the node over as it was: not written again")
-		tw.w.submit(tw.task, tw.task, tw.taint, before, tw.want(n))
+		tw.w.submit(tw.task, tw.task, tw.taint, before, tw.want(n), nil)
 		tw.written()
 		Expect(tw.patches.patches()).To(HaveLen(1), "no write that could only conflict")
 
@@ -298,7 +298,7 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		gone := nodes[a].DeepCopy()
 		gone.Name = a + "-gone" // a Node that is gone meanwhile: not an error
 		nodes[gone.Name] = gone
-		tw.w.submit(tw.task, tw.task, tw.taint, nodes, tw.want(a, b, c, gone.Name))
+		tw.w.submit(tw.task, tw.task, tw.taint, nodes, tw.want(a, b, c, gone.Name), nil)
 		Eventually(tw.retries).Should(Receive(Equal(tw.task)), "a refused write asks for the task again")
 		Expect(tw.patches.patches()).To(ConsistOf(a+"=tainted", gone.Name+"=tainted", c+"=tainted"), "b is not written: another task holds the key")
 		Expect(pendingTainted(a, c)).To(ConsistOf(a))
@@ -308,10 +308,10 @@ var _ = Describe("The upgrade-pending taint writer", func() {
 		tw.patches.mu.Lock()
 		tw.patches.refuse = ""
 		tw.patches.mu.Unlock()
-		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b, c))
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(a, b, c), nil)
 		tw.written()
 		Expect(pendingTainted(a, c)).To(ConsistOf(a, c))
-		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want())
+		tw.w.submit(tw.task, tw.task, tw.taint, tw.read(), tw.want(), nil)
 		tw.written()
 		Expect(pendingTainted(a, c)).To(BeEmpty())
 		Expect(k8s.Get(ctx, client.ObjectKey{Name: b}, node)).To(Succeed())
@@ -447,5 +447,54 @@ var _ = Describe("An UpgradeTask whose taint puts a silent workload cluster carr
 		Eventually(w.phaseOf("md"), timeout, poll).Should(Equal(inplacev1.TaskPhaseAborted))
 		Consistently(func() []string { return pendingTainted(nodes...) }, 2*time.Second, poll).Should(BeEmpty(),
 			"a put the writer gave up landed on a node after its task ended (late patches: %v)", patches.landed)
+	})
+})
+
+// An upgrade-pending taint that no task that has not ended carries (a task deleted while
+// its workload cluster could not be reached leaves its taints; so can a put carried out
+// after its task ended, which a restarted manager could not fence) is taken off by the
+// next task that runs on the cluster; a taint of another task that runs stays.
+var _ = Describe("Upgrade-pending taints of tasks that ended or are gone", func() {
+	It("are taken off by the next task on the workload cluster, which taints those nodes itself; another running task's stay", func() {
+		w := newMDWorld(3)
+		taintValues := func(node string) []string {
+			n := &corev1.Node{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+			var out []string
+			for _, t := range n.Spec.Taints {
+				if t.Key == inplacev1.UpgradePendingTaint {
+					out = append(out, t.Value)
+				}
+			}
+			return out
+		}
+		setTaint := func(node, value string) {
+			n := &corev1.Node{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+			patch := client.MergeFrom(n.DeepCopy())
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: value, Effect: corev1.TaintEffectPreferNoSchedule})
+			Expect(k8s.Patch(ctx, n, patch)).To(Succeed())
+		}
+		By("a taint of a task that is gone, and one of a task of another namespace that has not ended")
+		setTaint(w.node(0), "gone-"+w.ns+".old-task")
+		otherNS := "other-" + w.ns
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: otherNS}})).To(Succeed())
+		// Of a Cluster that does not exist: it never ends, and never reaches these nodes.
+		other := w.mdTask("running", func(t *inplacev1.UpgradeTask) {
+			t.Namespace, t.Spec.ClusterName, t.Labels = otherNS, "elsewhere", nil
+		})
+		Expect(k8s.Create(ctx, other)).To(Succeed())
+		otherValue := pendingTaint(other).Value
+		setTaint(w.node(2), otherValue)
+
+		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: k8s}, PollInterval: 100 * time.Millisecond}))
+		simulate(w.ns, time.Hour)
+		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		own := pendingTaint(w.task("md")).Value
+		Eventually(func() []string { return taintValues(w.node(0)) }, timeout, poll).Should(Equal([]string{own}),
+			"the gone task's taint is taken off, and the node still to go carries the running task's own")
+		Eventually(func() []string { return taintValues(w.node(1)) }, timeout, poll).Should(Equal([]string{own}))
+		Consistently(func() []string { return taintValues(w.node(2)) }, time.Second, poll).Should(Equal([]string{otherValue}),
+			"the taint of a task that has not ended is not taken off")
 	})
 })
