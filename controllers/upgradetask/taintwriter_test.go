@@ -375,6 +375,19 @@ var _ = Describe("An UpgradeTask that ends while its upgrade-pending taint write
 	})
 })
 
+// startSilentTask starts a manager whose taint writes go through patches, which holds the
+// writes of w's nodes only, and gives each write a second; then the task md of w, whose
+// NodeUpdates run for an hour. Cleanups registered before it run after the manager stopped.
+func startSilentTask(w *world, patches *nodePatches) {
+	GinkgoHelper()
+	patches.nodes = w.nodeSet()
+	DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond,
+		WorkloadWriteTimeout: time.Second}))
+	s := simulate(w.ns, time.Hour)
+	s.SetAbortDelay(200 * time.Millisecond)
+	Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+}
+
 // A workload API server that takes the taint writes and never answers them, then answers
 // again: a write is given up after the Reconciler's WorkloadWriteTimeout, so the task's
 // end is held only while the server is silent, and ends once it answers, with no node
@@ -385,12 +398,8 @@ var _ = Describe("An UpgradeTask whose workload cluster goes silent while its ta
 		silence := make(chan struct{})
 		DeferCleanup(func() { close(silence) }) // what is still held ends, before the manager stops
 		w := newMDWorld(3)
-		patches := &nodePatches{silent: true, nodes: w.nodeSet()}
-		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond,
-			WorkloadWriteTimeout: time.Second}))
-		s := simulate(w.ns, time.Hour)
-		s.SetAbortDelay(200 * time.Millisecond)
-		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		patches := &nodePatches{silent: true}
+		startSilentTask(w, patches)
 		nodes := []string{w.node(0), w.node(1), w.node(2)}
 		Eventually(func() []string { return pendingTainted(nodes...) }, timeout, poll).ShouldNot(BeEmpty(), "the first hand-over's taints are written")
 
@@ -424,13 +433,9 @@ var _ = Describe("An UpgradeTask whose taint puts a silent workload cluster carr
 		var once sync.Once
 		answer := func() { once.Do(func() { close(silence) }) }
 		w := newMDWorld(3)
-		patches := &nodePatches{hold: silence, silent: true, nodes: w.nodeSet()}
+		patches := &nodePatches{hold: silence, silent: true}
 		DeferCleanup(func() { answer(); patches.late.Wait() })
-		DeferCleanup(startReconciler(newManager(), &Reconciler{Workload: SameCluster{Management: patches.client()}, PollInterval: 100 * time.Millisecond,
-			WorkloadWriteTimeout: time.Second}))
-		s := simulate(w.ns, time.Hour)
-		s.SetAbortDelay(200 * time.Millisecond)
-		Expect(k8s.Create(ctx, w.mdTask("md"))).To(Succeed())
+		startSilentTask(w, patches)
 		nodes := []string{w.node(0), w.node(1), w.node(2)}
 		Eventually(patches.held, timeout, poll).Should(BeNumerically(">=", 2), "the first hand-over's puts go unanswered")
 		Expect(pendingTainted(nodes...)).To(BeEmpty())
