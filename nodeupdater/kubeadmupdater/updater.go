@@ -157,8 +157,11 @@ func (u *Updater) Reconcile(ctx context.Context, nu *inplacev1.NodeUpdate) (node
 			continue
 		}
 		done, err := s.run(u, ctx, r)
-		if err != nil || !done {
-			return nodeupdater.Result{RequeueAfter: u.pollInterval()}, err
+		if err != nil {
+			return nodeupdater.Result{}, err
+		}
+		if !done {
+			return nodeupdater.Result{RequeueAfter: u.pollInterval()}, nil
 		}
 	}
 	return nodeupdater.Result{Done: true}, nil

@@ -13,6 +13,7 @@ package nodedrain
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -238,9 +239,21 @@ func finished(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
+// apiMessage is what the API server said, with the causes it gives: for an eviction a
+// budget refuses, which budget and how many healthy pods it needs
+// (pkg/registry/core/pod/storage/eviction.go).
 func apiMessage(err error) string {
-	if s, ok := err.(apierrors.APIStatus); ok && s.Status().Message != "" {
-		return s.Status().Message
+	var s apierrors.APIStatus
+	if !errors.As(err, &s) || s.Status().Message == "" {
+		return err.Error()
 	}
-	return err.Error()
+	msg := strings.TrimSuffix(s.Status().Message, ".")
+	if d := s.Status().Details; d != nil {
+		for _, c := range d.Causes {
+			if c.Message != "" {
+				msg += ": " + strings.TrimSuffix(c.Message, ".")
+			}
+		}
+	}
+	return msg
 }
