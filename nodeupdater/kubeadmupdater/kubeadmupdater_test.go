@@ -151,8 +151,8 @@ var _ = Describe("KubeadmUpdater", func() {
 
 	// finishJob plays the Job controller and the kubelet for the step's Job: its pod, with
 	// the node program's termination message when it fails, and the Job's end in its
-	// status. A succeeded Kubelet Job also makes the Node report the target kubelet, as
-	// the restarted kubelet would. envtest runs neither controller nor kubelet.
+	// status (kubeletReports plays the restarted kubelet). envtest runs neither controller
+	// nor kubelet.
 	finishJob := func(nu *inplacev1.NodeUpdate, step string, succeed bool, words string) {
 		GinkgoHelper()
 		job := waitForJob(nu, step)
@@ -189,13 +189,17 @@ var _ = Describe("KubeadmUpdater", func() {
 			}
 		}
 		Expect(k8s.Status().Update(ctx, job)).To(Succeed())
-		if succeed && step == kubeadmupdater.StepKubelet {
-			Eventually(func() error {
-				n := getNode(nu.Spec.NodeName)
-				n.Status.NodeInfo.KubeletVersion = nu.Spec.Version
-				return k8s.Status().Update(ctx, n)
-			}, wait).Should(Succeed())
-		}
+	}
+
+	// kubeletReports writes what the node's kubelet reports: its version and Ready.
+	kubeletReports := func(node, version string, ready bool) {
+		GinkgoHelper()
+		Eventually(func() error {
+			n := getNode(node)
+			n.Status.NodeInfo.KubeletVersion = version
+			n.Status.Conditions[0].Status = map[bool]corev1.ConditionStatus{true: corev1.ConditionTrue, false: corev1.ConditionFalse}[ready]
+			return k8s.Status().Update(ctx, n)
+		}, wait).Should(Succeed())
 	}
 
 	// workloadPod creates a pod of a ReplicaSet on node, as the scheduler would have placed it.
@@ -282,6 +286,16 @@ var _ = Describe("KubeadmUpdater", func() {
 		Expect(job.Spec.Template.Spec.Containers[0].Args).To(Equal([]string{"node", "kubeadm", "kubelet", "--version", to, "--source", "packages", "--unit", "kubelet"}))
 		Expect(cordoned(node)).To(BeTrue(), "cordoned while the kubelet restarts")
 		finishJob(nu, kubeadmupdater.StepKubelet, true, "")
+
+		// Still cordoned while the node does not report the target kubelet, then while
+		// it is not Ready.
+		Eventually(func() string { return stepOf(nu, kubeadmupdater.StepUncordon)().Message }, wait).Should(
+			Equal("waiting for node " + node + " to report kubelet " + to + " and Ready (it reports kubelet " + from + ", Ready true)"))
+		Consistently(func() bool { return cordoned(node) }, 300*time.Millisecond).Should(BeTrue())
+		kubeletReports(node, to, false)
+		Eventually(func() string { return stepOf(nu, kubeadmupdater.StepUncordon)().Message }, wait).Should(HaveSuffix("(it reports kubelet " + to + ", Ready false)"))
+		Consistently(func() bool { return cordoned(node) }, 300*time.Millisecond).Should(BeTrue())
+		kubeletReports(node, to, true)
 
 		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
 		n := getNode(node)
