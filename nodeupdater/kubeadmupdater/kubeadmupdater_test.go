@@ -239,6 +239,15 @@ var _ = Describe("KubeadmUpdater", func() {
 		start()
 		node := newNode(cp, from)
 		pod := workloadPod(node, "web-1", nil)
+		stays := []*corev1.Pod{
+			{ObjectMeta: metav1.ObjectMeta{Namespace: podNS, Name: "proxy-x1", OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "apps/v1", Kind: "DaemonSet", Name: "proxy", UID: "ds-proxy", Controller: ptr.To(true)}}}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: podNS, Name: "etcd-" + node, Annotations: map[string]string{"kubernetes.io/config.mirror": "abc"}}},
+		}
+		for _, p := range stays {
+			p.Spec = corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+		}
 		nu := newNodeUpdate(node)
 
 		job := waitForJob(nu, kubeadmupdater.StepFetch)
@@ -280,6 +289,11 @@ var _ = Describe("KubeadmUpdater", func() {
 		kubeletConfirms(pod)
 
 		job = waitForJob(nu, kubeadmupdater.StepKubelet)
+		for _, p := range stays {
+			got := &corev1.Pod{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
+			Expect(got.DeletionTimestamp).To(BeNil(), "DaemonSet and mirror pods stay: %s", p.Name)
+		}
 		// The Kubelet Job is created in the reconcile that ends the drain; its status is
 		// written right after.
 		Eventually(stepOf(nu, kubeadmupdater.StepDrain), wait).Should(HaveField("State", inplacev1.StepStateSucceeded))
@@ -484,6 +498,40 @@ var _ = Describe("KubeadmUpdater", func() {
 		}
 		Expect(ourJobs(nu)).To(BeEmpty())
 		Expect(cordoned(node)).To(BeTrue(), "someone else's cordon stays")
+	})
+
+	It("holds the drain while someone else's cordon is on the node, and takes the node once it is lifted", func() {
+		start()
+		node := newNode(false, from)
+		n := getNode(node)
+		n.Spec.Unschedulable = true
+		Expect(k8s.Update(ctx, n)).To(Succeed())
+		nu := newNodeUpdate(node)
+		finishJob(nu, kubeadmupdater.StepFetch, true, "")
+		finishJob(nu, kubeadmupdater.StepUpgrade, true, "")
+		Eventually(func() string { return stepOf(nu, kubeadmupdater.StepDrain)().Message }, wait).Should(
+			Equal("holding: node " + node + " is cordoned by someone else; uncordon it to let it be upgraded"))
+		Consistently(jobExists(nu, kubeadmupdater.StepKubelet), 300*time.Millisecond).Should(BeFalse())
+		Expect(getNode(node).Annotations).NotTo(HaveKey(nodedrain.CordonedByAnnotation), "someone else's cordon is not taken as ours")
+
+		n = getNode(node)
+		n.Spec.Unschedulable = false
+		Expect(k8s.Update(ctx, n)).To(Succeed())
+		waitForJob(nu, kubeadmupdater.StepKubelet)
+		Expect(getNode(node).Annotations).To(HaveKeyWithValue(nodedrain.CordonedByAnnotation, string(getNU(nu).UID)))
+	})
+
+	It("starts no Job when called for a NodeUpdate whose abort was asked", func() {
+		Expect(k8s.Create(ctx, updater)).To(Succeed())
+		createKubeconfigSecret(ns, cluster)
+		node := newNode(false, from)
+		nu := newNodeUpdate(node) // no manager runs: the updater is called directly
+		got := getNU(nu)
+		got.Spec.Phase = inplacev1.TaskActionAbort
+		_, err := newUpdater(k8s, k8s).Reconcile(ctx, got)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ourJobs(nu)).To(BeEmpty())
+		Expect(nodeupdater.StepState(got, kubeadmupdater.StepFetch)).To(Equal(inplacev1.StepStatePending))
 	})
 
 	It("runs the image source's binaries through two init containers and --source dir", func() {
