@@ -60,6 +60,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
+	"github.com/capi-inplace/capi-inplace/nodeupdater/kubeadmupdater"
 	"github.com/capi-inplace/capi-inplace/workloadcluster"
 	"github.com/capi-inplace/capi-inplace/workloadcluster/etcdhealth"
 )
@@ -115,7 +116,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease; defaults to the manager's own namespace in a cluster")
 	fs.IntVar(&o.concurrency, "concurrency", 10, "how many objects of each kind are reconciled at once")
 	fs.StringVar(&o.defaultUpdater, "default-updater", "", "updater used when neither the Cluster's annotation nor the request names one, as Kind/name in the Cluster's namespace (for example HarvesterUpgrader/default); empty means none")
-	fs.StringVar(&o.harvesterNodeImage, "harvester-node-image", defaultNodeImage(), "the image whose node program (capi-inplace node ...) the Harvester updater runs on nodes when a HarvesterUpgrader leaves images.node empty; a tag or digest is required. The default is this manager's own image at its version")
+	fs.StringVar(&o.harvesterNodeImage, "harvester-node-image", defaultNodeImage(), "the image whose node program (capi-inplace node ...) the Harvester and kubeadm updaters run on nodes when a HarvesterUpgrader leaves images.node or a KubeadmUpdater leaves spec.image empty; a tag or digest is required. The default is this manager's own image at its version")
 	fs.DurationVar(&o.pollInterval, "poll-interval", 0, "how often running node steps, NodeUpdates and UpgradeTasks are looked at again when no event comes; 0 keeps each one's default (5s Harvester steps, 10s JobUpdater Jobs, 30s NodeUpdates, 15s UpgradeTasks; UpdateMachine asks Cluster API to call again after 10s or 15s, and after this interval rounded up to whole seconds when it is set; the Harvester cluster upgrade's Cluster API stability window is 30s, and six intervals when it is set). Short values are for simulated clusters (make demo, tests)")
 	fs.DurationVar(&o.gateInterval, "gate-interval", upgradetask.DefaultGateInterval, "how often a running UpgradeTask's health gates (spec.gates, the Cluster's gates annotation) are evaluated again while a node waits for them; a node's end evaluates them at once. Each evaluation queries Prometheus, lists the objects of a CEL gate or looks at a Job gate, so keep it at seconds, not milliseconds, on a real cluster")
 	o.fetch.bind(fs)
@@ -279,6 +280,7 @@ func run(opts options) error {
 	}
 	updaters := []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval, Ledger: &disruption.Ledger{Live: mgr.GetAPIReader(), Client: mgr.GetClient()}}).Registration(),
+		(&kubeadmupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, NodeImage: opts.harvesterNodeImage, PollInterval: opts.pollInterval, Ledger: &disruption.Ledger{Live: mgr.GetAPIReader(), Client: mgr.GetClient()}}).Registration(),
 		harvester.Registration(),
 	}
 	for _, reg := range updaters {
