@@ -1,8 +1,10 @@
-// Package nodeprogram is the node side of the Harvester updater: the subcommands that SUC
-// Plans and the repository Deployment run on a node (`capi-inplace node ...`). It does what
-// Harvester's own node upgrade does on a host (shared/facts/harvester-node-upgrade.md,
-// sections C, D1 and D3) without Harvester's Upgrade object, through a small Host interface
-// so that every subcommand is tested on a temporary host root.
+// Package nodeprogram is the node side of the built-in updaters: the subcommands that a
+// Harvester cluster's SUC Plans and repository Deployment, and the KubeadmUpdater's Jobs,
+// run on a node (`capi-inplace node ...`). For Harvester it does what Harvester's own node
+// upgrade does on a host (shared/facts/harvester-node-upgrade.md, sections C, D1 and D3)
+// without Harvester's Upgrade object; for kubeadm, the per-node steps of Kubernetes'
+// documented kubeadm upgrade (docs/kubeadm-node-program.md). It works through a small Host
+// interface so that every subcommand is tested on a temporary host root.
 package nodeprogram
 
 import (
