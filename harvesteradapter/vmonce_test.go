@@ -239,7 +239,17 @@ var _ = Describe("VMs move once: a rule, not only a preference", func() {
 		c := newVMCluster(0, nil)
 		r := newVMRollShaped(c, 3, 0, nil)
 		// The spare is still to go in another running roll (its task's taint, which this
-		// task leaves alone): for the first worker, every other node is pending.
+		// task leaves alone): for the first worker, every other node is pending. That task
+		// exists and never ends (its Cluster does not exist, so it never reaches these
+		// nodes): a taint whose task is gone or ended would be taken off as stray.
+		otherTask := &inplacev1.UpgradeTask{
+			ObjectMeta: metav1.ObjectMeta{Name: "other-roll", Namespace: r.ns},
+			Spec: inplacev1.UpgradeTaskSpec{
+				ClusterName: r.name + "-elsewhere", MachineDeploymentRef: &inplacev1.MachineDeploymentReference{Name: "workers"},
+				Version: "v1.35.6+rke2r1", UpdaterRef: inplacev1.UpdaterReference{Kind: "HarvesterUpgrader", Name: "default"},
+			},
+		}
+		Expect(env.Client.Create(ctx, otherTask)).To(Succeed())
 		other := corev1.Taint{Key: inplacev1.UpgradePendingTaint, Value: r.ns + ".other-roll", Effect: corev1.TaintEffectPreferNoSchedule}
 		node := &corev1.Node{}
 		Expect(workload.Client.Get(ctx, client.ObjectKey{Name: r.spare}, node)).To(Succeed())
