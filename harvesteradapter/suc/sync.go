@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+
+	"github.com/capi-inplace/capi-inplace/workloadcluster/jobpods"
 )
 
 // syncPlan makes the workload cluster's SUC Plan want.Name carry want's spec and labels
@@ -99,16 +101,11 @@ func FailedJob(ctx context.Context, wc client.Client, plan *sucv1.Plan, node str
 	return nil
 }
 
-// labelJobName is the label the API server puts on a Job's pod template, so on its pods,
-// with the Job's name (batch/v1, Kubernetes 1.27 on).
-const labelJobName = "batch.kubernetes.io/job-name"
-
-// maxWords bounds what podWords takes from one termination message: the kubelet keeps up
-// to 4096 bytes of it, the NodeUpdate's failureMessage holds 10 KiB.
-const maxWords = 4096
+// labelJobName is the label the API server puts on a Job's pods with the Job's name.
+const labelJobName = jobpods.JobNameLabel
 
 // LogTail reads the last lines of a container's log through the API server (pods/log).
-type LogTail func(ctx context.Context, namespace, pod, container string) (string, error)
+type LogTail = jobpods.LogTail
 
 // podWords is what the failed Job's newest pod says about its failure, for the Job's
 // failure message: for each container that ended in error, its termination message (the
@@ -140,15 +137,6 @@ func podWords(ctx context.Context, wc client.Client, job *batchv1.Job, logs LogT
 		said = append(said, fmt.Sprintf("%s (%s)", message, f.Where()))
 	}
 	return strings.Join(said, "; "), nil
-}
-
-// bounded is text without its surrounding space, cut at maxWords bytes.
-func bounded(text string) string {
-	text = strings.TrimSpace(text)
-	if len(text) > maxWords {
-		text = text[:maxWords] + "…"
-	}
-	return text
 }
 
 // JobRunning reports whether a Job of one of plans runs on node.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -15,6 +14,8 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
+
+	"github.com/capi-inplace/capi-inplace/workloadcluster/jobpods"
 )
 
 // Labels and annotations of the node Jobs.
@@ -196,47 +197,15 @@ func jobEnded(job *batchv1.Job) (complete bool, failed *batchv1.JobCondition) {
 	return false, nil
 }
 
-// jobNameLabel is the label the API server puts on a Job's pods with the Job's name
-// (batch/v1, Kubernetes 1.27 on).
-const jobNameLabel = "batch.kubernetes.io/job-name"
-
-// maxWords bounds what is taken of one termination message: the kubelet keeps up to 4096
-// bytes of it.
-const maxWords = 4096
-
 // failureWords is what the failed Job's newest pod says about its failure: for each
 // container that ended in error, its termination message (the node program writes the
 // failing tool's own words there; a copy init container falls back to its log), with the
 // container and its exit code. The Job's Failed condition only says that the backoff
 // limit or the pod failure policy was reached. Empty when the pod is gone.
 func failureWords(ctx context.Context, wc client.Client, job *batchv1.Job) (string, error) {
-	pods := &corev1.PodList{}
-	if err := wc.List(ctx, pods, client.InNamespace(job.Namespace), client.MatchingLabels{jobNameLabel: job.Name}); err != nil {
-		return "", fmt.Errorf("list the pods of Job %s/%s: %w", job.Namespace, job.Name, err)
+	failures, err := jobpods.FailedContainers(ctx, wc, job, nil)
+	if err != nil {
+		return "", err
 	}
-	var newest *corev1.Pod
-	for i := range pods.Items {
-		if p := &pods.Items[i]; newest == nil || newest.CreationTimestamp.Before(&p.CreationTimestamp) {
-			newest = p
-		}
-	}
-	if newest == nil {
-		return "", nil
-	}
-	var said []string
-	for _, st := range append(append([]corev1.ContainerStatus(nil), newest.Status.InitContainerStatuses...), newest.Status.ContainerStatuses...) {
-		t := st.State.Terminated
-		if t == nil || t.ExitCode == 0 {
-			continue
-		}
-		msg := strings.TrimSpace(t.Message)
-		if len(msg) > maxWords {
-			msg = msg[:maxWords] + "…"
-		}
-		if msg == "" {
-			msg = "no termination message (see the pod's log)"
-		}
-		said = append(said, fmt.Sprintf("%s (container %s of pod %s exited with code %d)", msg, st.Name, newest.Name, t.ExitCode))
-	}
-	return strings.Join(said, "; "), nil
+	return jobpods.FailedContainersWords(failures), nil
 }
