@@ -28,7 +28,13 @@ import (
 //
 // Writes of one Machine are serialized: a Machine has at most one write in flight and
 // one pending; a later hand-over replaces the pending one, which is then never written.
-// Machines are written in the order they were first handed over, by a few workers.
+// Machines are written by a few workers, the writes of nodes that ended first, then those
+// of nodes that started, then the claims and Waiting conditions of machines not started
+// yet (writeClass), each class in the order it was handed over. When the API server
+// cannot keep up with every write (node work that takes no time, make bench), what falls
+// behind is a Waiting condition, which the machine's start or end then replaces before it
+// is ever written, not the end of a node: so a task's end finds little left to write, and
+// the API server is spared the writes nobody would have read.
 // Each write starts from the Machine as this manager last wrote it (writtenMachines) and
 // carries its resourceVersion, so a claim is never taken from a Machine another task
 // claimed meanwhile: such a write conflicts, is dropped, and the task is reconciled again
@@ -62,9 +68,10 @@ type machineWriter struct {
 	stopped bool
 	// machines holds what is kept about each Machine with a write pending or in flight.
 	machines map[types.NamespacedName]*machineSlot
-	// queue holds the Machines with a write pending, first handed over first; a Machine
-	// whose pending write was dropped or is already in flight is skipped.
-	queue []types.NamespacedName
+	// queues hold, by writeClass, the Machines with a write pending, first handed over
+	// first; an entry whose Machine's pending write was dropped, is already in flight or is
+	// now of another class is skipped.
+	queues [writeClasses][]types.NamespacedName
 	// errs holds, by task, the error of the last write that failed until a reconcile
 	// takes it.
 	errs map[types.NamespacedName]error
@@ -79,6 +86,47 @@ type machineSlot struct {
 	current  *machineJob
 	// idle is closed once no write of the Machine is pending or in flight.
 	idle chan struct{}
+	// queued says which queues hold an entry of the Machine.
+	queued [writeClasses]bool
+}
+
+// writeClass orders the writes waiting for a worker: a lower class is written first.
+type writeClass int
+
+const (
+	// classEnded: a node that ended (Done, Failed, Aborted, Skipped), a claim released.
+	classEnded writeClass = iota
+	// classStarted: a node that started (InProgress, skip-remediation).
+	classStarted
+	// classWaiting: a claim and Waiting condition of a machine not started yet.
+	classWaiting
+	writeClasses
+)
+
+// classOf says which class a write is of.
+func classOf(want machineWant) writeClass {
+	switch {
+	case !want.claim:
+		return classEnded
+	case want.skipRemediation:
+		return classStarted
+	case want.condition != nil && want.condition.Reason == inplacev1.WaitingReason:
+		return classWaiting
+	}
+	// A claim kept on a Failed, Aborted or Skipped machine while the task runs.
+	return classEnded
+}
+
+// enqueueLocked puts the Machine in the queue of its pending write's class, unless it is
+// there already. w.mu is held.
+func (w *machineWriter) enqueueLocked(key types.NamespacedName, slot *machineSlot) {
+	c := classOf(slot.pending.want)
+	if slot.queued[c] {
+		return
+	}
+	slot.queued[c] = true
+	w.queues[c] = append(w.queues[c], key)
+	w.wake.Signal()
 }
 
 type machineJob struct {
@@ -145,7 +193,7 @@ func (w *machineWriter) Start(ctx context.Context) error {
 		delete(w.machines, key)
 		close(slot.idle)
 	}
-	w.queue = nil
+	w.queues = [writeClasses][]types.NamespacedName{}
 	return nil
 }
 
@@ -194,12 +242,12 @@ func (w *machineWriter) submit(task *inplacev1.UpgradeTask, members []*member, w
 		}
 		if slot.pending != nil {
 			w.finishLocked(slot.pending, false)
-		} else if !slot.inFlight {
-			w.queue = append(w.queue, key)
-			w.wake.Signal()
 		}
-		// A Machine in flight is queued again by its worker when a write is pending.
 		slot.pending = job
+		// A Machine in flight is queued again by its worker when a write is pending.
+		if !slot.inFlight {
+			w.enqueueLocked(key, slot)
+		}
 	}
 }
 
@@ -223,7 +271,7 @@ func (w *machineWriter) work() {
 		w.finishLocked(job, err == nil && !wasClaimed && m.Labels[inplacev1.UpgradeTaskLabel] == claimValue)
 		slot.inFlight, slot.current = false, nil
 		if slot.pending != nil {
-			w.queue = append(w.queue, key)
+			w.enqueueLocked(key, slot)
 		} else {
 			delete(w.machines, key)
 			close(slot.idle)
@@ -261,15 +309,23 @@ func (w *machineWriter) nextLocked() (types.NamespacedName, *machineSlot, *machi
 		if w.stopped {
 			return types.NamespacedName{}, nil, nil
 		}
-		if len(w.queue) == 0 {
+		c := writeClass(0)
+		for c < writeClasses && len(w.queues[c]) == 0 {
+			c++
+		}
+		if c == writeClasses {
 			w.wake.Wait()
 			continue
 		}
-		key := w.queue[0]
-		w.queue[0] = types.NamespacedName{}
-		w.queue = w.queue[1:]
+		key := w.queues[c][0]
+		w.queues[c][0] = types.NamespacedName{}
+		w.queues[c] = w.queues[c][1:]
 		slot, ok := w.machines[key]
-		if !ok || slot.inFlight || slot.pending == nil {
+		if !ok {
+			continue
+		}
+		slot.queued[c] = false
+		if slot.inFlight || slot.pending == nil || classOf(slot.pending.want) != c {
 			continue
 		}
 		job := slot.pending
