@@ -18,12 +18,16 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/controllers/disruption"
 	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/kubeadmupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/nodedrain"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
 )
 
 const (
@@ -604,13 +608,24 @@ var _ = Describe("KubeadmUpdater", func() {
 			createKubeconfigSecret(ns, cluster)
 			u = newUpdater(k8s, k8s)
 		})
-		check := func(node, version string) nodeupdater.CheckResult {
+		// result runs the preflight of a node, a control plane machine's when cp, and
+		// returns the check named name.
+		result := func(node, version string, cp bool, name string) nodeupdater.CheckResult {
 			GinkgoHelper()
 			results := u.Preflight(ctx, nodeupdater.PreflightTarget{Namespace: ns, ClusterName: cluster, NodeName: node, Version: version,
-				UpdaterRef: inplacev1.UpdaterReference{Kind: inplacev1.KubeadmUpdaterKind, Name: "kubeadm"}})
-			Expect(results).To(HaveLen(1))
-			Expect(results[0].Name).To(Equal(kubeadmupdater.KubeadmVersionSkewCheck))
-			return results[0]
+				ControlPlane: cp, UpdaterRef: inplacev1.UpdaterReference{Kind: inplacev1.KubeadmUpdaterKind, Name: "kubeadm"}})
+			Expect(results).To(HaveLen(2))
+			Expect(results).To(ContainElement(HaveField("Name", name)))
+			for _, r := range results {
+				if r.Name == name {
+					return r
+				}
+			}
+			return nodeupdater.CheckResult{}
+		}
+		check := func(node, version string) nodeupdater.CheckResult {
+			GinkgoHelper()
+			return result(node, version, false, kubeadmupdater.KubeadmVersionSkewCheck)
 		}
 
 		It("refuses what kubeadm refuses: two minors at once, a downgrade, a worker newer than the control plane", func() {
@@ -626,6 +641,49 @@ var _ = Describe("KubeadmUpdater", func() {
 			Expect(check(worker, "v1.34.3").Message).To(ContainSubstring(`the kubelet version is higher than the control plane version. This is not a supported version skew and may lead to a malfunctional cluster. Kubelet version: "1.34.3" Control plane version: "1.34.2"`))
 			Expect(check(worker, "v1.34.2")).To(HaveField("Passed", true), "at the control plane's version")
 			Expect(check("no-such-node", "v1.34.2").Message).To(ContainSubstring("cannot read node no-such-node"))
+		})
+
+		// The in-place-upgrade-to annotation and ExternalUpgradeRequest never write
+		// spec.version: kubeadm upgrade apply would move kube-proxy to the target and
+		// KubeadmControlPlane would put it back at its own version. Through the hooks the
+		// KubeadmControlPlane is at the target already.
+		It("holds a control plane node whose KubeadmControlPlane is below the target, unless it leaves kube-proxy alone", func() {
+			kcpCheck := func(cp bool) nodeupdater.CheckResult {
+				GinkgoHelper()
+				return result(newNode(cp, "v1.34.2"), "v1.35.0", cp, kubeadmupdater.KubeadmControlPlaneVersionCheck)
+			}
+			By("a Cluster without a control plane of Cluster API: nothing to undo the upgrade")
+			_, err := fixtures.Cluster(ctx, k8s, ns, cluster, "", nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(kcpCheck(true)).To(HaveField("Passed", true))
+
+			By("a KubeadmControlPlane at the version the node runs: the annotation's or a request's path")
+			c := &clusterv1.Cluster{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: cluster}, c)).To(Succeed())
+			c.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{APIGroup: controlplanev1.GroupVersion.Group, Kind: "KubeadmControlPlane", Name: "cp"}
+			Expect(k8s.Update(ctx, c)).To(Succeed())
+			kcp, _, err := fixtures.ControlPlane(ctx, k8s, ns, cluster, "cp", "v1.34.2", 0, false)
+			Expect(err).NotTo(HaveOccurred())
+			held := kcpCheck(true)
+			Expect(held.Passed).To(BeFalse())
+			Expect(held.Message).To(Equal("KubeadmControlPlane cp is at v1.34.2, below v1.35.0: Cluster API keeps the kube-proxy DaemonSet at the KubeadmControlPlane's spec.version " +
+				"and would put back the kube-proxy that kubeadm upgrade apply moves to v1.35.0. Upgrade through Cluster API's in-place hooks (set the Cluster's " +
+				"spec.topology.version or the KubeadmControlPlane's spec.version to v1.35.0; docs/capi-hooks.md), or annotate the KubeadmControlPlane with " +
+				"controlplane.cluster.x-k8s.io/skip-kube-proxy to keep kube-proxy yourself"))
+			Expect(kcpCheck(false)).To(HaveField("Passed", true), "a worker does not run kubeadm upgrade apply")
+
+			By("the KubeadmControlPlane leaves kube-proxy alone")
+			orig := kcp.DeepCopy()
+			kcp.Annotations = map[string]string{controlplanev1.SkipKubeProxyAnnotation: ""}
+			Expect(k8s.Patch(ctx, kcp, client.MergeFrom(orig))).To(Succeed())
+			Expect(kcpCheck(true)).To(HaveField("Passed", true))
+
+			By("the KubeadmControlPlane at the target: Cluster API's in-place hooks")
+			orig = kcp.DeepCopy()
+			kcp.Annotations = nil
+			kcp.Spec.Version = "v1.35.0"
+			Expect(k8s.Patch(ctx, kcp, client.MergeFrom(orig))).To(Succeed())
+			Expect(kcpCheck(true)).To(HaveField("Passed", true))
 		})
 	})
 })

@@ -9,6 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
 	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 )
@@ -16,15 +19,71 @@ import (
 // KubeadmVersionSkewCheck is the name of the preflight check of kubeadm's version rules.
 const KubeadmVersionSkewCheck = "KubeadmVersionSkew"
 
+// KubeadmControlPlaneVersionCheck is the name of the preflight check that a
+// KubeadmControlPlane would not undo the upgrade of a control plane node.
+const KubeadmControlPlaneVersionCheck = "KubeadmControlPlaneVersion"
+
 // Preflight refuses, before anything moves, what kubeadm itself would refuse: a target
 // that is not a released version, a downgrade, a jump of more than one minor
 // (cmd/kubeadm/app/phases/upgrade/policy.go, EnforceVersionPolicies), and on a worker a
 // kubelet newer than the control plane (cmd/kubeadm/app/preflight/checks.go,
 // KubeletVersionCheck; the control plane's version is the oldest kubelet of its nodes,
-// which kubeadm upgrades together with their static pods). etcd's health is judged for
-// control plane nodes of every updater by the preflight check EtcdHealthy.
+// which kubeadm upgrades together with their static pods). It also holds a control plane
+// node whose KubeadmControlPlane would undo part of its upgrade (controlPlaneVersion).
+// etcd's health is judged for control plane nodes of every updater by the preflight check
+// EtcdHealthy.
 func (u *Updater) Preflight(ctx context.Context, target nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
-	return []nodeupdater.CheckResult{u.versionSkew(ctx, target)}
+	return []nodeupdater.CheckResult{u.versionSkew(ctx, target), u.controlPlaneVersion(ctx, target)}
+}
+
+// controlPlaneVersion holds a control plane node of a KubeadmControlPlane whose
+// spec.version is below the target: an upgrade asked by the in-place-upgrade-to
+// annotation or an ExternalUpgradeRequest, which never write spec.version. The node's
+// `kubeadm upgrade apply` moves the kube-proxy DaemonSet to the target, and
+// KubeadmControlPlane puts it back at its own spec.version at its next reconcile
+// (controlplane/kubeadm/reconcilers/kubeadmcontrolplane/kubeadmcontrolplane_controller.go calls
+// UpdateKubeProxyImageInfo, controlplane/kubeadm/pkg/workload_cluster.go, on every
+// reconcile once no machine needs a rollout), unless the KubeadmControlPlane carries
+// controlplane.cluster.x-k8s.io/skip-kube-proxy. Through Cluster API's in-place hooks the
+// KubeadmControlPlane is at the target before any of its machines is asked.
+func (u *Updater) controlPlaneVersion(ctx context.Context, target nodeupdater.PreflightTarget) nodeupdater.CheckResult {
+	passed := nodeupdater.CheckResult{Name: KubeadmControlPlaneVersionCheck, Passed: true}
+	held := func(format string, args ...any) nodeupdater.CheckResult {
+		return nodeupdater.CheckResult{Name: KubeadmControlPlaneVersionCheck, Message: fmt.Sprintf(format, args...)}
+	}
+	if !target.ControlPlane {
+		return passed
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := u.Client.Get(ctx, client.ObjectKey{Namespace: target.Namespace, Name: target.ClusterName}, cluster); err != nil {
+		return held("cannot read Cluster %s/%s to find its control plane: %v", target.Namespace, target.ClusterName, err)
+	}
+	ref := cluster.Spec.ControlPlaneRef
+	if ref.Kind != "KubeadmControlPlane" || ref.APIGroup != controlplanev1.GroupVersion.Group {
+		return passed
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := u.Client.Get(ctx, client.ObjectKey{Namespace: target.Namespace, Name: ref.Name}, kcp); err != nil {
+		return held("cannot read KubeadmControlPlane %s/%s to compare its version: %v", target.Namespace, ref.Name, err)
+	}
+	if _, skip := kcp.Annotations[controlplanev1.SkipKubeProxyAnnotation]; skip {
+		return passed
+	}
+	want, err := kubeversion.ParseSemantic(target.Version)
+	if err != nil {
+		return held("version %q: %v", target.Version, err)
+	}
+	have, err := kubeversion.ParseSemantic(kcp.Spec.Version)
+	if err != nil {
+		return held("KubeadmControlPlane %s has spec.version %q, which is not a version: %v", kcp.Name, kcp.Spec.Version, err)
+	}
+	if order, err := kubeversion.Compare(have, want); err != nil || order >= 0 {
+		return passed
+	}
+	return held("KubeadmControlPlane %s is at %s, below %s: Cluster API keeps the kube-proxy DaemonSet at the KubeadmControlPlane's spec.version and would put back "+
+		"the kube-proxy that kubeadm upgrade apply moves to %s. Upgrade through Cluster API's in-place hooks (set the Cluster's spec.topology.version or the "+
+		"KubeadmControlPlane's spec.version to %s; docs/capi-hooks.md), or annotate the KubeadmControlPlane with %s to keep kube-proxy yourself",
+		kcp.Name, kcp.Spec.Version, target.Version, target.Version, target.Version, controlplanev1.SkipKubeProxyAnnotation)
 }
 
 func (u *Updater) versionSkew(ctx context.Context, target nodeupdater.PreflightTarget) nodeupdater.CheckResult {
