@@ -280,7 +280,8 @@ func run(opts options) error {
 	}
 	updaters := []nodeupdater.Registration{
 		(&jobupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, PollInterval: opts.pollInterval, Ledger: &disruption.Ledger{Live: mgr.GetAPIReader(), Client: mgr.GetClient()}}).Registration(),
-		(&kubeadmupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, NodeImage: opts.harvesterNodeImage, PollInterval: opts.pollInterval, Ledger: &disruption.Ledger{Live: mgr.GetAPIReader(), Client: mgr.GetClient()}}).Registration(),
+		(&kubeadmupdater.Updater{Client: mgr.GetClient(), Clusters: workloads, NodeImage: opts.harvesterNodeImage, PollInterval: opts.pollInterval, Ledger: &disruption.Ledger{Live: mgr.GetAPIReader(), Client: mgr.GetClient()},
+			Recorder: mgr.GetEventRecorder("kubeadm-updater")}).Registration(),
 		harvester.Registration(),
 	}
 	for _, reg := range updaters {

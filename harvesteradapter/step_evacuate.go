@@ -18,6 +18,7 @@ import (
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/kubevirt"
 	"github.com/capi-inplace/capi-inplace/harvesteradapter/suc"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/nodeupdater/nodedrain"
 )
 
 // evacuateStep empties the cordoned node of running virtual machines through KubeVirt's
@@ -204,12 +205,12 @@ type failedMigration struct {
 // stay up, a VMI no VirtualMachine owns, a VM that cannot be stopped), under which the
 // node holds as under Hold. evict is nil when no hold is one it can act on.
 func (u *Updater) evacuationHeld(r *nodeRun, holds []string, evict func(blockedFor, grace time.Duration) (string, error)) (bool, string, error) {
-	b := &blockage{of: "the evacuation", what: strings.Join(holds, "; "),
-		evicts:      "the VMs whose live migration failed are stopped (and started again once the node is upgraded), as Harvester's upgrade does,",
-		evicted:     inplacev1.BlockingVMsStoppedReason,
-		cannotEvict: "only a VM whose live migration failed is stopped by it; move, stop or make room for the others"}
+	b := &nodedrain.Blockage{Of: "the evacuation", What: strings.Join(holds, "; "),
+		Evicts:      "the VMs whose live migration failed are stopped (and started again once the node is upgraded), as Harvester's upgrade does,",
+		Evicted:     inplacev1.BlockingVMsStoppedReason,
+		CannotEvict: "only a VM whose live migration failed is stopped by it; move, stop or make room for the others"}
 	acted := false
-	b.evict = func(blockedFor, grace time.Duration) (string, error) {
+	b.Evict = func(blockedFor, grace time.Duration) (string, error) {
 		if evict == nil {
 			return "", nil
 		}
@@ -224,7 +225,7 @@ func (u *Updater) evacuationHeld(r *nodeRun, holds []string, evict func(blockedF
 	if acted {
 		return false, policy, nil
 	}
-	return false, "holding: " + b.what + "; " + policy, nil
+	return false, "holding: " + b.What + "; " + policy, nil
 }
 
 // stopFailedMigrations stops, under drainPolicy Evict once the grace period has passed,

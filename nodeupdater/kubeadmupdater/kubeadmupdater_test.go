@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -45,10 +46,13 @@ var _ = Describe("KubeadmUpdater", func() {
 		jobNS   string // the namespace of the workload cluster the Jobs run in
 		podNS   string // the namespace of the workload's own pods
 		updater *inplacev1.KubeadmUpdater
+		// policy is the drain policy newNodeUpdate gives, as the task's would.
+		policy *inplacev1.DrainPolicy
 	)
 
 	BeforeEach(func() {
 		ns = newNamespace("mgmt")
+		policy = nil
 		jobNS = newNamespace("workload")
 		podNS = newNamespace("apps")
 		updater = &inplacev1.KubeadmUpdater{
@@ -94,6 +98,7 @@ var _ = Describe("KubeadmUpdater", func() {
 				NodeName:    node,
 				Version:     to,
 				UpdaterRef:  inplacev1.UpdaterReference{Kind: inplacev1.KubeadmUpdaterKind, Name: updater.Name},
+				DrainPolicy: policy,
 			},
 		}
 		Expect(k8s.Create(ctx, nu)).To(Succeed())
@@ -460,6 +465,82 @@ var _ = Describe("KubeadmUpdater", func() {
 		pdb.Status.DisruptionsAllowed = 1
 		Expect(k8s.Status().Update(ctx, pdb)).To(Succeed())
 		kubeletConfirms(pod)
+		waitForJob(nu, kubeadmupdater.StepKubelet)
+	})
+
+	// heldPod creates a Running pod on node that a PodDisruptionBudget of its own keeps
+	// there (no disruption allowed, as the disruption controller would write for its only
+	// healthy pod), and returns the pod and its budget.
+	heldPod := func(node, name string, labels map[string]string) (*corev1.Pod, *policyv1.PodDisruptionBudget) {
+		GinkgoHelper()
+		labels["app"] = name
+		pod := workloadPod(node, name, labels)
+		pdb := &policyv1.PodDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: podNS, Name: name},
+			Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}},
+		}
+		Expect(k8s.Create(ctx, pdb)).To(Succeed())
+		pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1}
+		Expect(k8s.Status().Update(ctx, pdb)).To(Succeed())
+		return pod, pdb
+	}
+
+	// The task's drain policy (its spec.drainPolicy or the Cluster's annotation), which the
+	// Harvester updater follows too (nodedrain.ApplyPolicy).
+	It("under drainPolicy Skip puts a node whose drain stays blocked back: uncordoned, its Jobs deleted, Skipped, the kubelet untouched", func() {
+		policy = &inplacev1.DrainPolicy{Mode: inplacev1.DrainModeSkip, GracePeriod: &metav1.Duration{Duration: time.Second}}
+		start()
+		node := newNode(false, from)
+		heldPod(node, "db-0", map[string]string{})
+		nu := newNodeUpdate(node)
+		finishJob(nu, kubeadmupdater.StepFetch, true, "")
+		finishJob(nu, kubeadmupdater.StepUpgrade, true, "")
+
+		Eventually(func() string {
+			c := meta.FindStatusCondition(getNU(nu).Status.Conditions, inplacev1.DrainBlockedCondition)
+			if c == nil {
+				return ""
+			}
+			return c.Reason
+		}, wait).Should(Equal(inplacev1.SkipPendingReason), "the block is seen and the skip announced")
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSkipped))
+		got := getNU(nu)
+		c := meta.FindStatusCondition(got.Status.Conditions, inplacev1.DrainBlockedCondition)
+		Expect(c).NotTo(BeNil())
+		Expect(c.Reason).To(Equal(inplacev1.NodeSkippedReason))
+		Expect(c.Message).To(And(ContainSubstring("drainPolicy Skip: the drain of node "+node+" was blocked for more than 1s by "+podNS+"/db-0"),
+			ContainSubstring("kubeadm's upgrade of the node ran before the drain and stays")))
+		Expect(cordoned(node)).To(BeFalse(), "put back: our cordon lifted")
+		Expect(ourJobs(nu)).To(BeEmpty(), "the Jobs of the node are deleted")
+		Consistently(jobExists(nu, kubeadmupdater.StepKubelet), 500*time.Millisecond).Should(BeFalse(), "the kubelet is never touched")
+	})
+
+	It("under drainPolicy Evict deletes the pods that keep the drain blocked after the grace period, never Longhorn's, and goes on", func() {
+		policy = &inplacev1.DrainPolicy{Mode: inplacev1.DrainModeEvict, GracePeriod: &metav1.Duration{Duration: time.Second}}
+		start()
+		node := newNode(false, from)
+		db, _ := heldPod(node, "db-0", map[string]string{})
+		im, imBudget := heldPod(node, "instance-manager-x", map[string]string{"longhorn.io/component": "instance-manager"})
+		nu := newNodeUpdate(node)
+		finishJob(nu, kubeadmupdater.StepFetch, true, "")
+		finishJob(nu, kubeadmupdater.StepUpgrade, true, "")
+
+		Eventually(func() string { return stepOf(nu, kubeadmupdater.StepDrain)().Message }, wait).Should(
+			ContainSubstring("drainPolicy Evict: the pods other than Longhorn's are deleted"), "announced before the grace period ends")
+		kubeletConfirms(db)
+		Eventually(func() string { return stepOf(nu, kubeadmupdater.StepDrain)().Message }, wait).Should(
+			ContainSubstring("drainPolicy Evict never deletes Longhorn's pods (" + podNS + "/instance-manager-x)"))
+		Consistently(func() bool {
+			got := &corev1.Pod{}
+			return k8s.Get(ctx, client.ObjectKeyFromObject(im), got) == nil && got.DeletionTimestamp.IsZero()
+		}, time.Second, 100*time.Millisecond).Should(BeTrue(), "Longhorn's pod is neither deleted nor evicted while its budget keeps it")
+		Expect(jobExists(nu, kubeadmupdater.StepKubelet)()).To(BeFalse(), "the node still holds for Longhorn's pod")
+
+		By("Longhorn lets its budget go: the drain evicts the pod and the node goes on")
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(imBudget), imBudget)).To(Succeed())
+		imBudget.Status.DisruptionsAllowed = 1
+		Expect(k8s.Status().Update(ctx, imBudget)).To(Succeed())
+		kubeletConfirms(im)
 		waitForJob(nu, kubeadmupdater.StepKubelet)
 	})
 

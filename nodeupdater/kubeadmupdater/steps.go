@@ -8,7 +8,9 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -170,6 +172,10 @@ func (u *Updater) drain(ctx context.Context, r *nodeRun) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	policy, err := u.applyDrainPolicy(ctx, r, progress)
+	if err != nil {
+		return false, err
+	}
 	if progress.Drained() {
 		nodeupdater.CompleteStep(nu, StepDrain, fmt.Sprintf("node %s cordoned and drained", node))
 		return true, nil
@@ -182,6 +188,9 @@ func (u *Updater) drain(ctx context.Context, r *nodeRun) (bool, error) {
 	if len(progress.Blocked) > 0 {
 		parts = append(parts, "held by a PodDisruptionBudget: "+strings.Join(progress.Blocked, ", "))
 	}
+	if policy != "" {
+		parts = append(parts, policy)
+	}
 	if len(progress.Leaving) > 0 {
 		parts = append(parts, "leaving: "+strings.Join(progress.Leaving, ", "))
 	}
@@ -192,6 +201,81 @@ func (u *Updater) drain(ctx context.Context, r *nodeRun) (bool, error) {
 	}
 	nodeupdater.SetStepMessage(nu, StepDrain, fmt.Sprintf("draining node %s: %s", node, strings.Join(parts, "; ")))
 	return false, nil
+}
+
+// applyDrainPolicy applies the NodeUpdate's drain policy (the task's spec.drainPolicy, or
+// its Cluster's drain-policy annotation) to the pods whose eviction a PodDisruptionBudget
+// refuses now, as the Harvester updater does (nodedrain.ApplyPolicy): Hold waits until
+// drain.timeout; Skip, once the drain has been blocked for the policy's grace period,
+// puts the node back (the reconciler has Abort delete the node's Jobs and lift our
+// cordon) and the NodeUpdate ends Skipped; Evict then deletes the blocking pods, their
+// budgets ignored, one Warning event each, except Longhorn's, which are never deleted
+// (the API's drainPolicy says why). kubeadm's upgrade of the node ran before its drain
+// and is not undone by Skip. It returns what the step's message should add.
+func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun, progress nodedrain.Progress) (string, error) {
+	nu, node := r.nu, r.nu.Spec.NodeName
+	event := func(eventType, reason, action, note string) { u.event(nu, eventType, reason, action, note) }
+	if len(progress.BlockedPods) == 0 {
+		return nodedrain.ApplyPolicy(nu, nil, event)
+	}
+	var deletable []nodedrain.BlockedPod
+	var kept []string
+	for _, p := range progress.BlockedPods {
+		if p.Namespace == longhornNamespace || p.Labels[longhornComponentLabel] != "" {
+			kept = append(kept, p.Namespace+"/"+p.Name)
+		} else {
+			deletable = append(deletable, p)
+		}
+	}
+	b := &nodedrain.Blockage{Of: "the drain", What: strings.Join(progress.Blocked, ", "),
+		Evicts: "they are deleted, their budgets ignored", Evicted: inplacev1.BlockingPodsDeletedReason,
+		PutBack: "the node is put back (drain stopped, uncordoned) with its kubelet not upgraded; kubeadm's upgrade of the node ran before the drain and stays"}
+	if len(kept) > 0 {
+		b.Evicts = "the pods other than Longhorn's are deleted, their budgets ignored (Longhorn's never are)"
+		b.CannotEvict = fmt.Sprintf("drainPolicy Evict never deletes Longhorn's pods (%s): Longhorn keeps an instance manager's PodDisruptionBudget while deleting its pod would crash attached volumes or lose a volume's only good copy; once those volumes are detached or rebuilt elsewhere, Longhorn deletes the budget and the drain goes on",
+			strings.Join(kept, ", "))
+	}
+	if len(deletable) == 0 {
+		return nodedrain.ApplyPolicy(nu, b, event)
+	}
+	b.Evict = func(blockedFor, grace time.Duration) (string, error) {
+		var deleted []string
+		for _, p := range deletable {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+			if err := r.wc.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+				return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
+			}
+			deleted = append(deleted, p.Namespace+"/"+p.Name)
+			event(corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
+				fmt.Sprintf("deleted pod %s/%s on node %s, ignoring its PodDisruptionBudget: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
+					p.Namespace, p.Name, node, blockedFor.Round(time.Second), grace, p.Reason))
+		}
+		did := fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace)
+		if len(kept) > 0 {
+			did += "; " + b.CannotEvict
+		}
+		return did, nil
+	}
+	return nodedrain.ApplyPolicy(nu, b, event)
+}
+
+// Longhorn's pods, which drainPolicy Evict never deletes (api/v1alpha1 DrainModeEvict):
+// its namespace, and the label every instance manager pod carries (longhorn-manager
+// types.GetInstanceManagerLabels).
+const (
+	longhornNamespace      = "longhorn-system"
+	longhornComponentLabel = "longhorn.io/component"
+)
+
+// event records an event on the NodeUpdate, when the updater has a recorder.
+func (u *Updater) event(nu *inplacev1.NodeUpdate, eventType, reason, action, note string) {
+	if u.Recorder == nil {
+		return
+	}
+	if len(note) > 1024 {
+		note = note[:1021] + "..."
+	}
+	u.Recorder.Eventf(nu, nil, eventType, reason, action, "%s", note)
 }
 
 // uncordon waits for the node to report the target kubelet version and Ready, then lifts

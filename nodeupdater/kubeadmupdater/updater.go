@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -80,6 +81,9 @@ type Updater struct {
 	// Ledger, when set, is asked before the node's disruptive steps: kubeadm's upgrade of
 	// a control plane node (it restarts the static pods) and the cordon.
 	Ledger *disruption.Ledger
+	// Recorder, when set, records events on NodeUpdates for what the drain policy does
+	// (a drain blocked, pods deleted under drainPolicy Evict).
+	Recorder events.EventRecorder
 }
 
 var _ nodeupdater.Updater = &Updater{}

@@ -9,6 +9,10 @@
 // A cordon is recorded as the NodeUpdate's own (CordonedByAnnotation), so that an
 // updater lifts only a cordon it set, as the Harvester updater does with its own
 // annotation (harvesteradapter/cordon.go).
+//
+// ApplyPolicy is the task's drain policy (Hold, Skip, Evict) over a blocked drain, for
+// every updater that drains: the KubeadmUpdater's drain here, the Harvester updater's
+// drain Plan and VM evacuation.
 package nodedrain
 
 import (
@@ -123,6 +127,17 @@ type Progress struct {
 	// Blocked are the pods the Eviction API refused to evict now, each with the API
 	// server's reason (a PodDisruptionBudget that allows no disruption).
 	Blocked []string
+	// BlockedPods are the same pods, for a drain policy to act on.
+	BlockedPods []BlockedPod
+}
+
+// BlockedPod is a pod whose eviction the API server refused now.
+type BlockedPod struct {
+	Namespace, Name string
+	// Labels are the pod's labels.
+	Labels map[string]string
+	// Reason is what the API server said.
+	Reason string
 }
 
 // Drained reports whether no pod that must leave is left.
@@ -184,7 +199,9 @@ func Evict(ctx context.Context, c client.Client, node string, opts Options) (Pro
 		case apierrors.IsNotFound(err):
 			// gone meanwhile
 		case apierrors.IsTooManyRequests(err):
-			progress.Blocked = append(progress.Blocked, fmt.Sprintf("%s (%s)", name, apiMessage(err)))
+			reason := apiMessage(err)
+			progress.Blocked = append(progress.Blocked, fmt.Sprintf("%s (%s)", name, reason))
+			progress.BlockedPods = append(progress.BlockedPods, BlockedPod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Reason: reason})
 		default:
 			return Progress{}, fmt.Errorf("evict pod %s of node %s: %w", name, node, err)
 		}
