@@ -544,6 +544,33 @@ var _ = Describe("KubeadmUpdater", func() {
 		waitForJob(nu, kubeadmupdater.StepKubelet)
 	})
 
+	// UpgradePreview asks the updater what a node's upgrade would disrupt now: the drain's
+	// own rules, and the API server's eviction code in a dry run for the budgets.
+	It("previews the pods its drain could not empty now, evicting nothing", func() {
+		Expect(k8s.Create(ctx, updater)).To(Succeed())
+		createKubeconfigSecret(ns, cluster)
+		u := newUpdater(k8s, k8s)
+		node := newNode(false, from)
+		held, _ := heldPod(node, "db-0", map[string]string{})
+		free := workloadPod(node, "web-1", nil)
+		orphan := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: podNS, Name: "orphan"},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "nginx:1.29"}}}}
+		Expect(k8s.Create(ctx, orphan)).To(Succeed())
+
+		d, err := u.PreviewDisruption(ctx, nodeupdater.PreflightTarget{Namespace: ns, ClusterName: cluster, NodeName: node, Version: to,
+			UpdaterRef: inplacev1.UpdaterReference{Kind: inplacev1.KubeadmUpdaterKind, Name: updater.Name}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(d.BlockingPods).To(ConsistOf(
+			And(HaveField("Name", "db-0"), HaveField("Reason", ContainSubstring("disruption budget db-0"))),
+			And(HaveField("Name", "orphan"), HaveField("Reason", "the drain refuses it: no controller would recreate it; delete it or give it one")),
+		))
+		for _, p := range []*corev1.Pod{held, free, orphan} {
+			got := &corev1.Pod{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
+			Expect(got.DeletionTimestamp.IsZero()).To(BeTrue(), "pod %s is not evicted by a preview", p.Name)
+		}
+	})
+
 	It("fails the drain after drain.timeout, naming the held pods, and lifts our cordon", func() {
 		updater.Spec.Drain.Timeout = &metav1.Duration{Duration: time.Second}
 		start()

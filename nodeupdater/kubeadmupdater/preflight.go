@@ -12,8 +12,10 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/nodeupdater/nodedrain"
 )
 
 // KubeadmVersionSkewCheck is the name of the preflight check of kubeadm's version rules.
@@ -155,4 +157,25 @@ func controlPlaneVersion(ctx context.Context, wc client.Client) (*version.Versio
 		return nil, fmt.Errorf("no node of the workload cluster has the label %s: the control plane's version is unknown", ControlPlaneLabel)
 	}
 	return oldest, nil
+}
+
+var _ nodeupdater.DisruptionPreviewer = &Updater{}
+
+// PreviewDisruption tells, without acting, what upgrading target.NodeName would disrupt:
+// the pods its drain could not empty now (nodedrain.Preview, with the KubeadmUpdater's
+// drain options as the run uses them; PodDisruptionBudgets judged by the API server's
+// eviction code in a dry run). A kubeadm node has no VMs or volumes of its own to report.
+// It only reads: it never writes to either cluster.
+func (u *Updater) PreviewDisruption(ctx context.Context, target nodeupdater.PreflightTarget) (inplacev1.NodeDisruption, error) {
+	var d inplacev1.NodeDisruption
+	cfg := &inplacev1.KubeadmUpdater{}
+	if err := u.Client.Get(ctx, client.ObjectKey{Namespace: target.Namespace, Name: target.UpdaterRef.Name}, cfg); err != nil {
+		return d, fmt.Errorf("read KubeadmUpdater %s/%s: %w", target.Namespace, target.UpdaterRef.Name, err)
+	}
+	wc, err := u.Clusters.Client(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.ClusterName})
+	if err != nil {
+		return d, fmt.Errorf("reach the workload cluster %s: %w", target.ClusterName, err)
+	}
+	d.BlockingPods, err = nodedrain.Preview(ctx, wc, target.NodeName, drainOptions(cfg.Spec.Drain))
+	return d, err
 }

@@ -158,11 +158,7 @@ func (u *Updater) drain(ctx context.Context, r *nodeRun) (bool, error) {
 		nodeupdater.StartStep(nu, StepDrain, fmt.Sprintf("node %s cordoned; evicting its pods", node))
 	}
 	d := r.cfg.Spec.Drain
-	opts := nodedrain.Options{IgnoreDaemonSets: d.IgnoreDaemonSets == nil || *d.IgnoreDaemonSets, DeleteEmptyDirData: d.DeleteEmptyDirData}
-	if d.GracePeriod != nil {
-		opts.GracePeriod = &d.GracePeriod.Duration
-	}
-	progress, err := nodedrain.Evict(ctx, r.wc, node, opts)
+	progress, err := nodedrain.Evict(ctx, r.wc, node, drainOptions(d))
 	var refused *nodedrain.RefusedError
 	if errors.As(err, &refused) {
 		msg := fmt.Sprintf("node %s cannot be drained: %v", node, err)
@@ -201,6 +197,15 @@ func (u *Updater) drain(ctx context.Context, r *nodeRun) (bool, error) {
 	}
 	nodeupdater.SetStepMessage(nu, StepDrain, fmt.Sprintf("draining node %s: %s", node, strings.Join(parts, "; ")))
 	return false, nil
+}
+
+// drainOptions are the KubeadmUpdater's drain options as nodedrain takes them.
+func drainOptions(d inplacev1.KubeadmDrain) nodedrain.Options {
+	opts := nodedrain.Options{IgnoreDaemonSets: d.IgnoreDaemonSets == nil || *d.IgnoreDaemonSets, DeleteEmptyDirData: d.DeleteEmptyDirData}
+	if d.GracePeriod != nil {
+		opts.GracePeriod = &d.GracePeriod.Duration
+	}
+	return opts
 }
 
 // applyDrainPolicy applies the NodeUpdate's drain policy (the task's spec.drainPolicy, or

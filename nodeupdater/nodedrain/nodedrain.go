@@ -209,6 +209,40 @@ func Evict(ctx context.Context, c client.Client, node string, opts Options) (Pro
 	return progress, nil
 }
 
+// Preview tells, without acting, which pods of node the drain could not empty now: those
+// kubectl drain would refuse with these options (Evict's RefusedError), and those whose
+// eviction the API server refuses now, asked with dryRun=All, so the API server judges
+// their PodDisruptionBudgets with its own eviction code and evicts nothing. Pods already
+// leaving, and those that stay (DaemonSet, mirror, finished), are not named.
+func Preview(ctx context.Context, c client.Client, node string, opts Options) ([]inplacev1.PreviewPod, error) {
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.MatchingFields{"spec.nodeName": node}); err != nil {
+		return nil, fmt.Errorf("list the pods of node %s: %w", node, err)
+	}
+	var out []inplacev1.PreviewPod
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if why := refusal(p, opts); why != "" {
+			out = append(out, inplacev1.PreviewPod{Namespace: p.Namespace, Name: p.Name, Reason: "the drain refuses it: " + why})
+			continue
+		}
+		if stays(p, opts) || !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name},
+			DeleteOptions: &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}}
+		err := c.SubResource("eviction").Create(ctx, p, eviction, client.DryRunAll)
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+		case apierrors.IsTooManyRequests(err):
+			out = append(out, inplacev1.PreviewPod{Namespace: p.Namespace, Name: p.Name, Reason: apiMessage(err)})
+		default:
+			return nil, fmt.Errorf("ask, as a dry run, for the eviction of pod %s/%s of node %s: %w", p.Namespace, p.Name, node, err)
+		}
+	}
+	return out, nil
+}
+
 // refusal is why kubectl drain, with these options, would not delete p: a DaemonSet pod
 // without IgnoreDaemonSets, a pod with emptyDir data without DeleteEmptyDirData, a pod
 // without a controller (nothing would recreate it; kubectl needs --force). Mirror and
