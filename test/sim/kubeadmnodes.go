@@ -579,10 +579,14 @@ func (h *kubeadmHost) systemctl(ctx context.Context, c nodeprogram.Command) ([]b
 	return nil, failed(c, "unknown command")
 }
 
-func (h *kubeadmHost) LoopMount(string, string, string) error { return errors.New("no loop devices on a kubeadm node") }
-func (h *kubeadmHost) BindMount(string, string) error         { return errors.New("no bind mounts on a kubeadm node") }
-func (h *kubeadmHost) Unmount(string) error                   { return errors.New("nothing mounted") }
-func (h *kubeadmHost) Mounted(string) (bool, error)           { return false, nil }
+func (h *kubeadmHost) LoopMount(string, string, string) error {
+	return errors.New("no loop devices on a kubeadm node")
+}
+func (h *kubeadmHost) BindMount(string, string) error {
+	return errors.New("no bind mounts on a kubeadm node")
+}
+func (h *kubeadmHost) Unmount(string) error         { return errors.New("nothing mounted") }
+func (h *kubeadmHost) Mounted(string) (bool, error) { return false, nil }
 
 // KubeadmUpgrades are the `kubeadm upgrade ...` command lines each node of a Cluster ran,
 // by node, in order.
@@ -600,5 +604,3 @@ func (s *KubeadmNodes) KubeadmUpgrades(namespace, cluster string) map[string][]s
 	}
 	return out
 }
-
-
