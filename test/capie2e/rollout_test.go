@@ -25,6 +25,7 @@ import (
 
 var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluster API's own controllers", Ordered, func() {
 	var inPlace, replaced, closed, restarted, failing, single, five *workloadCluster
+	var kubeadm *kubeadmCluster
 
 	BeforeAll(func() {
 		// Every cluster is created first, so that Cluster API provisions them together.
@@ -36,6 +37,11 @@ var _ = Describe("A version bump on a ClusterClass Cluster, rolled out by Cluste
 		failing = newWorkloadCluster("failing", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 2})
 		single = newWorkloadCluster("single", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 1, Workers: 1})
 		five = newWorkloadCluster("five", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 5})
+		kubeadm = newKubeadmCluster("kubeadm", capienv.ClusterShape{Version: "v1.35.2", ControlPlane: 3, Workers: 3})
+	})
+
+	It("upgrades 3 control plane and 3 worker machines in place across a minor with the KubeadmUpdater, kubeadm's sequence run on each node", func() {
+		kubeadm.upgradeWithKubeadm()
 	})
 
 	It("updates 3 control plane and 3 worker machines in place across a minor (v1.35 to v1.36, where KCP also changes the KubeadmConfig)", func() {

@@ -44,6 +44,7 @@ type machineState struct {
 	nodeUpdate string
 	phase      inplacev1.NodeUpdatePhase
 	step       string
+	stepMsg    string
 	nuFailure  string
 
 	ready   bool
@@ -265,6 +266,12 @@ func (t *capiTracker) sample(ctx context.Context) error {
 		}
 		if nu := newest[ms.name]; nu != nil {
 			ms.nodeUpdate, ms.phase, ms.step = nu.Name, nu.Status.Phase, nu.Status.CurrentStep
+			ms.stepMsg = ""
+			for _, s := range nu.Status.Steps {
+				if s.Name == nu.Status.CurrentStep {
+					ms.stepMsg = s.Message
+				}
+			}
 			ms.nuFailure = nu.Status.FailureMessage
 		}
 		if ms.started.IsZero() && (ms.version != before.version || ms.updating == metav1.ConditionTrue || ms.nodeUpdate != "") && !before.done() {
@@ -316,7 +323,12 @@ func (t *capiTracker) noteChange(before, m *machineState, now time.Time) {
 		}
 	}
 	if m.nodeUpdate != before.nodeUpdate {
-		what = append(what, fmt.Sprintf("capi-inplace created NodeUpdate %s (updater %s)", m.nodeUpdate, capiUpdater))
+		what = append(what, fmt.Sprintf("capi-inplace created NodeUpdate %s (updater %s)", m.nodeUpdate, t.d.updaterRef()))
+	}
+	if m.step != before.step && m.step != "" && m.phase == inplacev1.NodeUpdatePhaseInProgress {
+		// Each step of the NodeUpdate as it starts: with the KubeadmUpdater, kubeadm's
+		// phases on the node (Fetch, Upgrade, Drain, Kubelet, Uncordon).
+		what = append(what, fmt.Sprintf("step %s: %s", m.step, m.stepMsg))
 	}
 	if !m.ready && before.ready {
 		what = append(what, "node NotReady: being upgraded")

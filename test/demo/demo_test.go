@@ -469,3 +469,86 @@ func runEndingEarly(t *testing.T, cfg config) (*outcome, *bytes.Buffer) {
 	}
 	return res, &out
 }
+
+// TestDemoViaCAPIWithKubeadm is `make demo ARGS="--via=capi --updater=kubeadm"`: the same
+// rollout on Cluster API's own controllers, with the KubeadmUpdater and the simulated
+// kubeadm nodes, showing each node's kubeadm phases.
+func TestDemoViaCAPIWithKubeadm(t *testing.T) {
+	testsuite.WholeRun(t)
+	if testing.Short() {
+		t.Skip("starts an API server, Cluster API's controllers and the manager")
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := capienv.Built(root); err != nil {
+		t.Fatalf("this test runs the demo on Cluster API's own controllers: %v", err)
+	}
+	cfg := defaultConfig()
+	cfg.via, cfg.updater, cfg.workers = viaCAPI, updaterKubeadm, 2
+	cfg.stepDelay, cfg.timeout = time.Second, 10*time.Minute
+
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out, false)
+	if err != nil || res.exitCode() != 0 {
+		t.Fatalf("the demo ended with exit code %d, error %v; its output:\n%s", res.exitCode(), err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{
+		"updater               KubeadmUpdater/kubeadm, named on the Cluster",
+		"capi-inplace created NodeUpdate ", "(updater KubeadmUpdater/kubeadm)",
+		"kubeadm phases per node (NodeUpdate status.steps)",
+		"Fetch Succeeded, Upgrade Succeeded, Drain Succeeded, Kubelet Succeeded, Uncordon Succeeded   kubeadm upgrade node",
+		"All 5 machines were updated in place to Kubernetes v1.36.3 by Cluster API's own controllers",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the output does not say %q:\n%s", want, text)
+		}
+	}
+	// Live: the step lines. Uncordon waits out each restarted kubelet (--step-delay), so
+	// every node shows it; a Job's step may end between two samples of the demo, so of
+	// those only some show, and at least one must.
+	if got := strings.Count(text, "step Uncordon: waiting for node "); got < 5 {
+		t.Errorf("the live output shows %d nodes waiting in step Uncordon, want 5:\n%s", got, text)
+	}
+	jobs := strings.Count(text, "step Fetch: ") + strings.Count(text, "step Upgrade: ") + strings.Count(text, "step Kubelet: ")
+	if jobs == 0 {
+		t.Errorf("the live output shows no Fetch, Upgrade or Kubelet step:\n%s", text)
+	}
+	if got := strings.Count(text, "Uncordon Succeeded   kubeadm upgrade node"); got != 5 {
+		t.Errorf("the summary lists the kubeadm phases of %d nodes, want 5:\n%s", got, text)
+	}
+	for _, c := range res.checks {
+		if !c.OK {
+			t.Errorf("check failed: %s: %s", c.Name, c.Detail)
+		}
+	}
+	if len(res.checks) < 7 {
+		t.Errorf("%d checks, want the 5 of every run and the 2 of the KubeadmUpdater", len(res.checks))
+	}
+}
+
+// TestUpdaterFlag: --updater=kubeadm is refused where it cannot apply.
+func TestUpdaterFlag(t *testing.T) {
+	testsuite.Unit(t)
+	for _, tc := range []struct {
+		via, updater, want string
+	}{
+		{viaAnnotation, updaterKubeadm, "--updater=kubeadm works with --via=capi only"},
+		{viaHook, updaterKubeadm, "--updater=kubeadm works with --via=capi only"},
+		{viaCAPI, "harvester", "--updater=harvester: must be external or kubeadm"},
+		{viaCAPI, updaterKubeadm, ""},
+		{viaAnnotation, updaterExternal, ""},
+	} {
+		cfg := defaultConfig()
+		cfg.via, cfg.updater = tc.via, tc.updater
+		err := cfg.validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("--via=%s --updater=%s: %v", tc.via, tc.updater, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("--via=%s --updater=%s: error %v, want %q", tc.via, tc.updater, err, tc.want)
+		}
+	}
+}

@@ -46,9 +46,20 @@ const (
 	viaCAPI       = "capi"
 )
 
+// The updaters of --via=capi (--updater).
+const (
+	// updaterExternal is the external updater simulator (ExternalUpgrader), which takes
+	// each node NotReady for --step-delay and reports the new kubelet.
+	updaterExternal = "external"
+	// updaterKubeadm is the KubeadmUpdater, its node Jobs run by sim.KubeadmNodes: the
+	// node program's kubeadm phases on a fake root per node.
+	updaterKubeadm = "kubeadm"
+)
+
 // config is the demo's flags.
 type config struct {
 	via            string
+	updater        string
 	workers        int
 	controlPlane   int
 	maxUnavailable int
@@ -74,7 +85,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		via: viaAnnotation, workers: 3, controlPlane: 3, maxUnavailable: 1,
+		via: viaAnnotation, updater: updaterExternal, workers: 3, controlPlane: 3, maxUnavailable: 1,
 		stepDelay: 2 * time.Second, pollInterval: 250 * time.Millisecond,
 		longhornV2: true, timeout: 5 * time.Minute, previewWait: time.Minute,
 		from: scenario.DefaultHop.FromRelease,
@@ -82,6 +93,7 @@ func defaultConfig() config {
 }
 
 func (c *config) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.updater, "updater", c.updater, "with --via=capi, the updater of the Cluster: external (a simulator that takes each node NotReady for --step-delay and reports the new kubelet) or kubeadm (the KubeadmUpdater, named on the Cluster; its node Jobs run the node program's kubeadm phases on a simulated root per node)")
 	fs.StringVar(&c.via, "via", c.via, "how the upgrade is asked for: annotation (the in-place-upgrade-to annotation on the Cluster), hook (an ExternalUpgradeRequest per control plane and MachineDeployment) or capi (a spec.topology.version bump rolled out by Cluster API's own controllers from bin/capi, built by make capi-binaries; without them, the demo plays Cluster API's hook calls in-process)")
 	fs.IntVar(&c.workers, "nodes", c.workers, "number of worker machines in the MachineDeployment (the control plane has 3)")
 	fs.IntVar(&c.maxUnavailable, "max-unavailable", c.maxUnavailable, "the MachineDeployment's maxUnavailable: how many workers may be down at once")
@@ -104,6 +116,12 @@ func (c *config) validate() error {
 	case viaAnnotation, viaHook, viaCAPI:
 	default:
 		return fmt.Errorf("--via=%s: must be annotation, hook or capi", c.via)
+	}
+	switch {
+	case c.updater != updaterExternal && c.updater != updaterKubeadm:
+		return fmt.Errorf("--updater=%s: must be %s or %s", c.updater, updaterExternal, updaterKubeadm)
+	case c.updater == updaterKubeadm && c.via != viaCAPI:
+		return fmt.Errorf("--updater=%s works with --via=capi only: the other ways upgrade a simulated Harvester cluster, whose updater is the HarvesterUpgrader", c.updater)
 	}
 	if c.workers < 1 || c.workers > 50 {
 		return fmt.Errorf("--nodes=%d: must be from 1 to 50", c.workers)
@@ -283,6 +301,9 @@ func run(ctx context.Context, cfg config, out io.Writer, tty bool) (*outcome, er
 		}
 		if err == nil && cfg.hop() != scenario.DefaultHop {
 			return &outcome{}, fmt.Errorf("--from=%s: Cluster API's own controllers run a Kubernetes version bump of their own machines, no Harvester hop; use --via=annotation or --via=hook", cfg.from)
+		}
+		if err != nil && cfg.updater == updaterKubeadm {
+			return &outcome{}, fmt.Errorf("--updater=kubeadm needs Cluster API's own controllers: %w", err)
 		}
 		if err == nil {
 			view.titleRealCAPI()

@@ -23,6 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/extension"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -72,9 +73,15 @@ type realCAPI struct {
 	kubeconfig  string
 	nodes       *capienv.WorkloadNodes
 	updater     *sim.ExternalUpdater
-	nus         *sim.NodeUpdateWitness
-	witness     *capienv.MachineWitness
-	handlers    []string
+	// kubeadm runs the KubeadmUpdater's node Jobs (--updater=kubeadm), jobs is the
+	// proxy that gives the in-memory workload API server the Jobs API, cordons the
+	// witness of the drain's cordons.
+	kubeadm  *sim.KubeadmNodes
+	jobs     *capienv.JobsProxy
+	cordons  *capienv.CordonWitness
+	nus      *sim.NodeUpdateWitness
+	witness  *capienv.MachineWitness
+	handlers []string
 
 	// before are the Cluster's machines as provisioned, control plane first.
 	before []clusterv1.Machine
@@ -234,27 +241,81 @@ func (d *realCAPI) start(ctx context.Context) error {
 	}
 	d.updaterLog = filepath.Join(d.workDir, "updater.log")
 	logf := d.fileLogger(d.updaterLog)
-	d.updater = sim.RunExternalUpdater(ctx, d.env.Client, demoNamespace, d.cfg.stepDelay, logf)
 	d.nodes = capienv.NewWorkloadNodes(d.env.Client, d.env.Scheme)
-	d.updater.UseNodes(d.nodes)
+	var annotations map[string]string
+	if d.cfg.updater == updaterKubeadm {
+		// The KubeadmUpdater's Jobs are served by the management API server (through
+		// capienv.JobsProxy) and run by sim.KubeadmNodes on a fake root per node.
+		d.kubeadm, err = sim.RunKubeadmNodes(ctx, sim.KubeadmNodesOptions{Jobs: d.env.Client, Namespace: metav1.NamespaceSystem,
+			Management: d.env.Client, Scheme: d.env.Scheme, Nodes: d.nodes, Hold: d.cfg.stepDelay, Logf: logf})
+		if err != nil {
+			return err
+		}
+		if err := d.env.Client.Create(ctx, &inplacev1.KubeadmUpdater{
+			ObjectMeta: metav1.ObjectMeta{Namespace: demoNamespace, Name: kubeadmUpdaterName},
+			Spec: inplacev1.KubeadmUpdaterSpec{Source: inplacev1.KubeadmBinarySource{URL: &inplacev1.KubeadmURLSource{
+				Template: d.kubeadm.URLTemplate(), SHA256: sim.Checksums(capiToVersion)}}},
+		}); err != nil {
+			return fmt.Errorf("create KubeadmUpdater: %w", err)
+		}
+		annotations = map[string]string{inplacev1.UpdaterAnnotation: d.updaterRef()}
+	} else {
+		d.updater = sim.RunExternalUpdater(ctx, d.env.Client, demoNamespace, d.cfg.stepDelay, logf)
+		d.updater.UseNodes(d.nodes)
+	}
 
 	shape := capienv.ClusterShape{Version: capiFromVersion, ControlPlane: int32(d.cfg.controlPlane), Workers: int32(d.cfg.workers)}
 	v.stage(fmt.Sprintf("creating Cluster %s/%s of ClusterClass %s at %s: %d control plane machines and MachineDeployment md-0 of %d workers; Cluster API provisions them (about a minute)",
 		demoNamespace, capiClusterName, capienv.InPlaceClass, capiFromVersion, d.cfg.controlPlane, d.cfg.workers))
-	if _, err := capienv.CreateCluster(ctx, d.env.Client, demoNamespace, capiClusterName, shape, nil); err != nil {
+	if _, err := capienv.CreateCluster(ctx, d.env.Client, demoNamespace, capiClusterName, shape, annotations); err != nil {
 		return err
 	}
 	if err := d.waitProvisioned(ctx); err != nil {
 		return err
+	}
+	if d.kubeadm != nil {
+		if d.jobs, err = capienv.ServeJobs(ctx, d.env.Client, d.env.Config, demoNamespace, capiClusterName); err != nil {
+			return err
+		}
+		if d.cordons, err = capienv.WatchCordons(ctx, d.env.Client, d.env.Scheme, demoNamespace, capiClusterName); err != nil {
+			return err
+		}
 	}
 	if d.cfg.fail != "" {
 		d.failMachine, err = d.resolveFail(d.cfg.fail)
 		if err != nil {
 			return err
 		}
-		d.updater.FailMachine(d.failMachine, "rke2-server did not start: kubelet exited with status 1 (failure injected by --fail)")
+		if d.kubeadm != nil {
+			d.kubeadm.FailCommand(d.nodeOf(d.failMachine), "kubeadm upgrade",
+				"[preflight] Some fatal errors occurred: [ERROR CoreDNSUnsupportedPlugins]: there are unsupported plugins in the CoreDNS Corefile (failure injected by --fail)")
+		} else {
+			d.updater.FailMachine(d.failMachine, "rke2-server did not start: kubelet exited with status 1 (failure injected by --fail)")
+		}
 	}
 	return nil
+}
+
+// kubeadmUpdaterName is the demo's KubeadmUpdater (--updater=kubeadm).
+const kubeadmUpdaterName = "kubeadm"
+
+// updaterRef is the updater of the demo's Cluster: the ExtensionConfig's default, or the
+// KubeadmUpdater its annotation names.
+func (d *realCAPI) updaterRef() string {
+	if d.cfg.updater == updaterKubeadm {
+		return inplacev1.KubeadmUpdaterKind + "/" + kubeadmUpdaterName
+	}
+	return capiUpdater
+}
+
+// nodeOf is the Node of a machine as provisioned.
+func (d *realCAPI) nodeOf(machine string) string {
+	for i := range d.before {
+		if d.before[i].Name == machine {
+			return d.before[i].Status.NodeRef.Name
+		}
+	}
+	return ""
 }
 
 // fileLogger appends what the updater simulator could not write to path.
@@ -392,8 +453,15 @@ func (d *realCAPI) ready(took time.Duration) {
 		d.mgr.WebhookPort, d.recorder.URL, d.managerLog))
 	v.println(fmt.Sprintf("                               ExtensionConfig capi-inplace, settings defaultUpdater=%s; Cluster API discovered %s",
 		capiUpdater, strings.Join(d.handlers, ", ")))
-	v.println(fmt.Sprintf("         updater               %s: a simulator that takes each node NotReady for %s (--step-delay), then makes its kubelet report the new version",
-		capiUpdater, formatDuration(d.cfg.stepDelay)))
+	if d.kubeadm != nil {
+		v.println(fmt.Sprintf("         updater               %s, named on the Cluster (annotation %s): each node's kubeadm phases run as Jobs on the workload cluster",
+			d.updaterRef(), inplacev1.UpdaterAnnotation))
+		v.println(fmt.Sprintf("                               the nodes: a simulator runs each Job's `capi-inplace node kubeadm ...` on a fake root per node (kubeadm, kubelet, systemctl stand-ins); a restarted kubelet is NotReady for %s (--step-delay)",
+			formatDuration(d.cfg.stepDelay)))
+	} else {
+		v.println(fmt.Sprintf("         updater               %s: a simulator that takes each node NotReady for %s (--step-delay), then makes its kubelet report the new version",
+			capiUpdater, formatDuration(d.cfg.stepDelay)))
+	}
 	v.println(fmt.Sprintf("         Cluster %s/%s, ClusterClass %s, %s: KubeadmControlPlane %s (%d, maxSurge 0), MachineDeployment %s (%d, maxSurge 0, maxUnavailable 1)",
 		demoNamespace, capiClusterName, capienv.InPlaceClass, capiFromVersion, cpName, d.cfg.controlPlane, mdName, d.cfg.workers))
 	if d.failMachine != "" {
@@ -535,6 +603,9 @@ func (d *realCAPI) check(ctx context.Context, t *capiTracker, res *outcome) {
 		{Name: "at most 1 worker node down at once (the MachineDeployment's maxUnavailable)", OK: workersDown <= 1, Detail: fmt.Sprintf("%d were", workersDown)},
 		{Name: "the updater took the nodes down while upgrading them (so the two lines above mean something)", OK: anyDown >= 1, Detail: "no node went NotReady"},
 	}
+	if d.kubeadm != nil {
+		res.checks = append(res.checks, d.kubeadmChecks(cpNodes, workerNodes)...)
+	}
 }
 
 func (d *realCAPI) summary(ctx context.Context, res *outcome) {
@@ -560,6 +631,9 @@ func (d *realCAPI) summary(ctx context.Context, res *outcome) {
 	}
 	_ = tw.Flush()
 	v.printTable(b.String(), "upgraded in place")
+	if d.kubeadm != nil {
+		d.kubeadmPhases(ctx)
+	}
 	if t != nil {
 		v.println("")
 		v.println("Hook calls Cluster API made (recorded by the proxy in front of the manager): " + t.hookCounts())
@@ -663,6 +737,15 @@ func (d *realCAPI) keep() {
 func (d *realCAPI) stop(report bool) {
 	if d.updater != nil {
 		d.updater.Stop()
+	}
+	if d.kubeadm != nil {
+		d.kubeadm.Stop()
+	}
+	if d.cordons != nil {
+		d.cordons.Stop()
+	}
+	if d.jobs != nil {
+		_ = d.jobs.Close(context.Background())
 	}
 	if d.nus != nil {
 		d.nus.Stop()

@@ -32,6 +32,21 @@ const (
 // container's terminationMessagePolicy the end of exit.log), the init containers before
 // it Completed, the containers after it not started. It returns the pod's name.
 func leaveFailedPod(ctx context.Context, c client.Client, job *batchv1.Job, node string, exit *containerExit, started, now metav1.Time) (string, error) {
+	pod := failedPod(job, node, exit, started, now)
+	status := pod.Status
+	pod.Status = corev1.PodStatus{}
+	if err := c.Create(ctx, pod); err != nil {
+		return "", fmt.Errorf("create the failed pod of job %s: %w", job.Name, err)
+	}
+	pod.Status = status
+	if err := c.Status().Update(ctx, pod); err != nil {
+		return "", fmt.Errorf("report the failed pod %s: %w", pod.Name, err)
+	}
+	return pod.Name, nil
+}
+
+// failedPod is the pod leaveFailedPod leaves, with its status, not yet created.
+func failedPod(job *batchv1.Job, node string, exit *containerExit, started, now metav1.Time) *corev1.Pod {
 	tmpl := job.Spec.Template
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -48,9 +63,6 @@ func leaveFailedPod(ctx context.Context, c client.Client, job *batchv1.Job, node
 	}
 	pod.Labels[LabelJobName] = job.Name
 	pod.Spec.NodeName = node
-	if err := c.Create(ctx, pod); err != nil {
-		return "", fmt.Errorf("create the failed pod of job %s: %w", job.Name, err)
-	}
 	status := func(ctr corev1.Container, failing, reached bool) corev1.ContainerStatus {
 		st := corev1.ContainerStatus{Name: ctr.Name, Image: ctr.Image}
 		switch {
@@ -82,10 +94,7 @@ func leaveFailedPod(ctx context.Context, c client.Client, job *batchv1.Job, node
 	}
 	pod.Status.Phase = corev1.PodFailed
 	pod.Status.StartTime = &started
-	if err := c.Status().Update(ctx, pod); err != nil {
-		return "", fmt.Errorf("report the failed pod %s: %w", pod.Name, err)
-	}
-	return pod.Name, nil
+	return pod
 }
 
 // terminationMessage is what the kubelet reports as the termination message of ctr,
