@@ -6,10 +6,7 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -61,18 +58,15 @@ func (u *Updater) applyDrainPolicy(ctx context.Context, r *nodeRun) (string, err
 		return u.applyBlockPolicy(r, b) // nothing Evict may delete: the node holds at once
 	}
 	b.Evict = func(blockedFor, grace time.Duration) (string, error) {
-		var deleted []string
-		for _, p := range deletable {
-			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-			if err := r.wc.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
-				return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
-			}
-			deleted = append(deleted, p.Namespace+"/"+p.Name)
-			u.event(r, corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
-				fmt.Sprintf("deleted pod %s/%s on node %s, ignoring PodDisruptionBudget %s: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
-					p.Namespace, p.Name, node, p.PodDisruptionBudget, blockedFor.Round(time.Second), grace, p.Reason))
+		pods := make([]inplacev1.PreviewPod, len(deletable))
+		for i, p := range deletable {
+			pods[i] = p.PreviewPod
 		}
-		did := fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace)
+		did, err := nodedrain.DeleteBlocking(ctx, r.wc, node, pods, blockedFor, grace,
+			func(eventType, reason, action, note string) { u.event(r, eventType, reason, action, note) })
+		if err != nil {
+			return "", err
+		}
 		if len(kept) > 0 {
 			did += "; " + b.CannotEvict
 		}

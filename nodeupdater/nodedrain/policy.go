@@ -1,12 +1,16 @@
 package nodedrain
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
@@ -118,4 +122,29 @@ func ApplyPolicy(nu *inplacev1.NodeUpdate, b *Blockage, event EventFunc) (string
 			Reason: reason, ObservedGeneration: nu.Generation, Message: message, LastTransitionTime: metav1.NewTime(since)})
 	}
 	return message, nil
+}
+
+// DeleteBlocking is drainPolicy Evict acting on a drain blocked for blockedFor, more than
+// grace: it deletes pods (a delete, not an eviction: their budgets are not asked), one
+// Warning event each, and says what it did. The caller leaves out the pods that must never
+// be deleted (Longhorn's).
+func DeleteBlocking(ctx context.Context, c client.Client, node string, pods []inplacev1.PreviewPod, blockedFor, grace time.Duration, event EventFunc) (string, error) {
+	var deleted []string
+	for _, p := range pods {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+		if err := c.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+			return "", fmt.Errorf("delete pod %s/%s, which blocks the drain of node %s (drainPolicy Evict): %w", p.Namespace, p.Name, node, err)
+		}
+		deleted = append(deleted, p.Namespace+"/"+p.Name)
+		budget := "its PodDisruptionBudget"
+		if p.PodDisruptionBudget != "" {
+			budget = "PodDisruptionBudget " + p.PodDisruptionBudget
+		}
+		if event != nil {
+			event(corev1.EventTypeWarning, inplacev1.BlockingPodsDeletedReason, "DeletePod",
+				fmt.Sprintf("deleted pod %s/%s on node %s, ignoring %s: the drain was blocked for %s, more than the grace period %s of drainPolicy Evict (%s)",
+					p.Namespace, p.Name, node, budget, blockedFor.Round(time.Second), grace, p.Reason))
+		}
+	}
+	return fmt.Sprintf("drainPolicy Evict deleted %s, ignoring PodDisruptionBudgets: the drain of node %s was blocked for more than %s", strings.Join(deleted, ", "), node, grace), nil
 }
