@@ -95,6 +95,10 @@ const (
 // (unix:///var/run/containerd/containerd.sock), and no container runtime runs here.
 var hostOnlyChecks = []string{"SystemVerification", "ContainerRuntimeVersion"}
 
+// imagePullCheck is the preflight check that pulls the control plane's images through the
+// container runtime (preflight.RunPullImagesCheck), which a dry run skips.
+const imagePullCheck = "ImagePull"
+
 // The nodes of the test cluster: two control plane nodes and a worker.
 var (
 	realControlPlanes = []string{"cp-1", "cp-2"}
@@ -170,6 +174,35 @@ func TestRealKubeadm(t *testing.T) {
 				t.Errorf("kubeadm upgrade apply --dry-run did not say %q", want)
 			}
 		}
+		wantUnchanged(ctx, t, env.Client, hosts["cp-1"], before)
+	})
+
+	// A dry run is never interactive (applyData.SessionIsInteractive), so it cannot show
+	// that --yes keeps kubeadm from asking. The preflight phase alone runs for real here:
+	// it asks before it pulls the images, and it changes nothing on the node.
+	t.Run("kubeadm upgrade apply's preflight phase for real: --yes keeps it from asking", func(t *testing.T) {
+		before := snapshot(ctx, t, env.Client, hosts["cp-1"])
+		args := nodeprogram.KubeadmUpgradeArgs(true, realTarget, "")
+		// `upgrade apply <version> --yes` -> `upgrade apply phase preflight <version> --yes`
+		phase := append([]string{"upgrade", "apply", "phase", "preflight"}, args[2:]...)
+		ignore := "--ignore-preflight-errors=" + strings.Join(append(slices.Clone(hostOnlyChecks), imagePullCheck), ",")
+
+		res := runKubeadm(ctx, t, hosts["cp-1"], append(phase, ignore)...)
+		if res.err != nil {
+			t.Fatalf("kubeadm %s: %v\n%s", strings.Join(phase, " "), res.err, res.stdout)
+		}
+		t.Logf("kubeadm %s %s said:\n%s", strings.Join(phase, " "), ignore, progressLines(res.stdout))
+		if !strings.Contains(res.stdout, "[upgrade/preflight] Pulling images required for setting up a Kubernetes cluster") {
+			t.Errorf("kubeadm's preflight phase did not reach the image pull")
+		}
+
+		without := slices.DeleteFunc(slices.Clone(phase), func(a string) bool { return a == "--yes" })
+		res = runKubeadm(ctx, t, hosts["cp-1"], append(without, ignore)...)
+		if res.err == nil || !strings.Contains(res.err.Error(), "won't proceed; the user didn't answer (Y|y) in order to continue") ||
+			!strings.Contains(res.stdout, "Are you sure you want to proceed? [y/N]") {
+			t.Fatalf("without --yes kubeadm should ask and, with no answer, not proceed: %v\n%s", res.err, res.stdout)
+		}
+		t.Logf("without --yes kubeadm said:\n%s", grepLines(res.stdout+"\n"+res.err.Error(), "proceed"))
 		wantUnchanged(ctx, t, env.Client, hosts["cp-1"], before)
 	})
 
@@ -797,8 +830,12 @@ func wantOnlyHostChecksFailed(t *testing.T, output string) {
 // --- what must not change ---
 
 type state struct {
-	files         map[string]string // path under /etc/kubernetes and /var/lib/kubelet -> SHA-256
-	kubeadmConfig string            // resourceVersion of kube-system/kubeadm-config
+	files map[string]string // path under /etc/kubernetes and /var/lib/kubelet -> SHA-256
+	// dryRunFiles are the files in kubeadm's dry-run directories,
+	// /etc/kubernetes/tmp/kubeadm-upgrade-<apply|node>-dryrun* (constants.GetDryRunDir,
+	// overridden by KUBEADM_UPGRADE_DRYRUN_DIR), where a dry run writes what it would write.
+	dryRunFiles   []string
+	kubeadmConfig string // resourceVersion of kube-system/kubeadm-config
 	kubeletConfig string
 	kubeProxy     string
 	coredns       string
@@ -820,6 +857,10 @@ func snapshot(ctx context.Context, t *testing.T, c client.Client, root string) s
 				return err
 			}
 			rel, _ := filepath.Rel(root, p)
+			if strings.HasPrefix(rel, "etc/kubernetes/tmp/kubeadm-upgrade-") && strings.Contains(rel, "-dryrun") {
+				s.dryRunFiles = append(s.dryRunFiles, "/"+rel)
+				return nil
+			}
 			s.files[rel] = fmt.Sprintf("%x", sha256.Sum256(data))
 			return nil
 		})
@@ -848,21 +889,13 @@ func snapshot(ctx context.Context, t *testing.T, c client.Client, root string) s
 }
 
 // wantUnchanged checks that a dry run changed nothing on the node and in the cluster but
-// for kubeadm's own dry-run directory: /etc/kubernetes/tmp/kubeadm-upgrade-<apply|node>-dryrun*
-// (constants.GetDryRunDir, overridden by KUBEADM_UPGRADE_DRYRUN_DIR), where it writes the
-// files it would write.
+// for kubeadm's own dry-run directories.
 func wantUnchanged(ctx context.Context, t *testing.T, c client.Client, root string, before state) {
 	t.Helper()
 	after := snapshot(ctx, t, c, root)
-	var dryRunFiles []string
-	for p := range after.files {
-		if strings.HasPrefix(p, "etc/kubernetes/tmp/kubeadm-upgrade-") && strings.Contains(p, "-dryrun") {
-			dryRunFiles = append(dryRunFiles, "/"+p)
-			delete(after.files, p)
-		}
+	if added := slices.DeleteFunc(slices.Clone(after.dryRunFiles), func(p string) bool { return slices.Contains(before.dryRunFiles, p) }); len(added) > 0 {
+		t.Logf("kubeadm wrote in its dry-run directory: %q", added)
 	}
-	slices.Sort(dryRunFiles)
-	t.Logf("kubeadm's dry-run directory holds %q", dryRunFiles)
 	for p, sum := range before.files {
 		if after.files[p] != sum {
 			t.Errorf("the dry run changed or removed /%s", p)
@@ -873,7 +906,7 @@ func wantUnchanged(ctx context.Context, t *testing.T, c client.Client, root stri
 			t.Errorf("the dry run wrote /%s", p)
 		}
 	}
-	after.files, before.files = nil, nil
+	after.files, before.files, after.dryRunFiles, before.dryRunFiles = nil, nil, nil, nil
 	if fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("the dry run changed the cluster (resource versions of kubeadm-config, kubelet-config, kube-proxy, coredns, the nodes):\nbefore %v\nafter  %v", before, after)
 	}
