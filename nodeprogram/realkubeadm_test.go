@@ -22,10 +22,28 @@ package nodeprogram_test
 // is meant to run and passes every other request through, so that kubeadm sees a
 // cluster at the old version.
 //
-// What runs: the node program's `node kubeadm upgrade` itself (nodeprogram.Main), whose
-// kubeadm command gets --dry-run added (and the names of the preflight checks that need a
-// real host, see hostOnlyChecks); `kubeadm upgrade plan`; and kubeadm's version rules
-// against the updater's Preflight, each with kubeadm's own words.
+// What runs, each with kubeadm's own words in the log (-v):
+//   - `kubeadm upgrade plan <target>` on the first control plane node (never a dry run:
+//     its health check's Job is created on the API server, and completed by the test);
+//   - `kubeadm upgrade node --dry-run` before apply, to show why apply comes first;
+//   - the node program's `node kubeadm upgrade` itself (nodeprogram.Main, the product's
+//     command lines, nodeprogram.KubeadmUpgradeArgs) on the first control plane node
+//     (`kubeadm upgrade apply <target> --yes`), another control plane node and a worker
+//     (`kubeadm upgrade node`), each with and without a --kubeconfig of its own where it
+//     passes one; its kubeadm gets --dry-run after its own arguments. Without the
+//     host-only checks ignored, kubeadm fails those checks and nothing else;
+//   - `kubeadm upgrade apply`'s preflight phase for real (a dry run is never interactive):
+//     --yes keeps kubeadm from asking;
+//   - kubeadm's version rules next to the node program's and the updater's Preflight's
+//     refusals.
+//
+// What cannot run here (no real host): the preflight checks of hostOnlyChecks and the
+// image pull (no container runtime, no kubelet binary); the real control plane phase of
+// apply and node (phases/upgrade/staticpods.go, StaticPodControlPlane: it writes the
+// static pod manifests, waits for the kubelet to restart the pods and reads etcd through
+// the certificates in /etc/kubernetes/pki: no kubelet runs and no etcd listens at the
+// node's address); the real kubelet-config, kubeconfig, addon and post-upgrade phases
+// are run only as dry runs.
 
 import (
 	"bytes"
@@ -99,6 +117,10 @@ var hostOnlyChecks = []string{"SystemVerification", "ContainerRuntimeVersion"}
 // container runtime (preflight.RunPullImagesCheck), which a dry run skips.
 const imagePullCheck = "ImagePull"
 
+// otherKubeconfig is a control plane node's kubeconfig other than kubeadm's default
+// (kubeadm init writes super-admin.conf too), which the node program passes on to kubeadm.
+const otherKubeconfig = "/etc/kubernetes/super-admin.conf"
+
 // The nodes of the test cluster: two control plane nodes and a worker.
 var (
 	realControlPlanes = []string{"cp-1", "cp-2"}
@@ -147,6 +169,22 @@ func TestRealKubeadm(t *testing.T) {
 		}
 	})
 
+	// Why apply comes first: `kubeadm upgrade node` takes no version, it upgrades a node to
+	// the ClusterConfiguration's kubernetesVersion, which only `kubeadm upgrade apply`
+	// raises. Run before apply, it would not bring the node to the target.
+	t.Run("order: kubeadm upgrade node before apply stays at the cluster's version", func(t *testing.T) {
+		args := append(nodeprogram.KubeadmUpgradeArgs(false, realTarget, ""), "--dry-run", "--ignore-preflight-errors="+strings.Join(hostOnlyChecks, ","))
+		res := runKubeadm(ctx, t, hosts["cp-2"], args...)
+		if res.err != nil {
+			t.Fatalf("kubeadm %s: %v\n%s", strings.Join(args, " "), res.err, res.stdout)
+		}
+		want := `[dryrun] Would upgrade your static Pod-hosted control plane to version "` + realOld + `"`
+		if !strings.Contains(res.stdout, want) {
+			t.Fatalf("kubeadm upgrade node before apply did not say %q\n%s", want, progressLines(res.stdout))
+		}
+		t.Logf("before apply, kubeadm %s said: %s", strings.Join(args, " "), grepLines(res.stdout, "Would upgrade your static Pod-hosted"))
+	})
+
 	t.Run("node kubeadm upgrade on the first control plane node: kubeadm upgrade apply", func(t *testing.T) {
 		before := snapshot(ctx, t, env.Client, hosts["cp-1"])
 
@@ -173,6 +211,12 @@ func TestRealKubeadm(t *testing.T) {
 			if !strings.Contains(res.output, want) {
 				t.Errorf("kubeadm upgrade apply --dry-run did not say %q", want)
 			}
+		}
+
+		res = runNodeUpgrade(ctx, t, hosts["cp-1"], hostOnlyChecks, "--version", realTarget, "--role", "control-plane", "--kubeconfig", otherKubeconfig)
+		wantKubeadmRan(t, res, nodeprogram.KubeadmUpgradeArgs(true, realTarget, otherKubeconfig))
+		if res.code != nodeprogram.ExitOK || !strings.Contains(res.output, `[dryrun] Creating a real client from "`+otherKubeconfig+`"`) {
+			t.Fatalf("node kubeadm upgrade --kubeconfig %s (kubeadm upgrade apply --dry-run): exit %d\n%s", otherKubeconfig, res.code, res.output)
 		}
 		wantUnchanged(ctx, t, env.Client, hosts["cp-1"], before)
 	})
@@ -220,11 +264,19 @@ func TestRealKubeadm(t *testing.T) {
 		}
 		t.Logf("kubeadm upgrade node --dry-run on a control plane node said (its progress lines):\n%s", progressLines(res.output))
 		for _, want := range []string{
+			`[upgrade/control-plane] Upgrading your Static Pod-hosted control plane instance to version "` + realTarget + `"`,
+			`[dryrun] Would upgrade your static Pod-hosted control plane to version "` + realTarget + `"`,
 			"[upgrade/successful] Finished dryrunning successfully!",
 		} {
 			if !strings.Contains(res.output, want) {
 				t.Errorf("kubeadm upgrade node --dry-run on a control plane node did not say %q", want)
 			}
+		}
+
+		res = runNodeUpgrade(ctx, t, hosts["cp-2"], hostOnlyChecks, "--version", realTarget, "--role", "control-plane", "--kubeconfig", otherKubeconfig)
+		wantKubeadmRan(t, res, nodeprogram.KubeadmUpgradeArgs(false, realTarget, otherKubeconfig))
+		if res.code != nodeprogram.ExitOK || !strings.Contains(res.output, `[dryrun] Creating a real client from "`+otherKubeconfig+`"`) {
+			t.Fatalf("node kubeadm upgrade --kubeconfig %s (kubeadm upgrade node --dry-run): exit %d\n%s", otherKubeconfig, res.code, res.output)
 		}
 		wantUnchanged(ctx, t, env.Client, hosts["cp-2"], before)
 	})
@@ -650,6 +702,7 @@ func fakeNodeRoot(t *testing.T, kubeadmBin, server, node string, controlPlane bo
 		return root
 	}
 	writeKubeconfig(t, filepath.Join(root, "etc/kubernetes/admin.conf"), server, "kubernetes-admin", false)
+	writeKubeconfig(t, filepath.Join(root, otherKubeconfig), server, "kubernetes-super-admin", false)
 	for _, p := range controlPlanePods(node, "10.0.0.11", realOld) {
 		p.Annotations = nil
 		data, err := yaml.Marshal(p)
