@@ -130,7 +130,7 @@ var (
 func TestRealKubeadm(t *testing.T) {
 	kubeadmBin := os.Getenv("REAL_KUBEADM")
 	if kubeadmBin == "" {
-		t.Skip("REAL_KUBEADM is not set: run `make check-real-kubeadm`")
+		t.Fatal("REAL_KUBEADM must name a kubeadm binary (make check-real-kubeadm builds one)")
 	}
 	if os.Geteuid() != 0 {
 		t.Fatal("run as root: kubeadm's preflight refuses anyone else (IsPrivilegedUser), and the fake node roots are entered with chroot(2)")
