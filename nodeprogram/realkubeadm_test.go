@@ -283,7 +283,14 @@ func TestRealKubeadm(t *testing.T) {
 
 	t.Run("node kubeadm upgrade on a worker: kubeadm upgrade node", func(t *testing.T) {
 		before := snapshot(ctx, t, env.Client, hosts[realWorker])
-		res := runNodeUpgrade(ctx, t, hosts[realWorker], hostOnlyChecks, "--version", realTarget, "--role", "worker")
+		res := runNodeUpgrade(ctx, t, hosts[realWorker], nil, "--version", realTarget, "--role", "worker")
+		wantKubeadmRan(t, res, nodeprogram.KubeadmUpgradeArgs(false, realTarget, ""))
+		if res.code != nodeprogram.ExitFailed {
+			t.Fatalf("without a container runtime kubeadm should fail its host preflight checks; exit %d\n%s", res.code, res.output)
+		}
+		wantOnlyHostChecksFailed(t, res.output)
+
+		res = runNodeUpgrade(ctx, t, hosts[realWorker], hostOnlyChecks, "--version", realTarget, "--role", "worker")
 		wantKubeadmRan(t, res, nodeprogram.KubeadmUpgradeArgs(false, realTarget, ""))
 		if res.code != nodeprogram.ExitOK {
 			t.Fatalf("node kubeadm upgrade (kubeadm upgrade node --dry-run): exit %d\n%s", res.code, res.output)
