@@ -107,8 +107,9 @@ const (
 // node` that need a real host, named to kubeadm in --ignore-preflight-errors for the dry
 // runs (and only those: the test first runs without them and asserts that these, and
 // nothing else, fail). cmd/kubeadm/app/preflight/checks.go, RunUpgradeChecks:
-// SystemVerification reads the kernel's version and configuration and the cgroups of the
-// host (system-validators), which a chroot without /proc and /sys does not have;
+// SystemVerification runs the host's `kubelet --version` (it fails here with "couldn't
+// get kubelet version": no kubelet is installed in the fake root) and reads the kernel's
+// version and configuration and the cgroups (system-validators);
 // ContainerRuntimeVersion asks the container runtime over its CRI socket
 // (unix:///var/run/containerd/containerd.sock), and no container runtime runs here.
 var hostOnlyChecks = []string{"SystemVerification", "ContainerRuntimeVersion"}
