@@ -653,8 +653,10 @@ func setClusterConfigurationVersion(ctx context.Context, t *testing.T, c client.
 // complete; this API server runs no Job controller and no kubelet.
 func completeHealthCheckJobs(ctx context.Context, t *testing.T, c client.Client) {
 	ctx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
 	go func() {
+		defer close(done)
 		for ctx.Err() == nil {
 			jobs := &batchv1.JobList{}
 			if err := c.List(ctx, jobs, client.InNamespace(metav1.NamespaceSystem)); err == nil {
