@@ -346,7 +346,7 @@ func TestRealKubeadm(t *testing.T) {
 				kubeadmWords += res.err.Error()
 			}
 			t.Logf("cluster at %s: kubeadm %s said:\n%s", tc.cluster, strings.Join(args, " "),
-				grepLines(kubeadmWords, "[upgrade/versions]", "Specified version", "fatal errors", "misalignments", "Finished dryrunning", "error"))
+				grepLines(kubeadmWords, "[upgrade/versions]", "Specified version", "fatal errors", "misalignments", "Finished dryrunning", "error:"))
 			if tc.kubeadmSays == "" {
 				if res.err != nil {
 					t.Fatalf("kubeadm refused the upgrade from %s to %s: %v", tc.cluster, realTarget, res.err)
@@ -980,7 +980,7 @@ func wantUnchanged(ctx context.Context, t *testing.T, c client.Client, root stri
 // progressLines are kubeadm's own lines about what it does, without the objects and
 // files it prints in a dry run.
 func progressLines(s string) string {
-	return grepLines(s, "[upgrade", "[dryrun] Would", "[preflight]", "[addons]", "[WARNING", "[ERROR", "error", "succeeded", "capi-inplace node")
+	return grepLines(s, "[upgrade", "[dryrun] Would", "[preflight]", "[addons]", "[WARNING", "[ERROR", "error:", "succeeded", "capi-inplace node")
 }
 
 func grepLines(s string, words ...string) string {
