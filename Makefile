@@ -36,6 +36,8 @@ TEST_BIN_DIR := $(BIN)/k8s
 KUBE_APISERVER := $(TEST_BIN_DIR)/kube-apiserver
 ETCD           := $(TEST_BIN_DIR)/etcd
 KUBECTL        := $(TEST_BIN_DIR)/kubectl
+# kubeadm of the same release, for make check-real-kubeadm only (not a test binary).
+KUBEADM        := $(TEST_BIN_DIR)/kubeadm
 # helm, built from its Go module (hack/tools/helm): the cluster upgrade Job runs the helm of
 # Rancher's installer image, which the tests' simulated image ships as this one.
 HELM           := $(TEST_BIN_DIR)/helm
@@ -318,6 +320,26 @@ $(PROMETHEUS):
 .PHONY: check-real-prometheus
 check-real-prometheus: $(PROMETHEUS) ## By hand, never in make test or CI: build Prometheus from the module proxy and run the Prometheus health gate against it.
 	REAL_PROMETHEUS="$(PROMETHEUS)" KUBEBUILDER_ASSETS="$(CURDIR)/bin/k8s" $(GO) test -tags realprometheus ./controllers/healthgate -run '^TestRealPrometheus$$' -count=1 -v
+
+# kubeadm at KUBE_VERSION, from the k8s.io/kubernetes module that builds kube-apiserver
+# (hack/tools/kubernetes): most of its packages are already in Go's build cache once the
+# test control plane is built. CGO_ENABLED=0 as Kubernetes builds its release kubeadm
+# (static), so that it runs chrooted into a fake node root with no libraries in it.
+$(KUBEADM): hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
+	@echo "Building kubeadm $(KUBE_VERSION) from k8s.io/kubernetes (once; about 250 s of CPU, 2 to 9 minutes on 2 cores)..."
+	@mkdir -p $(TEST_BIN_DIR)
+	cd hack/tools/kubernetes && CGO_ENABLED=0 $(GO) build -o $@.tmp -ldflags "$(KUBE_LDFLAGS)" k8s.io/kubernetes/cmd/kubeadm
+	mv $@.tmp $@
+
+# The check runs the real kubeadm's `upgrade plan` and the node program's `node kubeadm
+# upgrade` with kubeadm's --dry-run against a test API server made to look like a kubeadm
+# cluster (docs/kubeadm.md, "Checked against the real kubeadm"). It must run as root:
+# kubeadm's preflight refuses anyone else, and each fake node root is entered with
+# chroot(2). It needs make test-binaries once and does not depend on them, like
+# check-real-prometheus.
+.PHONY: check-real-kubeadm
+check-real-kubeadm: $(KUBEADM) ## By hand, as root, never in make test or CI: build kubeadm $(KUBE_VERSION) from the module proxy and check the node program's kubeadm commands and the version rules against it.
+	REAL_KUBEADM="$(KUBEADM)" KUBEBUILDER_ASSETS="$(CURDIR)/bin/k8s" $(GO) test -tags realkubeadm ./nodeprogram -run '^TestRealKubeadm$$' -count=1 -v
 
 FUZZTIME ?= 1m
 FUZZ_TARGETS := ./api/v1alpha1:FuzzParseUpdaterReference ./harvesteradapter/releases:FuzzReleaseMetadata ./controllers/upgraderequest:FuzzNames ./extension:FuzzJudgeVersion ./extension:FuzzCoverPatch ./extension:FuzzHookBodies

@@ -73,9 +73,15 @@ func clusterVersion(doc string) (kubeVersion, error) {
 }
 
 // checkUpgradeSkew refuses a target that kubeadm would refuse, or that capi-inplace
-// does not do: kubeadm upgrades at most one minor release at a time
-// (MaximumAllowedMinorVersionUpgradeSkew in kubeadm's phases/upgrade/policy.go), and
-// capi-inplace never downgrades (kubeadm would allow a minor down, DESIGN.md does not).
+// does not do: kubeadm upgrades at most one minor release at a time, and capi-inplace
+// never downgrades (kubeadm would allow a minor down, DESIGN.md does not).
+//
+// A jump of two minors is refused with the words kubeadm at the target says first (make
+// check-real-kubeadm runs it): kubeadm reads the ClusterConfiguration before it judges
+// the versions and refuses a cluster below its own minor minus one there
+// (util/config/common.go, NormalizeKubernetesVersion, constants.MinimumControlPlaneVersion),
+// so its "Specified version to upgrade to ... is too high" of phases/upgrade/policy.go is
+// not reached when kubeadm is at the target, as `node kubeadm fetch` makes it.
 func checkUpgradeSkew(cluster, target kubeVersion) error {
 	switch {
 	case target.major != cluster.major:
@@ -83,10 +89,18 @@ func checkUpgradeSkew(cluster, target kubeVersion) error {
 	case target.compare(cluster) < 0:
 		return fmt.Errorf("the cluster runs %s (ClusterConfiguration kubernetesVersion) and the target %s is lower: capi-inplace does not downgrade; choose a version of at least %s", cluster, target, cluster)
 	case target.minor > cluster.minor+1:
-		return fmt.Errorf("Specified version to upgrade to %q is too high; kubeadm can upgrade only 1 minor version at a time: the cluster runs %s, so upgrade to a v%d.%d.x first", //nolint:staticcheck // kubeadm's own words
-			target.String(), cluster, cluster.major, cluster.minor+1)
+		return fmt.Errorf("the cluster runs %s (ClusterConfiguration kubernetesVersion) and the target %s is more than one minor above: kubeadm upgrades one minor version at a time, so upgrade to a v%d.%d.x first; kubeadm %s would refuse with: %s",
+			cluster, target, cluster.major, cluster.minor+1, target, KubeadmMinimumVersionRefusal(target.major, target.minor, cluster.String()))
 	}
 	return nil
+}
+
+// KubeadmMinimumVersionRefusal is what kubeadm at version major.minor says of a cluster
+// whose ClusterConfiguration is at current, more than one minor below it
+// (util/config/common.go, NormalizeKubernetesVersion: its minimum control plane version is
+// its own minor minus one). The updater's Preflight quotes it too.
+func KubeadmMinimumVersionRefusal(major, minor int, current string) string {
+	return fmt.Sprintf("this version of kubeadm only supports deploying clusters with the control plane version >= %d.%d.0. Current version: %s", major, minor-1, current)
 }
 
 // readClusterVersion reads the cluster's version with the host's kubeconfig.

@@ -194,7 +194,7 @@ func TestKubeadmUpgradeRefusesWhatKubeadmRefuses(t *testing.T) {
 		cluster string
 		want    []string
 	}{
-		{name: "two minors up", cluster: "v1.33.5", want: []string{`Specified version to upgrade to "v1.35.2" is too high; kubeadm can upgrade only 1 minor version at a time`, "upgrade to a v1.34.x first"}},
+		{name: "two minors up", cluster: "v1.33.5", want: []string{"the cluster runs v1.33.5", "upgrade to a v1.34.x first", "kubeadm v1.35.2 would refuse with: this version of kubeadm only supports deploying clusters with the control plane version >= 1.34.0. Current version: v1.33.5"}},
 		{name: "a minor down", cluster: "v1.36.0", want: []string{"the cluster runs v1.36.0", "does not downgrade", "at least v1.36.0"}},
 		{name: "a patch down", cluster: "v1.35.3", want: []string{"does not downgrade"}},
 		{name: "another major", cluster: "v2.35.2", want: []string{"within one major version"}},

@@ -56,7 +56,7 @@ func runKubeadmUpgrade(ctx context.Context, env *Env, args []string) error {
 	}
 
 	kubeadm := path.Join(o.binDir, "kubeadm")
-	upgrade := []string{"upgrade", "node"}
+	upgrade := KubeadmUpgradeArgs(false, target.String(), "")
 	if o.role == roleControlPlane {
 		cluster, err := readClusterVersion(ctx, env, o.kubeconfig)
 		if err != nil {
@@ -65,15 +65,13 @@ func runKubeadmUpgrade(ctx context.Context, env *Env, args []string) error {
 		if err := checkUpgradeSkew(cluster, target); err != nil {
 			return err
 		}
-		if cluster.compare(target) < 0 {
+		first := cluster.compare(target) < 0
+		if first {
 			env.say("the cluster's ClusterConfiguration is at %s: this is the first control plane node to upgrade, running `kubeadm upgrade apply %s`\n", cluster, target)
-			upgrade = []string{"upgrade", "apply", target.String(), "--yes"}
 		} else {
 			env.say("the cluster's ClusterConfiguration is already at %s: `kubeadm upgrade apply` is done, running `kubeadm upgrade node`\n", target)
 		}
-		if o.kubeconfig != defaultAdminKubeconfig {
-			upgrade = append(upgrade, "--kubeconfig", o.kubeconfig)
-		}
+		upgrade = KubeadmUpgradeArgs(first, target.String(), o.kubeconfig)
 	}
 	if err := checkKubeadmVersion(ctx, env, kubeadm, target); err != nil {
 		return err
@@ -88,6 +86,22 @@ func runKubeadmUpgrade(ctx context.Context, env *Env, args []string) error {
 	}
 	env.say("`kubeadm %s` succeeded\n", strings.Join(upgrade, " "))
 	return nil
+}
+
+// KubeadmUpgradeArgs is the kubeadm command line (after the binary) that `node kubeadm
+// upgrade` runs: `upgrade apply <target> --yes` on the first control plane node (apply),
+// `upgrade node` on every other node. kubeconfig, the host's kubeconfig of a control plane
+// node, is passed on when it is not kubeadm's own default (empty: the default). The check
+// against the real kubeadm (make check-real-kubeadm) runs these very arguments.
+func KubeadmUpgradeArgs(apply bool, target, kubeconfig string) []string {
+	args := []string{"upgrade", "node"}
+	if apply {
+		args = []string{"upgrade", "apply", target, "--yes"}
+	}
+	if kubeconfig != "" && kubeconfig != defaultAdminKubeconfig {
+		args = append(args, "--kubeconfig", kubeconfig)
+	}
+	return args
 }
 
 // checkKubeadmVersion makes sure the kubeadm at path reports the target version.

@@ -743,7 +743,7 @@ var _ = Describe("KubeadmUpdater", func() {
 			worker := newNode(false, "v1.34.2")
 
 			Expect(check(cp, "v1.35.0")).To(HaveField("Passed", true), "one minor up on a control plane node")
-			Expect(check(cp, "v1.36.0").Message).To(Equal("node " + cp + ` runs kubelet 1.34.2: Specified version to upgrade to "v1.36.0" is too high; kubeadm can upgrade only 1 minor version at a time`))
+			Expect(check(cp, "v1.36.0").Message).To(Equal("node " + cp + ` runs kubelet 1.34.2, more than one minor below v1.36.0: kubeadm upgrades one minor version at a time; kubeadm v1.36.0 would refuse with: this version of kubeadm only supports deploying clusters with the control plane version >= 1.35.0. Current version: v1.34.2`))
 			Expect(check(cp, "v1.34.1").Message).To(Equal("node " + cp + " runs kubelet 1.34.2: v1.34.1 would be a downgrade, which capi-inplace never does in place"))
 			Expect(check(cp, "v1.35.0-rc.1").Message).To(ContainSubstring("not a released Kubernetes version"))
 			Expect(check(worker, "v1.34.3").Message).To(ContainSubstring(`the kubelet version is higher than the control plane version. This is not a supported version skew and may lead to a malfunctional cluster. Kubelet version: "1.34.3" Control plane version: "1.34.2"`))

@@ -14,6 +14,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/internal/kubeversion"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/nodedrain"
 )
@@ -26,8 +27,9 @@ const KubeadmVersionSkewCheck = "KubeadmVersionSkew"
 const KubeadmControlPlaneVersionCheck = "KubeadmControlPlaneVersion"
 
 // Preflight refuses, before anything moves, what kubeadm itself would refuse: a target
-// that is not a released version, a downgrade, a jump of more than one minor
-// (cmd/kubeadm/app/phases/upgrade/policy.go, EnforceVersionPolicies), and on a worker a
+// that is not a released version, a downgrade, a jump of more than one minor (with the
+// words kubeadm at the target says of a control plane that far below it,
+// cmd/kubeadm/app/util/config/common.go, NormalizeKubernetesVersion), and on a worker a
 // kubelet newer than the control plane (cmd/kubeadm/app/preflight/checks.go,
 // KubeletVersionCheck; the control plane's version is the oldest kubelet of its nodes,
 // which kubeadm upgrades together with their static pods). It also holds a control plane
@@ -118,8 +120,9 @@ func (u *Updater) versionSkew(ctx context.Context, target nodeupdater.PreflightT
 		return held("node %s runs kubelet %s: %s would be a downgrade, which capi-inplace never does in place", node.Name, have, target.Version)
 	}
 	if want.Major() != have.Major() || want.Minor() > have.Minor()+1 {
-		return held("node %s runs kubelet %s: Specified version to upgrade to %q is too high; kubeadm can upgrade only 1 minor version at a time",
-			node.Name, have, target.Version)
+		return held("node %s runs kubelet %s, more than one minor below %s: kubeadm upgrades one minor version at a time; kubeadm %s would refuse with: %s",
+			node.Name, have, target.Version, target.Version,
+			nodeprogram.KubeadmMinimumVersionRefusal(int(want.Major()), int(want.Minor()), fmt.Sprintf("v%d.%d.%d", have.Major(), have.Minor(), have.Patch())))
 	}
 	_, controlPlane := node.Labels[ControlPlaneLabel]
 	if controlPlane || target.ControlPlane {
