@@ -89,7 +89,12 @@ func seed(rel sim.HarvesterRelease, options ...func(*sim.Rancher)) *sim.Rancher 
 	}
 	cdi := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "cdis.cdi.kubevirt.io"}}
 	Expect(client.IgnoreNotFound(env.Client.Delete(ctx, cdi))).To(Succeed())
-	Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(cdi), cdi)) }).Should(BeTrue())
+	// A CRD is gone once kube-apiserver's CRD finalizer saw none of its objects left: it
+	// lists them again every 5 s for up to a minute before it retries (apiextensions-apiserver
+	// pkg/controller/finalizer/crd_finalizer.go, deleteInstances), so under load the
+	// fixture may wait past the suite's 30 s default (CI saw it, 2026-11-30).
+	Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(cdi), cdi)) }).
+		WithTimeout(90 * time.Second).Should(BeTrue())
 	// RKE2's rke2-multus HelmChartConfig as a fresh cluster has it: none.
 	if cfg := multusConfig(); cfg != nil {
 		Expect(env.Client.Delete(ctx, cfg)).To(Succeed())
