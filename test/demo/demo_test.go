@@ -177,17 +177,7 @@ func TestConfigRefusesUnknownNodes(t *testing.T) {
 // kept and updated in place, as the demo printed. One set of Cluster API's controllers
 // runs per machine (CAPD's fixed ports): this waits for another (test/capie2e) to end.
 func TestDemoViaCAPI(t *testing.T) {
-	testsuite.WholeRun(t)
-	if testing.Short() {
-		t.Skip("starts an API server, Cluster API's controllers and the manager")
-	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := capienv.Built(root); err != nil {
-		t.Fatalf("this test runs the demo on Cluster API's own controllers: %v", err)
-	}
+	capiDemoRun(t)
 	cfg := defaultConfig()
 	cfg.via, cfg.workers = viaCAPI, 2
 	cfg.stepDelay, cfg.timeout = time.Second, 10*time.Minute
@@ -470,10 +460,10 @@ func runEndingEarly(t *testing.T, cfg config) (*outcome, *bytes.Buffer) {
 	return res, &out
 }
 
-// TestDemoViaCAPIWithKubeadm is `make demo ARGS="--via=capi --updater=kubeadm"`: the same
-// rollout on Cluster API's own controllers, with the KubeadmUpdater and the simulated
-// kubeadm nodes, showing each node's kubeadm phases.
-func TestDemoViaCAPIWithKubeadm(t *testing.T) {
+// capiDemoRun marks a whole run of the demo on Cluster API's own controllers and fails
+// it when they are not built.
+func capiDemoRun(t *testing.T) {
+	t.Helper()
 	testsuite.WholeRun(t)
 	if testing.Short() {
 		t.Skip("starts an API server, Cluster API's controllers and the manager")
@@ -485,6 +475,13 @@ func TestDemoViaCAPIWithKubeadm(t *testing.T) {
 	if err := capienv.Built(root); err != nil {
 		t.Fatalf("this test runs the demo on Cluster API's own controllers: %v", err)
 	}
+}
+
+// TestDemoViaCAPIWithKubeadm is `make demo ARGS="--via=capi --updater=kubeadm"`: the same
+// rollout on Cluster API's own controllers, with the KubeadmUpdater and the simulated
+// kubeadm nodes, showing each node's kubeadm phases.
+func TestDemoViaCAPIWithKubeadm(t *testing.T) {
+	capiDemoRun(t)
 	cfg := defaultConfig()
 	cfg.via, cfg.updater, cfg.workers = viaCAPI, updaterKubeadm, 2
 	cfg.stepDelay, cfg.timeout = time.Second, 10*time.Minute
