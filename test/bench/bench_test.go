@@ -60,6 +60,14 @@ func TestSmoke(t *testing.T) {
 		if o.handoff.n != n-o.maxUnavailable {
 			t.Errorf("%d machines, maxUnavailable %d: %d hand-offs, want %d", n, o.maxUnavailable, o.handoff.n, n-o.maxUnavailable)
 		}
+		// The updater is first called for a NodeUpdate after its creation: paired the same
+		// way, each of its starts comes no sooner than the hand-off.
+		if o.updaterStart.n != o.handoff.n || o.updaterStart.p50 < o.handoff.p50 {
+			t.Errorf("%d machines, maxUnavailable %d: updater's starts %+v against hand-offs %+v", n, o.maxUnavailable, o.updaterStart, o.handoff)
+		}
+		if l := o.writeLatency["POST nodeupdates"]; l.n != n || l.p50 <= 0 {
+			t.Errorf("%d machines: how long the NodeUpdate creations took was not measured: %+v", n, l)
+		}
 		if got := o.writes["POST nodeupdates"]; got != n {
 			t.Errorf("%d machines: the manager created %d NodeUpdates, want one per machine (writes %v)", n, got, o.writes)
 		}
@@ -90,8 +98,8 @@ func TestSmoke(t *testing.T) {
 		if f.clusters != cfg.fleetClusters || f.machines != n || !f.finished || f.upgraded != n || f.total <= 0 {
 			t.Errorf("fleet: %d Clusters, %d machines, finished %v, %d upgraded, total %s", f.clusters, f.machines, f.finished, f.upgraded, f.total)
 		}
-		if want := cfg.fleetClusters * (cfg.fleetMachines - cfg.fleetMaxUnavailable); f.handoff.n != want {
-			t.Errorf("fleet: %d hand-offs, want %d", f.handoff.n, want)
+		if want := cfg.fleetClusters * (cfg.fleetMachines - cfg.fleetMaxUnavailable); f.handoff.n != want || f.updaterStart.n != want {
+			t.Errorf("fleet: %d hand-offs and %d updater's starts, want %d", f.handoff.n, f.updaterStart.n, want)
 		}
 		if got := f.writes["POST nodeupdates"]; got != n {
 			t.Errorf("fleet: the manager created %d NodeUpdates, want %d", got, n)
@@ -156,7 +164,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 2b. A fleet upgraded at once", "## 3. API writes per upgraded node", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade", "## 7. UpgradePreview of a 3+3 cluster"} {
+	for _, want := range []string{"# Benchmarks", "| Machine |", "## Targets", "## 1. Hook server", "## 2. Orchestration overhead", "## 2b. A fleet upgraded at once", "## 3. API writes per upgraded node", "How long the manager's writes took", "## 4. Manager memory", "VmRSS with the Nodes cached", "## 5. How it grows", "## 6. Makespan of a Harvester upgrade", "## 7. UpgradePreview of a 3+3 cluster"} {
 		if !strings.Contains(string(doc), want) {
 			t.Errorf("the report lacks %q:\n%s", want, doc)
 		}

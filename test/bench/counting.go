@@ -2,9 +2,11 @@ package main
 
 import (
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/rest"
 )
@@ -15,9 +17,14 @@ import (
 type requestCounter struct {
 	mu     sync.Mutex
 	counts map[string]int
+	// took is how long each write took, from the request to the response's headers, by
+	// the same key: what a write waits for in the API server, whatever the load.
+	took map[string][]time.Duration
 }
 
-func newRequestCounter() *requestCounter { return &requestCounter{counts: map[string]int{}} }
+func newRequestCounter() *requestCounter {
+	return &requestCounter{counts: map[string]int{}, took: map[string][]time.Duration{}}
+}
 
 // wrap returns a copy of cfg whose every client (the manager's cached and direct
 // clients, its event recorder) counts its writes here.
@@ -43,6 +50,24 @@ func (w *requestCounter) reset() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.counts = map[string]int{}
+	w.took = map[string][]time.Duration{}
+}
+
+// writeLatencies returns how long the writes took, by "VERB resource[/subresource]".
+func (w *requestCounter) writeLatencies() map[string]latencies {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]latencies, len(w.took))
+	for k, v := range w.took {
+		out[k] = summarize(slices.Clone(v))
+	}
+	return out
+}
+
+func (w *requestCounter) observe(key string, d time.Duration) {
+	w.mu.Lock()
+	w.took[key] = append(w.took[key], d)
+	w.mu.Unlock()
 }
 
 // snapshot returns the counts by "VERB resource[/subresource]".
@@ -78,8 +103,15 @@ func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 			verb = "LIST"
 		}
 	}
-	t.counter.add(verb + " " + resource)
-	return t.next.RoundTrip(req)
+	key := verb + " " + resource
+	t.counter.add(key)
+	if !isWrite(key) {
+		return t.next.RoundTrip(req)
+	}
+	start := time.Now()
+	resp, err := t.next.RoundTrip(req)
+	t.counter.observe(key, time.Since(start))
+	return resp, err
 }
 
 // isWrite reports whether a counter key is a write.

@@ -17,6 +17,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
@@ -50,16 +51,46 @@ const managerConcurrency = 10
 
 // zeroTimeUpdater is the bench's updater: the node work takes no time, so that what is
 // measured is capi-inplace's own orchestration (UpgradeTask controller and NodeUpdate
-// lifecycle) and nothing else. It writes nothing itself.
-type zeroTimeUpdater struct{}
+// lifecycle) and nothing else. It writes nothing itself; it stamps when it was first
+// called for each NodeUpdate, which is when a real updater would begin on the node.
+type zeroTimeUpdater struct {
+	mu    sync.Mutex
+	first map[types.NamespacedName]time.Time
+}
 
-func (zeroTimeUpdater) Reconcile(context.Context, *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
+func newZeroTimeUpdater() *zeroTimeUpdater {
+	return &zeroTimeUpdater{first: map[types.NamespacedName]time.Time{}}
+}
+
+func (u *zeroTimeUpdater) Reconcile(_ context.Context, nu *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
+	now := time.Now()
+	u.mu.Lock()
+	key := types.NamespacedName{Namespace: nu.Namespace, Name: nu.Name}
+	if _, ok := u.first[key]; !ok {
+		u.first[key] = now
+	}
+	u.mu.Unlock()
 	return nodeupdater.Result{Done: true}, nil
 }
 
-func (zeroTimeUpdater) Abort(context.Context, *inplacev1.NodeUpdate) (bool, error) { return true, nil }
+// firstCalls returns, in time order, when the updater was first called for each
+// NodeUpdate of namespace ns.
+func (u *zeroTimeUpdater) firstCalls(ns string) []time.Time {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []time.Time
+	for k, t := range u.first {
+		if k.Namespace == ns {
+			out = append(out, t)
+		}
+	}
+	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	return out
+}
 
-func (zeroTimeUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
+func (*zeroTimeUpdater) Abort(context.Context, *inplacev1.NodeUpdate) (bool, error) { return true, nil }
+
+func (*zeroTimeUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
 	return nil
 }
 
@@ -82,6 +113,10 @@ type orchResult struct {
 	// handoff is, for every NodeUpdate that succeeded while machines still waited, the
 	// time from its success to the creation of the NodeUpdate that took its place.
 	handoff latencies
+	// updaterStart is, for the same successes, the time to the updater's first call for
+	// the NodeUpdate that took its place (paired as handoff pairs creations): when the next
+	// node's work begins, after whatever the NodeUpdate waits for once created.
+	updaterStart latencies
 	// nextStart is, for the same successes, the time to the first creation at or after
 	// it: how soon the controller starts a node once one ended, whichever place it fills.
 	nextStart latencies
@@ -90,8 +125,10 @@ type orchResult struct {
 	// writes and reads are the manager's requests to the management API server by verb
 	// and resource; workloadWrites and workloadReads its requests to the workload
 	// cluster's (the upgrade-pending taints), which the writes per node leave out.
-	writes         map[string]int
-	writesTotal    int
+	writes      map[string]int
+	writesTotal int
+	// writeLatency is how long the manager's writes took, by verb and resource.
+	writeLatency   map[string]latencies
 	reads          map[string]int
 	workloadWrites map[string]int
 	workloadReads  map[string]int
@@ -181,11 +218,12 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		defer runs[i].rec.stop()
 	}
 
+	updater := newZeroTimeUpdater()
 	registry := nodeupdater.NewRegistry()
 	if err := registry.Register(nodeupdater.Registration{
 		GroupKind: schema.GroupKind{Kind: "ConfigMap"},
 		NewConfig: func() client.Object { return &corev1.ConfigMap{} },
-		Updater:   zeroTimeUpdater{},
+		Updater:   updater,
 	}); err != nil {
 		return res, err
 	}
@@ -289,6 +327,7 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 	sleep(ctx, time.Second)
 	res.writes, res.reads = split(counter.snapshot())
 	res.writesTotal, _ = writeTotals(res.writes)
+	res.writeLatency = counter.writeLatencies()
 	res.workloadWrites, res.workloadReads = split(workloadCounter.snapshot())
 	reconcilesAfter, err := reconcileTotals()
 	if err != nil {
@@ -300,7 +339,7 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 	}
 
 	res.events = map[string]int{}
-	var handoff, next []time.Duration
+	var handoff, next, updaterStart []time.Duration
 	for _, run := range runs {
 		events, err := eventsByReason(ctx, c, run.ns)
 		if err != nil {
@@ -323,12 +362,14 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		}
 		handoff = append(handoff, handoffs(created, succeeded, mu)...)
 		next = append(next, nextStarts(created, succeeded, mu)...)
+		updaterStart = append(updaterStart, handoffs(updater.firstCalls(run.ns), succeeded, mu)...)
 		if !run.completed.IsZero() && len(succeeded) != n {
 			return res, fmt.Errorf("the task of namespace %s completed with %d of %d NodeUpdates succeeded", run.ns, len(succeeded), n)
 		}
 	}
 	res.handoff = summarize(handoff)
 	res.nextStart = summarize(next)
+	res.updaterStart = summarize(updaterStart)
 	return res, nil
 }
 
@@ -465,8 +506,8 @@ func runOrchestrationBench(ctx context.Context, b *bench) ([]orchResult, error) 
 			if !r.finished {
 				writes = fmt.Sprintf("%d writes", r.writesTotal)
 			}
-			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms; ended %s ms after the last node; %s\n",
-				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), ms(r.ending), writes)
+			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); ended %s ms after the last node; %s\n",
+				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), ms(r.updaterStart.p50), ms(r.updaterStart.p99), ms(r.ending), writes)
 			out = append(out, r)
 		}
 	}

@@ -454,18 +454,21 @@ func (r *report) renderOrchestration(w io.Writer, full bool) {
 		p("Hand-off: each success frees one of the maxUnavailable places, so the k-th success is paired with the (maxUnavailable+k)-th creation; ")
 		p("the latency is the time between the two (the target's figure). While fewer than maxUnavailable nodes run, the (maxUnavailable+k)-th ")
 		p("creation comes well after the k-th success and this pairing measures how fast the places are refilled; so the table also gives ")
-		p("the next start: from each of the same successes to the first creation after it, however many places were free. ")
+		p("the next start: from each of the same successes to the first creation after it, however many places were free; and the updater's start: ")
+		p("from each of the same successes to the updater's first call for the NodeUpdate paired with it, which is when a real updater would begin ")
+		p("on the node: the hand-off plus the NodeUpdate controller's first reconcile, which reads the NodeUpdate from the API server before it calls ")
+		p("the updater (a figure that moves the creation earlier but not this one has moved the work, not sped it up). ")
 		p("A run that does not finish within %s is stopped and reported as such.\n\n", r.cfg.orchTimeout)
 	}
-	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | most running at once |\n")
-	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | updater's start p50 ms | p99 ms | most running at once |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.orchestration {
 		per := "-"
 		if o.finished {
 			per = ms(o.total/time.Duration(o.machines)) + " ms"
 		}
-		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %d |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
-			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), ms(o.nextStart.p50), ms(o.nextStart.p99), o.maxRunning)
+		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
+			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), ms(o.nextStart.p50), ms(o.nextStart.p99), ms(o.updaterStart.p50), ms(o.updaterStart.p99), o.maxRunning)
 	}
 	p("\n")
 }
@@ -489,16 +492,32 @@ func (r *report) renderFleet(w io.Writer, full bool) {
 		p("CPU is user and system time from the first request to the last completion, divided by that time; VmRSS and the Go heap in use are ")
 		p("sampled every %s, and the process's VmRSS at the start is what earlier sections left.\n\n", usageSampleEvery)
 	}
-	p("| Clusters | machines each | maxUnavailable | total | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | writes per node | manager CPU (cores) | VmRSS at start | peak VmRSS | peak Go heap |\n")
-	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| Clusters | machines each | maxUnavailable | total | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | updater's start p50 ms | p99 ms | writes per node | manager CPU (cores) | VmRSS at start | peak VmRSS | peak Go heap |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	writes := "-"
 	if f.finished {
 		writes = fmt.Sprintf("%.1f", f.writesPerNode())
 	}
-	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.perCluster(), f.maxUnavailable,
+	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.perCluster(), f.maxUnavailable,
 		totalText(*f, r.cfg.fleetTimeout), secs(f.firstStart), f.handoff.n, ms(f.handoff.p50), ms(f.handoff.p99), ms(f.handoff.max),
-		ms(f.nextStart.p50), ms(f.nextStart.p99), writes, f.usage.cores(), mib(f.usage.rssStart), mib(f.usage.rssPeak), mib(f.usage.heapPeak))
+		ms(f.nextStart.p50), ms(f.nextStart.p99), ms(f.updaterStart.p50), ms(f.updaterStart.p99), writes, f.usage.cores(), mib(f.usage.rssStart), mib(f.usage.rssPeak), mib(f.usage.heapPeak))
 	p("Per node: %s; reconciles %s; workload writes %s.\n\n", perNode(f.writes, f.machines), perNode(f.reconciles, f.machines), perNode(f.workloadWrites, f.machines))
+	p("How long the manager's writes took (p50/p99 ms): %s.\n\n", latencyText(f.writes, f.writeLatency))
+}
+
+// latencyText lists how long each kind of write took, the most frequent first.
+func latencyText(counts map[string]int, took map[string]latencies) string {
+	_, keys := writeTotals(counts)
+	var parts []string
+	for _, k := range keys {
+		if l, ok := took[k]; ok && l.n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s/%s", k, ms(l.p50), ms(l.p99)))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (r *report) renderWrites(w io.Writer, full bool) {
@@ -532,6 +551,11 @@ func (r *report) renderWrites(w io.Writer, full bool) {
 			size += " (not finished)"
 		}
 		p("| %s | %d | %s | %s | %s | %s |\n", size, o.maxUnavailable, perNode(o.reconciles, o.machines), perNode(o.reads, o.machines), perNode(o.workloadReads, o.machines), perNode(o.workloadWrites, o.machines))
+	}
+	p("\n")
+	p("How long the manager's writes took, from the request to the response (p50/p99 ms): what a write waits for in the API server at that load:\n\n")
+	for _, o := range r.orchestration {
+		p("- %d machines, maxUnavailable %d: %s\n", o.machines, o.maxUnavailable, latencyText(o.writes, o.writeLatency))
 	}
 	p("\n")
 	p("Events recorded per node, by the kind they regard and their reason (an event repeated as a series counts each time):\n\n")
