@@ -97,6 +97,8 @@ type Reconciler struct {
 
 	// wakes carries the NodeUpdates Wake asks to reconcile now.
 	wakes chan event.TypedGenericEvent[*inplacev1.NodeUpdate]
+	// gauges counts the NodeUpdates in progress and failed.
+	gauges gaugeBook
 }
 
 // scope is what one reconcile of a NodeUpdate read and decided.
@@ -215,14 +217,30 @@ func (r *Reconciler) read(ctx context.Context, key types.NamespacedName) (*inpla
 // Reconcile advances one NodeUpdate, read as read says; the status is computed and
 // patched once, at the end.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	// A NodeUpdate the cache shows ended, not being deleted, has nothing left to do but
+	// be counted, and needs no read from the API server: a final phase is never left, and
+	// a deletion comes as an event of its own, with the cache showing it. This is the
+	// reconcile that follows every node's end (the reconciler's own write of the final
+	// phase): one read of the API server less per node.
+	cached := &inplacev1.NodeUpdate{}
+	if err := r.Client.Get(ctx, req.NamespacedName, cached); err == nil && cached.Status.Phase.IsFinal() &&
+		cached.DeletionTimestamp.IsZero() && controllerutil.ContainsFinalizer(cached, inplacev1.NodeUpdateFinalizer) {
+		r.gauges.observe(cached)
+		return ctrl.Result{}, nil
+	}
 	nu, err := r.read(ctx, req.NamespacedName)
+	if apierrors.IsNotFound(err) {
+		r.gauges.forget(req.NamespacedName)
+		return ctrl.Result{}, nil
+	}
 	if err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("nodeUpdate", klog.KObj(nu), "node", nu.Spec.NodeName,
 		"updaterRef", nu.Spec.UpdaterRef.String())
 	ctx = ctrl.LoggerInto(ctx, log)
 
+	r.gauges.observe(nu)
 	if !nu.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, nu)
 	}
@@ -237,7 +255,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 	}
 	if nu.Status.Phase.IsFinal() {
-		r.updateGauges(ctx)
 		return ctrl.Result{}, nil
 	}
 
@@ -245,8 +262,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	defer func() {
 		if err := r.writeStatus(ctx, s); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
+			return
 		}
-		r.updateGauges(ctx)
+		r.gauges.observe(s.nu)
 	}()
 	return r.reconcileNormal(ctx, s)
 }

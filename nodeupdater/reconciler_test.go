@@ -19,6 +19,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
 )
 
 var configRef = inplacev1.UpdaterReference{Kind: "ConfigMap", Name: "updater"}
@@ -108,6 +109,37 @@ var _ = Describe("NodeUpdate reconciler with an updater the manager runs", func(
 		))
 		Expect(metricValue("capi_inplace_nodeupdate_duration_seconds", map[string]string{"updater": "ConfigMap", "result": "Succeeded"})).
 			To(Equal(succeededBefore + 1))
+	})
+
+	It("reads a NodeUpdate that ended from the cache only: its later reconciles ask the API server nothing", func() {
+		reads := &countingReader{Reader: k8s}
+		r.APIReader = reads
+		startManager(ns, r)
+		nu := newNodeUpdate(ns, configRef)
+		Expect(k8s.Create(ctx, nu)).To(Succeed())
+		for _, step := range u.steps {
+			u.openGate(step)
+		}
+		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseSucceeded))
+		readsAtEnd := reads.gets(nu.Name)
+		Expect(readsAtEnd).To(BeNumerically(">=", 1), "the NodeUpdate was read from the API server while it ran")
+		reconciles := func() float64 {
+			return metricValue("controller_runtime_reconcile_total", map[string]string{"controller": "nodeupdate", "result": "success"})
+		}
+		// A person's change of the metadata starts a reconcile (as the reconciler's own
+		// write of the final phase did): it finds the NodeUpdate ended in the cache.
+		before := reconciles()
+		Expect(fixtures.Annotate(ctx, k8s, nu, "example.com/looked-at", "yes")).To(Succeed())
+		Eventually(reconciles, wait).Should(BeNumerically(">", before))
+		Consistently(func() int { return reads.gets(nu.Name) }, 300*time.Millisecond).Should(Equal(readsAtEnd),
+			"a NodeUpdate that ended was read from the API server again")
+		Expect(u.count("done", "")).To(Equal(1), "the updater was called again after the NodeUpdate succeeded")
+
+		// Its deletion is still seen: the finalizer comes off and it is gone.
+		Expect(k8s.Delete(ctx, nu)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(nu), &inplacev1.NodeUpdate{}))
+		}, wait).Should(BeTrue())
 	})
 
 	It("calls the updater at once when its node changed (Wake), not only at its next poll", func() {

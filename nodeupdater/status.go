@@ -3,11 +3,13 @@ package nodeupdater
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -286,33 +288,81 @@ func (r *Reconciler) event(nu *inplacev1.NodeUpdate, eventType, reason, action, 
 	r.Recorder.Eventf(nu, nil, eventType, reason, action, "%s", truncate(note, maxEventNote))
 }
 
-// updateGauges sets the in-progress and failed gauges from the NodeUpdates in the
-// cache, so that they are right after a restart without any state of their own.
-func (r *Reconciler) updateGauges(ctx context.Context) {
-	list := &inplacev1.NodeUpdateList{}
-	// Read only, on every phase change of every NodeUpdate: no copy of the cached objects.
-	if err := r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
-		ctrl.LoggerFrom(ctx).V(4).Info("Cannot list NodeUpdates for the gauges", "error", err.Error())
+// gaugeBook keeps the updater kind and phase of every NodeUpdate the reconciler has seen,
+// and sets the in-progress and failed gauges from its counts as each NodeUpdate changes:
+// one reconcile costs the same whatever the number of NodeUpdates. (Counting them all
+// again from the cache at each of the two reconciles of a node was a twelfth of the
+// manager's CPU time with 20 Clusters of 50 machines upgraded at once, issue #55.) Every
+// NodeUpdate in the cache is reconciled once the manager starts, so the gauges are right
+// after a restart without any state of their own.
+type gaugeBook struct {
+	mu                 sync.Mutex
+	seen               map[types.NamespacedName]gaugeEntry
+	inProgress, failed map[string]int
+}
+
+type gaugeEntry struct {
+	kind  string
+	phase inplacev1.NodeUpdatePhase
+}
+
+// observe records nu as it is now and sets the gauges.
+func (b *gaugeBook) observe(nu *inplacev1.NodeUpdate) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.init()
+	key := types.NamespacedName{Namespace: nu.Namespace, Name: nu.Name}
+	entry := gaugeEntry{kind: nu.Spec.UpdaterRef.Kind, phase: nu.Status.Phase}
+	if old, ok := b.seen[key]; ok {
+		if old == entry {
+			return
+		}
+		b.count(old, -1)
+	}
+	b.seen[key] = entry
+	b.count(entry, 1)
+	b.publish()
+}
+
+// forget drops a NodeUpdate that is gone and sets the gauges.
+func (b *gaugeBook) forget(key types.NamespacedName) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old, ok := b.seen[key]
+	if !ok {
 		return
 	}
-	inProgress, failed := map[string]float64{}, map[string]float64{}
-	for i := range list.Items {
-		kind := list.Items[i].Spec.UpdaterRef.Kind
-		inProgress[kind] += 0
-		failed[kind] += 0
-		switch list.Items[i].Status.Phase {
-		case inplacev1.NodeUpdatePhaseInProgress:
-			inProgress[kind]++
-		case inplacev1.NodeUpdatePhaseFailed:
-			failed[kind]++
-		}
+	delete(b.seen, key)
+	b.count(old, -1)
+	b.publish()
+}
+
+func (b *gaugeBook) init() {
+	if b.seen == nil {
+		b.seen, b.inProgress, b.failed = map[types.NamespacedName]gaugeEntry{}, map[string]int{}, map[string]int{}
 	}
+}
+
+func (b *gaugeBook) count(e gaugeEntry, n int) {
+	b.inProgress[e.kind] += 0
+	b.failed[e.kind] += 0
+	switch e.phase {
+	case inplacev1.NodeUpdatePhaseInProgress:
+		b.inProgress[e.kind] += n
+	case inplacev1.NodeUpdatePhaseFailed:
+		b.failed[e.kind] += n
+	}
+}
+
+// publish sets the gauges from the counts: a kind whose NodeUpdates are all gone stays
+// at zero.
+func (b *gaugeBook) publish() {
 	nodeUpdatesInProgress.Reset()
 	nodeUpdatesFailed.Reset()
-	for kind, n := range inProgress {
-		nodeUpdatesInProgress.WithLabelValues(kind).Set(n)
+	for kind, n := range b.inProgress {
+		nodeUpdatesInProgress.WithLabelValues(kind).Set(float64(n))
 	}
-	for kind, n := range failed {
-		nodeUpdatesFailed.WithLabelValues(kind).Set(n)
+	for kind, n := range b.failed {
+		nodeUpdatesFailed.WithLabelValues(kind).Set(float64(n))
 	}
 }

@@ -598,3 +598,28 @@ func (w *lostAnswers) Patch(ctx context.Context, obj client.Object, patch client
 	w.c.mu.Unlock()
 	return errors.New("the answer to the status write was lost")
 }
+
+// countingReader is an APIReader that counts the reads of each NodeUpdate by name.
+type countingReader struct {
+	client.Reader
+	mu    sync.Mutex
+	reads map[string]int
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*inplacev1.NodeUpdate); ok {
+		c.mu.Lock()
+		if c.reads == nil {
+			c.reads = map[string]int{}
+		}
+		c.reads[key.Name]++
+		c.mu.Unlock()
+	}
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (c *countingReader) gets(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads[name]
+}
