@@ -13,6 +13,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
+	"github.com/capi-inplace/capi-inplace/nodeprogram"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/kubeadmupdater"
 	"github.com/capi-inplace/capi-inplace/test/capienv"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
@@ -81,6 +82,10 @@ func (c *kubeadmCluster) upgradeWithKubeadm() {
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(cordons.Stop)
 
+	// The download mirror refuses the first binary asked for: that node's fetch says "not
+	// done yet" (exit 3) and its Job's next pod, after the Job controller's back-off,
+	// fetches again on the same root.
+	c.hosts.FailDownloads(1)
 	start := time.Now()
 	c.bump(kubeadmTarget)
 	after := c.waitAt(kubeadmTarget, 8*time.Minute)
@@ -115,16 +120,30 @@ func (c *kubeadmCluster) upgradeWithKubeadm() {
 		Expect(steps).To(Equal(wantSteps), nu.Spec.NodeName)
 	}
 
-	By("on each node the node program ran fetch, upgrade, kubelet once each, in order, and succeeded")
+	By("on each node the node program ran fetch, upgrade, kubelet once each to success, in order; the one fetch the mirror refused was run again by its Job")
 	runs := c.hosts.Runs()
 	byNode := map[string][]string{}
+	var refused []sim.KubeadmRun
 	for _, r := range runs {
-		Expect(r.Exit).To(Equal(0), "%s %s: %s", r.Node, r.Step, r.Message)
+		if r.Exit != 0 {
+			refused = append(refused, r)
+			continue
+		}
 		byNode[r.Node] = append(byNode[r.Node], r.Args[1])
 	}
 	for _, n := range append(slices.Clone(cpNodes), workerNodes...) {
 		Expect(byNode).To(HaveKeyWithValue(n, []string{"fetch", "upgrade", "kubelet"}), n)
 	}
+	Expect(refused).To(HaveLen(1), "runs that did not succeed: %+v", refused)
+	first := refused[0]
+	Expect(first.Exit).To(Equal(nodeprogram.ExitRetry), first.Message)
+	Expect(first.Args[1]).To(Equal("fetch"))
+	Expect(first.Attempt).To(Equal(1))
+	Expect(first.Message).To(And(ContainSubstring("not done yet: download kubeadm from"), ContainSubstring("503 Service Unavailable")))
+	again := slices.IndexFunc(runs, func(r sim.KubeadmRun) bool { return r.Job == first.Job && r.Attempt == 2 })
+	Expect(again).NotTo(Equal(-1), "the Job of %s's refused fetch ran a second pod", first.Node)
+	Expect(runs[again].Exit).To(Equal(0), runs[again].Message)
+	Expect(runs[again].Start.After(first.End)).To(BeTrue(), "the second pod started after the first ended")
 
 	By("control plane before workers: every worker's first Job started after the last control plane node's last Job ended")
 	var cpEnd, workerStart time.Time

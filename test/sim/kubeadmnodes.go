@@ -19,6 +19,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,6 +42,15 @@ import (
 // kubelet does; and on the kubelet's restart it makes the workload Node go NotReady and
 // come back Ready reporting the kubelet binary now installed.
 //
+// A pod whose exit the Job's podFailurePolicy does not list (the node program's 3, "not
+// done yet") is counted against the Job's backoffLimit and, below it, the Job controller
+// starts another pod after a back-off that doubles with each failure (kubernetes v1.36.3
+// pkg/controller/job: DefaultJobPodFailureBackOff 10 s, MaxJobPodFailureBackOff 10 min,
+// backoff_utils.go getRemainingTimeForFailuresCount; the Job fails with
+// BackoffLimitExceeded once status.failed is above spec.backoffLimit). The simulator runs
+// the node program again on the same root, leftovers of the failed run included, each
+// failed pod left as the kubelet leaves it; the back-off is compressed to RetryBackoff.
+//
 // The binaries come from the `url` source: Binaries serves each version's fake kubeadm,
 // kubelet and kubectl, whose SHA-256 the KubeadmUpdater names (Checksums), so the node
 // program's download and checksum check run as they do on a node.
@@ -62,10 +72,14 @@ type KubeadmNodes struct {
 	mu        sync.Mutex
 	hosts     map[string]*kubeadmHost // by namespace/cluster/node
 	workloads map[string]workload     // by namespace/cluster
-	handled   map[types.UID]bool
+	handled   map[types.UID]*kubeadmJob
 	runs      []KubeadmRun
 	failures  map[string]string // node -> the command line prefix that fails
-	restarts  sync.WaitGroup
+	// brokenDownloads is how many binary downloads are still to be answered 503
+	// (FailDownloads).
+	brokenDownloads int
+	retryBackoff    time.Duration
+	restarts        sync.WaitGroup
 }
 
 // KubeadmRun is one node Job the simulator ran: its node (and Cluster), step, the node
@@ -74,11 +88,22 @@ type KubeadmNodes struct {
 type KubeadmRun struct {
 	Namespace, Cluster, Node, Step, Job string
 	NodeUpdate                          string
-	Args                                []string
-	Commands                            []string
-	Exit                                int
-	Message                             string
-	Start, End                          time.Time
+	// Attempt counts the Job's pods: 1 for its first, 2 for the one the Job controller
+	// started after the first failed, and so on.
+	Attempt    int
+	Args       []string
+	Commands   []string
+	Exit       int
+	Message    string
+	Start, End time.Time
+}
+
+// kubeadmJob is what the simulated Job controller keeps of a Job: its failed pods, when
+// it may start the next one, and whether the Job has ended.
+type kubeadmJob struct {
+	failed int
+	next   time.Time
+	ended  bool
 }
 
 type workload struct {
@@ -102,7 +127,11 @@ type KubeadmNodesOptions struct {
 	Nodes Nodes
 	// Hold is how long a restarted kubelet takes to report Ready again.
 	Hold time.Duration
-	Logf func(format string, args ...any)
+	// RetryBackoff is the Job controller's back-off before the pod that follows a
+	// failed one, doubled for each further failure (the real one starts at 10 s).
+	// Default 100ms.
+	RetryBackoff time.Duration
+	Logf         func(format string, args ...any)
 }
 
 // RunKubeadmNodes starts the simulator; Stop ends it.
@@ -112,11 +141,15 @@ func RunKubeadmNodes(ctx context.Context, o KubeadmNodesOptions) (*KubeadmNodes,
 		return nil, err
 	}
 	s := &KubeadmNodes{jobs: o.Jobs, namespace: o.Namespace, nuNS: o.NodeUpdateNamespace, mgmt: o.Management, scheme: o.Scheme, nodes: o.Nodes, hold: o.Hold, logf: o.Logf,
-		root: root, hosts: map[string]*kubeadmHost{}, workloads: map[string]workload{}, handled: map[types.UID]bool{}, failures: map[string]string{}, done: make(chan struct{})}
+		root: root, hosts: map[string]*kubeadmHost{}, workloads: map[string]workload{}, handled: map[types.UID]*kubeadmJob{}, failures: map[string]string{}, done: make(chan struct{}),
+		retryBackoff: o.RetryBackoff}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
-	s.binaries = httptest.NewServer(http.HandlerFunc(serveFakeBinary))
+	if s.retryBackoff <= 0 {
+		s.retryBackoff = 100 * time.Millisecond
+	}
+	s.binaries = httptest.NewServer(http.HandlerFunc(s.serveFakeBinary))
 	ctx, s.cancel = context.WithCancel(ctx)
 	go s.loop(ctx)
 	return s, nil
@@ -151,14 +184,34 @@ func Checksums(version string) inplacev1.KubeadmChecksums {
 func FakeKubeBinary(name, version string) string { return "fake " + name + " " + version + "\n" }
 
 // serveFakeBinary serves /release/<version>/bin/linux/<arch>/<binary> in dl.k8s.io's
-// layout (kubernetes.io/releases/download/).
-func serveFakeBinary(w http.ResponseWriter, r *http.Request) {
+// layout (kubernetes.io/releases/download/); while downloads are broken (FailDownloads)
+// it answers 503 Service Unavailable, as a mirror that is down does.
+func (s *KubeadmNodes) serveFakeBinary(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	if len(parts) != 6 || parts[0] != "release" || !slices.Contains([]string{"kubeadm", "kubelet", "kubectl"}, parts[5]) {
 		http.NotFound(w, r)
 		return
 	}
+	s.mu.Lock()
+	broken := s.brokenDownloads > 0
+	if broken {
+		s.brokenDownloads--
+	}
+	s.mu.Unlock()
+	if broken {
+		http.Error(w, "service unavailable", http.StatusServiceUnavailable)
+		return
+	}
 	_, _ = io.WriteString(w, FakeKubeBinary(parts[5], parts[1]))
+}
+
+// FailDownloads makes the next n binary downloads, from any node, fail with 503 Service
+// Unavailable: the node program's fetch says "not done yet" (exit 3) and its Job runs
+// it again.
+func (s *KubeadmNodes) FailDownloads(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.brokenDownloads = n
 }
 
 // FailCommand makes every later host command of node that starts with prefix (such as
@@ -196,24 +249,26 @@ func (s *KubeadmNodes) loop(ctx context.Context) {
 				continue
 			}
 			s.mu.Lock()
-			seen := s.handled[job.UID]
-			s.handled[job.UID] = true
+			state := s.handled[job.UID]
+			if state == nil {
+				state = &kubeadmJob{}
+				s.handled[job.UID] = state
+			}
+			due := !state.ended && !time.Now().Before(state.next)
 			s.mu.Unlock()
-			if seen || !job.DeletionTimestamp.IsZero() {
+			if !due || !job.DeletionTimestamp.IsZero() {
 				continue
 			}
-			if err := s.run(ctx, job); err != nil && ctx.Err() == nil {
-				s.logf("kubeadm node sim: job %s: %v\n", job.Name, err)
-				s.mu.Lock()
-				delete(s.handled, job.UID) // tried again on the next pass
-				s.mu.Unlock()
+			if err := s.run(ctx, job, state); err != nil && ctx.Err() == nil {
+				s.logf("kubeadm node sim: job %s: %v\n", job.Name, err) // tried again on the next pass
 			}
 		}
 	}
 }
 
-// run runs one Job's pod on its node and ends the Job.
-func (s *KubeadmNodes) run(ctx context.Context, job *batchv1.Job) error {
+// run runs one pod of a Job on its node and writes what the Job controller makes of it:
+// the Job's end, or a failure counted and the next pod's back-off.
+func (s *KubeadmNodes) run(ctx context.Context, job *batchv1.Job, state *kubeadmJob) error {
 	ref := strings.SplitN(job.Annotations[kubeadmupdater.NodeUpdateAnnotation], "/", 2)
 	if len(ref) != 2 {
 		return fmt.Errorf("no NodeUpdate annotation")
@@ -252,10 +307,19 @@ func (s *KubeadmNodes) run(ctx context.Context, job *batchv1.Job) error {
 	message, _ := os.ReadFile(termination)
 	end := time.Now()
 	s.mu.Lock()
+	attempt := state.failed + 1
 	s.runs = append(s.runs, KubeadmRun{Namespace: nu.Namespace, Cluster: nu.Spec.ClusterName, Node: node, Step: job.Labels[kubeadmupdater.StepLabel], Job: job.Name,
-		NodeUpdate: nu.Name, Args: args, Commands: host.end(), Exit: code, Message: string(message), Start: start, End: end})
+		NodeUpdate: nu.Name, Attempt: attempt, Args: args, Commands: host.end(), Exit: code, Message: string(message), Start: start, End: end})
+	// The pod has run: whatever happens to the writes below, it is not run again but by
+	// the Job controller's rule.
+	if code == nodeprogram.ExitOK || code == nodeprogram.ExitFailed || code == nodeprogram.ExitUsage || attempt > backoffLimit(job) {
+		state.ended = true
+	} else {
+		state.failed = attempt
+		state.next = end.Add(podFailureBackoff(s.retryBackoff, attempt))
+	}
 	s.mu.Unlock()
-	s.logf("kubeadm node sim: %s ran `node %s`: exit %d: %s\n", node, strings.Join(args[:min(2, len(args))], " "), code, strings.TrimSpace(string(message)))
+	s.logf("kubeadm node sim: %s ran `node %s` (pod %d of its Job): exit %d: %s\n", node, strings.Join(args[:min(2, len(args))], " "), attempt, code, strings.TrimSpace(string(message)))
 
 	now := metav1.Now()
 	started := metav1.NewTime(start)
@@ -267,30 +331,60 @@ func (s *KubeadmNodes) run(ctx context.Context, job *batchv1.Job) error {
 		// written whole).
 		exit := &containerExit{container: kubeadmupdater.ContainerName, code: int32(code), termination: string(message), log: stderr.String()}
 		pod := failedPod(job, node, exit, started, now)
-		if err := wl.client.Create(ctx, pod); err != nil {
+		if err := retry.OnError(retry.DefaultBackoff, s.transient(ctx), func() error { return wl.client.Create(ctx, pod) }); err != nil {
 			return fmt.Errorf("leave the failed pod of job %s: %w", job.Name, err)
 		}
 	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// The pod ran: its outcome is written until it is, never by running it again.
+	return retry.OnError(retry.DefaultBackoff, s.transient(ctx), func() error {
 		current := &batchv1.Job{}
 		if err := s.jobs.Get(ctx, client.ObjectKeyFromObject(job), current); err != nil {
 			return err
 		}
-		endJob(current, code, started, now)
+		jobAfterPod(current, code, attempt, started, now)
 		return s.jobs.Status().Update(ctx, current)
 	})
 }
 
-// endJob writes the Job's end as the Job controller does (kubernetes v1.36
-// pkg/controller/job/job_controller.go): a pod that succeeded completes the Job
-// (SuccessCriteriaMet, then Complete, with the completion time); a pod whose container
-// exited with a code the podFailurePolicy's FailJob rule lists fails it at once
-// (FailureTarget, then Failed, reason PodFailurePolicy, the message of
-// pkg/controller/job/pod_failure_policy.go). An exit the rule does not list (3: run again)
-// counts against backoffLimit; the simulated node does not run it again, so it fails the
-// Job as the limit would.
-func endJob(job *batchv1.Job, code int, started, now metav1.Time) {
-	job.Status.StartTime = &started
+// transient says which errors of a write the simulator tries again: all but a gone
+// object (the Job deleted meanwhile) and an ended test.
+func (s *KubeadmNodes) transient(ctx context.Context) func(error) bool {
+	return func(err error) bool { return !apierrors.IsNotFound(err) && ctx.Err() == nil }
+}
+
+// podFailureBackoff is the Job controller's wait before the pod that follows the
+// failures-th failed one: base doubled for each failure after the first, at most 60 times
+// base (kubernetes v1.36.3 backoff_utils.go getRemainingTimeForFailuresCount, with
+// DefaultJobPodFailureBackOff 10 s and MaxJobPodFailureBackOff 10 min).
+func podFailureBackoff(base time.Duration, failures int) time.Duration {
+	d := base
+	for i := 1; i < failures && d < 60*base; i++ {
+		d *= 2
+	}
+	return min(d, 60*base)
+}
+
+// backoffLimit is the Job's spec.backoffLimit, 6 when unset (the API server's default).
+func backoffLimit(job *batchv1.Job) int {
+	if job.Spec.BackoffLimit == nil {
+		return 6
+	}
+	return int(*job.Spec.BackoffLimit)
+}
+
+// jobAfterPod writes what the Job controller makes of the Job's pod number attempt
+// (kubernetes v1.36 pkg/controller/job/job_controller.go): a pod that succeeded
+// completes the Job (SuccessCriteriaMet, then Complete, with the completion time); a pod
+// whose container exited with a code the podFailurePolicy's FailJob rule lists fails it
+// at once (FailureTarget, then Failed, reason PodFailurePolicy, the message of
+// pkg/controller/job/pod_failure_policy.go). An exit the rule does not list (3: run
+// again) is counted in status.failed; the Job fails with BackoffLimitExceeded once that
+// count is above spec.backoffLimit, and otherwise stays without a condition, no pod
+// active, until its next pod starts.
+func jobAfterPod(job *batchv1.Job, code, attempt int, started, now metav1.Time) {
+	if job.Status.StartTime == nil {
+		job.Status.StartTime = &started
+	}
 	cond := func(t batchv1.JobConditionType, reason, msg string) batchv1.JobCondition {
 		return batchv1.JobCondition{Type: t, Status: corev1.ConditionTrue, Reason: reason, Message: msg, LastProbeTime: now, LastTransitionTime: now}
 	}
@@ -302,11 +396,15 @@ func endJob(job *batchv1.Job, code int, started, now metav1.Time) {
 			cond(batchv1.JobComplete, batchv1.JobReasonCompletionsReached, "Reached expected number of succeeded pods"))
 		return
 	}
-	job.Status.Failed = 1
+	job.Status.Failed = int32(attempt)
+	job.Status.Active = 0
 	reason := batchv1.JobReasonPodFailurePolicy
 	msg := fmt.Sprintf("Container %s for pod %s/%s failed with exit code %d matching FailJob rule at index 0", kubeadmupdater.ContainerName, job.Namespace, job.Name, code)
 	if code != nodeprogram.ExitFailed && code != nodeprogram.ExitUsage {
-		reason, msg = batchv1.JobReasonBackoffLimitExceeded, "Job has reached the specified backoff limit"
+		if attempt <= backoffLimit(job) {
+			return // the next pod comes after the back-off
+		}
+		reason, msg = batchv1.JobReasonBackoffLimitExceeded, backoffLimitMessage
 	}
 	job.Status.Conditions = append(job.Status.Conditions,
 		cond(batchv1.JobFailureTarget, reason, msg), cond(batchv1.JobFailed, reason, msg))
