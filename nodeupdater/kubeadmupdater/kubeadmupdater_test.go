@@ -544,6 +544,58 @@ var _ = Describe("KubeadmUpdater", func() {
 		waitForJob(nu, kubeadmupdater.StepKubelet)
 	})
 
+	// An abort while the drain is held by a budget, under each drain policy: the node is
+	// put back at once (nothing of the node's runs: kubeadm's Jobs ended before the
+	// drain), and what the policy would have done after its grace period (delete the held
+	// pods, or skip the node) is never done.
+	DescribeTable("on abort while its drain is held, ends at once: uncordoned, its Jobs deleted, the held pod left, the kubelet untouched",
+		func(mode inplacev1.DrainMode, held func(nu *inplacev1.NodeUpdate) bool) {
+			grace := 2 * time.Second
+			if mode != "" {
+				policy = &inplacev1.DrainPolicy{Mode: mode, GracePeriod: &metav1.Duration{Duration: grace}}
+			}
+			start()
+			node := newNode(false, from)
+			db, _ := heldPod(node, "db-0", map[string]string{})
+			nu := newNodeUpdate(node)
+			finishJob(nu, kubeadmupdater.StepFetch, true, "")
+			finishJob(nu, kubeadmupdater.StepUpgrade, true, "")
+			Eventually(func() bool { return held(getNU(nu)) }, wait).Should(BeTrue(), "the drain is held")
+			Expect(cordoned(node)).To(BeTrue())
+
+			Eventually(func() error {
+				got := getNU(nu)
+				got.Spec.Phase = inplacev1.TaskActionAbort
+				return k8s.Update(ctx, got)
+			}, wait).Should(Succeed())
+			Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
+			Expect(cordoned(node)).To(BeFalse(), "our cordon lifted")
+			Expect(getNode(node).Annotations).NotTo(HaveKey(nodedrain.CordonedByAnnotation))
+			Expect(ourJobs(nu)).To(BeEmpty(), "every Job of the node deleted")
+			got := getNU(nu)
+			Expect(nodeupdater.Step(got, kubeadmupdater.StepDrain).State).To(Equal(inplacev1.StepStateAborted))
+			Expect(nodeupdater.Step(got, kubeadmupdater.StepKubelet).State).To(Equal(inplacev1.StepStatePending))
+			Consistently(func(g Gomega) {
+				pod := &corev1.Pod{}
+				g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(db), pod)).To(Succeed())
+				g.Expect(pod.DeletionTimestamp.IsZero()).To(BeTrue(), "the held pod was deleted after the abort")
+				g.Expect(cordoned(node)).To(BeFalse(), "cordoned again after the abort")
+				g.Expect(jobExists(nu, kubeadmupdater.StepKubelet)()).To(BeFalse(), "the kubelet touched after the abort")
+				g.Expect(getNU(nu).Status.Phase).To(Equal(inplacev1.NodeUpdatePhaseAborted))
+			}, grace+time.Second, 100*time.Millisecond).Should(Succeed(), "past the policy's grace period")
+		},
+		Entry("the default policy (Hold)", inplacev1.DrainMode(""), func(nu *inplacev1.NodeUpdate) bool {
+			return strings.Contains(stepMessage(nu, kubeadmupdater.StepDrain), "held by a PodDisruptionBudget: "+podNS+"/db-0")
+		}),
+		Entry("drainPolicy Evict, inside its grace period", inplacev1.DrainModeEvict, func(nu *inplacev1.NodeUpdate) bool {
+			return strings.Contains(stepMessage(nu, kubeadmupdater.StepDrain), "they are deleted, their budgets ignored")
+		}),
+		Entry("drainPolicy Skip, the skip announced", inplacev1.DrainModeSkip, func(nu *inplacev1.NodeUpdate) bool {
+			c := meta.FindStatusCondition(nu.Status.Conditions, inplacev1.DrainBlockedCondition)
+			return c != nil && c.Reason == inplacev1.SkipPendingReason
+		}),
+	)
+
 	// UpgradePreview asks the updater what a node's upgrade would disrupt now: the drain's
 	// own rules, and the API server's eviction code in a dry run for the budgets.
 	It("previews the pods its drain could not empty now, evicting nothing", func() {
@@ -795,3 +847,11 @@ var _ = Describe("KubeadmUpdater", func() {
 		})
 	})
 })
+
+// stepMessage is the message of the NodeUpdate's step, "" when it has no such step.
+func stepMessage(nu *inplacev1.NodeUpdate, step string) string {
+	if s := nodeupdater.Step(nu, step); s != nil {
+		return s.Message
+	}
+	return ""
+}
