@@ -130,6 +130,16 @@ var _ = Describe("KubeadmUpdater", func() {
 		}
 	}
 
+	// askAbort asks for the NodeUpdate's abort, as the task does (spec.phase Abort).
+	askAbort := func(nu *inplacev1.NodeUpdate) {
+		GinkgoHelper()
+		Eventually(func() error {
+			got := getNU(nu)
+			got.Spec.Phase = inplacev1.TaskActionAbort
+			return k8s.Update(ctx, got)
+		}, wait).Should(Succeed())
+	}
+
 	// jobKey is the Job of a step; it needs the NodeUpdate's UID.
 	jobKey := func(nu *inplacev1.NodeUpdate, step string) client.ObjectKey {
 		return client.ObjectKey{Namespace: jobNS, Name: kubeadmupdater.JobName(getNU(nu), step)}
@@ -396,11 +406,7 @@ var _ = Describe("KubeadmUpdater", func() {
 		Eventually(stepOf(nu, kubeadmupdater.StepKubelet), wait).Should(HaveField("State", inplacev1.StepStateRunning))
 		Expect(cordoned(node)).To(BeTrue())
 
-		Eventually(func() error {
-			got := getNU(nu)
-			got.Spec.Phase = inplacev1.TaskActionAbort
-			return k8s.Update(ctx, got)
-		}, wait).Should(Succeed())
+		askAbort(nu)
 		Eventually(func() *metav1.MicroTime { return getNU(nu).Status.AbortStartTime }, wait).ShouldNot(BeNil())
 		Consistently(func(g Gomega) {
 			g.Expect(jobExists(nu, kubeadmupdater.StepKubelet)()).To(BeTrue(), "a running Job is not killed half-way")
@@ -428,11 +434,7 @@ var _ = Describe("KubeadmUpdater", func() {
 		Expect(job.Spec.Template.Spec.Containers[0].Args).To(Equal([]string{"node", "kubeadm", "fetch", "--version", to,
 			"--source", "url", "--url-template", inplacev1.DefaultKubeadmURLTemplate,
 			"--sha256", "kubeadm=" + strings.Repeat("a", 64), "--sha256", "kubelet=" + strings.Repeat("b", 64), "--sha256", "kubectl=" + strings.Repeat("c", 64)}))
-		Eventually(func() error {
-			got := getNU(nu)
-			got.Spec.Phase = inplacev1.TaskActionAbort
-			return k8s.Update(ctx, got)
-		}, wait).Should(Succeed())
+		askAbort(nu)
 		finishJob(nu, kubeadmupdater.StepFetch, true, "")
 		Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
 		Consistently(func() []string { return ourJobs(nu) }, 500*time.Millisecond).Should(BeEmpty(), "no Upgrade Job after the abort")
@@ -563,11 +565,7 @@ var _ = Describe("KubeadmUpdater", func() {
 			Eventually(func() bool { return held(getNU(nu)) }, wait).Should(BeTrue(), "the drain is held")
 			Expect(cordoned(node)).To(BeTrue())
 
-			Eventually(func() error {
-				got := getNU(nu)
-				got.Spec.Phase = inplacev1.TaskActionAbort
-				return k8s.Update(ctx, got)
-			}, wait).Should(Succeed())
+			askAbort(nu)
 			Eventually(phaseOf(nu), wait).Should(Equal(inplacev1.NodeUpdatePhaseAborted))
 			Expect(cordoned(node)).To(BeFalse(), "our cordon lifted")
 			Expect(getNode(node).Annotations).NotTo(HaveKey(nodedrain.CordonedByAnnotation))
