@@ -15,6 +15,7 @@ import (
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/nodeupdater/jobupdater"
+	"github.com/capi-inplace/capi-inplace/test/fixtures"
 )
 
 const wait = 15 * time.Second
@@ -125,11 +126,7 @@ var _ = Describe("JobUpdater", func() {
 
 	requestAbort := func(nu *inplacev1.NodeUpdate) {
 		GinkgoHelper()
-		Eventually(func() error {
-			got := getNU(nu)
-			got.Spec.Phase = inplacev1.TaskActionAbort
-			return k8s.Update(ctx, got)
-		}, wait).Should(Succeed())
+		Expect(fixtures.AskAbort(ctx, k8s, client.ObjectKeyFromObject(nu))).To(Succeed())
 	}
 
 	jobGone := func(nu *inplacev1.NodeUpdate) func() bool {

@@ -133,11 +133,7 @@ var _ = Describe("KubeadmUpdater", func() {
 	// askAbort asks for the NodeUpdate's abort, as the task does (spec.phase Abort).
 	askAbort := func(nu *inplacev1.NodeUpdate) {
 		GinkgoHelper()
-		Eventually(func() error {
-			got := getNU(nu)
-			got.Spec.Phase = inplacev1.TaskActionAbort
-			return k8s.Update(ctx, got)
-		}, wait).Should(Succeed())
+		Expect(fixtures.AskAbort(ctx, k8s, client.ObjectKeyFromObject(nu))).To(Succeed())
 	}
 
 	// jobKey is the Job of a step; it needs the NodeUpdate's UID.
