@@ -93,8 +93,10 @@ TESTSUMMARY   := $(BIN)/testsummary
 TEST_PARALLEL ?=
 TEST_P_FLAG    = $(if $(TEST_PARALLEL),-p $(TEST_PARALLEL))
 # A guard against a hung package, not the time a target takes (docs/testing.md has the
-# budgets: make test 15 minutes, make test-e2e 20, on a warm 2-core machine).
-TEST_TIMEOUT ?= 30m
+# budgets: make test 15 minutes, make test-e2e 20, on a warm 2-core machine). 40m: the
+# Harvester adapter's whole runs took 1,405 s in one package on a slowed CI-like machine,
+# and a guard that trips on a slow machine proves nothing about the product.
+TEST_TIMEOUT ?= 40m
 
 ##@ General
 .PHONY: help
