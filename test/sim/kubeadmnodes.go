@@ -82,9 +82,9 @@ type KubeadmNodes struct {
 	restarts        sync.WaitGroup
 }
 
-// KubeadmRun is one node Job the simulator ran: its node (and Cluster), step, the node
-// program's arguments, the host commands it ran in order, its exit code and termination
-// message.
+// KubeadmRun is one pod of a node Job the simulator ran: its node (and Cluster), step,
+// the node program's arguments, the host commands it ran in order, its exit code and
+// termination message.
 type KubeadmRun struct {
 	Namespace, Cluster, Node, Step, Job string
 	NodeUpdate                          string
@@ -222,7 +222,7 @@ func (s *KubeadmNodes) FailCommand(node, prefix, stderr string) {
 	s.failures[node] = prefix + "\x00" + stderr
 }
 
-// Runs are the Jobs run so far, in the order they ended.
+// Runs are the Jobs' pods run so far, in the order they ended.
 func (s *KubeadmNodes) Runs() []KubeadmRun {
 	s.mu.Lock()
 	defer s.mu.Unlock()
