@@ -71,6 +71,10 @@ func TestSmoke(t *testing.T) {
 		if got := o.writes["POST nodeupdates"]; got != n {
 			t.Errorf("%d machines: the manager created %d NodeUpdates, want one per machine (writes %v)", n, got, o.writes)
 		}
+		if o.apiServerCPU <= 0 || o.apiServerCPUPerNode() <= 0 || o.apiServerCores() <= 0 {
+			t.Errorf("%d machines, maxUnavailable %d: the API server's CPU was not measured: %s (%s per node, %.2f cores)",
+				n, o.maxUnavailable, o.apiServerCPU, o.apiServerCPUPerNode(), o.apiServerCores())
+		}
 		if o.reconciles["upgradetask"] == 0 || o.reconciles["nodeupdate"] == 0 {
 			t.Errorf("reconciles not counted: %v", o.reconciles)
 		}
@@ -103,6 +107,9 @@ func TestSmoke(t *testing.T) {
 		}
 		if got := f.writes["POST nodeupdates"]; got != n {
 			t.Errorf("fleet: the manager created %d NodeUpdates, want %d", got, n)
+		}
+		if f.apiServerCPU <= 0 {
+			t.Errorf("fleet: the API server's CPU was not measured: %s", f.apiServerCPU)
 		}
 		if f.usage.cpu <= 0 || f.usage.wall <= 0 || f.usage.rssPeak == 0 || f.usage.heapPeak == 0 {
 			t.Errorf("fleet: the process's usage was not measured: %+v", f.usage)

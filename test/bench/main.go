@@ -308,8 +308,9 @@ func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, 
 			if err != nil {
 				return fmt.Errorf("fleet: %w", err)
 			}
-			b.printf("  %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); %.1f writes/node; %.2f cores, peak RSS %s\n",
-				totalText(res, cfg.fleetTimeout), ms(res.handoff.p50), ms(res.handoff.p99), ms(res.updaterStart.p50), ms(res.updaterStart.p99), res.writesPerNode(), res.usage.cores(), mib(res.usage.rssPeak))
+			b.printf("  %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); %.1f writes/node; %.2f cores, peak RSS %s; API server %s ms CPU/node (%.2f cores)\n",
+				totalText(res, cfg.fleetTimeout), ms(res.handoff.p50), ms(res.handoff.p99), ms(res.updaterStart.p50), ms(res.updaterStart.p99), res.writesPerNode(), res.usage.cores(), mib(res.usage.rssPeak),
+				ms(res.apiServerCPUPerNode()), res.apiServerCores())
 			return nil
 		})
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -139,6 +140,24 @@ type orchResult struct {
 	events map[string]int
 	// usage is the bench process's CPU time and memory while the upgrade ran.
 	usage processUsage
+	// apiServerCPU is the CPU time the test API server used over the same time.
+	apiServerCPU time.Duration
+}
+
+// apiServerCPUPerNode is the API server's CPU time per upgraded node.
+func (r orchResult) apiServerCPUPerNode() time.Duration {
+	if r.upgraded == 0 {
+		return 0
+	}
+	return r.apiServerCPU / time.Duration(r.upgraded)
+}
+
+// apiServerCores is the API server's mean CPU use over the run, in cores.
+func (r orchResult) apiServerCores() float64 {
+	if r.usage.wall <= 0 {
+		return 0
+	}
+	return r.apiServerCPU.Seconds() / r.usage.wall.Seconds()
 }
 
 func (r orchResult) writesPerNode() float64 {
@@ -273,6 +292,10 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		return res, err
 	}
 	usage := startUsage(ctx)
+	apiServerBefore, err := apiServerCPU(ctx, b)
+	if err != nil {
+		return res, err
+	}
 
 	requester := &upgraderequest.Requester{Client: c, Registry: registry}
 	t0 := time.Now()
@@ -323,6 +346,11 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		res.total = 0
 	}
 	res.usage = usage.stop()
+	apiServerAfter, err := apiServerCPU(ctx, b)
+	if err != nil {
+		return res, err
+	}
+	res.apiServerCPU = apiServerAfter - apiServerBefore
 	// Trailing writes of the last node (its events, the task's last status) land.
 	sleep(ctx, time.Second)
 	res.writes, res.reads = split(counter.snapshot())
@@ -506,8 +534,9 @@ func runOrchestrationBench(ctx context.Context, b *bench) ([]orchResult, error) 
 			if !r.finished {
 				writes = fmt.Sprintf("%d writes", r.writesTotal)
 			}
-			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); ended %s ms after the last node; %s\n",
-				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), ms(r.updaterStart.p50), ms(r.updaterStart.p99), ms(r.ending), writes)
+			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); ended %s ms after the last node; %s; API server %s ms CPU/node (%.2f cores)\n",
+				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), ms(r.updaterStart.p50), ms(r.updaterStart.p99), ms(r.ending), writes,
+				ms(r.apiServerCPUPerNode()), r.apiServerCores())
 			out = append(out, r)
 		}
 	}
@@ -583,4 +612,50 @@ func profileAPIServer(ctx context.Context, b *bench, file string) {
 	if err != nil {
 		_, _ = fmt.Fprintf(b.out, "  apiserver profile: %v\n", err)
 	}
+}
+
+// apiServerCPU returns the CPU time the test API server has used since it started: its
+// process_cpu_seconds_total, from the /metrics it serves to its administrators. Every
+// section's API server runs on the bench's cores, so its CPU per upgraded node is what
+// bounds how many nodes a second the orchestration can hand over there.
+func apiServerCPU(ctx context.Context, b *bench) (time.Duration, error) {
+	hc, err := rest.HTTPClientFor(b.env.Config)
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("read the API server's metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("read the API server's metrics: %s", resp.Status)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("read the API server's metrics: %w", err)
+	}
+	return cpuFromMetrics(data)
+}
+
+// cpuFromMetrics returns the value of process_cpu_seconds_total in a Prometheus text
+// exposition.
+func cpuFromMetrics(metrics []byte) (time.Duration, error) {
+	const name = "process_cpu_seconds_total"
+	for _, line := range strings.Split(string(metrics), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || fields[0] != name {
+			continue
+		}
+		secs, err := strconv.ParseFloat(fields[1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s %q: %w", name, fields[1], err)
+		}
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	return 0, fmt.Errorf("no %s in the API server's metrics", name)
 }

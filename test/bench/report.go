@@ -458,17 +458,23 @@ func (r *report) renderOrchestration(w io.Writer, full bool) {
 		p("from each of the same successes to the updater's first call for the NodeUpdate paired with it, which is when a real updater would begin ")
 		p("on the node: the hand-off plus the NodeUpdate controller's first reconcile, which reads the NodeUpdate from the API server before it calls ")
 		p("the updater (a figure that moves the creation earlier but not this one has moved the work, not sped it up). ")
-		p("A run that does not finish within %s is stopped and reported as such.\n\n", r.cfg.orchTimeout)
+		p("A run that does not finish within %s is stopped and reported as such. ", r.cfg.orchTimeout)
+		p("API server CPU: the test API server's own `process_cpu_seconds_total` (from its `/metrics`) from the task's creation to its completion, ")
+		p("per upgraded node and as mean cores over that time. The API server shares the machine's cores with etcd and the manager, so with c ms of ")
+		p("its CPU per node, P cores upgrade at most P/c nodes a second; at maxUnavailable m, with nodes that take no time, a place's cycle (its ")
+		p("NodeUpdate's life and then the hand-off) takes at least m·c/P on average (Little's law): past the point where the API server is busy, ")
+		p("the hand-off at maxUnavailable above 1 measures that cycle, not a delay of the controller.\n\n")
 	}
-	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | updater's start p50 ms | p99 ms | most running at once |\n")
-	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | updater's start p50 ms | p99 ms | most running at once | API server CPU per node ms | API server cores |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.orchestration {
 		per := "-"
 		if o.finished {
 			per = ms(o.total/time.Duration(o.machines)) + " ms"
 		}
-		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
-			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), ms(o.nextStart.p50), ms(o.nextStart.p99), ms(o.updaterStart.p50), ms(o.updaterStart.p99), o.maxRunning)
+		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d | %s | %.2f |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
+			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), ms(o.nextStart.p50), ms(o.nextStart.p99), ms(o.updaterStart.p50), ms(o.updaterStart.p99), o.maxRunning,
+			ms(o.apiServerCPUPerNode()), o.apiServerCores())
 	}
 	p("\n")
 }
@@ -501,7 +507,8 @@ func (r *report) renderFleet(w io.Writer, full bool) {
 	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.perCluster(), f.maxUnavailable,
 		totalText(*f, r.cfg.fleetTimeout), secs(f.firstStart), f.handoff.n, ms(f.handoff.p50), ms(f.handoff.p99), ms(f.handoff.max),
 		ms(f.nextStart.p50), ms(f.nextStart.p99), ms(f.updaterStart.p50), ms(f.updaterStart.p99), writes, f.usage.cores(), mib(f.usage.rssStart), mib(f.usage.rssPeak), mib(f.usage.heapPeak))
-	p("Per node: %s; reconciles %s; workload writes %s.\n\n", perNode(f.writes, f.machines), perNode(f.reconciles, f.machines), perNode(f.workloadWrites, f.machines))
+	p("Per node: %s; reconciles %s; workload writes %s; API server CPU %s ms (%.2f cores over the run).\n\n", perNode(f.writes, f.machines), perNode(f.reconciles, f.machines),
+		perNode(f.workloadWrites, f.machines), ms(f.apiServerCPUPerNode()), f.apiServerCores())
 	p("How long the manager's writes took (p50/p99 ms): %s.\n\n", latencyText(f.writes, f.writeLatency))
 }
 
