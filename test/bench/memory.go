@@ -18,7 +18,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
@@ -367,22 +366,9 @@ func (t *nodeCacheTask) remove(ctx context.Context, b *bench) error {
 // (apiserver_longrunning_requests). In the memory section nothing but the manager's Node
 // cache and the API server's own loopback clients watches Nodes.
 func nodeWatches(ctx context.Context, b *bench) (int, error) {
-	hc, err := rest.HTTPClientFor(b.env.Config)
+	data, err := apiServerMetrics(ctx, b)
 	if err != nil {
 		return 0, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("read the API server's metrics: %w", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("read the API server's metrics: %w", err)
 	}
 	const name = "apiserver_longrunning_requests{"
 	found, n := false, 0.0

@@ -619,27 +619,36 @@ func profileAPIServer(ctx context.Context, b *bench, file string) {
 // section's API server runs on the bench's cores, so its CPU per upgraded node is what
 // bounds how many nodes a second the orchestration can hand over there.
 func apiServerCPU(ctx context.Context, b *bench) (time.Duration, error) {
-	hc, err := rest.HTTPClientFor(b.env.Config)
+	data, err := apiServerMetrics(ctx, b)
 	if err != nil {
 		return 0, err
+	}
+	return cpuFromMetrics(data)
+}
+
+// apiServerMetrics returns the test API server's /metrics, in Prometheus text form.
+func apiServerMetrics(ctx context.Context, b *bench) ([]byte, error) {
+	hc, err := rest.HTTPClientFor(b.env.Config)
+	if err != nil {
+		return nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("read the API server's metrics: %w", err)
+		return nil, fmt.Errorf("read the API server's metrics: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("read the API server's metrics: %s", resp.Status)
+		return nil, fmt.Errorf("read the API server's metrics: %s", resp.Status)
 	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, fmt.Errorf("read the API server's metrics: %w", err)
+		return nil, fmt.Errorf("read the API server's metrics: %w", err)
 	}
-	return cpuFromMetrics(data)
+	return data, nil
 }
 
 // cpuFromMetrics returns the value of process_cpu_seconds_total in a Prometheus text
