@@ -590,22 +590,7 @@ func reconcileTotals() (map[string]int, error) {
 // profileAPIServer writes a 30 s CPU profile of the test API server to file, for
 // go tool pprof (kube-apiserver serves /debug/pprof to its administrators).
 func profileAPIServer(ctx context.Context, b *bench, file string) {
-	hc, err := rest.HTTPClientFor(b.env.Config)
-	if err != nil {
-		_, _ = fmt.Fprintf(b.out, "  apiserver profile: %v\n", err)
-		return
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+"/debug/pprof/profile?seconds=30", nil)
-	if err != nil {
-		return
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		_, _ = fmt.Fprintf(b.out, "  apiserver profile: %v\n", err)
-		return
-	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(resp.Body)
+	data, err := apiServerGet(ctx, b, "/debug/pprof/profile?seconds=30")
 	if err == nil {
 		err = os.WriteFile(file, data, 0o600)
 	}
@@ -628,25 +613,31 @@ func apiServerCPU(ctx context.Context, b *bench) (time.Duration, error) {
 
 // apiServerMetrics returns the test API server's /metrics, in Prometheus text form.
 func apiServerMetrics(ctx context.Context, b *bench) ([]byte, error) {
+	return apiServerGet(ctx, b, "/metrics")
+}
+
+// apiServerGet returns the body of a GET of path from the test API server, as its
+// administrator.
+func apiServerGet(ctx context.Context, b *bench, path string) ([]byte, error) {
 	hc, err := rest.HTTPClientFor(b.env.Config)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(b.env.Config.Host, "/")+path, nil)
 	if err != nil {
 		return nil, err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("read the API server's metrics: %w", err)
+		return nil, fmt.Errorf("GET %s from the API server: %w", path, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("read the API server's metrics: %s", resp.Status)
+		return nil, fmt.Errorf("GET %s from the API server: %s", path, resp.Status)
 	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("read the API server's metrics: %w", err)
+		return nil, fmt.Errorf("GET %s from the API server: %w", path, err)
 	}
 	return data, nil
 }
