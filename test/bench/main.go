@@ -60,6 +60,9 @@ type config struct {
 	orchSizes          []int
 	orchMaxUnavailable []int
 	orchTimeout        time.Duration
+	// requestCostOps is how many requests of each kind the orchestration section sends to
+	// price one request for the API server (runRequestCosts).
+	requestCostOps int
 
 	// The fleet section: fleetClusters Clusters of fleetMachines machines each, all
 	// upgraded at once with maxUnavailable fleetMaxUnavailable.
@@ -99,6 +102,7 @@ func defaultConfig() config {
 		orchSizes:           []int{100, 250, 500},
 		orchMaxUnavailable:  []int{1, 10},
 		orchTimeout:         2 * time.Minute,
+		requestCostOps:      200,
 		fleetClusters:       20,
 		fleetMachines:       50,
 		fleetMaxUnavailable: 1,
@@ -147,6 +151,7 @@ func (c *config) bind(fs *flag.FlagSet) {
 	intList(fs, &c.orchSizes, "orchestration-sizes", "machines of the upgraded MachineDeployment")
 	intList(fs, &c.orchMaxUnavailable, "max-unavailable", "maxUnavailable of each upgrade")
 	fs.DurationVar(&c.orchTimeout, "orchestration-timeout", c.orchTimeout, "give up on one upgrade after this long and report how far it got")
+	fs.IntVar(&c.requestCostOps, "request-cost-ops", c.requestCostOps, "requests of each kind the orchestration section sends, after its upgrades, to price one request for the API server; 0 skips it")
 	fs.IntVar(&c.fleetClusters, "fleet-clusters", c.fleetClusters, "Clusters the fleet section upgrades at once, each in a namespace of its own")
 	fs.IntVar(&c.fleetMachines, "fleet-machines", c.fleetMachines, "machines of each fleet Cluster's MachineDeployment")
 	fs.IntVar(&c.fleetMaxUnavailable, "fleet-max-unavailable", c.fleetMaxUnavailable, "maxUnavailable of each fleet Cluster's upgrade")
@@ -291,6 +296,17 @@ func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, 
 				if err != nil {
 					return fmt.Errorf("orchestration: %w", err)
 				}
+				if cfg.requestCostOps > 0 {
+					_, _ = fmt.Fprintf(out, "== 3b. What one request costs the test API server (%d of each kind)\n", cfg.requestCostOps)
+					costs, err := runRequestCosts(ctx, b, cfg.requestCostOps)
+					rep.requestCosts, rep.orchestrationTime = costs, time.Since(s)
+					if err != nil {
+						return fmt.Errorf("request costs: %w", err)
+					}
+					for _, c := range costs {
+						b.printf("  %-26s %6s ms CPU, %5.0f KB allocated, %6s ms each\n", c.kind, ms(c.cpuPerOp()), c.allocatedPerOp()/1024, ms(c.wallPerOp()))
+					}
+				}
 			}
 			return nil
 		})
@@ -308,9 +324,9 @@ func run(ctx context.Context, cfg config, out io.Writer, args string) (*report, 
 			if err != nil {
 				return fmt.Errorf("fleet: %w", err)
 			}
-			b.printf("  %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); %.1f writes/node; %.2f cores, peak RSS %s; API server %s ms CPU/node (%.2f cores)\n",
+			b.printf("  %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); %.1f writes/node; %.2f cores, peak RSS %s; %s\n",
 				totalText(res, cfg.fleetTimeout), ms(res.handoff.p50), ms(res.handoff.p99), ms(res.updaterStart.p50), ms(res.updaterStart.p99), res.writesPerNode(), res.usage.cores(), mib(res.usage.rssPeak),
-				ms(res.apiServerCPUPerNode()), res.apiServerCores())
+				res.apiServerText())
 			return nil
 		})
 		if err != nil {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -140,8 +139,8 @@ type orchResult struct {
 	events map[string]int
 	// usage is the bench process's CPU time and memory while the upgrade ran.
 	usage processUsage
-	// apiServerCPU is the CPU time the test API server used over the same time.
-	apiServerCPU time.Duration
+	// apiServer is what the test API server spent over the same time.
+	apiServer apiServerUsage
 }
 
 // apiServerCPUPerNode is the API server's CPU time per upgraded node.
@@ -149,7 +148,22 @@ func (r orchResult) apiServerCPUPerNode() time.Duration {
 	if r.upgraded == 0 {
 		return 0
 	}
-	return r.apiServerCPU / time.Duration(r.upgraded)
+	return r.apiServer.cpu / time.Duration(r.upgraded)
+}
+
+// apiServerAllocatedPerNode is what the API server allocated per upgraded node, in bytes:
+// its garbage collector runs once per so many bytes allocated.
+func (r orchResult) apiServerAllocatedPerNode() float64 {
+	if r.upgraded == 0 {
+		return 0
+	}
+	return r.apiServer.allocated / float64(r.upgraded)
+}
+
+// apiServerText says what the API server spent on the run, for the console.
+func (r orchResult) apiServerText() string {
+	return fmt.Sprintf("API server %s ms CPU/node (%.2f cores), %.1f MB allocated/node, %s of its CPU in GC",
+		ms(r.apiServerCPUPerNode()), r.apiServerCores(), r.apiServerAllocatedPerNode()/(1<<20), r.apiServer.gcShareText())
 }
 
 // apiServerCores is the API server's mean CPU use over the run, in cores.
@@ -157,7 +171,7 @@ func (r orchResult) apiServerCores() float64 {
 	if r.usage.wall <= 0 {
 		return 0
 	}
-	return r.apiServerCPU.Seconds() / r.usage.wall.Seconds()
+	return r.apiServer.cpu.Seconds() / r.usage.wall.Seconds()
 }
 
 func (r orchResult) writesPerNode() float64 {
@@ -292,7 +306,7 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		return res, err
 	}
 	usage := startUsage(ctx)
-	apiServerBefore, err := apiServerCPU(ctx, b)
+	apiServerBefore, err := readAPIServerUsage(ctx, b)
 	if err != nil {
 		return res, err
 	}
@@ -346,11 +360,11 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		res.total = 0
 	}
 	res.usage = usage.stop()
-	apiServerAfter, err := apiServerCPU(ctx, b)
+	apiServerAfter, err := readAPIServerUsage(ctx, b)
 	if err != nil {
 		return res, err
 	}
-	res.apiServerCPU = apiServerAfter - apiServerBefore
+	res.apiServer = apiServerAfter.since(apiServerBefore)
 	// Trailing writes of the last node (its events, the task's last status) land.
 	sleep(ctx, time.Second)
 	res.writes, res.reads = split(counter.snapshot())
@@ -534,9 +548,9 @@ func runOrchestrationBench(ctx context.Context, b *bench) ([]orchResult, error) 
 			if !r.finished {
 				writes = fmt.Sprintf("%d writes", r.writesTotal)
 			}
-			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); ended %s ms after the last node; %s; API server %s ms CPU/node (%.2f cores)\n",
+			b.printf("  %4d machines, maxUnavailable %2d: %s; first node after %s; hand-off p50 %s ms p99 %s ms (updater's start p50 %s ms p99 %s ms); ended %s ms after the last node; %s; %s\n",
 				n, mu, status, secs(r.firstStart), ms(r.handoff.p50), ms(r.handoff.p99), ms(r.updaterStart.p50), ms(r.updaterStart.p99), ms(r.ending), writes,
-				ms(r.apiServerCPUPerNode()), r.apiServerCores())
+				r.apiServerText())
 			out = append(out, r)
 		}
 	}
@@ -599,18 +613,6 @@ func profileAPIServer(ctx context.Context, b *bench, file string) {
 	}
 }
 
-// apiServerCPU returns the CPU time the test API server has used since it started: its
-// process_cpu_seconds_total, from the /metrics it serves to its administrators. Every
-// section's API server runs on the bench's cores, so its CPU per upgraded node is what
-// bounds how many nodes a second the orchestration can hand over there.
-func apiServerCPU(ctx context.Context, b *bench) (time.Duration, error) {
-	data, err := apiServerMetrics(ctx, b)
-	if err != nil {
-		return 0, err
-	}
-	return cpuFromMetrics(data)
-}
-
 // apiServerMetrics returns the test API server's /metrics, in Prometheus text form.
 func apiServerMetrics(ctx context.Context, b *bench) ([]byte, error) {
 	return apiServerGet(ctx, b, "/metrics")
@@ -640,22 +642,4 @@ func apiServerGet(ctx context.Context, b *bench, path string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s from the API server: %w", path, err)
 	}
 	return data, nil
-}
-
-// cpuFromMetrics returns the value of process_cpu_seconds_total in a Prometheus text
-// exposition.
-func cpuFromMetrics(metrics []byte) (time.Duration, error) {
-	const name = "process_cpu_seconds_total"
-	for _, line := range strings.Split(string(metrics), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 2 || fields[0] != name {
-			continue
-		}
-		secs, err := strconv.ParseFloat(fields[1], 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s %q: %w", name, fields[1], err)
-		}
-		return time.Duration(secs * float64(time.Second)), nil
-	}
-	return 0, fmt.Errorf("no %s in the API server's metrics", name)
 }

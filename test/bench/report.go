@@ -130,6 +130,7 @@ type report struct {
 	hooksTime         time.Duration
 	orchestration     []orchResult
 	orchestrationTime time.Duration
+	requestCosts      []requestCost
 	fleet             *orchResult
 	fleetTime         time.Duration
 	memory            []memResult
@@ -177,6 +178,7 @@ func (r *report) render(w io.Writer, full bool) error {
 	r.renderOrchestration(w, full)
 	r.renderFleet(w, full)
 	r.renderWrites(w, full)
+	r.renderRequestCosts(w, full)
 	r.renderMemory(w, full)
 	r.renderGrowth(w, full)
 	r.renderMakespan(w, full)
@@ -210,16 +212,21 @@ func (r *report) renderLimits(w io.Writer) {
 	p("still to go, which took 13 s at 500 nodes when the reconcile wrote them itself), ")
 	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second. The task's own ")
 	p("writes to a Machine wake no reconcile of it (only a change of something else does). Only a task's ")
-	p("end, an abort or a deletion writes its Machines before it returns. What remains is the API server: on the same two cores it ")
-	p("spends most of its time decoding, validating and storing Machines (`--apiserver-cpuprofile`; at maxUnavailable 10 it uses most ")
-	p("of the two cores). With maxUnavailable 10 and node work that takes no time, maxUnavailable nodes run at once and a node ends ")
+	p("end, an abort or a deletion writes its Machines before it returns. What remains is the API server, on the same two cores: it ")
+	p("spends most of its time decoding, validating and storing Machines (`--apiserver-cpuprofile`), and section 3b prices each request: ")
+	p("a write of a Machine (a Cluster API object with a large schema, coerced, validated and tracked field by field on every write) costs ")
+	p("it several times what any other request of a node costs. With node work that takes no time the upgrade goes as fast as the API ")
+	p("server lets it, so the API server is busy through the run (its cores column in section 2); its garbage collector then starts about ")
+	p("once for every heap's worth of allocation and marks for a few hundred ms on these cores, and every request in flight meanwhile waits ")
+	p("longer: the hand-offs that meet a marking make the p99 at maxUnavailable 1 (section 2's GC share column). With maxUnavailable 10 and node work that takes no time, maxUnavailable nodes run at once and a node ends ")
 	p("every few tens of milliseconds: a success waits for the reconcile in progress to end and for the next one, which fills every ")
 	p("free place at once, while all requests queue at the saturated API server. The next start column is how soon after any success ")
 	p("a node starts. Real nodes take minutes and end one by one.\n")
 	p("- **First node.** A reconcile claims the machines it starts before it creates their NodeUpdates; the claims of the other ")
 	p("waiting machines (a claim label and a Waiting condition each) go to the background writer, so the first node waits for none of them.\n")
-	p("- **Writes per node.** Per node the design asks for: the Machine's claim label, its InPlaceUpgradeUpToDate condition as Waiting, ")
-	p("InProgress and Done, its release annotation with the claim removed (five Machine writes); the NodeUpdate's creation (with its ")
+	p("- **Writes per node.** Per node the design asks for: the Machine's claim label, its skip-remediation annotation when its node starts ")
+	p("(written before its NodeUpdate exists), its InPlaceUpgradeUpToDate condition as Waiting, InProgress and Done (the status ")
+	p("subresource: a request of its own), its release annotation with the claim and skip-remediation removed (six Machine writes); the NodeUpdate's creation (with its ")
 	p("finalizer) and its status (two); the task's status (at most one a second, shared by the nodes that started or ended meanwhile); ")
 	p("and three Events (NodeStarted, the NodeUpdate's Succeeded, NodeUpgraded, each ")
 	p("naming its Machine so that the events API does not fold them into one series), with one MachineClaimed Event per hand-over ")
@@ -463,18 +470,24 @@ func (r *report) renderOrchestration(w io.Writer, full bool) {
 		p("per upgraded node and as mean cores over that time. The API server shares the machine's cores with etcd and the manager, so with c ms of ")
 		p("its CPU per node, P cores upgrade at most P/c nodes a second; at maxUnavailable m, with nodes that take no time, a place's cycle (its ")
 		p("NodeUpdate's life and then the hand-off) takes at least m·c/P on average (Little's law): past the point where the API server is busy, ")
-		p("the hand-off at maxUnavailable above 1 measures that cycle, not a delay of the controller.\n\n")
+		p("the hand-off at maxUnavailable above 1 measures that cycle, not a delay of the controller. ")
+		p("API server allocated per node and its GC share: its `go_gc_heap_allocs_bytes_total` over the same time, per upgraded node, and the part of ")
+		p("its busy CPU the Go runtime reports for its garbage collector (`go_cpu_classes_gc_total_cpu_seconds_total` against that plus ")
+		p("`go_cpu_classes_user_cpu_seconds_total` and the scavenger's; the runtime brings these up to date at the end of each collection, so ")
+		p("over a run of many collections they are exact to one of them). The collector runs once per so many bytes allocated (GOGC 100: as many ")
+		p("as its heap holds live), and while it marks, every request that allocates helps it: so the more a node makes the API server ")
+		p("allocate, and the more nodes a second, the more often every request in flight, the hand-off's two among them, is slowed at once.\n\n")
 	}
-	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | updater's start p50 ms | p99 ms | most running at once | API server CPU per node ms | API server cores |\n")
-	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| machines | maxUnavailable | total | per machine | first node after | hand-offs | hand-off p50 ms | p99 ms | max ms | next start p50 ms | p99 ms | updater's start p50 ms | p99 ms | most running at once | API server CPU per node ms | API server cores | API server allocated per node MB | its GC share |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.orchestration {
 		per := "-"
 		if o.finished {
 			per = ms(o.total/time.Duration(o.machines)) + " ms"
 		}
-		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d | %s | %.2f |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
+		p("| %d | %d | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d | %s | %.2f | %.1f | %s |\n", o.machines, o.maxUnavailable, totalText(o, r.cfg.orchTimeout), per, secs(o.firstStart),
 			o.handoff.n, ms(o.handoff.p50), ms(o.handoff.p99), ms(o.handoff.max), ms(o.nextStart.p50), ms(o.nextStart.p99), ms(o.updaterStart.p50), ms(o.updaterStart.p99), o.maxRunning,
-			ms(o.apiServerCPUPerNode()), o.apiServerCores())
+			ms(o.apiServerCPUPerNode()), o.apiServerCores(), o.apiServerAllocatedPerNode()/(1<<20), o.apiServer.gcShareText())
 	}
 	p("\n")
 }
@@ -507,8 +520,9 @@ func (r *report) renderFleet(w io.Writer, full bool) {
 	p("| %d | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n\n", f.clusters, f.perCluster(), f.maxUnavailable,
 		totalText(*f, r.cfg.fleetTimeout), secs(f.firstStart), f.handoff.n, ms(f.handoff.p50), ms(f.handoff.p99), ms(f.handoff.max),
 		ms(f.nextStart.p50), ms(f.nextStart.p99), ms(f.updaterStart.p50), ms(f.updaterStart.p99), writes, f.usage.cores(), mib(f.usage.rssStart), mib(f.usage.rssPeak), mib(f.usage.heapPeak))
-	p("Per node: %s; reconciles %s; workload writes %s; API server CPU %s ms (%.2f cores over the run).\n\n", perNode(f.writes, f.machines), perNode(f.reconciles, f.machines),
-		perNode(f.workloadWrites, f.machines), ms(f.apiServerCPUPerNode()), f.apiServerCores())
+	p("Per node: %s; reconciles %s; workload writes %s; API server CPU %s ms (%.2f cores over the run), %.1f MB allocated, %s of its CPU in GC.\n\n",
+		perNode(f.writes, f.machines), perNode(f.reconciles, f.machines), perNode(f.workloadWrites, f.machines), ms(f.apiServerCPUPerNode()), f.apiServerCores(),
+		f.apiServerAllocatedPerNode()/(1<<20), f.apiServer.gcShareText())
 	p("How long the manager's writes took (p50/p99 ms): %s.\n\n", latencyText(f.writes, f.writeLatency))
 }
 
@@ -568,6 +582,52 @@ func (r *report) renderWrites(w io.Writer, full bool) {
 	p("Events recorded per node, by the kind they regard and their reason (an event repeated as a series counts each time):\n\n")
 	for _, o := range r.orchestration {
 		p("- %d machines, maxUnavailable %d: %s\n", o.machines, o.maxUnavailable, perNode(o.events, o.machines))
+	}
+	p("\n")
+}
+
+// renderRequestCosts writes what one request of each kind costs the API server, and what
+// the requests section 3 counted per node come to at those prices.
+func (r *report) renderRequestCosts(w io.Writer, full bool) {
+	if len(r.requestCosts) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+	p("## 3b. What one request costs the test API server\n\n")
+	if full {
+		p("After the upgrades of section 2, on the same test API server: a cluster of %d machines as section 2 creates them, and %d requests ", r.requestCosts[0].ops, r.requestCosts[0].ops)
+		p("of each kind an upgraded node makes, sent one after another, one per object, each as the manager sends it (the same patch types and ")
+		p("optimistic locks, from the object the previous request returned, so that no read is counted with a write), with a watch of each kind ")
+		p("open as the manager's informers are. What the API server spent (`process_cpu_seconds_total` and `go_gc_heap_allocs_bytes_total`, ")
+		p("read %s after the last request of the kind, its watch events included), divided by the requests; the wall time is what one client ", requestCostSettle)
+		p("waited for each. The figures include what the idle API server does meanwhile (its own controllers, a few ms a second).\n\n")
+	}
+	p("| request | CPU per request ms | allocated per request KB | wall per request ms |\n|---|---:|---:|---:|\n")
+	price := map[string]time.Duration{}
+	for _, c := range r.requestCosts {
+		price[c.kind] = c.cpuPerOp()
+		p("| %s | %s | %.0f | %s |\n", c.kind, ms(c.cpuPerOp()), c.allocatedPerOp()/1024, ms(c.wallPerOp()))
+	}
+	p("\n")
+	p("Section 3's requests per node at these prices, against the API server CPU per node measured in section 2 (the rest is what is not ")
+	p("priced here, the watches' reads and the idle API server):\n\n")
+	p("| machines | maxUnavailable | priced per node ms | measured per node ms | not priced |\n|---:|---:|---:|---:|---|\n")
+	for _, o := range r.orchestration {
+		if !o.finished {
+			continue
+		}
+		var priced time.Duration
+		unpriced := map[string]int{}
+		for _, counts := range []map[string]int{o.writes, o.reads, o.workloadWrites, o.workloadReads} {
+			for k, n := range counts {
+				if c, ok := price[k]; ok {
+					priced += c * time.Duration(n)
+				} else {
+					unpriced[k] += n
+				}
+			}
+		}
+		p("| %d | %d | %s | %s | %s |\n", o.machines, o.maxUnavailable, ms(priced/time.Duration(max(o.upgraded, 1))), ms(o.apiServerCPUPerNode()), perNode(unpriced, o.machines))
 	}
 	p("\n")
 }
