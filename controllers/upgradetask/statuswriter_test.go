@@ -293,6 +293,30 @@ var _ = Describe("status writer", func() {
 			Expect(stored().Status).To(Equal(progressStatus(2, 3)))
 		})
 
+		It("pauses longer after a write of a larger status, but not for a flush", func() {
+			w.interval = 100 * time.Millisecond // set before the first write reads it
+			task := stored()
+			w.track(task)
+			large := func(upgraded int32) inplacev1.UpgradeTaskStatus {
+				st := progressStatus(upgraded, 250)
+				st.Machines = withEntries(250).Machines
+				return st
+			}
+			w.submit(withStatus(task, large(1)))
+			Eventually(writes.count).WithPolling(10 * time.Millisecond).Should(Equal(1))
+			w.submit(withStatus(task, large(2)))
+			Eventually(writes.count).WithPolling(10*time.Millisecond).Should(Equal(2), "the next status is written after the pause")
+			writes.mu.Lock()
+			paused := writes.sentAt[1].Sub(writes.answeredAt[0])
+			writes.mu.Unlock()
+			Expect(paused).To(BeNumerically(">=", 3*w.interval), "250 entries: three intervals between two writes")
+
+			w.submit(withStatus(task, large(3)))
+			Expect(w.flush(ctx, key)).To(Succeed())
+			Expect(writes.count()).To(Equal(3))
+			Expect(stored().Status).To(Equal(large(3)))
+		})
+
 		It("ends the pause after a write for a flush", func() {
 			w.interval = time.Hour // set before the first write reads it
 			task := stored()

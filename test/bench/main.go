@@ -60,6 +60,9 @@ type config struct {
 	orchSizes          []int
 	orchMaxUnavailable []int
 	orchTimeout        time.Duration
+	// orchNodeTime is how long the bench's updater takes per node in the orchestration and
+	// fleet sections (benchUpdater); zero, as make bench runs them, is no time at all.
+	orchNodeTime time.Duration
 	// requestCostOps is how many requests of each kind the orchestration section sends to
 	// price one request for the API server (runRequestCosts).
 	requestCostOps int
@@ -151,6 +154,7 @@ func (c *config) bind(fs *flag.FlagSet) {
 	intList(fs, &c.orchSizes, "orchestration-sizes", "machines of the upgraded MachineDeployment")
 	intList(fs, &c.orchMaxUnavailable, "max-unavailable", "maxUnavailable of each upgrade")
 	fs.DurationVar(&c.orchTimeout, "orchestration-timeout", c.orchTimeout, "give up on one upgrade after this long and report how far it got")
+	fs.DurationVar(&c.orchNodeTime, "orchestration-node-time", c.orchNodeTime, "how long the bench's updater takes per node in the orchestration and fleet sections; the targets are for the default, no time at all")
 	fs.IntVar(&c.requestCostOps, "request-cost-ops", c.requestCostOps, "requests of each kind the orchestration section sends, after its upgrades, to price one request for the API server; 0 skips it")
 	fs.IntVar(&c.fleetClusters, "fleet-clusters", c.fleetClusters, "Clusters the fleet section upgrades at once, each in a namespace of its own")
 	fs.IntVar(&c.fleetMachines, "fleet-machines", c.fleetMachines, "machines of each fleet Cluster's MachineDeployment")

@@ -42,40 +42,49 @@ import (
 const (
 	orchFromVersion = "v1.35.0"
 	orchToVersion   = "v1.36.0"
-	// zeroTimeUpdaterName is the ConfigMap that stands for the bench's updater configuration.
-	zeroTimeUpdaterName = "zero-time"
+	// benchUpdaterName is the ConfigMap that stands for the bench's updater configuration.
+	benchUpdaterName = "bench-updater"
 )
 
 // managerConcurrency is main.go's default --concurrency.
 const managerConcurrency = 10
 
-// zeroTimeUpdater is the bench's updater: the node work takes no time, so that what is
-// measured is capi-inplace's own orchestration (UpgradeTask controller and NodeUpdate
-// lifecycle) and nothing else. It writes nothing itself; it stamps when it was first
-// called for each NodeUpdate, which is when a real updater would begin on the node.
-type zeroTimeUpdater struct {
+// benchUpdater is the bench's updater: by default the node work takes no time, so that
+// what is measured is capi-inplace's own orchestration (UpgradeTask controller and
+// NodeUpdate lifecycle) and nothing else; with a nodeTime (--orchestration-node-time) a
+// node is done once that long has passed since the updater's first call for it, so that
+// the upgrade goes no faster than the API server can carry. It writes nothing itself; it
+// stamps when it was first called for each NodeUpdate, which is when a real updater would
+// begin on the node.
+type benchUpdater struct {
+	nodeTime time.Duration
+
 	mu    sync.Mutex
 	first map[types.NamespacedName]time.Time
 }
 
-func newZeroTimeUpdater() *zeroTimeUpdater {
-	return &zeroTimeUpdater{first: map[types.NamespacedName]time.Time{}}
+func newBenchUpdater(nodeTime time.Duration) *benchUpdater {
+	return &benchUpdater{nodeTime: nodeTime, first: map[types.NamespacedName]time.Time{}}
 }
 
-func (u *zeroTimeUpdater) Reconcile(_ context.Context, nu *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
+func (u *benchUpdater) Reconcile(_ context.Context, nu *inplacev1.NodeUpdate) (nodeupdater.Result, error) {
 	now := time.Now()
 	u.mu.Lock()
 	key := types.NamespacedName{Namespace: nu.Namespace, Name: nu.Name}
-	if _, ok := u.first[key]; !ok {
-		u.first[key] = now
+	first, ok := u.first[key]
+	if !ok {
+		u.first[key], first = now, now
 	}
 	u.mu.Unlock()
+	if left := u.nodeTime - now.Sub(first); left > 0 {
+		return nodeupdater.Result{RequeueAfter: left}, nil
+	}
 	return nodeupdater.Result{Done: true}, nil
 }
 
 // firstCalls returns, in time order, when the updater was first called for each
 // NodeUpdate of namespace ns.
-func (u *zeroTimeUpdater) firstCalls(ns string) []time.Time {
+func (u *benchUpdater) firstCalls(ns string) []time.Time {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	var out []time.Time
@@ -88,9 +97,9 @@ func (u *zeroTimeUpdater) firstCalls(ns string) []time.Time {
 	return out
 }
 
-func (*zeroTimeUpdater) Abort(context.Context, *inplacev1.NodeUpdate) (bool, error) { return true, nil }
+func (*benchUpdater) Abort(context.Context, *inplacev1.NodeUpdate) (bool, error) { return true, nil }
 
-func (*zeroTimeUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
+func (*benchUpdater) Preflight(context.Context, nodeupdater.PreflightTarget) []nodeupdater.CheckResult {
 	return nil
 }
 
@@ -229,7 +238,7 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 				return res, err
 			}
 		}
-		if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: zeroTimeUpdaterName}}); err != nil {
+		if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: benchUpdaterName}}); err != nil {
 			return res, err
 		}
 		if err := c.Create(ctx, &corev1.Secret{
@@ -240,7 +249,7 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		}
 		if err := createCluster(ctx, c, clusterShape{
 			namespace: ns, name: clusterName, machines: n, version: orchFromVersion,
-			annotations: map[string]string{inplacev1.UpdaterAnnotation: "ConfigMap/" + zeroTimeUpdaterName},
+			annotations: map[string]string{inplacev1.UpdaterAnnotation: "ConfigMap/" + benchUpdaterName},
 		}); err != nil {
 			return res, err
 		}
@@ -251,7 +260,7 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		defer runs[i].rec.stop()
 	}
 
-	updater := newZeroTimeUpdater()
+	updater := newBenchUpdater(b.cfg.orchNodeTime)
 	registry := nodeupdater.NewRegistry()
 	if err := registry.Register(nodeupdater.Registration{
 		GroupKind: schema.GroupKind{Kind: "ConfigMap"},

@@ -210,7 +210,8 @@ func (r *report) renderLimits(w io.Writer) {
 	p("release annotations and the claims of waiting machines (at most %d writes in flight; the last hand-over of a Machine wins), ", upgradetask.MachineWriteConcurrency)
 	p("the workload Nodes' upgrade-pending taints (at most %d in flight per task: a task's first reconcile taints every node ", upgradetask.TaintWriteConcurrency)
 	p("still to go, which took 13 s at 500 nodes when the reconcile wrote them itself), ")
-	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second. The task's own ")
+	p("and the task's status (an entry per machine, the costliest write for the API server), at most once a second for every 100 ")
+	p("entries (at most one write in 10 s from 1,000 machines on), so that what it costs per second does not grow with the task. The task's own ")
 	p("writes to a Machine wake no reconcile of it (only a change of something else does). Only a task's ")
 	p("end, an abort or a deletion writes its Machines before it returns. What remains is the API server, on the same two cores: it ")
 	p("spends most of its time decoding, validating and storing Machines (`--apiserver-cpuprofile`), and section 3b prices each request: ")
@@ -246,7 +247,18 @@ func yesNo(ok bool) string {
 
 func (r *report) renderTargets(w io.Writer) {
 	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
-	p("## Targets (issues #10 and #55)\n\n| target | measured | met |\n|---|---|---|\n")
+	p("## Targets (issues #10 and #55)\n\n")
+	if nt := r.cfg.orchNodeTime; nt > 0 {
+		p("This run gave each node %s of work (`--orchestration-node-time`): the targets of sections 2 and 2b are for node work that ", nt)
+		p("takes no time, so their rows below are not judged.\n\n")
+	}
+	p("| target | measured | met |\n|---|---|---|\n")
+	judge := func(ok bool) string {
+		if r.cfg.orchNodeTime > 0 {
+			return "not judged"
+		}
+		return yesNo(ok)
+	}
 	if r.hooks != nil {
 		var figs, ratios []string
 		okAbs, okRatio, any64 := true, true, false
@@ -300,12 +312,12 @@ func (r *report) renderTargets(w io.Writer) {
 		if wide {
 			target, at = targetHandoffP99Wide, "above maxUnavailable 1"
 		}
-		p("| hand-off p99 under %s ms %s | worst %s ms (%s) | %s |\n", ms(target), at, ms(worst.handoff.p99), worst.shape(), yesNo(worst.handoff.p99 < target && finished))
+		p("| hand-off p99 under %s ms %s | worst %s ms (%s) | %s |\n", ms(target), at, ms(worst.handoff.p99), worst.shape(), judge(worst.handoff.p99 < target && finished))
 	}
 	if len(r.orchestration) > 0 {
 		for _, o := range r.orchestration {
 			if o.machines == targetBigMachines && o.maxUnavailable == targetBigMU {
-				p("| %d machines at maxUnavailable %d in under %s | %s | %s |\n", targetBigMachines, targetBigMU, targetBigUpgrade, totalText(o, r.cfg.orchTimeout), yesNo(o.finished && o.total < targetBigUpgrade))
+				p("| %d machines at maxUnavailable %d in under %s | %s | %s |\n", targetBigMachines, targetBigMU, targetBigUpgrade, totalText(o, r.cfg.orchTimeout), judge(o.finished && o.total < targetBigUpgrade))
 			}
 		}
 		// Per node only means something for an upgrade that finished: an unfinished one
@@ -455,8 +467,14 @@ func (r *report) renderOrchestration(w io.Writer, full bool) {
 		p("extension-paced UpgradeTask (created through `upgraderequest.Requester`, as ExternalUpgradeRequest does). The real UpgradeTask controller ")
 		p("and NodeUpdate reconciler run in a controller-runtime manager wired as `main.go` wires them: default poll intervals (UpgradeTask %s, ", "15s")
 		p("NodeUpdate %s; `--poll-interval` unset), `--concurrency %d`, workload Nodes read through the Cluster's kubeconfig Secret ", "30s", managerConcurrency)
-		p("(`workloadcluster.Clients`). The updater is the bench's own: its Reconcile answers Done at once and it writes nothing, so the node work takes ")
-		p("no time and what is left is capi-inplace's orchestration. A separate watch stamps each NodeUpdate when it is first seen and when it is first ")
+		if nt := r.cfg.orchNodeTime; nt > 0 {
+			p("(`workloadcluster.Clients`). The updater is the bench's own and writes nothing; in this run (`--orchestration-node-time %s`) its ", nt)
+			p("Reconcile answers Done once %s has passed since its first call for the node, so the upgrade goes no faster than that allows. ", nt)
+		} else {
+			p("(`workloadcluster.Clients`). The updater is the bench's own: its Reconcile answers Done at once and it writes nothing, so the node work takes ")
+			p("no time and what is left is capi-inplace's orchestration. ")
+		}
+		p("A separate watch stamps each NodeUpdate when it is first seen and when it is first ")
 		p("seen Succeeded. Total: from the UpgradeTask's creation to its `Completed` phase. First node: from the task's creation to its first NodeUpdate. ")
 		p("Hand-off: each success frees one of the maxUnavailable places, so the k-th success is paired with the (maxUnavailable+k)-th creation; ")
 		p("the latency is the time between the two (the target's figure). While fewer than maxUnavailable nodes run, the (maxUnavailable+k)-th ")

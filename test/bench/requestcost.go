@@ -130,7 +130,7 @@ func runRequestCosts(ctx context.Context, b *bench, n int) ([]requestCost, error
 					Annotations: map[string]string{disruption.TargetAnnotation: "MachineDeployment/workers", disruption.MaxUnavailableAnnotation: strconv.Itoa(1)},
 					Finalizers:  []string{inplacev1.NodeUpdateFinalizer}},
 				Spec: inplacev1.NodeUpdateSpec{ClusterName: clusterName, MachineName: machineName(i + 1), NodeName: nodes[i].Name, Version: orchToVersion,
-					UpdaterRef: inplacev1.UpdaterReference{Kind: "ConfigMap", Name: zeroTimeUpdaterName}, Phase: inplacev1.TaskActionOngoing},
+					UpdaterRef: inplacev1.UpdaterReference{Kind: "ConfigMap", Name: benchUpdaterName}, Phase: inplacev1.TaskActionOngoing},
 			}
 			return c.Create(ctx, nus[i])
 		}},
