@@ -98,6 +98,14 @@ func (u apiServerUsage) since(earlier apiServerUsage) apiServerUsage {
 	}
 }
 
+// per is u divided among n (requests, nodes); nothing when n is not positive.
+func (u apiServerUsage) per(n int) apiServerUsage {
+	if n <= 0 {
+		return apiServerUsage{}
+	}
+	return apiServerUsage{cpu: u.cpu / time.Duration(n), allocated: u.allocated / float64(n), gc: u.gc / time.Duration(n), busy: u.busy / time.Duration(n)}
+}
+
 // gcShare is the part of the API server's busy CPU its garbage collector took.
 func (u apiServerUsage) gcShare() float64 {
 	if u.busy <= 0 {

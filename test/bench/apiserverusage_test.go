@@ -66,6 +66,12 @@ func TestAPIServerUsageSince(t *testing.T) {
 	if s := (apiServerUsage{}).gcShare(); s != 0 {
 		t.Errorf("gc share of nothing %v, want 0", s)
 	}
+	if p := got.per(4); p != (apiServerUsage{cpu: time.Second, allocated: 5e8, gc: 250 * time.Millisecond, busy: time.Second}) {
+		t.Errorf("per 4: %+v", p)
+	}
+	if p := got.per(0); p != (apiServerUsage{}) {
+		t.Errorf("per 0: %+v, want nothing", p)
+	}
 	if s := got.gcShareText(); s != "25%" {
 		t.Errorf("gc share text %q, want 25%%", s)
 	}

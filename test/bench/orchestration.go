@@ -153,20 +153,12 @@ type orchResult struct {
 }
 
 // apiServerCPUPerNode is the API server's CPU time per upgraded node.
-func (r orchResult) apiServerCPUPerNode() time.Duration {
-	if r.upgraded == 0 {
-		return 0
-	}
-	return r.apiServer.cpu / time.Duration(r.upgraded)
-}
+func (r orchResult) apiServerCPUPerNode() time.Duration { return r.apiServer.per(r.upgraded).cpu }
 
 // apiServerAllocatedPerNode is what the API server allocated per upgraded node, in bytes:
 // its garbage collector runs once per so many bytes allocated.
 func (r orchResult) apiServerAllocatedPerNode() float64 {
-	if r.upgraded == 0 {
-		return 0
-	}
-	return r.apiServer.allocated / float64(r.upgraded)
+	return r.apiServer.per(r.upgraded).allocated
 }
 
 // apiServerText says what the API server spent on the run, for the console.

@@ -32,19 +32,9 @@ type requestCost struct {
 	usage apiServerUsage
 }
 
-func (c requestCost) cpuPerOp() time.Duration {
-	if c.ops == 0 {
-		return 0
-	}
-	return c.usage.cpu / time.Duration(c.ops)
-}
+func (c requestCost) cpuPerOp() time.Duration { return c.usage.per(c.ops).cpu }
 
-func (c requestCost) allocatedPerOp() float64 {
-	if c.ops == 0 {
-		return 0
-	}
-	return c.usage.allocated / float64(c.ops)
-}
+func (c requestCost) allocatedPerOp() float64 { return c.usage.per(c.ops).allocated }
 
 func (c requestCost) wallPerOp() time.Duration {
 	if c.ops == 0 {
