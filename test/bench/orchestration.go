@@ -245,7 +245,11 @@ func runUpgrades(ctx context.Context, b *bench, clusters, n, mu int, timeout tim
 		}); err != nil {
 			return res, err
 		}
-		defer func() { _ = deleteNodes(ctx, c, ns) }()
+		defer func() {
+			if err := deleteRun(ctx, c, ns); err != nil {
+				b.printf("  (could not delete what the run left: %v)\n", err)
+			}
+		}()
 		if runs[i].rec, err = watchNodeUpdates(ctx, b, ns, n); err != nil {
 			return res, err
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -18,6 +20,7 @@ import (
 	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
 	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 
+	inplacev1 "github.com/capi-inplace/capi-inplace/api/v1alpha1"
 	"github.com/capi-inplace/capi-inplace/test/fixtures"
 )
 
@@ -52,6 +55,47 @@ const nodeSetLabel = "bench.capi-inplace.io/namespace"
 func deleteNodes(ctx context.Context, c client.Client, namespace string) error {
 	if err := c.DeleteAllOf(ctx, &corev1.Node{}, client.MatchingLabels{nodeSetLabel: namespace}); err != nil {
 		return fmt.Errorf("delete the Nodes of namespace %s: %w", namespace, err)
+	}
+	return nil
+}
+
+// deleteRun deletes what a run left in namespace: its Nodes, and its Clusters, Machines,
+// MachineSets, MachineDeployments, UpgradeTasks, NodeUpdates and Events, their finalizers
+// taken off first (nothing else is left to take them off: the run's manager has stopped,
+// and Cluster API's controllers do not run here). A later run of the same API server then
+// meets only its own objects, in the API server's store and heap.
+func deleteRun(ctx context.Context, c client.Client, namespace string) error {
+	if err := deleteNodes(ctx, c, namespace); err != nil {
+		return err
+	}
+	lists := []client.ObjectList{&inplacev1.UpgradeTaskList{}, &inplacev1.NodeUpdateList{}, &clusterv1.MachineList{},
+		&clusterv1.MachineSetList{}, &clusterv1.MachineDeploymentList{}, &clusterv1.ClusterList{}}
+	for _, list := range lists {
+		if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return fmt.Errorf("list %T of namespace %s: %w", list, namespace, err)
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			return err
+		}
+		err = parallel(ctx, len(items), func(i int) error {
+			obj := items[i].(client.Object)
+			if len(obj.GetFinalizers()) == 0 {
+				return nil
+			}
+			patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+			obj.SetFinalizers(nil)
+			return client.IgnoreNotFound(c.Patch(ctx, obj, patch))
+		})
+		if err != nil {
+			return fmt.Errorf("take the finalizers off %T of namespace %s: %w", list, namespace, err)
+		}
+	}
+	for _, obj := range []client.Object{&inplacev1.UpgradeTask{}, &inplacev1.NodeUpdate{}, &clusterv1.Machine{}, &clusterv1.MachineSet{},
+		&clusterv1.MachineDeployment{}, &clusterv1.Cluster{}, &corev1.Event{}, &eventsv1.Event{}} {
+		if err := c.DeleteAllOf(ctx, obj, client.InNamespace(namespace)); err != nil {
+			return fmt.Errorf("delete the %T of namespace %s: %w", obj, namespace, err)
+		}
 	}
 	return nil
 }
