@@ -66,10 +66,11 @@ func runRequestCosts(ctx context.Context, b *bench, n int) ([]requestCost, error
 	}
 	defer func() { _ = deleteNodes(ctx, c, ns) }()
 	for _, list := range []client.ObjectList{&clusterv1.MachineList{}, &inplacev1.NodeUpdateList{}, &corev1.NodeList{}, &eventsv1.EventList{}} {
-		w, err := b.watchClient.Watch(ctx, list, client.InNamespace(ns))
+		var only client.ListOption = client.InNamespace(ns)
 		if _, node := list.(*corev1.NodeList); node {
-			w, err = b.watchClient.Watch(ctx, list, client.MatchingLabels{nodeSetLabel: ns})
+			only = client.MatchingLabels{nodeSetLabel: ns} // Nodes are cluster-scoped
 		}
+		w, err := b.watchClient.Watch(ctx, list, only)
 		if err != nil {
 			return nil, err
 		}
