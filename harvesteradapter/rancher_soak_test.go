@@ -40,7 +40,10 @@ import (
 // node's update ended), each at a point of a node's Rancher route (hooks set, cordoned
 // by Rancher, pre-drain answered and the plan applying, RKE2 restarted, post-drain
 // answered, OS Job running, reboot armed, node down) or at a random moment; some seeds
-// give nodes a timeout short enough to end some of them on its own. Then new tasks finish
+// give nodes a timeout short enough to end some of them on its own; a third of the seeds
+// also stop rancher-system-agent on a node (a silent component: for a while, or until an
+// operator starts it again once the faulty phase's tasks ended), with Rancher's
+// KubernetesUpgrade step bounded so that what waits for it ends. Then new tasks finish
 // the job. Over the whole run, recorded by watches and the simulators:
 //   - never more than one node of the cluster down (cordoned or NotReady) at once: the
 //     Harvester updater and Rancher (concurrency 1) take one node at a time;
@@ -94,12 +97,15 @@ func rancherSoakSeeds() []int64 {
 
 // soakRun is one seed's world and its record.
 type soakRun struct {
-	seed    int64
-	rng     *rand.Rand
-	wl      *testenv.Environment
-	c       *harvesterCluster
-	planner *sim.RancherPlanner
-	start   time.Time
+	seed int64
+	rng  *rand.Rand
+	// silentRng draws the silent agent's ending: a source of its own, so that the seeds'
+	// other draws are what they were before it.
+	silentRng *rand.Rand
+	wl        *testenv.Environment
+	c         *harvesterCluster
+	planner   *sim.RancherPlanner
+	start     time.Time
 
 	stopLifecycle func()
 
@@ -160,7 +166,14 @@ const (
 	soakDeletePlan     = "delete the UpgradePlan"
 	soakRestartManager = "restart the manager"
 	soakFailInstall    = "fail the node's plan, retried by the agent"
+	soakSilentAgent    = "stop rancher-system-agent on the node"
 )
+
+// silentAgentBound is Rancher's KubernetesUpgrade bound (the HarvesterUpgrader's
+// timeouts.kubernetesUpgrade) in the faulty phase of a seed that stops an agent: what
+// waits for the silent agent ends after it (an ending holds a node until then, since the
+// agent may still apply the plan), as an operator would shorten it from its hour.
+const silentAgentBound = 15 * time.Second
 
 var soakEndings = []string{soakAbortTask, soakDeleteTask, soakDeletePlan, soakRestartManager, soakFailInstall}
 
@@ -210,7 +223,8 @@ func (r *soakRun) applying(node string) bool {
 }
 
 func runRancherSoak(seed int64) {
-	r := &soakRun{seed: seed, rng: rand.New(rand.NewSource(seed)), start: time.Now(), windows: map[string][]soakWindow{}, down: map[string]string{}, steps: map[string]inplacev1.StepState{}}
+	r := &soakRun{seed: seed, rng: rand.New(rand.NewSource(seed)), silentRng: rand.New(rand.NewSource(seed*7919 + 2)),
+		start: time.Now(), windows: map[string][]soakWindow{}, down: map[string]string{}, steps: map[string]inplacev1.StepState{}}
 	DeferCleanup(r.report)
 
 	cps, workers := 1+r.rng.Intn(3), 1+r.rng.Intn(2)
@@ -225,15 +239,21 @@ func runRancherSoak(seed int64) {
 	// How late Rancher copies fleet-local/local into the RKEControlPlane its planner
 	// reads, from a source of its own: the seeds' other draws stay as they were.
 	copyDelay := []time.Duration{0, 200 * time.Millisecond, time.Second}[rand.New(rand.NewSource(seed*7919+1)).Intn(3)]
-	r.setup = fmt.Sprintf("%d management node(s), %d worker(s), SUC Jobs %s, Rancher's install %s, Rancher's copy into the RKEControlPlane %s, node timeout %s, tasks together %t",
-		cps, workers, jobDuration, install, copyDelay, orDefault(nodeTimeout), together)
+	silent := r.silentRng.Intn(3) == 0
+	r.setup = fmt.Sprintf("%d management node(s), %d worker(s), SUC Jobs %s, Rancher's install %s, Rancher's copy into the RKEControlPlane %s, node timeout %s, tasks together %t, silent agent %t",
+		cps, workers, jobDuration, install, copyDelay, orDefault(nodeTimeout), together, silent)
 	r.log("seed %d: %s, %d ending(s)", seed, r.setup, faults)
 
 	r.wl = startRancherWorkload()
 	r.c = newRancherCluster(r.wl, func(s *sim.SUC) { s.JobDuration = jobDuration })
-	if nodeTimeout > 0 {
+	if nodeTimeout > 0 || silent {
 		patch := client.MergeFrom(r.c.config.DeepCopy())
-		r.c.config.Spec.Timeouts.Node = &metav1.Duration{Duration: nodeTimeout}
+		if nodeTimeout > 0 {
+			r.c.config.Spec.Timeouts.Node = &metav1.Duration{Duration: nodeTimeout}
+		}
+		if silent {
+			r.c.config.Spec.Timeouts.KubernetesUpgrade = &metav1.Duration{Duration: silentAgentBound}
+		}
 		Expect(env.Client.Patch(ctx, r.c.config, patch)).To(Succeed())
 	}
 	rancherMachines(r.c, cps, workers)
@@ -245,8 +265,12 @@ func runRancherSoak(seed int64) {
 
 	By("the faulty phase: tasks struck by the seed's endings")
 	r.startTasks(together, "1")
+	if silent {
+		// First, so that the seed's other endings may strike while the agent is silent.
+		r.strike(r.silentRng, soakSilentAgent, faults)
+	}
 	for i := 0; i < faults; i++ {
-		r.strike(r.soakEnding(), i)
+		r.strike(r.rng, r.soakEnding(), i)
 	}
 	// The endings play out until the tasks ended or no node moved for a while; then an
 	// operator ends what they left running (a workers' task waits for the control plane
@@ -265,9 +289,9 @@ func runRancherSoak(seed int64) {
 	r.createMu.Lock()
 	r.noMoreTasks = false
 	r.createMu.Unlock()
-	if nodeTimeout > 0 {
+	if nodeTimeout > 0 || silent {
 		patch := client.MergeFrom(r.c.config.DeepCopy())
-		r.c.config.Spec.Timeouts.Node = nil
+		r.c.config.Spec.Timeouts.Node, r.c.config.Spec.Timeouts.KubernetesUpgrade = nil, nil
 		Expect(env.Client.Patch(ctx, r.c.config, patch)).To(Succeed())
 	}
 	r.startTasks(false, "2")
@@ -453,19 +477,19 @@ func (r *soakRun) allEnded() bool {
 	return true
 }
 
-// strike waits for the seed's point of a node's route (or a random moment), then ends
-// something there.
-func (r *soakRun) strike(ending string, i int) {
+// strike waits for a point of a node's route (or a random moment) drawn from rng, then
+// ends something there.
+func (r *soakRun) strike(rng *rand.Rand, ending string, i int) {
 	GinkgoHelper()
-	if r.rng.Intn(5) == 0 {
-		d := time.Duration(r.rng.Intn(20000)) * time.Millisecond
+	if rng.Intn(5) == 0 {
+		d := time.Duration(rng.Intn(20000)) * time.Millisecond
 		r.log("ending %d (%s) at a random moment, %s from now", i, ending, d)
 		r.struck = append(r.struck, ending+" at a random moment")
 		time.Sleep(d)
 		r.fire(ending, "", nil)
 		return
 	}
-	point := soakPoints[r.rng.Intn(len(soakPoints))]
+	point := soakPoints[rng.Intn(len(soakPoints))]
 	r.log("ending %d (%s) waits for a node at %q", i, ending, point.name)
 	// A node's route is a few seconds here: no NodeUpdate running for 10 s (the tasks
 	// ended, or wait on nodes an earlier ending left) means no node will get there.
@@ -517,7 +541,7 @@ func (r *soakRun) nodeAt(point soakPoint) (node string, at *inplacev1.NodeUpdate
 }
 
 // fire ends something: the task of nu (or every running task), the cluster's
-// UpgradePlan, the manager, or node's plan.
+// UpgradePlan, the manager, node's plan, or node's rancher-system-agent.
 func (r *soakRun) fire(ending, node string, nu *inplacev1.NodeUpdate) {
 	GinkgoHelper()
 	switch ending {
@@ -576,6 +600,22 @@ func (r *soakRun) fire(ending, node string, nu *inplacev1.NodeUpdate) {
 		} else {
 			r.log("node %s's plan fails until the faulty phase ends", node)
 		}
+	case soakSilentAgent:
+		if node == "" {
+			node = r.c.nodes[r.silentRng.Intn(len(r.c.nodes))]
+		}
+		r.planner.StopAgent(node)
+		r.log("rancher-system-agent stops on node %s", node)
+		if r.silentRng.Intn(2) == 0 {
+			back := time.Duration(500+r.silentRng.Intn(8000)) * time.Millisecond
+			go func() {
+				time.Sleep(back)
+				r.planner.StartAgent(node)
+				r.log("rancher-system-agent starts again on node %s (after %s)", node, back)
+			}()
+		} else {
+			r.log("rancher-system-agent on node %s stays stopped until the faulty phase's tasks ended", node)
+		}
 	}
 }
 
@@ -596,10 +636,13 @@ func (r *soakRun) runningTasks(nu *inplacev1.NodeUpdate) []string {
 	return out
 }
 
-// clearFailures lets every node's plan apply again.
+// clearFailures lets every node's plan apply again, and starts every rancher-system-agent
+// stopped: as an operator would once the tasks ended. An agent started then applies the
+// plan it finds delivered, after its node's update ended.
 func (r *soakRun) clearFailures() {
 	for _, n := range r.c.nodes {
 		r.planner.ClearInstallFailure(n)
+		r.planner.StartAgent(n)
 	}
 }
 
