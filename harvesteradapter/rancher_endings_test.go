@@ -138,6 +138,70 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty(), "Rancher restarted nothing: the node's own update did")
 	})
 
+	It("keeps Rancher's planner paused when a worker whose plan failed applies it after the deleted plan answered its hooks ahead: Rancher takes no other worker with the roll's drain (soak seed 1015)", func() {
+		// A management node and two workers, the workers one tier: once the first worker's
+		// plan is applied, Rancher's next node is the second. The management node's update
+		// is older than the plan (created a second before it, as a task's first NodeUpdate
+		// creates its plan), so the plan's end takes the guard off it with a SUC Plan after
+		// it answered the hooks ahead; with SUC Jobs of 5 s, the agent's retry lands before
+		// the strategy is restored.
+		wl := startRancherWorkload()
+		c := newRancherClusterWith(wl, nil, func(s *sim.SUC) { s.JobDuration = 5 * time.Second })
+		for i, roles := range []map[string]string{serverRoles, nil, nil} {
+			name := c.name + "-node-" + string(rune('1'+i))
+			_, err := c.kubelet.CreateNode(ctx, name, rancherOldRKE2, roles)
+			Expect(err).NotTo(HaveOccurred())
+			c.nodes = append(c.nodes, name)
+		}
+		planner := startPlannerWith(wl, c, nil, nil)
+		first := c.nodeUpdate(c.nodes[0])
+		time.Sleep(1100 * time.Millisecond)
+		Expect(drive(c.updater, first, 240*time.Second)).To(Succeed())
+		succeededAsReconciled(first)
+		node, other := c.nodes[1], c.nodes[2]
+		nu := c.nodeUpdate(node)
+		driveToRancherTurn(c, nu)
+		planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:v1.35.6-rke2r1")
+		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
+			s := planSecret(wl, node)
+			n, _ := strconv.Atoi(string(s.Data[rancher.FailureCountKey]))
+			return rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && n >= 2
+		})).To(Succeed())
+
+		By("the plan deleted while the worker's plan fails, then the worker's update ended")
+		plan := &harvesterv1.UpgradePlan{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: upgradeplan.Name(c.name, "v1.8.1")}, plan)).To(Succeed())
+		deleteRunningPlan(plan)
+		ended := endNodeUpdate(c, nu)
+
+		By("the plan answers our hooks ahead on the failing worker's plan Secret; then the agent's retry applies the plan")
+		Eventually(func() bool {
+			s := planSecret(wl, node)
+			return s.Annotations[rancher.PostDrainHook] != "" && s.Annotations[rancher.PostDrainHook] == s.Annotations[rancher.DrainOptionsAnnotation]
+		}).WithTimeout(60*time.Second).WithPolling(20*time.Millisecond).Should(BeTrue(), "the plan's end answered the worker's hooks ahead")
+		planner.ClearInstallFailure(node)
+		// From here every hook of ours Rancher could ask for is answered: let go while
+		// fleet-local/local still carries them, the planner passes the worker's post-drain
+		// hook at once and takes the next worker with the roll's cordon and drain.
+		var letGo []string
+		Eventually(func() bool {
+			pause, perr := rancher.ReadPlannerPause(ctx, wl.Client)
+			cl, cerr := rancher.ProvisioningCluster(ctx, wl.Client)
+			if perr == nil && cerr == nil && cl != nil && pause.Served && !pause.Paused && rancher.HasOurHooks(cl) {
+				letGo = append(letGo, time.Now().Format("15:04:05.000"))
+			}
+			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
+		}).WithTimeout(60*time.Second).WithPolling(20*time.Millisecond).Should(BeTrue())
+		Expect(letGo).To(BeEmpty(), "Rancher's planner let go at %v while fleet-local/local carries the roll's hooks, answered ahead on worker %s:%s", letGo, node, hookHistory(planner))
+		expectRancherSettled(wl, c)
+		for _, e := range planner.HookEvents() {
+			Expect(e.Node == other && e.At.After(ended)).To(BeFalse(), "Rancher took worker %s (%s at %s) after the other worker's update ended, with no NodeUpdate of its own:%s",
+				other, e.Kind, e.At.Format("15:04:05.000"), hookHistory(planner))
+		}
+		Expect(nodeOf(wl, other).Spec.Unschedulable).To(BeFalse())
+		Expect(rancherRestartsAfter(planner, ended)).To(BeEmpty(), "Rancher restarted RKE2 after the worker's update ended")
+	})
+
 	It("holds a node's ending while Rancher restarts its RKE2 after the pre-drain answer, then answers the post-drain hook", func() {
 		wl, c, planner := rancherRoute(300*time.Millisecond, func(p *sim.RancherPlanner) { p.InstallDuration = 3 * time.Second })
 		node := c.nodes[0]

@@ -585,38 +585,41 @@ func (r *soakRun) fire(ending, node string, nu *inplacev1.NodeUpdate) {
 		r.stopLifecycle = runLifecycle(r.c, true)
 		r.log("manager started")
 	case soakFailInstall:
-		if node == "" {
-			node = r.c.nodes[r.rng.Intn(len(r.c.nodes))]
-		}
-		r.planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:"+strings.ReplaceAll(rancherNewRKE2, "+", "-"))
-		r.log("rancher-system-agent fails node %s's plan", node)
-		if r.rng.Intn(2) == 0 {
-			clear := time.Duration(500+r.rng.Intn(8000)) * time.Millisecond
-			go func() {
-				time.Sleep(clear)
-				r.planner.ClearInstallFailure(node)
-				r.log("rancher-system-agent applies node %s's plan again successfully (after %s)", node, clear)
-			}()
-		} else {
-			r.log("node %s's plan fails until the faulty phase ends", node)
-		}
+		r.nodeFault(r.rng, node, func(node string) {
+			r.planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:"+strings.ReplaceAll(rancherNewRKE2, "+", "-"))
+			r.log("rancher-system-agent fails node %s's plan", node)
+		}, func(node string, after time.Duration) {
+			r.planner.ClearInstallFailure(node)
+			r.log("rancher-system-agent applies node %s's plan again successfully (after %s)", node, after)
+		}, "node %s's plan fails until the faulty phase ends")
 	case soakSilentAgent:
-		if node == "" {
-			node = r.c.nodes[r.silentRng.Intn(len(r.c.nodes))]
-		}
-		r.planner.StopAgent(node)
-		r.log("rancher-system-agent stops on node %s", node)
-		if r.silentRng.Intn(2) == 0 {
-			back := time.Duration(500+r.silentRng.Intn(8000)) * time.Millisecond
-			go func() {
-				time.Sleep(back)
-				r.planner.StartAgent(node)
-				r.log("rancher-system-agent starts again on node %s (after %s)", node, back)
-			}()
-		} else {
-			r.log("rancher-system-agent on node %s stays stopped until the faulty phase's tasks ended", node)
-		}
+		r.nodeFault(r.silentRng, node, func(node string) {
+			r.planner.StopAgent(node)
+			r.log("rancher-system-agent stops on node %s", node)
+		}, func(node string, after time.Duration) {
+			r.planner.StartAgent(node)
+			r.log("rancher-system-agent starts again on node %s (after %s)", node, after)
+		}, "rancher-system-agent on node %s stays stopped until the faulty phase's tasks ended")
 	}
+}
+
+// nodeFault puts a fault on node (one drawn from rng when empty), then, by a draw, takes
+// it back a random 0.5 to 8.5 s later or leaves it to the faulty phase's end
+// (clearFailures), logging stays with the node's name.
+func (r *soakRun) nodeFault(rng *rand.Rand, node string, put func(node string), takeBack func(node string, after time.Duration), stays string) {
+	if node == "" {
+		node = r.c.nodes[rng.Intn(len(r.c.nodes))]
+	}
+	put(node)
+	if rng.Intn(2) == 0 {
+		after := time.Duration(500+rng.Intn(8000)) * time.Millisecond
+		go func() {
+			time.Sleep(after)
+			takeBack(node, after)
+		}()
+		return
+	}
+	r.log(stays, node)
 }
 
 // runningTasks are the task that started nu, or, without nu, every task not ended.

@@ -136,6 +136,14 @@ func WithdrawUnapplied(ctx context.Context, c client.Client, secret *corev1.Secr
 	return changed || uncordoned, err
 }
 
+// PostDrainAnsweredAhead says whether our post-drain hook is answered on the node's plan
+// Secret before Rancher asked for it (PreAnswer): the planner, once it runs, passes that
+// node's post-drain hook at once and goes on to the next node.
+func PostDrainAnsweredAhead(secret *corev1.Secret) bool {
+	value := secret.Annotations[DrainOptionsAnnotation]
+	return value != "" && secret.Annotations[PostDrainRequest] == "" && secret.Annotations[PostDrainHook] == value
+}
+
 // PreAnswer answers, ahead of Rancher's requests, both of our hooks that a drain of the
 // node names, so that the machine-drain controller finishes it by itself however the
 // strategy changes: drain-done, then, once the plan is applied and the planner asks for

@@ -361,7 +361,13 @@ func handBackRancher(ctx context.Context, pr *PlanRun, nus map[string]*inplacev1
 		if s == nil || rancher.SameRelease(declared, n.node.Status.NodeInfo.KubeletVersion) {
 			continue
 		}
-		if rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && rancher.Asked(s, rancher.PostDrainRequest) == "" && !planFailing(s) {
+		// A node whose hooks an earlier pass answered ahead (its plan failing then: counted
+		// behind, guarded) is not waited for when its plan applies later: let go with the
+		// strategy still carrying our hooks, the planner would pass its post-drain hook at
+		// once and take the next node with the roll's cordon and drain, which no NodeUpdate
+		// asked for (soak seed 1015). It stays behind, installed under the guard.
+		if rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && rancher.Asked(s, rancher.PostDrainRequest) == "" && !planFailing(s) &&
+			!rancher.PostDrainAnsweredAhead(s) {
 			if _, err := rancher.ResumeSeenPlanner(ctx, pr.Workload, pr.Plan.Name, pause); err != nil {
 				return "", nil, err
 			}
