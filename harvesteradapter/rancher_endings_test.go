@@ -191,7 +191,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 				letGo = append(letGo, time.Now().Format("15:04:05.000"))
 			}
 			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(plan), &harvesterv1.UpgradePlan{}))
-		}).WithTimeout(60*time.Second).WithPolling(20*time.Millisecond).Should(BeTrue())
+		}).WithTimeout(60 * time.Second).WithPolling(20 * time.Millisecond).Should(BeTrue())
 		Expect(letGo).To(BeEmpty(), "Rancher's planner let go at %v while fleet-local/local carries the roll's hooks, answered ahead on worker %s:%s", letGo, node, hookHistory(planner))
 		expectRancherSettled(wl, c)
 		for _, e := range planner.HookEvents() {
