@@ -96,13 +96,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		wl, c, planner := rancherRoute(300*time.Millisecond, nil)
 		node := c.nodes[0]
 		nu := c.nodeUpdate(node)
-		driveToRancherTurn(c, nu)
-		planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:v1.35.6-rke2r1")
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
-			s := planSecret(wl, node)
-			n, _ := strconv.Atoi(string(s.Data[rancher.FailureCountKey]))
-			return rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && n >= 2
-		})).To(Succeed())
+		driveToFailingPlan(wl, c, planner, nu, node)
 		Expect(c.suc.Guarded(node)).To(BeFalse(), "RemoveRestartGuard took the guard off before the pre-drain hook was answered")
 
 		By("ended while rancher-system-agent retries the plan")
@@ -160,13 +154,7 @@ var _ = Describe("Every ending of a node's Rancher route", testsuite.E2E, func()
 		succeededAsReconciled(first)
 		node, other := c.nodes[1], c.nodes[2]
 		nu := c.nodeUpdate(node)
-		driveToRancherTurn(c, nu)
-		planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:v1.35.6-rke2r1")
-		Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
-			s := planSecret(wl, node)
-			n, _ := strconv.Atoi(string(s.Data[rancher.FailureCountKey]))
-			return rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && n >= 2
-		})).To(Succeed())
+		driveToFailingPlan(wl, c, planner, nu, node)
 
 		By("the plan deleted while the worker's plan fails, then the worker's update ended")
 		plan := &harvesterv1.UpgradePlan{}
@@ -360,6 +348,20 @@ func driveToRancherTurn(c *harvesterCluster, nu *inplacev1.NodeUpdate) {
 	GinkgoHelper()
 	Expect(driveUntil(c.updater, nu, 120*time.Second, func(nu *inplacev1.NodeUpdate) bool {
 		return nodeupdater.StepState(nu, harvesteradapter.StepRancherPreDrain) == inplacev1.StepStateSucceeded
+	})).To(Succeed())
+}
+
+// driveToFailingPlan drives nu to Rancher's turn, has rancher-system-agent fail node's
+// plan, and drives nu until its pre-drain hook is answered and the agent has failed the
+// plan at least twice.
+func driveToFailingPlan(wl *testenv.Environment, c *harvesterCluster, planner *sim.RancherPlanner, nu *inplacev1.NodeUpdate, node string) {
+	GinkgoHelper()
+	driveToRancherTurn(c, nu)
+	planner.FailInstall(node, "failed to pull image rancher/system-agent-installer-rke2:v1.35.6-rke2r1")
+	Expect(driveUntil(c.updater, nu, 120*time.Second, func(*inplacev1.NodeUpdate) bool {
+		s := planSecret(wl, node)
+		n, _ := strconv.Atoi(string(s.Data[rancher.FailureCountKey]))
+		return rancher.Answered(s, rancher.PreDrainRequest, rancher.PreDrainHook) && n >= 2
 	})).To(Succeed())
 }
 
