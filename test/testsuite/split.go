@@ -234,9 +234,9 @@ func compareLocations(a, b location) int {
 	return a.line - b.line
 }
 
-// deal deals groups (sorted by file and line) round-robin into n parts: neighbouring
-// specs, often alike in cost, fall in different parts, so that the parts take about as
-// long as each other without knowing what each spec costs.
+// deal deals groups (sorted by file and line) round-robin into n parts: each part gets
+// about as many groups, from every file, without knowing what each spec costs (a spec's
+// cost is not known before it runs; the figures in docs/testing.md came from this).
 func deal(groups []group, n int) [][]group {
 	parts := make([][]group, n)
 	for i, g := range groups {

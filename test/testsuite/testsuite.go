@@ -10,6 +10,8 @@
 // The scope comes from CAPI_INPLACE_TEST_SCOPE; without it (a plain `go test ./...`) every
 // spec runs. A Ginkgo spec is a whole run when it carries the label E2E; a plain test says
 // so by calling WholeRun first; a suite whose specs are all whole runs is run with RunWhole.
+//
+// Run(t, "...", Processes(n)) runs a suite's specs in n test processes at once (split.go).
 package testsuite
 
 import (
