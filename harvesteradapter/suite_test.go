@@ -30,15 +30,7 @@ var (
 
 func TestHarvesterAdapter(t *testing.T) {
 	RegisterFailHandler(Fail)
-	// In two processes, each with its own API servers: the specs are independent and one
-	// process used well under 2 cores, and this suite was make test's long pole (863 s in
-	// one process on a 2-core machine, 512 s in two; docs/testing.md). Under make
-	// test-e2e its few whole runs are heavy enough to keep the cores busy in one.
-	processes := 2
-	if testsuite.Scope() == testsuite.ScopeE2E {
-		processes = 1
-	}
-	testsuite.Run(t, "Harvester updater on a real API server with simulated SUC, kubelets, Longhorn and repository", testsuite.Processes(processes))
+	testsuite.Run(t, "Harvester updater on a real API server with simulated SUC, kubelets, Longhorn and repository")
 }
 
 var _ = BeforeSuite(func() {

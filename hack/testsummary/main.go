@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -260,8 +259,6 @@ func run(in io.Reader, out io.Writer, reportDir, requestDir, module string, top 
 
 // readReports reads every Ginkgo JSON report of dir: the specs that ran, and the set of
 // "<package>\x00<test>" that ran a suite (from the file names test/testsuite gives them).
-// A suite test/testsuite split into processes wrote one report per part,
-// <package>__<test>@k-of-n.json: they are read as one suite (mergeParts).
 func readReports(dir, module string) ([]timed, map[string]bool, error) {
 	suites := map[string]bool{}
 	if dir == "" {
@@ -271,20 +268,10 @@ func readReports(dir, module string) ([]timed, map[string]bool, error) {
 	if err != nil {
 		return nil, suites, err
 	}
-	// Each suite's files, part 1 first.
-	parts := map[string][]string{}
-	var names []string
-	for _, f := range files {
-		name, _, _ := strings.Cut(strings.TrimSuffix(filepath.Base(f), ".json"), "@")
-		if _, ok := parts[name]; !ok {
-			names = append(names, name)
-		}
-		parts[name] = append(parts[name], f)
-	}
-	sort.Strings(names)
 	var specs []timed
-	for _, name := range names {
-		rel, test, ok := strings.Cut(name, "__")
+	for _, f := range files {
+		base := strings.TrimSuffix(filepath.Base(f), ".json")
+		rel, test, ok := strings.Cut(base, "__")
 		if !ok {
 			continue
 		}
@@ -293,54 +280,14 @@ func readReports(dir, module string) ([]timed, map[string]bool, error) {
 			pkg = module + "/" + strings.ReplaceAll(rel, "_", "/")
 		}
 		suites[pkg+"\x00"+test] = true
-		fs := parts[name]
-		sort.SliceStable(fs, func(i, j int) bool { return partNumber(fs[i]) < partNumber(fs[j]) })
-		var reports [][]ginkgoReport
-		for _, f := range fs {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				return specs, suites, err
-			}
-			var r []ginkgoReport
-			if err := json.Unmarshal(data, &r); err != nil {
-				return specs, suites, fmt.Errorf("read the Ginkgo report %s: %w", f, err)
-			}
-			reports = append(reports, r)
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return specs, suites, err
 		}
-		specs = append(specs, mergeParts(pkg, reports)...)
-	}
-	return specs, suites, nil
-}
-
-// partNumber is k of a report named <package>__<test>@k-of-n.json; 0 for a suite's only
-// report.
-func partNumber(file string) int {
-	_, part, ok := strings.Cut(strings.TrimSuffix(filepath.Base(file), ".json"), "@")
-	if !ok {
-		return 0
-	}
-	k, _, _ := strings.Cut(part, "-of-")
-	n, _ := strconv.Atoi(k)
-	return n
-}
-
-// mergeParts turns the reports of one suite's parts (part 1 first; a suite run in one
-// process has one) into its specs, each counted once as in a run in one process. Every
-// part reports every spec of the suite, those it left to the other parts as skipped and
-// never attempted, as it reports those the label filter left out: a spec is taken from
-// the part that ran it, or, when none did, from part 1. A spec every part ran (their
-// BeforeSuite and AfterSuite) is counted once, as its failure if one failed, else as its
-// longest run. Specs made in a loop share their text and line: the n-th of them in one
-// part is the n-th in every other.
-func mergeParts(pkg string, parts [][]ginkgoReport) []timed {
-	type merged struct {
-		timed
-		ran, failed bool
-	}
-	var out []merged
-	index := map[string]int{}
-	for _, reports := range parts {
-		seen := map[string]int{}
+		var reports []ginkgoReport
+		if err := json.Unmarshal(data, &reports); err != nil {
+			return specs, suites, fmt.Errorf("read the Ginkgo report %s: %w", f, err)
+		}
 		for _, r := range reports {
 			for _, s := range r.SpecReports {
 				name := strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")
@@ -350,38 +297,17 @@ func mergeParts(pkg string, parts [][]ginkgoReport) []timed {
 				loc := fmt.Sprintf(" (%s:%d)", filepath.Base(s.LeafNodeLocation.FileName), s.LeafNodeLocation.LineNumber)
 				state := s.State
 				if state == "skipped" && s.NumAttempts == 0 {
-					state = "routed" // filtered out by the target's label filter, or run by another part
+					state = "routed" // filtered out by the target's label filter, never run
 				}
-				m := merged{timed: timed{pkg: pkg, name: clip(name, 110) + loc, where: state, seconds: s.RunTime.Seconds()}}
+				t := timed{pkg: pkg, name: clip(name, 110) + loc, where: state, seconds: s.RunTime.Seconds()}
 				if f := s.Failure; f.Message != "" {
-					m.why = fmt.Sprintf("failed at %s:%d: %s", filepath.Base(f.Location.FileName), f.Location.LineNumber, firstLines(f.Message, failureLines))
+					t.why = fmt.Sprintf("failed at %s:%d: %s", filepath.Base(f.Location.FileName), f.Location.LineNumber, firstLines(f.Message, failureLines))
 				}
-				m.ran = state != "routed" && state != "pending"
-				m.failed = m.ran && state != "passed" && state != "skipped"
-
-				spec := fmt.Sprintf("%s\x00%s:%d\x00%s", s.LeafNodeType, s.LeafNodeLocation.FileName, s.LeafNodeLocation.LineNumber, name)
-				key := spec + "\x00" + strconv.Itoa(seen[spec])
-				seen[spec]++
-				i, ok := index[key]
-				if !ok {
-					index[key] = len(out)
-					out = append(out, m)
-					continue
-				}
-				old := out[i]
-				switch {
-				case !m.ran:
-				case !old.ran, m.failed && !old.failed, m.failed == old.failed && m.seconds > old.seconds:
-					out[i] = m
-				}
+				specs = append(specs, t)
 			}
 		}
 	}
-	specs := make([]timed, len(out))
-	for i, m := range out {
-		specs[i] = m.timed
-	}
-	return specs
+	return specs, suites, nil
 }
 
 // printRequests prints, per package, how many requests its test API servers served (the

@@ -10,8 +10,6 @@
 // The scope comes from CAPI_INPLACE_TEST_SCOPE; without it (a plain `go test ./...`) every
 // spec runs. A Ginkgo spec is a whole run when it carries the label E2E; a plain test says
 // so by calling WholeRun first; a suite whose specs are all whole runs is run with RunWhole.
-//
-// Run(t, "...", Processes(n)) runs a suite's specs in n test processes at once (split.go).
 package testsuite
 
 import (
@@ -36,8 +34,7 @@ const (
 	ScopeE2E = "e2e"
 
 	// ReportDirEnv names a directory where each Ginkgo suite writes its JSON report
-	// (<package path below the module, '/' as '_'>__<test function>.json, a part of a
-	// suite split into processes <...>__<test function>@k-of-n.json), read by
+	// (<package path below the module, '/' as '_'>__<test function>.json), read by
 	// hack/testsummary.
 	ReportDirEnv = "CAPI_INPLACE_SPEC_REPORTS"
 
@@ -82,37 +79,17 @@ func Unit(t testing.TB) {
 
 // Run runs a package's Ginkgo specs in the scope asked for: under make test those not
 // labelled E2E, under make test-e2e those labelled E2E. A label filter given on the
-// command line (-ginkgo.label-filter) is kept and combined with the scope's. Options
-// (Processes) change how the specs are run, not which.
-func Run(t *testing.T, description string, opts ...Option) bool {
+// command line (-ginkgo.label-filter) is kept and combined with the scope's.
+func Run(t *testing.T, description string) bool {
 	t.Helper()
 	suiteConfig, reporterConfig := ginkgo.GinkgoConfiguration()
-	cli := suiteConfig
 	switch Scope() {
 	case ScopeUnit:
 		suiteConfig.LabelFilter = and(suiteConfig.LabelFilter, "!"+e2eLabel)
 	case ScopeE2E:
 		suiteConfig.LabelFilter = and(suiteConfig.LabelFilter, e2eLabel)
 	}
-	if part, ok := os.LookupEnv(partEnv); ok {
-		return runPart(t, description, part, suiteConfig, reporterConfig)
-	}
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	n, err := processes(o)
-	if err != nil {
-		t.Fatalf("testsuite: %v", err)
-	}
-	if n > 1 {
-		if why := oneProcess(suiteConfig, reporterConfig); why != "" {
-			t.Logf("testsuite: %s runs in one process: %s", t.Name(), why)
-		} else {
-			return runSplit(t, description, n, cli, suiteConfig, reporterConfig)
-		}
-	}
-	return run(t, description, suiteConfig, reporterConfig, "")
+	return run(t, description, suiteConfig, reporterConfig)
 }
 
 // RunWhole runs a suite whose specs are all whole runs: every spec under make test-e2e
@@ -123,20 +100,16 @@ func RunWhole(t *testing.T, description string) bool {
 		t.Skip("whole runs: make test-e2e runs this suite")
 	}
 	suiteConfig, reporterConfig := ginkgo.GinkgoConfiguration()
-	return run(t, description, suiteConfig, reporterConfig, "")
+	return run(t, description, suiteConfig, reporterConfig)
 }
 
-// run runs the suite in this process. part ("@k-of-n") names the part of a split suite
-// (Processes) it runs, "" the whole suite.
-func run(t *testing.T, description string, suiteConfig types.SuiteConfig, reporterConfig types.ReporterConfig, part string) bool {
+func run(t *testing.T, description string, suiteConfig types.SuiteConfig, reporterConfig types.ReporterConfig) bool {
 	t.Helper()
 	if dir := os.Getenv(ReportDirEnv); dir != "" && reporterConfig.JSONReport == "" {
 		if err := os.MkdirAll(dir, 0o755); err == nil {
 			// <package>__<test>.json: the summary leaves the test that ran the suite out
-			// of its list of slowest tests, since its time is the whole suite's. A part
-			// of a split suite writes <package>__<test>@k-of-n.json, which the summary
-			// reads as one suite with the other parts.
-			reporterConfig.JSONReport = filepath.Join(dir, reportName(callerDir())+"__"+t.Name()+part+".json")
+			// of its list of slowest tests, since its time is the whole suite's.
+			reporterConfig.JSONReport = filepath.Join(dir, reportName(callerDir())+"__"+t.Name()+".json")
 		}
 	}
 	return ginkgo.RunSpecs(t, description, suiteConfig, reporterConfig)
