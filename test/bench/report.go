@@ -664,7 +664,7 @@ func (r *report) renderMemory(w io.Writer, full bool) {
 		p("against a fresh test API server holding Clusters of %d Machines each (with a MachineDeployment and MachineSet per Cluster, ", r.cfg.machinesPerCluster)
 		p("and one Ready Node per Machine, objects with the status Cluster API and kubelets report). Each size gets a freshly started manager; once ")
 		p("its controllers run (the number of \"Starting workers\" lines stopped growing) and %s more passed, VmRSS is read from ", r.cfg.memSettle)
-		p("`/proc/<pid>/status` five times %s apart (median shown), with VmHWM (the peak RSS since start) and the Go heap in use ", r.cfg.memSampleEvery)
+		p("`/proc/<pid>/status` five times %s apart (median shown), with the peak RSS since start (the highest VmHWM or VmRSS read: VmHWM, raised only when pages are unmapped, can lag a VmRSS read) and the Go heap in use ", r.cfg.memSampleEvery)
 		p("(`go_memstats_heap_inuse_bytes` from its /metrics, no GC forced). The manager caches Machines, MachineSets, MachineDeployments, Clusters and ")
 		p("its own kinds; with no UpgradeTask it reads no workload cluster, so in the first columns the Nodes are on the API server but not in its cache.\n\n")
 		p("Then the same manager is made to cache Nodes as it does during an upgrade: the first Cluster gets a kubeconfig Secret (the test API ")
@@ -673,14 +673,14 @@ func (r *report) renderMemory(w io.Writer, full bool) {
 		p("manager's Node cache (`workloadcluster.NodeCaches`, a watch of the Nodes started by the first list, without their image lists and managed ")
 		p("fields) at every reconcile, and plans every machine without starting one. Once the task is `Planned` with every preflight check of every ")
 		p("machine passed (NodeReady found each Node) and the API server serves one more watch of Nodes, and %s more passed, the same readings are ", r.cfg.memSettle)
-		p("taken again (VmHWM still counts from the manager's start). \"Planned after\" is from the task's creation to its `Planned` phase, which includes the ")
+		p("taken again (the peak still counts from the manager's start). \"Planned after\" is from the task's creation to its `Planned` phase, which includes the ")
 		p("first list of the Nodes. The task is deleted before the manager stops, and the next size starts a manager without it.\n\n")
 		p("In the bench every Cluster's workload cluster is the same test API server, and Nodes are cluster-scoped objects of that one server: ")
 		p("the Node cache of that one Cluster holds every Node of the server (the Nodes column), as many Node objects as one cache per Cluster would ")
 		p("hold on a management cluster whose Clusters each have their own API server. What one cache per workload cluster adds beyond its Nodes ")
 		p("(a REST client, an informer and a watch per Cluster) is counted once here, not once per Cluster.\n\n")
 	}
-	p("| Clusters | Machines | Nodes | VmRSS | peak (VmHWM) | Go heap in use | controllers running after | VmRSS with the Nodes cached | peak (VmHWM) | Go heap in use | planned after |\n")
+	p("| Clusters | Machines | Nodes | VmRSS | peak | Go heap in use | controllers running after | VmRSS with the Nodes cached | peak | Go heap in use | planned after |\n")
 	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range r.memory {
 		p("| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.clusters, m.machines, m.nodes, mib(m.rss), mib(m.peak), mib(m.heapInUse), secs(m.startup),
