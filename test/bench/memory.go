@@ -179,17 +179,23 @@ func measureManager(ctx context.Context, b *bench, bin, kubeconfig, certDir stri
 // are unmapped, so a VmHWM read after a VmRSS read can be below it (CI saw a median VmRSS
 // of 85,192,704 bytes and a later VmHWM of 84,951,040).
 func sampleMemory(ctx context.Context, b *bench, pid int, metricsURL string) (rss, peak, heapInUse uint64, err error) {
-	// Five samples, then one more read for the peak.
 	var reads []memRead
-	for i := range 6 {
-		if i > 0 && i < 5 {
+	read := func() error {
+		r, hwm, err := procMemory(pid)
+		reads = append(reads, memRead{rss: r, hwm: hwm})
+		return err
+	}
+	for i := range 5 {
+		if i > 0 {
 			sleep(ctx, b.cfg.memSampleEvery)
 		}
-		r, hwm, err := procMemory(pid)
-		if err != nil {
+		if err := read(); err != nil {
 			return 0, 0, 0, err
 		}
-		reads = append(reads, memRead{rss: r, hwm: hwm})
+	}
+	// One more read for the peak.
+	if err := read(); err != nil {
+		return 0, 0, 0, err
 	}
 	rss, peak = summarizeMemory(reads[:5], reads)
 	heapInUse, _ = metricValue(metricsURL, "go_memstats_heap_inuse_bytes")
